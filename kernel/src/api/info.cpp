@@ -1,0 +1,98 @@
+// C ABI: version, executors, devices.
+#include "api/build_config.hpp"
+#include "api/error.hpp"
+
+#if MOK_WITH_CUDA
+#include "cuda/runtime.hpp"
+#endif
+
+using mok::api::fail;
+
+namespace {
+
+bool executor_compiled(mokExecutor_t executor) {
+  switch (executor) {
+    case mokExecutorHost: return true;
+    case mokExecutorSm100: return MOK_WITH_CUDA != 0;
+    default: return false;
+  }
+}
+
+mokStatus_t check_executor(mokExecutor_t executor, const char* func) {
+  if (executor < 0 || executor >= mokNumExecutors)
+    return fail(mokInvalidArgument, "%s: argument 'executor' (%d) must be in [0, %d)", func,
+                static_cast<int>(executor), static_cast<int>(mokNumExecutors));
+  return mokSuccess;
+}
+
+}  // namespace
+
+extern "C" {
+
+MOK_API mokStatus_t mokGetVersion(int* version) {
+  mok::api::clear_error();
+  MOK_REQUIRE_OUT(version);
+  *version = MOK_VERSION;
+  return mokSuccess;
+}
+
+MOK_API const char* mokExecutorName(mokExecutor_t executor) {
+  switch (executor) {
+    case mokExecutorHost: return "host";
+    case mokExecutorSm100: return "sm100";
+    case mokExecutorPortable: return "portable";
+    case mokNumExecutors: break;
+  }
+  return nullptr;
+}
+
+MOK_API mokStatus_t mokExecutorCompiled(mokExecutor_t executor, int* compiled) {
+  mok::api::clear_error();
+  MOK_REQUIRE_OUT(compiled);
+  if (mokStatus_t s = check_executor(executor, __func__); s != mokSuccess) return s;
+  *compiled = executor_compiled(executor) ? 1 : 0;
+  return mokSuccess;
+}
+
+MOK_API const char* mokCudaArchitectures(void) { return mok::api::kCudaArchitectures; }
+
+MOK_API mokStatus_t mokGetDeviceInfo(int device, mokDeviceInfo_t* info) {
+  mok::api::clear_error();
+  MOK_REQUIRE_OUT(info);
+  if (info->size < sizeof(mokDeviceInfo_t))
+    return fail(mokInvalidArgument,
+                "mokGetDeviceInfo: argument 'info' has size %zu; initialise it with MOK_DEVICE_INFO_INIT",
+                info->size);
+#if MOK_WITH_CUDA
+  return mok::cuda::device_info(device, info);
+#else
+  (void)device;
+  info->device_count = 0;
+  info->device = -1;
+  return fail(mokNotCompiled, "mokGetDeviceInfo: libmok was built without CUDA (MOK_ENABLE_CUDA=OFF)");
+#endif
+}
+
+MOK_API mokStatus_t mokExecutorSupportsDevice(mokExecutor_t executor, int device, int* supported) {
+  mok::api::clear_error();
+  MOK_REQUIRE_OUT(supported);
+  *supported = 0;
+  if (mokStatus_t s = check_executor(executor, __func__); s != mokSuccess) return s;
+  if (executor == mokExecutorHost) {
+    if (device != -1)
+      return fail(mokUnsupported, "mokExecutorSupportsDevice: the host executor runs on device -1 (the CPU), not %d",
+                  device);
+    *supported = 1;
+    return mokSuccess;
+  }
+  if (!executor_compiled(executor))
+    return fail(mokNotCompiled, "mokExecutorSupportsDevice: executor '%s' is not built into this libmok",
+                mokExecutorName(executor));
+#if MOK_WITH_CUDA
+  return mok::cuda::sm100_supports(device, supported);
+#else
+  return mokInternalError;
+#endif
+}
+
+}  // extern "C"
