@@ -1,0 +1,154 @@
+"""MXFP8 codec: e4m3 data with one e8m0 (power-of-two) scale per block of 32 elements along the last dim.
+
+The rule (docs/mxfp8.md, DESIGN 1.2) is the one every libmok executor implements bit for bit:
+
+- a block is 32 consecutive elements of the last dim; a last block shorter than 32 takes its scale over the
+  elements it has;
+- the scale is the smallest power of two s = 2^e with amax / s <= 448, e clamped to [-127, 127] (amax = 0 gives
+  e = -127), stored as the byte e + 127;
+- q = e4m3(clamp(x / s, -448, 448)), rounded to nearest even; x / s is exact because s is a power of two.
+
+Everything here is vectorised torch code: the expert-parallel path quantises large activations with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import torch
+
+BLOCK = 32
+E4M3_MAX = 448.0
+E8M0_BIAS = 127
+_E_MIN, _E_MAX = -127, 127
+
+
+@dataclasses.dataclass(frozen=True)
+class MXFP8Tensor:
+    """One orientation of an MXFP8 tensor.
+
+    data:       float8_e4m3fn, [..., R, C]; blocks run along C (the last dim).
+    scales:     uint8 e8m0 (the byte e + 127 for the scale 2^e), [..., R, ceil(C / 32)].
+    transposed: True when this holds the column-wise quantisation of a [.., M, N] source, stored as [.., N, M].
+    """
+
+    data: torch.Tensor
+    scales: torch.Tensor
+    transposed: bool
+
+    def __post_init__(self):
+        if self.data.dtype != torch.float8_e4m3fn:
+            raise TypeError(f"data must be torch.float8_e4m3fn, got {self.data.dtype}")
+        if self.scales.dtype != torch.uint8:
+            raise TypeError(f"scales must be torch.uint8 (e8m0), got {self.scales.dtype}")
+        expected = (*self.data.shape[:-1], _num_blocks(self.data.shape[-1]))
+        if tuple(self.scales.shape) != expected:
+            raise ValueError(f"scales must have shape {expected} for data of shape {tuple(self.data.shape)}, "
+                             f"got {tuple(self.scales.shape)}")
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """float(q) * 2^e in the stored orientation. Exact in float32 and float64 (a 4-bit significand times a
+        power of two) except that values within 1/16 of float32's largest finite overflow to inf in float32."""
+        return mxfp8_dequantize(self, dtype)
+
+    def __getitem__(self, index) -> MXFP8Tensor:
+        """Index the leading (expert) dim: `q[e]` is expert e's [R, C] matrix."""
+        if self.data.dim() < 3:
+            raise IndexError("only a batched [E, R, C] MXFP8Tensor can be indexed")
+        return MXFP8Tensor(self.data[index], self.scales[index], self.transposed)
+
+
+class MXFP8Pair(NamedTuple):
+    """Row-wise (blocks along N, [.., M, N]) and column-wise (blocks along M, stored [.., N, M]) forms."""
+
+    rowwise: MXFP8Tensor | None
+    colwise: MXFP8Tensor | None
+
+    def expert(self, e: int) -> MXFP8Pair:
+        """Expert e's forms of a batched [E, M, N] pair."""
+        return MXFP8Pair(*(None if q is None else q[e] for q in self))
+
+
+def mxfp8_quantize(t: torch.Tensor, rowwise: bool = True, colwise: bool = True, *, name: str = "t") -> MXFP8Pair:
+    """Quantise a [M, N] or [E, M, N] bf16/fp32 tensor to MXFP8 in the requested orientations.
+
+    rowwise: blocks along N; data [.., M, N], scales [.., M, ceil(N/32)].
+    colwise: blocks along M, stored transposed; data [.., N, M] contiguous, scales [.., N, ceil(M/32)].
+    NaN or Inf anywhere in `t` is a ValueError naming `name` (MXFP8 has no encoding for them).
+    """
+    _check_source(t, name)
+    if not (rowwise or colwise):
+        raise ValueError("mxfp8_quantize: at least one of rowwise, colwise must be True")
+    row = _quantize_last_dim(t, transposed=False) if rowwise else None
+    col = _quantize_last_dim(t.transpose(-1, -2), transposed=True) if colwise else None
+    return MXFP8Pair(row, col)
+
+
+def mxfp8_dequantize(q: MXFP8Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """float(q) * 2^e, in the orientation `q` is stored in (a colwise form comes back transposed)."""
+    if not isinstance(q, MXFP8Tensor):
+        raise TypeError(f"q must be an MXFP8Tensor, got {type(q).__name__}")
+    if dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"dtype must be torch.float32 or torch.float64 (exact results), got {dtype}")
+    scale = _pow2(q.scales.to(torch.int32) - E8M0_BIAS)
+    return q.data.to(dtype) * _expand_blocks(scale, q.data.shape[-1]).to(dtype)
+
+
+def mxfp8_fake_quantize(t: torch.Tensor, *, name: str = "t") -> torch.Tensor:
+    """Quantise along the last dim and dequantise to float32: the values an MXFP8 GEMM multiplies."""
+    _check_source(t, name, ndims=None)
+    return _quantize_last_dim(t, transposed=False).dequantize()
+
+
+def e8m0_exponent(amax: torch.Tensor) -> torch.Tensor:
+    """The scale exponent e (int32) for block maxima `amax` (float32, >= 0), computed exactly.
+
+    amax = m * 2^x with m in [0.5, 1) (frexp). amax / 2^e <= 448 = 0.875 * 2^9 holds for e = x - 9 when m <= 0.875,
+    else first for e = x - 8. No logarithm is rounded on the way.
+    """
+    mantissa, exponent = torch.frexp(amax)
+    e = exponent - torch.where(mantissa <= 0.875, 9, 8).to(exponent.dtype)
+    e = torch.where(amax == 0, torch.full_like(e, _E_MIN), e)
+    return e.clamp(_E_MIN, _E_MAX).to(torch.int32)
+
+
+def _quantize_last_dim(t: torch.Tensor, *, transposed: bool) -> MXFP8Tensor:
+    x = t.contiguous().float()  # bf16 -> fp32 is exact
+    cols = x.shape[-1]
+    blocks = _num_blocks(cols)
+    padded = torch.nn.functional.pad(x.abs(), (0, blocks * BLOCK - cols))  # zeros do not change a block's amax
+    amax = padded.reshape(*x.shape[:-1], blocks, BLOCK).amax(dim=-1)
+    e = e8m0_exponent(amax)
+    # x * 2^-e is exact in fp32 whenever the result is a normal float; smaller results are far below e4m3's
+    # smallest subnormal (2^-9) and its rounding midpoint (2^-10), so they round to (signed) zero either way.
+    scaled = x * _expand_blocks(_pow2(-e), cols)
+    data = scaled.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)  # torch's cast rounds to nearest even
+    return MXFP8Tensor(data, (e + E8M0_BIAS).to(torch.uint8), transposed)
+
+
+def _pow2(e: torch.Tensor) -> torch.Tensor:
+    """2^e as float32 for int32 e in [-127, 127], built from its bit pattern so it is exact (2^-127 is subnormal)."""
+    bits = torch.where(e == -127, torch.full_like(e, 1 << 22), (e + 127) << 23)
+    return bits.to(torch.int32).view(torch.float32)
+
+
+def _expand_blocks(per_block: torch.Tensor, cols: int) -> torch.Tensor:
+    return per_block.repeat_interleave(BLOCK, dim=-1)[..., :cols]
+
+
+def _num_blocks(cols: int) -> int:
+    return -(-cols // BLOCK)
+
+
+def _check_source(t, name: str, ndims=(2, 3)) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in (torch.bfloat16, torch.float32):
+        raise TypeError(f"{name} must be bfloat16 or float32 to quantise to MXFP8, got {t.dtype}")
+    if ndims is not None and t.dim() not in ndims:
+        raise ValueError(f"{name} must be 2-D [M, N] or 3-D [E, M, N], got shape {tuple(t.shape)}")
+    if t.dim() < 1:
+        raise ValueError(f"{name} must have at least one dim, got a scalar")
+    if not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name} contains NaN or Inf; MXFP8 has no encoding for them")

@@ -1,0 +1,83 @@
+// mok._mok: libmok's C ABI as Python functions. Thin by design: every rule lives in libmok.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <string>
+
+#include "mok/mok.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+// A failed libmok call as a Python exception carrying the status and libmok's detail message.
+[[noreturn]] void raise_status(mokStatus_t status) {
+  std::string message = std::string(mokGetStatusString(status)) + ": " + mokGetLastError();
+  if (status == mokInvalidArgument) throw nb::value_error(message.c_str());
+  throw std::runtime_error(message);
+}
+
+void check(mokStatus_t status) {
+  if (status != mokSuccess) raise_status(status);
+}
+
+nb::dict device_info_dict(const mokDeviceInfo_t& info) {
+  nb::dict d;
+  d["device_count"] = info.device_count;
+  d["device"] = info.device;
+  d["name"] = std::string(info.name);
+  d["compute_capability"] = nb::make_tuple(info.cc_major, info.cc_minor);
+  d["multiprocessors"] = info.multiprocessors;
+  d["total_memory"] = info.total_memory;
+  d["driver_version"] = info.driver_version;
+  d["runtime_version"] = info.runtime_version;
+  return d;
+}
+
+}  // namespace
+
+NB_MODULE(_mok, m) {
+  m.doc() = "libmok's C ABI (see kernel/include/mok/mok.h)";
+  m.attr("HEADER_VERSION") = MOK_VERSION;
+  m.attr("NUM_STATUS") = static_cast<int>(mokNumStatus);
+  m.attr("NUM_EXECUTORS") = static_cast<int>(mokNumExecutors);
+
+  m.def("version", [] {
+    int v = 0;
+    check(mokGetVersion(&v));
+    return v;
+  }, "libmok's version as MOK_VERSION_CODE(major, minor, patch)");
+
+  m.def("status_string", [](int status) {
+    return std::string(mokGetStatusString(static_cast<mokStatus_t>(status)));
+  });
+
+  m.def("cuda_architectures", [] { return std::string(mokCudaArchitectures()); });
+
+  m.def("executor_name", [](int executor) {
+    const char* name = mokExecutorName(static_cast<mokExecutor_t>(executor));
+    if (!name) throw nb::value_error("executor: not a mokExecutor_t value");
+    return std::string(name);
+  });
+
+  m.def("executor_compiled", [](int executor) {
+    int compiled = 0;
+    check(mokExecutorCompiled(static_cast<mokExecutor_t>(executor), &compiled));
+    return compiled != 0;
+  });
+
+  // (status, detail, info): never raises for a missing GPU, so callers can report it.
+  m.def("device_info", [](int device) {
+    mokDeviceInfo_t info = MOK_DEVICE_INFO_INIT;
+    mokStatus_t s = mokGetDeviceInfo(device, &info);
+    return nb::make_tuple(static_cast<int>(s), std::string(mokGetLastError()), device_info_dict(info));
+  });
+
+  // (status, detail, supported)
+  m.def("executor_supports_device", [](int executor, int device) {
+    int supported = 0;
+    mokStatus_t s = mokExecutorSupportsDevice(static_cast<mokExecutor_t>(executor), device, &supported);
+    return nb::make_tuple(static_cast<int>(s), std::string(mokGetLastError()), supported != 0);
+  });
+}
