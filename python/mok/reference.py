@@ -1,0 +1,387 @@
+"""The MoE layer's exact math in plain PyTorch: the oracle every libmok executor is checked against.
+
+docs/semantics.md states the math, the rounding points and the row order. In short:
+
+- precision="bf16": GEMMs accumulate in fp32 and store bf16 (g, u, h, y, dh, dg, du, dx_k); SwiGLU and the
+  combines run in fp32; weight gradients accumulate in fp32 and are returned fp32.
+- MXFP8 mode (routed = RoutedExpertsMXFP8): the same, except that every routed GEMM operand is quantised to
+  MXFP8 along that GEMM's reduction dim (from its stored bf16 value) before the fp32 GEMM. The shared expert
+  stays bf16.
+- precision="float64": the same formulas with everything in float64 and no rounding (on the bf16 master weights
+  in MXFP8 mode): the oracle tests compare against.
+
+The per-expert building blocks (swiglu, swiglu_backward, expert_forward, expert_backward, combine) are public and
+stable: the expert-parallel path calls them on the rows each rank owns, so the algorithm lives here once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import torch
+
+from mok.experts import ExpertWeights, RoutedExperts, RoutedExpertsMXFP8, SharedExpert
+from mok.quant import MXFP8Pair, mxfp8_fake_quantize
+
+PRECISIONS = ("bf16", "float64")
+
+
+class ExpertActivations(NamedTuple):
+    """One expert's forward on its rows [T, .]: g, u, h [T, I] and y [T, H], as stored (bf16, float64 oracle)."""
+
+    g: torch.Tensor
+    u: torch.Tensor
+    h: torch.Tensor
+    y: torch.Tensor
+
+
+class ExpertGradients(NamedTuple):
+    """One expert's backward: per-row input gradient dx [T, H] (stored dtype) and the weight gradients
+    gate, up [I, H], down [H, I] (fp32, float64 oracle), summed over the rows in the order given."""
+
+    dx: torch.Tensor
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+
+
+class Gradients(NamedTuple):
+    """All gradients of the layer. x: like x; topk_weights: fp32 (0 for -1 routes); weights: fp32 (float64 in the
+    oracle), of the bf16 masters in MXFP8 mode; shared_*: None without a shared expert."""
+
+    x: torch.Tensor
+    topk_weights: torch.Tensor
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+    shared_gate: torch.Tensor | None
+    shared_up: torch.Tensor | None
+    shared_down: torch.Tensor | None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Per-expert building blocks
+
+
+def swiglu(g: torch.Tensor, u: torch.Tensor, limit: float | None = None) -> torch.Tensor:
+    """h = silu(min(g, L)) * clamp(u, -L, L), silu(z) = z * sigmoid(z), evaluated as (a * sigmoid(a)) * b.
+
+    Computed in fp32 (float64 when g or u is float64) and returned unrounded; callers store it. limit None = no clamp.
+    """
+    a, b = _clamped(g, u, limit)
+    return a * torch.sigmoid(a) * b
+
+
+def swiglu_backward(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor, limit: float | None = None):
+    """(dg, du) of swiglu from the stored g, u and the incoming dh, unrounded, in swiglu's compute dtype.
+
+    With s = sigmoid(a): dg = (dh * b) * (s * (1 + a * (1 - s))) where g <= L, else 0;
+    du = dh * (a * s) where -L <= u <= L, else 0 (the masks torch.clamp's autograd uses).
+    """
+    a, b = _clamped(g, u, limit)
+    dh = dh.to(a.dtype)
+    s = torch.sigmoid(a)
+    dg = dh * b * (s * (1 + a * (1 - s)))
+    du = dh * (a * s)
+    if limit is not None:
+        # Masks compare in the compute dtype: a bf16 comparison would round L to bf16.
+        gc, uc = g.to(a.dtype), u.to(a.dtype)
+        zero = torch.zeros((), dtype=a.dtype, device=a.device)
+        dg = torch.where(gc <= limit, dg, zero)
+        du = torch.where((uc >= -limit) & (uc <= limit), du, zero)
+    return dg, du
+
+
+def expert_forward(x: torch.Tensor, weights: ExpertWeights, *, swiglu_limit: float | None = None,
+                   precision: str = "bf16") -> ExpertActivations:
+    """One expert on its rows x [T, H] (canonical row order): g, u = x W_gate^T, x W_up^T; h = swiglu(g, u);
+    y = h W_down^T. GEMMs accumulate in fp32 and store bf16; MXFP8 weights (weights.is_mxfp8) quantise x and h
+    along their last dim first. precision="float64": all float64, no rounding (bf16 weights only)."""
+    p = _Precision(precision, weights)
+    g = p.store(p.gemm(p.act(x), p.weight(weights.gate, "rowwise")))
+    u = p.store(p.gemm(p.act(x), p.weight(weights.up, "rowwise")))
+    h = p.store(swiglu(g, u, swiglu_limit))
+    y = p.store(p.gemm(p.act(h), p.weight(weights.down, "rowwise")))
+    return ExpertActivations(g, u, h, y)
+
+
+def expert_backward(x: torch.Tensor, weights: ExpertWeights, act: ExpertActivations, dy: torch.Tensor, *,
+                    swiglu_limit: float | None = None, precision: str = "bf16") -> ExpertGradients:
+    """Backward of expert_forward on the same rows, given dy [T, H] (stored: bf16, or float64 in the oracle).
+
+    dh = dy W_down; (dg, du) = swiglu_backward; dx = [dg du] [W_gate; W_up] in one fp32 accumulation; all stored.
+    Weight gradients dW_down = dy^T h, dW_gate = dg^T x, dW_up = du^T x reduce over the rows in fp32 (in MXFP8 mode
+    each operand is quantised along the rows: blocks of 32 rows from the first row, a partial last block).
+    """
+    p = _Precision(precision, weights)
+    dy = p.store(dy)
+    dh = p.store(p.gemm(p.act(dy), p.weight(weights.down, "colwise")))
+    dg, du = (p.store(d) for d in swiglu_backward(act.g, act.u, dh, swiglu_limit))
+    dgu = torch.cat([p.act(dg), p.act(du)], dim=1)
+    w_gu = torch.cat([p.weight(weights.gate, "colwise"), p.weight(weights.up, "colwise")], dim=1)
+    dx = p.store(p.gemm(dgu, w_gu))
+    x_t = p.act(x.t())
+    return ExpertGradients(
+        dx=dx,
+        gate=p.gemm(p.act(dg.t()), x_t),
+        up=p.gemm(p.act(du.t()), x_t),
+        down=p.gemm(p.act(dy.t()), p.act(act.h.t())),
+    )
+
+
+def combine(slots: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor | None = None,
+            first: torch.Tensor | None = None, *, precision: str = "bf16") -> torch.Tensor:
+    """out_t = store(float(first_t) + sum_k w_k * float(slots[t, k])), summed in fp32 (float64 in the oracle) with
+    `first` (the shared expert's term; 0 when None) first, then k = 0..K-1 in order. Each product is rounded before
+    its addition (no fused multiply-add). Slots whose id is -1 are skipped. topk_weights None means w = 1 (the
+    backward's dx sum). slots [T, K, H]; returns [T, H] bf16 (float64 in the oracle)."""
+    acc_dtype = _acc_dtype(precision)
+    T, K, H = slots.shape
+    acc = torch.zeros(T, H, dtype=acc_dtype, device=slots.device) if first is None else first.to(acc_dtype)
+    for k in range(K):
+        term = slots[:, k].to(acc_dtype)
+        if topk_weights is not None:
+            term = topk_weights[:, k:k + 1].to(acc_dtype) * term
+        acc = torch.where(topk_ids[:, k:k + 1] >= 0, acc + term, acc)
+    return acc.to(_store_dtype(precision))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The whole layer
+
+
+@dataclasses.dataclass(frozen=True)
+class Routing:
+    """The routed (token, k) pairs in canonical order: expert-major, then ascending token, then k.
+
+    slots:  [R] int64 flat slot indices t * K + k (-1 routes left out).
+    tokens: [R] int64 token index of each row.
+    counts: rows per expert (a list of E ints); expert e's rows are slots[offsets[e]:offsets[e] + counts[e]].
+    """
+
+    slots: torch.Tensor
+    tokens: torch.Tensor
+    counts: list
+
+    def segments(self):
+        """(expert, slice) for every expert, in expert order (empty experts included)."""
+        start = 0
+        for e, n in enumerate(self.counts):
+            yield e, slice(start, start + n)
+            start += n
+
+
+def route(topk_ids: torch.Tensor, num_experts: int) -> Routing:
+    """Canonical row order for topk_ids [T, K] (ids in [-1, num_experts))."""
+    K = topk_ids.shape[1]
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    slots = torch.nonzero(flat >= 0).flatten()  # ascending t * K + k = ascending (t, k)
+    order = torch.sort(flat[slots], stable=True).indices  # stable: (t, k) order kept inside each expert
+    slots = slots[order]
+    counts = torch.bincount(flat[slots], minlength=num_experts).tolist()
+    return Routing(slots=slots, tokens=slots // K, counts=counts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What the forward keeps for the backward."""
+
+    x: torch.Tensor
+    topk_ids: torch.Tensor
+    topk_weights: torch.Tensor
+    routed: RoutedExperts | RoutedExpertsMXFP8
+    shared: SharedExpert | None
+    swiglu_limit: float | None
+    precision: str
+    routing: Routing
+    activations: list  # ExpertActivations per expert, in expert order
+    shared_activations: ExpertActivations | None
+    y_slots: torch.Tensor  # [T, K, H] stored y_k (zeros for -1 routes)
+
+
+def forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+            routed: RoutedExperts | RoutedExpertsMXFP8, shared: SharedExpert | None = None, *,
+            swiglu_limit: float | None = None, precision: str = "bf16"):
+    """The layer's forward on one process: returns (out [T, H], Context).
+
+    x [T, H] bf16; topk_ids [T, K] int32/int64 in [-1, E) (-1 = no route); topk_weights [T, K] fp32.
+    MXFP8 mode is selected by passing RoutedExpertsMXFP8. precision="float64" is the oracle (float64 out).
+    """
+    _check_inputs(x, topk_ids, topk_weights, routed, shared, swiglu_limit, precision)
+    if precision == "float64" and isinstance(routed, RoutedExpertsMXFP8):
+        routed = routed.master  # the oracle is the exact math the MXFP8 mode approximates
+    T, K = topk_ids.shape
+    H = x.shape[1]
+    store = _store_dtype(precision)
+    x = x.to(store) if precision == "float64" else x
+    routing = route(topk_ids, routed.num_experts)
+    x_rows = x[routing.tokens]
+    y_slots = torch.zeros(T * K, H, dtype=store, device=x.device)
+    activations = []
+    for e, rows in routing.segments():
+        act = expert_forward(x_rows[rows], routed.expert(e), swiglu_limit=swiglu_limit, precision=precision)
+        y_slots[routing.slots[rows]] = act.y
+        activations.append(act)
+    shared_act = None
+    if shared is not None:
+        shared_act = expert_forward(x, shared.expert(), swiglu_limit=swiglu_limit, precision=precision)
+    y_slots = y_slots.view(T, K, H)
+    out = combine(y_slots, topk_ids, topk_weights, None if shared_act is None else shared_act.y, precision=precision)
+    ctx = Context(x, topk_ids, topk_weights, routed, shared, swiglu_limit, precision, routing, activations,
+                  shared_act, y_slots)
+    return out, ctx
+
+
+def backward(ctx: Context, dout: torch.Tensor) -> Gradients:
+    """All gradients of the layer given dout [T, H] (bf16; any float dtype in the oracle)."""
+    x, precision, routing = ctx.x, ctx.precision, ctx.routing
+    T, K = ctx.topk_ids.shape
+    H = x.shape[1]
+    _check_dout(dout, (T, H), precision, x.device)
+    store, acc = _store_dtype(precision), _acc_dtype(precision)
+    dout = dout.to(store)
+    valid = ctx.topk_ids >= 0
+    # dw_k = <dOut_t, y_k> directly: never recovered by dividing something by w_k.
+    dw = torch.where(valid, (dout.to(acc)[:, None, :] * ctx.y_slots.to(acc)).sum(-1), 0).to(acc)
+
+    w_rows = ctx.topk_weights.reshape(-1)[routing.slots].to(acc)[:, None]
+    dy_rows = (w_rows * dout[routing.tokens].to(acc)).to(store)
+    x_rows = x[routing.tokens]
+    dx_slots = torch.zeros(T * K, H, dtype=store, device=x.device)
+    wgrads = []
+    for e, rows in routing.segments():
+        grads = expert_backward(x_rows[rows], ctx.routed.expert(e), ctx.activations[e], dy_rows[rows],
+                                swiglu_limit=ctx.swiglu_limit, precision=precision)
+        dx_slots[routing.slots[rows]] = grads.dx
+        wgrads.append(grads)
+
+    shared = None
+    if ctx.shared is not None:
+        shared = expert_backward(x, ctx.shared.expert(), ctx.shared_activations, dout,
+                                 swiglu_limit=ctx.swiglu_limit, precision=precision)
+    dx = combine(dx_slots.view(T, K, H), ctx.topk_ids, None, None if shared is None else shared.dx,
+                 precision=precision)
+    return Gradients(
+        x=dx,
+        topk_weights=dw,
+        gate=torch.stack([g.gate for g in wgrads]),
+        up=torch.stack([g.up for g in wgrads]),
+        down=torch.stack([g.down for g in wgrads]),
+        shared_gate=None if shared is None else shared.gate,
+        shared_up=None if shared is None else shared.up,
+        shared_down=None if shared is None else shared.down,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Internals
+
+
+class _Precision:
+    """How one expert's GEMMs see their operands, for a precision and a kind of weights."""
+
+    def __init__(self, precision: str, weights: ExpertWeights):
+        _check_precision(precision)
+        if precision == "float64" and weights.is_mxfp8:
+            raise TypeError("weights must be bf16 for precision='float64' (the oracle runs on the bf16 masters)")
+        self.mxfp8 = weights.is_mxfp8
+        self.acc_dtype = _acc_dtype(precision)
+        self.store_dtype = _store_dtype(precision)
+
+    def store(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.store_dtype)
+
+    def act(self, t: torch.Tensor) -> torch.Tensor:
+        """An activation operand [M, K] blocked along its last dim, in the accumulation dtype."""
+        return mxfp8_fake_quantize(t) if self.mxfp8 else t.to(self.acc_dtype)
+
+    def weight(self, w, orientation: str) -> torch.Tensor:
+        """A weight as the [N, K] operand of a GEMM: 'rowwise' = as stored, 'colwise' = transposed."""
+        if isinstance(w, MXFP8Pair):
+            return getattr(w, orientation).dequantize(self.acc_dtype)
+        return (w if orientation == "rowwise" else w.t()).to(self.acc_dtype)
+
+    @staticmethod
+    def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """a [M, K] times b [N, K]^T, accumulated in a's dtype (products of bf16 or MXFP8 values are exact in fp32)."""
+        return a @ b.t()
+
+
+def _clamped(g: torch.Tensor, u: torch.Tensor, limit: float | None):
+    dtype = torch.float64 if torch.float64 in (g.dtype, u.dtype) else torch.float32
+    a, b = g.to(dtype), u.to(dtype)
+    if limit is None:
+        return a, b
+    return a.clamp(max=limit), b.clamp(-limit, limit)
+
+
+def _acc_dtype(precision: str) -> torch.dtype:
+    return torch.float64 if precision == "float64" else torch.float32
+
+
+def _store_dtype(precision: str) -> torch.dtype:
+    return torch.float64 if precision == "float64" else torch.bfloat16
+
+
+def _check_precision(precision) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+
+
+def _check_inputs(x, topk_ids, topk_weights, routed, shared, limit, precision) -> None:
+    _check_precision(precision)
+    if not isinstance(routed, (RoutedExperts, RoutedExpertsMXFP8)):
+        raise TypeError(f"routed must be RoutedExperts or RoutedExpertsMXFP8, got {type(routed).__name__}")
+    if shared is not None and not isinstance(shared, SharedExpert):
+        raise TypeError(f"shared must be a SharedExpert or None, got {type(shared).__name__}")
+    _check_tensor(x, "x", 2)
+    _check_tensor(topk_ids, "topk_ids", 2)
+    _check_tensor(topk_weights, "topk_weights", 2)
+    H, E = routed.hidden_size, routed.num_experts
+    if x.dtype != torch.bfloat16 and not (precision == "float64" and x.is_floating_point()):
+        raise TypeError(f"x must be bfloat16, got {x.dtype}")
+    if x.shape[1] != H:
+        raise ValueError(f"x must be [T, H] with H = {H} (the experts' hidden size), got {tuple(x.shape)}")
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
+    if topk_ids.shape[0] != x.shape[0] or topk_ids.shape[1] < 1:
+        raise ValueError(f"topk_ids must be [T, K] with T = {x.shape[0]} (x's tokens) and K >= 1, "
+                         f"got {tuple(topk_ids.shape)}")
+    if topk_ids.numel() and not bool(((topk_ids >= -1) & (topk_ids < E)).all()):
+        raise ValueError(f"topk_ids values must be in [-1, {E}) (-1 = no route, {E} experts)")
+    if topk_weights.dtype != torch.float32 and not (precision == "float64" and topk_weights.is_floating_point()):
+        raise TypeError(f"topk_weights must be float32, got {topk_weights.dtype}")
+    if topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"topk_weights must have topk_ids' shape {tuple(topk_ids.shape)}, "
+                         f"got {tuple(topk_weights.shape)}")
+    if shared is not None and shared.hidden_size != H:
+        raise ValueError(f"shared must have hidden size {H} (the routed experts'), got {shared.hidden_size}")
+    if limit is not None and not (isinstance(limit, (int, float)) and math.isfinite(limit) and limit > 0):
+        raise ValueError(f"swiglu_limit must be None or a finite number > 0, got {limit!r}")
+    devices = {t.device for t in (x, topk_ids, topk_weights, _any_weight(routed))}
+    if len(devices) != 1:
+        raise ValueError(f"x, topk_ids, topk_weights and the experts must be on one device, got "
+                         f"{sorted(map(str, devices))}")
+
+
+def _check_tensor(t, name: str, ndim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+
+
+def _check_dout(dout, shape: tuple, precision: str, device) -> None:
+    _check_tensor(dout, "dout", 2)
+    if tuple(dout.shape) != shape:
+        raise ValueError(f"dout must have the output's shape {shape}, got {tuple(dout.shape)}")
+    if dout.dtype != torch.bfloat16 and not (precision == "float64" and dout.is_floating_point()):
+        raise TypeError(f"dout must be bfloat16, got {dout.dtype}")
+    if dout.device != device:
+        raise ValueError(f"dout must be on x's device {device}, got {dout.device}")
+
+
+def _any_weight(routed) -> torch.Tensor:
+    return (routed.master if isinstance(routed, RoutedExpertsMXFP8) else routed).gate
