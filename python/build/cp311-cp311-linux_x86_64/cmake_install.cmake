@@ -2,7 +2,7 @@
 
 # Set the install prefix
 if(NOT DEFINED CMAKE_INSTALL_PREFIX)
-  set(CMAKE_INSTALL_PREFIX "/tmp/tmppsdq_krt/wheel/platlib")
+  set(CMAKE_INSTALL_PREFIX "/tmp/tmpi0mk36jh/wheel/platlib")
 endif()
 string(REGEX REPLACE "/$" "" CMAKE_INSTALL_PREFIX "${CMAKE_INSTALL_PREFIX}")
 
@@ -48,32 +48,19 @@ if(NOT CMAKE_INSTALL_LOCAL_ONLY)
 endif()
 
 if(CMAKE_INSTALL_COMPONENT STREQUAL "Unspecified" OR NOT CMAKE_INSTALL_COMPONENT)
-  foreach(file
-      "$ENV{DESTDIR}${CMAKE_INSTALL_PREFIX}/mok/libmok.so.0.1.0"
-      "$ENV{DESTDIR}${CMAKE_INSTALL_PREFIX}/mok/libmok.so.0"
-      )
-    if(EXISTS "${file}" AND
-       NOT IS_SYMLINK "${file}")
-      file(RPATH_CHECK
-           FILE "${file}"
-           RPATH "")
+  if(EXISTS "$ENV{DESTDIR}${CMAKE_INSTALL_PREFIX}/mok/libmok.so.0" AND
+     NOT IS_SYMLINK "$ENV{DESTDIR}${CMAKE_INSTALL_PREFIX}/mok/libmok.so.0")
+    file(RPATH_CHECK
+         FILE "$ENV{DESTDIR}${CMAKE_INSTALL_PREFIX}/mok/libmok.so.0"
+         RPATH "")
+  endif()
+  file(INSTALL DESTINATION "${CMAKE_INSTALL_PREFIX}/mok" TYPE SHARED_LIBRARY FILES "/work/main/python/build/cp311-cp311-linux_x86_64/libmok/kernel/libmok.so.0")
+  if(EXISTS "$ENV{DESTDIR}${CMAKE_INSTALL_PREFIX}/mok/libmok.so.0" AND
+     NOT IS_SYMLINK "$ENV{DESTDIR}${CMAKE_INSTALL_PREFIX}/mok/libmok.so.0")
+    if(CMAKE_INSTALL_DO_STRIP)
+      execute_process(COMMAND "/usr/bin/strip" "$ENV{DESTDIR}${CMAKE_INSTALL_PREFIX}/mok/libmok.so.0")
     endif()
-  endforeach()
-  file(INSTALL DESTINATION "${CMAKE_INSTALL_PREFIX}/mok" TYPE SHARED_LIBRARY FILES
-    "/work/main/python/build/cp311-cp311-linux_x86_64/libmok/kernel/libmok.so.0.1.0"
-    "/work/main/python/build/cp311-cp311-linux_x86_64/libmok/kernel/libmok.so.0"
-    )
-  foreach(file
-      "$ENV{DESTDIR}${CMAKE_INSTALL_PREFIX}/mok/libmok.so.0.1.0"
-      "$ENV{DESTDIR}${CMAKE_INSTALL_PREFIX}/mok/libmok.so.0"
-      )
-    if(EXISTS "${file}" AND
-       NOT IS_SYMLINK "${file}")
-      if(CMAKE_INSTALL_DO_STRIP)
-        execute_process(COMMAND "/usr/bin/strip" "${file}")
-      endif()
-    endif()
-  endforeach()
+  endif()
 endif()
 
 if(CMAKE_INSTALL_COMPONENT STREQUAL "Unspecified" OR NOT CMAKE_INSTALL_COMPONENT)
