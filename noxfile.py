@@ -1,0 +1,113 @@
+"""Build and test matrix of libmok. `nox -l` lists the sessions; README.md says which to run.
+
+The CUDA 13.0 toolchain comes from pinned PyPI wheels (tools/cuda_toolchain.py) unless CUDACXX names another
+nvcc. Builds go under build/nox/.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+BUILD = ROOT / "build" / "nox"
+sys.path.insert(0, str(ROOT))
+
+nox.options.default_venv_backend = "venv"
+nox.options.sessions = ["tests-3.11", "consumer", "lint"]
+
+PYTHONS = ["3.11", "3.12", "3.13"]
+TORCH = "torch==2.13.0"  # a CPU wheel of this release lies on the developers' and CI's disk for Python 3.11
+BUILD_DEPS = ("scikit-build-core==0.11.6", "nanobind==2.9.2", "cmake==3.31.6", "ninja==1.13.0")
+TEST_DEPS = ("pytest==8.4.2", "numpy==2.3.5")
+ARCHS = {"blackwell": "100a;103a", "sm100a": "100a", "host": ""}
+
+
+def cuda_env(session: nox.Session) -> dict[str, str]:
+    """Environment that selects the pinned toolchain (or the caller's CUDACXX)."""
+    if os.environ.get("CUDACXX"):
+        nvcc = Path(os.environ["CUDACXX"])
+    else:
+        from tools.cuda_toolchain import ensure
+
+        nvcc = ensure(ROOT / ".toolchain" / "cuda-13.0") / "bin" / "nvcc"
+    session.log(f"CUDA compiler: {nvcc}")
+    return {"CUDACXX": str(nvcc), "MOK_CUDA_BIN": str(nvcc.parent)}
+
+
+def cmake_build(session: nox.Session, name: str, build_type: str, archs: str, *extra: str) -> Path:
+    """Configure, build and install libmok; returns the install prefix."""
+    build, prefix = BUILD / name, BUILD / name / "install"
+    cuda = ["-DMOK_ENABLE_CUDA=OFF"] if not archs else [f"-DMOK_CUDA_ARCHITECTURES={archs}"]
+    session.run("cmake", "-S", str(ROOT), "-B", str(build), "-G", "Ninja", f"-DCMAKE_BUILD_TYPE={build_type}",
+                f"-DCMAKE_INSTALL_PREFIX={prefix}", *cuda, *extra, external=True)
+    session.run("cmake", "--build", str(build), external=True)
+    session.run("cmake", "--install", str(build), external=True)
+    return prefix
+
+
+@nox.session(python="3.11")
+@nox.parametrize("build_type", ["Release", "Debug"])
+@nox.parametrize("archs", list(ARCHS))
+def build(session: nox.Session, build_type: str, archs: str) -> None:
+    """Configure, build and install libmok for one build type and arch list."""
+    session.install(*BUILD_DEPS)
+    session.env.update(cuda_env(session))
+    prefix = cmake_build(session, f"build-{build_type}-{archs}", build_type, ARCHS[archs])
+    session.log(f"installed into {prefix}")
+
+
+@nox.session(python=PYTHONS)
+def tests(session: nox.Session) -> None:
+    """The whole pytest suite (C++ CTest suite included) against a freshly built libmok and wheel."""
+    session.install(*BUILD_DEPS, *TEST_DEPS, TORCH)
+    session.env.update(cuda_env(session))
+    prefix = cmake_build(session, "tests-libmok", "Release", ARCHS["blackwell"], "-DMOK_BUILD_TESTS=ON")
+    session.install("--no-build-isolation", "--no-deps", str(ROOT / "python"))
+    session.env.update({"MOK_PREFIX": str(prefix), "MOK_BUILD_DIR": str(BUILD / "tests-libmok")})
+    session.run("pytest", "-ra", *(session.posargs or ["tests"]))
+
+
+@nox.session(python="3.11")
+def consumer(session: nox.Session) -> None:
+    """The C++ example against the installed package, through CMake and through pkg-config."""
+    session.install(*BUILD_DEPS)
+    session.env.update(cuda_env(session))
+    prefix = cmake_build(session, "consumer-libmok", "Release", ARCHS["sm100a"])
+    out = BUILD / "consumer"
+    session.run("cmake", "-S", str(ROOT / "examples" / "cpp"), "-B", str(out), "-G", "Ninja",
+                f"-DCMAKE_PREFIX_PATH={prefix}", external=True)
+    session.run("cmake", "--build", str(out), external=True)
+    session.run(str(out / "mok_consumer"), external=True)
+    env = {"PKG_CONFIG_PATH": str(prefix / "lib" / "pkgconfig")}
+    session.run("make", "-C", str(ROOT / "examples" / "cpp"), f"O={out}", env=env, external=True)
+    session.run(str(out / "mok_consumer_pc"), external=True)
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    """ruff over Python, clang-format over C/C++/CUDA."""
+    session.install("ruff==0.14.6", "clang-format==21.1.6")
+    session.run("ruff", "check", "python", "tests", "tools", "noxfile.py")
+    sources = [str(p) for d in ("kernel", "python/src", "examples", "tests/cpp")
+               for p in sorted((ROOT / d).rglob("*")) if p.suffix in {".h", ".hpp", ".cpp", ".cu", ".cuh"}]
+    session.run("clang-format", "--dry-run", "--Werror", *sources)
+
+
+@nox.session(python="3.11")
+def demo(session: nox.Session) -> None:
+    """The main job: a real MoE layer forward and backward (host executor without a GPU)."""
+    session.install(*BUILD_DEPS, TORCH, "numpy==2.3.5")
+    session.env.update(cuda_env(session))
+    session.install("--no-build-isolation", "--no-deps", str(ROOT / "python"))
+    session.run("python", "-m", "mok.demo", *session.posargs)
+
+
+try:  # packaging sessions (conda, nix, repro) live beside the recipe's and flake's checks
+    from tools import nox_packaging  # noqa: F401
+except ModuleNotFoundError as err:
+    if err.name != "tools.nox_packaging":
+        raise

@@ -1,0 +1,32 @@
+"""A C++ trainer's program builds and runs against the installed libmok, outside the source tree."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+from conftest import ROOT, have, run
+
+
+def check_output(text: str) -> None:
+    assert "libmok 0.1.0 (header 0.1.0)" in text, text
+    assert "executor host     compiled=1 usable=1" in text, text
+    assert "executor sm100" in text, text
+
+
+def test_cmake_find_package(prefix, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "examples" / "cpp", src)
+    run("cmake", "-S", src, "-B", tmp_path / "b", "-G", "Ninja", f"-DCMAKE_PREFIX_PATH={prefix}")
+    run("cmake", "--build", tmp_path / "b")
+    check_output(run(tmp_path / "b" / "mok_consumer").stdout)
+
+
+@pytest.mark.skipif(not have("pkg-config"), reason="pkg-config is not installed")
+def test_pkg_config(prefix, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "examples" / "cpp", src)
+    env = {**os.environ, "PKG_CONFIG_PATH": str(prefix / "lib" / "pkgconfig")}
+    run("make", "-C", src, f"O={tmp_path}", env=env)
+    check_output(run(tmp_path / "mok_consumer_pc").stdout)

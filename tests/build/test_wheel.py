@@ -1,0 +1,46 @@
+"""The wheel builds in-tree (bundling libmok) and against an installed libmok, and each one imports."""
+
+from __future__ import annotations
+
+import os
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, run
+
+
+def build_wheel(out: Path, env: dict[str, str]) -> Path:
+    run(sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", out, ROOT / "python",
+        env={**os.environ, **env})
+    (wheel,) = out.glob("mok-*.whl")
+    return wheel
+
+
+def import_in_fresh_env(wheel: Path, tmp: Path, ld_path: str = "") -> str:
+    """Install `wheel` into a new venv (seeing this one's torch) and import it from outside the source tree."""
+    venv = tmp / "venv"
+    run(sys.executable, "-m", "venv", "--system-site-packages", venv)
+    run(venv / "bin" / "pip", "install", "--no-deps", "--no-index", "--quiet", wheel)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MOK_NO_EXTENSION")}
+    if ld_path:
+        env["LD_LIBRARY_PATH"] = ld_path
+    code = "import mok; print(mok.__version__, [b.name for b in mok.backends() if b.available])"
+    return run(venv / "bin" / "python", "-c", code, cwd=tmp, env=env).stdout
+
+
+@pytest.mark.parametrize("mode", ["bundled", "installed"])
+def test_wheel(mode, prefix, cuda_bin, tmp_path):
+    env = {"CUDACXX": str(cuda_bin / "nvcc")}
+    if mode == "installed":
+        env.update(MOK_USE_INSTALLED="ON", CMAKE_PREFIX_PATH=str(prefix))
+    wheel = build_wheel(tmp_path / "dist", env)
+    names = zipfile.ZipFile(wheel).namelist()
+    bundled = [n for n in names if Path(n).name.startswith("libmok.so")]
+    if mode == "bundled":
+        assert bundled == ["mok/libmok.so.0"], names
+    else:
+        assert not bundled, f"a wheel built against an installed libmok must not carry one: {bundled}"
+    out = import_in_fresh_env(wheel, tmp_path, "" if mode == "bundled" else str(prefix / "lib"))
+    assert out.startswith("0.1.0 ") and "'host'" in out, out
