@@ -1,0 +1,244 @@
+"""Expert parallelism over torch.distributed: which routed rows go where, and moving them there and back.
+
+Global expert e lives on rank e // E_local. A rank sends each routed (token, k) row to the rank that owns its
+expert with one `all_to_all_single`, and gets the expert's output row back with another. On the expert's rank
+the rows are laid out expert-major and, inside an expert, in canonical order (source rank, token, k): the order
+that fixes every weight-gradient sum and every token-dim MXFP8 block (docs/semantics.md). Because that order
+does not depend on how tokens are spread over ranks, W ranks give bitwise the single-process result.
+
+Works with any backend torch.distributed has (gloo on CPU, NCCL on CUDA); `group=None` with no process group
+initialised runs in-process with no communication at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from mok import reference
+from mok.experts import RoutedExperts, RoutedExpertsMXFP8, SharedExpert
+
+
+def group_rank_and_size(group) -> tuple[int, int]:
+    """(rank, world size) in `group`; (0, 1) when torch.distributed is not initialised and group is None."""
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Where each routed row of this rank goes, and what this rank's experts receive.
+
+    send_routes:       [S] int64, flat slot indices t * K + k of this rank's routed rows, ordered by
+                       (global expert, t, k): rows for rank 0's experts first.
+    send_splits:       rows sent to each rank (list of W ints).
+    recv_splits:       rows received from each rank (list of W ints).
+    recv_to_canonical: [R] int64; canonical row i of this rank's experts is received row recv_to_canonical[i].
+    expert_rows:       rows of each local expert (list of E_local ints); expert e's canonical segment starts at
+                       sum(expert_rows[:e]).
+    """
+
+    group: object
+    rank: int
+    world: int
+    num_local_experts: int
+    num_tokens: int
+    topk: int
+    send_routes: torch.Tensor
+    send_splits: list[int]
+    recv_splits: list[int]
+    recv_to_canonical: torch.Tensor
+    expert_rows: list[int]
+
+    @property
+    def num_experts(self) -> int:
+        return self.world * self.num_local_experts
+
+    def expert_segments(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        """Split canonical rows [R, ...] into one contiguous tensor per local expert."""
+        return [seg.contiguous() for seg in torch.split(rows, self.expert_rows)]
+
+
+def build_schedule(topk_ids: torch.Tensor, num_local_experts: int, group=None) -> Schedule:
+    """Plan dispatch and combine for `topk_ids` [T, K] (ids already validated; -1 = no route).
+
+    One all_to_all of per-expert row counts: every rank learns how many rows each source sends to each of its
+    experts, which is all it needs to lay the received rows out in canonical order.
+    """
+    rank, world = group_rank_and_size(group)
+    num_tokens, topk = topk_ids.shape
+    ids = topk_ids.reshape(-1).to(torch.int64)
+    routed = torch.nonzero(ids >= 0).reshape(-1)
+    # A stable sort by expert keeps (t, k) ascending inside each expert: the canonical order for this source.
+    send_routes = routed[torch.sort(ids[routed], stable=True).indices]
+    send_counts = torch.bincount(ids[routed], minlength=world * num_local_experts)
+    recv_counts = _exchange_counts(send_counts, group, world)
+    counts = recv_counts.reshape(world, num_local_experts)
+    return Schedule(
+        group=group,
+        rank=rank,
+        world=world,
+        num_local_experts=num_local_experts,
+        num_tokens=num_tokens,
+        topk=topk,
+        send_routes=send_routes,
+        send_splits=send_counts.reshape(world, num_local_experts).sum(1).tolist(),
+        recv_splits=counts.sum(1).tolist(),
+        recv_to_canonical=_source_major_to_expert_major(counts),
+        expert_rows=counts.sum(0).tolist(),
+    )
+
+
+def dispatch_tokens(schedule: Schedule, x: torch.Tensor) -> torch.Tensor:
+    """Send token rows x [T, C] to the experts they are routed to (a token routed to k experts goes k times).
+    Returns this rank's experts' rows [R, C] in canonical order (split them with `schedule.expert_segments`)."""
+    return _to_experts(schedule, x[schedule.send_routes // schedule.topk])
+
+
+def dispatch_slots(schedule: Schedule, slots: torch.Tensor) -> torch.Tensor:
+    """Send per-slot rows slots [T, K, C] (slot (t, k) goes to expert topk_ids[t, k]) to the experts.
+    Returns [R, C] in canonical order, as `dispatch_tokens`."""
+    return _to_experts(schedule, slots.flatten(0, 1)[schedule.send_routes])
+
+
+def combine(schedule: Schedule, expert_rows: torch.Tensor) -> torch.Tensor:
+    """Send each expert output row [R, C] (canonical order) back to its token's rank. Returns the slots
+    [T, K, C]; a slot with no route (-1) is zero."""
+    received_order = torch.empty_like(expert_rows)
+    received_order[schedule.recv_to_canonical] = expert_rows
+    back = _exchange(received_order, schedule.recv_splits, schedule.send_splits, schedule.group)
+    slots = expert_rows.new_zeros(schedule.num_tokens * schedule.topk, expert_rows.shape[1])
+    slots[schedule.send_routes] = back
+    return slots.reshape(schedule.num_tokens, schedule.topk, expert_rows.shape[1])
+
+
+def _to_experts(schedule: Schedule, send: torch.Tensor) -> torch.Tensor:
+    received = _exchange(send, schedule.send_splits, schedule.recv_splits, schedule.group)
+    return received[schedule.recv_to_canonical]
+
+
+def _source_major_to_expert_major(counts: torch.Tensor) -> torch.Tensor:
+    """Rows arrive grouped by source rank, then expert. Return, for each row in (expert, source) order, its
+    position in the received buffer."""
+    starts = torch.cumsum(counts.reshape(-1), 0) - counts.reshape(-1)  # start of each (source, expert) block
+    starts_em, counts_em = starts.reshape(counts.shape).t().reshape(-1), counts.t().reshape(-1)
+    total = int(counts_em.sum())
+    block_offset = torch.cumsum(counts_em, 0) - counts_em  # where each block lands in canonical order
+    shift = torch.repeat_interleave(starts_em - block_offset, counts_em, output_size=total)
+    return torch.arange(total, dtype=torch.int64, device=counts.device) + shift
+
+
+def _exchange_counts(send_counts: torch.Tensor, group, world: int) -> torch.Tensor:
+    if world == 1:
+        return send_counts
+    recv = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv, send_counts, group=group)
+    return recv
+
+
+def _exchange(send: torch.Tensor, send_splits: list[int], recv_splits: list[int], group) -> torch.Tensor:
+    if len(send_splits) == 1:
+        return send
+    recv = send.new_empty(sum(recv_splits), *send.shape[1:])
+    dist.all_to_all_single(recv, send.contiguous(), recv_splits, send_splits, group=group)
+    return recv
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The layer over the group, with reference.py's per-expert math: the "reference" executor of mok.functional.
+
+
+@dataclass
+class Context:
+    """What a forward keeps for its backward: the expert side (this rank's experts' input rows and activations,
+    canonical order) and the token side (this rank's tokens, their routes and their y slots)."""
+
+    schedule: Schedule
+    x: torch.Tensor
+    topk_ids: torch.Tensor
+    topk_weights: torch.Tensor
+    routed: RoutedExperts | RoutedExpertsMXFP8
+    shared: SharedExpert | None
+    swiglu_limit: float | None
+    expert_x: list[torch.Tensor]
+    activations: list[reference.ExpertActivations]
+    shared_activations: reference.ExpertActivations | None
+    y_slots: torch.Tensor  # [T, K, H] bf16, zero where the route is -1
+
+
+class MainGrads(NamedTuple):
+    """Caller-owned fp32 buffers that weight gradients are added into (None = return that gradient as bf16)."""
+
+    gate: torch.Tensor | None = None
+    up: torch.Tensor | None = None
+    down: torch.Tensor | None = None
+    shared_gate: torch.Tensor | None = None
+    shared_up: torch.Tensor | None = None
+    shared_down: torch.Tensor | None = None
+
+
+def forward(x, topk_ids, topk_weights, routed, shared, *, schedule: Schedule, swiglu_limit=None,
+            need_context: bool = True):
+    """out [T, H] bf16 for this rank's tokens, and the Context (None when need_context is False)."""
+    ctx = recompute_forward_context(x, topk_ids, topk_weights, routed, shared, schedule=schedule,
+                                    swiglu_limit=swiglu_limit)
+    shared_y = None if ctx.shared_activations is None else ctx.shared_activations.y
+    out = reference.combine(ctx.y_slots, topk_ids, topk_weights, shared_y)
+    return out, (ctx if need_context else None)
+
+
+def recompute_forward_context(x, topk_ids, topk_weights, routed, shared, *, schedule: Schedule,
+                              swiglu_limit=None, y_slots: torch.Tensor | None = None) -> Context:
+    """Run the forward up to (not including) the final combine. Passing the forward's y_slots skips sending
+    the expert outputs back (they are bitwise what the forward had)."""
+    expert_x = schedule.expert_segments(dispatch_tokens(schedule, x))
+    activations = [reference.expert_forward(rows, routed.expert(e), swiglu_limit=swiglu_limit)
+                   for e, rows in enumerate(expert_x)]
+    if y_slots is None:
+        y_slots = combine(schedule, torch.cat([a.y for a in activations]))
+    activations = [a._replace(y=None) for a in activations]  # the backward never reads y on the expert side
+    shared_act = None
+    if shared is not None:
+        shared_act = reference.expert_forward(x, shared.expert(), swiglu_limit=swiglu_limit)
+    return Context(schedule, x, topk_ids, topk_weights, routed, shared, swiglu_limit, expert_x, activations,
+                   shared_act, y_slots)
+
+
+def backward(ctx: Context, dout: torch.Tensor, main_grads: MainGrads | None = None) -> reference.Gradients:
+    """All gradients given dout [T, H] bf16. Routed weight gradients are this rank's experts' (summed over
+    every rank's rows); shared ones are over this rank's tokens (the trainer reduces them like any
+    data-parallel weight). Weight gradients come back bf16, or None where main_grads holds a buffer they were
+    added into."""
+    main_grads = main_grads or MainGrads()
+    valid = ctx.topk_ids >= 0
+    dout_f = dout.float()[:, None, :]
+    # dw_k = <dOut_t, y_k> directly: never recovered by dividing anything by w_k.
+    dw = torch.where(valid, (dout_f * ctx.y_slots.float()).sum(-1), 0.0)
+    dy_slots = (ctx.topk_weights[:, :, None] * dout_f).to(torch.bfloat16)
+    dy_rows = ctx.schedule.expert_segments(dispatch_slots(ctx.schedule, dy_slots))
+    grads = [reference.expert_backward(ctx.expert_x[e], ctx.routed.expert(e), ctx.activations[e], dy_rows[e],
+                                       swiglu_limit=ctx.swiglu_limit) for e in range(len(dy_rows))]
+    dx_slots = combine(ctx.schedule, torch.cat([g.dx for g in grads]))
+    shared = None
+    if ctx.shared is not None:
+        shared = reference.expert_backward(ctx.x, ctx.shared.expert(), ctx.shared_activations, dout,
+                                           swiglu_limit=ctx.swiglu_limit)
+    dx = reference.combine(dx_slots, ctx.topk_ids, None, None if shared is None else shared.dx)
+    routed_w = {name: torch.stack([getattr(g, name) for g in grads]) for name in ("gate", "up", "down")}
+    shared_w = {f"shared_{n}": None if shared is None else getattr(shared, n) for n in ("gate", "up", "down")}
+    weights = {name: _deliver(grad, getattr(main_grads, name), name)
+               for name, grad in {**routed_w, **shared_w}.items()}
+    return reference.Gradients(x=dx, topk_weights=dw, **weights)
+
+
+def _deliver(grad: torch.Tensor | None, main_grad: torch.Tensor | None, name: str):
+    """An fp32 weight gradient: added into the caller's fp32 buffer (checked by validate.check_main_grads)
+    if there is one, else returned bf16."""
+    if grad is None or main_grad is None:
+        return None if grad is None else grad.to(torch.bfloat16)
+    main_grad.add_(grad)
+    return None

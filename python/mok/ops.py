@@ -1,0 +1,142 @@
+"""The layer as torch custom ops, so torch.compile (fullgraph) and autograd see it as two opaque calls.
+
+    mok::moe_forward(x, topk_ids, topk_weights, routed[], shared[], ...) -> (out [T, H], y_slots [T, K, H])
+    mok::moe_backward(dout, x, topk_ids, topk_weights, routed[], shared[], y_slots, ...) -> gradients[]
+
+Custom ops take tensors and plain values only, so the expert containers travel as flat tensor lists
+(`flatten_routed` / `unflatten_routed`) and the process group by name. The forward keeps y_slots (the one
+piece of the context with a shape known in advance, needed for the router-weight gradient); the backward
+recomputes the expert-side context (activation recompute) and then runs the backward. Every executor behind
+mok.functional serves these ops; `backend` "" means the default for the device.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from mok import functional
+from mok.experts import RoutedExperts, RoutedExpertsMXFP8, SharedExpert
+from mok.quant import MXFP8Pair, MXFP8Tensor
+
+_PARTS = ("gate", "up", "down")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Containers <-> tensor lists
+
+
+def flatten_routed(routed) -> list[torch.Tensor]:
+    """[gate, up, down] (bf16), followed in MXFP8 mode by each weight's rowwise data, scales, colwise data,
+    scales. The first three are always the bf16 masters: the tensors gradients flow to."""
+    master = routed.master if isinstance(routed, RoutedExpertsMXFP8) else routed
+    flat = [getattr(master, p) for p in _PARTS]
+    if isinstance(routed, RoutedExpertsMXFP8):
+        for p in _PARTS:
+            pair = getattr(routed, p)
+            flat += [pair.rowwise.data, pair.rowwise.scales, pair.colwise.data, pair.colwise.scales]
+    return flat
+
+
+def unflatten_routed(flat: list[torch.Tensor]):
+    master = RoutedExperts(*flat[:3])
+    if len(flat) == 3:
+        return master
+    pairs = [MXFP8Pair(MXFP8Tensor(flat[i], flat[i + 1], False), MXFP8Tensor(flat[i + 2], flat[i + 3], True))
+             for i in range(3, 15, 4)]
+    return RoutedExpertsMXFP8(master, *pairs)
+
+
+def flatten_shared(shared) -> list[torch.Tensor]:
+    return [] if shared is None else [getattr(shared, p) for p in _PARTS]
+
+
+def unflatten_shared(flat: list[torch.Tensor]):
+    return SharedExpert(*flat) if flat else None
+
+
+def group_name(group) -> str:
+    """How a process group travels through an op: "" for None (the default group, or no group at all)."""
+    return "" if group is None else group.group_name
+
+
+def _group(name: str):
+    return None if name == "" else dist.distributed_c10d._resolve_process_group(name)
+
+
+def config_to_ints(config: functional.MoKConfig | None) -> list[int]:
+    """A MoKConfig as ints (the timeout in milliseconds); [] for None (the executor's default)."""
+    if config is None:
+        return []
+    return [config.fwd_num_comm_sms, config.bwd_num_comm_sms, config.minibatch_size, config.macrobatch_size,
+            config.expert_padding, round(config.wait_timeout_s * 1000)]
+
+
+def _config(ints: list[int]):
+    if not ints:
+        return None
+    *sizes, timeout_ms = ints
+    return functional.MoKConfig(*sizes, wait_timeout_s=timeout_ms / 1000)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The ops
+
+
+@torch.library.custom_op("mok::moe_forward", mutates_args=())
+def moe_forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, routed: list[torch.Tensor],
+                shared: list[torch.Tensor], swiglu_limit: float | None, group: str, backend: str,
+                config: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [T, H] bf16, y_slots [T, K, H] bf16: each route's expert output, kept for the backward)."""
+    out, ctx = functional.forward(x, topk_ids, topk_weights, unflatten_routed(routed), unflatten_shared(shared),
+                                  group=_group(group), config=_config(config), backend=backend or None,
+                                  swiglu_limit=swiglu_limit)
+    return out, ctx.y_slots
+
+
+@moe_forward.register_fake
+def _(x, topk_ids, topk_weights, routed, shared, swiglu_limit, group, backend, config):
+    tokens, hidden = x.shape
+    return x.new_empty(tokens, hidden), x.new_empty(tokens, topk_ids.shape[1], hidden)
+
+
+@torch.library.custom_op("mok::moe_backward", mutates_args=())
+def moe_backward(dout: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                 routed: list[torch.Tensor], shared: list[torch.Tensor], y_slots: torch.Tensor,
+                 swiglu_limit: float | None, group: str, backend: str, config: list[int]) -> list[torch.Tensor]:
+    """[dx, d topk_weights, d gate, d up, d down] + [d shared gate, up, down] with a shared expert; weight
+    gradients bf16, of the bf16 masters. Recomputes the expert-side context from the inputs, then runs the
+    backward (bitwise what a kept context gives)."""
+    ctx = functional.recompute_forward_context(
+        x, topk_ids, topk_weights, unflatten_routed(routed), unflatten_shared(shared), group=_group(group),
+        config=_config(config), backend=backend or None, swiglu_limit=swiglu_limit, y_slots=y_slots)
+    grads = functional.backward(ctx, dout)
+    return [g for g in grads if g is not None]
+
+
+@moe_backward.register_fake
+def _(dout, x, topk_ids, topk_weights, routed, shared, y_slots, swiglu_limit, group, backend, config):
+    return [torch.empty_like(t) for t in (x, topk_weights, *routed[:3], *shared)]
+
+
+def _setup_context(ctx, inputs, output):
+    x, topk_ids, topk_weights, routed, shared, swiglu_limit, group, backend, config = inputs
+    ctx.save_for_backward(x, topk_ids, topk_weights, output[1], *routed, *shared)
+    ctx.num_routed, ctx.num_shared = len(routed), len(shared)
+    ctx.args = (swiglu_limit, group, backend, config)
+    ctx.mark_non_differentiable(output[1])
+
+
+def _backward(ctx, dout, _dy_slots):
+    x, topk_ids, topk_weights, y_slots, *weights = ctx.saved_tensors
+    routed, shared = weights[:ctx.num_routed], weights[ctx.num_routed:]
+    grads = torch.ops.mok.moe_backward(dout.contiguous(), x, topk_ids, topk_weights, routed, shared, y_slots,
+                                       *ctx.args)
+    dx, dw, *dweights = grads
+    # Gradients reach the bf16 masters only; MXFP8 forms are derived data.
+    routed_grads = dweights[:3] + [None] * (ctx.num_routed - 3)
+    swiglu_limit, group, backend, config = ctx.args
+    return dx, None, dw, routed_grads, dweights[3:], None, None, None, [None] * len(config)
+
+
+torch.library.register_autograd("mok::moe_forward", _backward, setup_context=_setup_context)

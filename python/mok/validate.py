@@ -1,0 +1,188 @@
+"""Argument checks for the layer, run before any work starts, with the same verdict on every rank.
+
+Each rank checks its own arguments, then the group exchanges one small record per rank (the error, if any, and
+the shapes that must agree). Every rank then raises the same error, prefixed with the lowest failing rank, so a
+bad argument on one rank can never leave the others blocked in a collective.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from mok.experts import RoutedExperts, RoutedExpertsMXFP8, SharedExpert
+
+
+class LayerShape(NamedTuple):
+    """What every rank of the group must agree on (token counts may differ)."""
+
+    hidden: int
+    topk: int
+    num_local_experts: int
+    intermediate: int
+    shared_intermediate: int  # 0 without a shared expert
+    mxfp8: bool
+    swiglu_limit: float | None
+
+
+def check_layer_args(x, topk_ids, topk_weights, routed, shared, swiglu_limit, world: int) -> LayerShape:
+    """Check one rank's arguments; return the shape record to agree on. Raises TypeError/ValueError naming the
+    argument and the rule."""
+    _check_tensor(x, "x", (torch.bfloat16,), ndim=2)
+    _check_tensor(topk_ids, "topk_ids", (torch.int32, torch.int64), ndim=2, device=x.device)
+    _check_tensor(topk_weights, "topk_weights", (torch.float32,), ndim=2, device=x.device)
+    tokens, hidden = x.shape
+    topk = topk_ids.shape[1]
+    if topk_ids.shape[0] != tokens:
+        raise ValueError(f"topk_ids must have one row per token of x ({tokens}), got shape {tuple(topk_ids.shape)}")
+    if topk < 1:
+        raise ValueError(f"topk_ids must have at least one column (K >= 1), got shape {tuple(topk_ids.shape)}")
+    if tuple(topk_weights.shape) != tuple(topk_ids.shape):
+        raise ValueError(f"topk_weights must have topk_ids' shape {tuple(topk_ids.shape)} (same T and K), "
+                         f"got {tuple(topk_weights.shape)}")
+    _check_routed(routed, hidden, x.device)
+    _check_shared(shared, hidden, x.device)
+    limit = check_swiglu_limit(swiglu_limit)
+    num_local = routed.num_experts
+    check_expert_ids(topk_ids, world * num_local)
+    return LayerShape(hidden, topk, num_local, routed.intermediate_size,
+                      0 if shared is None else shared.intermediate_size,
+                      isinstance(routed, RoutedExpertsMXFP8), limit)
+
+
+def check_expert_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
+    """Every id is -1 (no route) or a global expert in [0, num_experts)."""
+    if topk_ids.numel() == 0:
+        return
+    low, high = int(topk_ids.min()), int(topk_ids.max())
+    if low < -1 or high >= num_experts:
+        bad = low if low < -1 else high
+        raise ValueError(f"topk_ids must be -1 (no route) or an expert id in [0, {num_experts}) "
+                         f"(world size x E_local), got {bad}")
+
+
+def check_swiglu_limit(limit) -> float | None:
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, numbers.Real):
+        raise TypeError(f"swiglu_limit must be None or a positive float, got {type(limit).__name__}")
+    if not (math.isfinite(limit) and limit > 0):
+        raise ValueError(f"swiglu_limit must be None or a finite float > 0, got {limit}")
+    return float(limit)
+
+
+def agree_across_group(group, world: int, error: Exception | None, shape: LayerShape | None = None,
+                       tokens: int = 0) -> list[int]:
+    """Raise on every rank if any rank failed its checks or the ranks' shapes disagree; else return every
+    rank's token count. One all_gather of a small record per rank."""
+    if world == 1:
+        if error is not None:
+            raise error
+        return [tokens]
+    records = [None] * world
+    dist.all_gather_object(records, (_portable(error), shape, tokens), group=group)
+    for rank, (err, _, _) in enumerate(records):
+        if err is not None:
+            kind, message = err
+            raise kind(f"rank {rank}: {message}")
+    if shape is not None:
+        for field in LayerShape._fields:
+            values = [getattr(s, field) for _, s, _ in records]
+            if len(set(values)) > 1:
+                listing = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+                raise ValueError(f"every rank of the group must have the same {field} ({_FIELD_SOURCE[field]}), "
+                                 f"got {listing}")
+    return [t for _, _, t in records]
+
+
+def check_dout(dout, x_shape: tuple, device) -> None:
+    """The backward's incoming gradient: bf16, the output's shape, x's device, contiguous."""
+    _check_tensor(dout, "dout", (torch.bfloat16,), ndim=2, device=device)
+    if tuple(dout.shape) != tuple(x_shape):
+        raise ValueError(f"dout must have the output's shape {tuple(x_shape)}, got {tuple(dout.shape)}")
+
+
+def check_main_grads(main_grads, routed, shared) -> None:
+    """Each buffer given is float32, shaped like its weight, on its weight's device (None = not given)."""
+    if main_grads is None:
+        return
+    master = routed.master if isinstance(routed, RoutedExpertsMXFP8) else routed
+    weights = {"gate": master.gate, "up": master.up, "down": master.down}
+    for part in ("gate", "up", "down"):
+        weights[f"shared_{part}"] = None if shared is None else getattr(shared, part)
+    for name, weight in weights.items():
+        buf = getattr(main_grads, name)
+        if buf is None:
+            continue
+        if weight is None:
+            raise ValueError(f"main_grads.{name} must be None: the layer has no shared expert")
+        if not isinstance(buf, torch.Tensor) or buf.dtype != torch.float32:
+            raise TypeError(f"main_grads.{name} must be a float32 tensor, got "
+                            f"{getattr(buf, 'dtype', type(buf).__name__)}")
+        if buf.shape != weight.shape or buf.device != weight.device:
+            raise ValueError(f"main_grads.{name} must have its weight's shape {tuple(weight.shape)} on "
+                             f"{weight.device}, got {tuple(buf.shape)} on {buf.device}")
+
+
+_FIELD_SOURCE = {
+    "hidden": "x.shape[1]",
+    "topk": "topk_ids.shape[1]",
+    "num_local_experts": "routed E_local",
+    "intermediate": "routed I",
+    "shared_intermediate": "shared I_s, 0 without shared",
+    "mxfp8": "routed is RoutedExpertsMXFP8",
+    "swiglu_limit": "swiglu_limit",
+}
+
+
+def _portable(error: Exception | None):
+    if error is None:
+        return None
+    kind = type(error) if isinstance(error, (TypeError, ValueError)) else RuntimeError
+    return kind, str(error)
+
+
+def _check_tensor(t, name: str, dtypes: tuple, ndim: int, device=None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        allowed = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"{name} must be {allowed}, got {str(t.dtype).removeprefix('torch.')}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} must be on x's device {device}, got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous()), got strides {t.stride()}")
+
+
+def _check_routed(routed, hidden: int, device) -> None:
+    if not isinstance(routed, (RoutedExperts, RoutedExpertsMXFP8)):
+        raise TypeError(f"routed must be a RoutedExperts or RoutedExpertsMXFP8, got {type(routed).__name__}")
+    if routed.hidden_size != hidden:
+        raise ValueError(f"routed experts' hidden size must equal x.shape[1] ({hidden}), got {routed.hidden_size}")
+    master = routed.master if isinstance(routed, RoutedExpertsMXFP8) else routed
+    _check_weights(master, "routed", device)
+
+
+def _check_shared(shared, hidden: int, device) -> None:
+    if shared is None:
+        return
+    if not isinstance(shared, SharedExpert):
+        raise TypeError(f"shared must be a SharedExpert or None, got {type(shared).__name__}")
+    if shared.hidden_size != hidden:
+        raise ValueError(f"shared expert's hidden size must equal x.shape[1] ({hidden}), got {shared.hidden_size}")
+    _check_weights(shared, "shared", device)
+
+
+def _check_weights(experts, name: str, device) -> None:
+    for part in ("gate", "up", "down"):
+        w = getattr(experts, part)
+        if w.device != device:
+            raise ValueError(f"{name}.{part} must be on x's device {device}, got {w.device}")
+        if not w.is_contiguous():
+            raise ValueError(f"{name}.{part} must be contiguous (call .contiguous()), got strides {w.stride()}")
