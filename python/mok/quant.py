@@ -44,8 +44,10 @@ class MXFP8Tensor:
             raise TypeError(f"scales must be torch.uint8 (e8m0), got {self.scales.dtype}")
         expected = (*self.data.shape[:-1], _num_blocks(self.data.shape[-1]))
         if tuple(self.scales.shape) != expected:
-            raise ValueError(f"scales must have shape {expected} for data of shape {tuple(self.data.shape)}, "
-                             f"got {tuple(self.scales.shape)}")
+            raise ValueError(
+                f"scales must have shape {expected} for data of shape {tuple(self.data.shape)}, "
+                f"got {tuple(self.scales.shape)}"
+            )
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """float(q) * 2^e in the stored orientation. Exact in float32 and float64 (a 4-bit significand times a
@@ -113,6 +115,11 @@ def e8m0_exponent(amax: torch.Tensor) -> torch.Tensor:
     return e.clamp(_E_MIN, _E_MAX).to(torch.int32)
 
 
+def encode_e4m3(scaled: torch.Tensor) -> torch.Tensor:
+    """e4m3 codes of already scaled float32 values: saturate to [-448, 448], then round to nearest even."""
+    return scaled.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)  # torch's cast rounds to nearest even
+
+
 def _quantize_last_dim(t: torch.Tensor, *, transposed: bool) -> MXFP8Tensor:
     x = t.contiguous().float()  # bf16 -> fp32 is exact
     cols = x.shape[-1]
@@ -123,8 +130,7 @@ def _quantize_last_dim(t: torch.Tensor, *, transposed: bool) -> MXFP8Tensor:
     # x * 2^-e is exact in fp32 whenever the result is a normal float; smaller results are far below e4m3's
     # smallest subnormal (2^-9) and its rounding midpoint (2^-10), so they round to (signed) zero either way.
     scaled = x * _expand_blocks(_pow2(-e), cols)
-    data = scaled.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)  # torch's cast rounds to nearest even
-    return MXFP8Tensor(data, (e + E8M0_BIAS).to(torch.uint8), transposed)
+    return MXFP8Tensor(encode_e4m3(scaled), (e + E8M0_BIAS).to(torch.uint8), transposed)
 
 
 def _pow2(e: torch.Tensor) -> torch.Tensor:

@@ -94,8 +94,9 @@ def swiglu_backward(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor, limit: f
     return dg, du
 
 
-def expert_forward(x: torch.Tensor, weights: ExpertWeights, *, swiglu_limit: float | None = None,
-                   precision: str = "bf16") -> ExpertActivations:
+def expert_forward(
+    x: torch.Tensor, weights: ExpertWeights, *, swiglu_limit: float | None = None, precision: str = "bf16"
+) -> ExpertActivations:
     """One expert on its rows x [T, H] (canonical row order): g, u = x W_gate^T, x W_up^T; h = swiglu(g, u);
     y = h W_down^T. GEMMs accumulate in fp32 and store bf16; MXFP8 weights (weights.is_mxfp8) quantise x and h
     along their last dim first. precision="float64": all float64, no rounding (bf16 weights only)."""
@@ -107,8 +108,15 @@ def expert_forward(x: torch.Tensor, weights: ExpertWeights, *, swiglu_limit: flo
     return ExpertActivations(g, u, h, y)
 
 
-def expert_backward(x: torch.Tensor, weights: ExpertWeights, act: ExpertActivations, dy: torch.Tensor, *,
-                    swiglu_limit: float | None = None, precision: str = "bf16") -> ExpertGradients:
+def expert_backward(
+    x: torch.Tensor,
+    weights: ExpertWeights,
+    act: ExpertActivations,
+    dy: torch.Tensor,
+    *,
+    swiglu_limit: float | None = None,
+    precision: str = "bf16",
+) -> ExpertGradients:
     """Backward of expert_forward on the same rows, given dy [T, H] (stored: bf16, or float64 in the oracle).
 
     dh = dy W_down; (dg, du) = swiglu_backward; dx = [dg du] [W_gate; W_up] in one fp32 accumulation; all stored.
@@ -131,8 +139,14 @@ def expert_backward(x: torch.Tensor, weights: ExpertWeights, act: ExpertActivati
     )
 
 
-def combine(slots: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor | None = None,
-            first: torch.Tensor | None = None, *, precision: str = "bf16") -> torch.Tensor:
+def combine(
+    slots: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor | None = None,
+    first: torch.Tensor | None = None,
+    *,
+    precision: str = "bf16",
+) -> torch.Tensor:
     """out_t = store(float(first_t) + sum_k w_k * float(slots[t, k])), summed in fp32 (float64 in the oracle) with
     `first` (the shared expert's term; 0 when None) first, then k = 0..K-1 in order. Each product is rounded before
     its addition (no fused multiply-add). Slots whose id is -1 are skipped. topk_weights None means w = 1 (the
@@ -143,8 +157,8 @@ def combine(slots: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     for k in range(K):
         term = slots[:, k].to(acc_dtype)
         if topk_weights is not None:
-            term = topk_weights[:, k:k + 1].to(acc_dtype) * term
-        acc = torch.where(topk_ids[:, k:k + 1] >= 0, acc + term, acc)
+            term = topk_weights[:, k : k + 1].to(acc_dtype) * term
+        acc = torch.where(topk_ids[:, k : k + 1] >= 0, acc + term, acc)
     return acc.to(_store_dtype(precision))
 
 
@@ -201,9 +215,16 @@ class Context:
     y_slots: torch.Tensor  # [T, K, H] stored y_k (zeros for -1 routes)
 
 
-def forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-            routed: RoutedExperts | RoutedExpertsMXFP8, shared: SharedExpert | None = None, *,
-            swiglu_limit: float | None = None, precision: str = "bf16"):
+def forward(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    routed: RoutedExperts | RoutedExpertsMXFP8,
+    shared: SharedExpert | None = None,
+    *,
+    swiglu_limit: float | None = None,
+    precision: str = "bf16",
+):
     """The layer's forward on one process: returns (out [T, H], Context).
 
     x [T, H] bf16; topk_ids [T, K] int32/int64 in [-1, E) (-1 = no route); topk_weights [T, K] fp32.
@@ -229,8 +250,9 @@ def forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
         shared_act = expert_forward(x, shared.expert(), swiglu_limit=swiglu_limit, precision=precision)
     y_slots = y_slots.view(T, K, H)
     out = combine(y_slots, topk_ids, topk_weights, None if shared_act is None else shared_act.y, precision=precision)
-    ctx = Context(x, topk_ids, topk_weights, routed, shared, swiglu_limit, precision, routing, activations,
-                  shared_act, y_slots)
+    ctx = Context(
+        x, topk_ids, topk_weights, routed, shared, swiglu_limit, precision, routing, activations, shared_act, y_slots
+    )
     return out, ctx
 
 
@@ -252,17 +274,23 @@ def backward(ctx: Context, dout: torch.Tensor) -> Gradients:
     dx_slots = torch.zeros(T * K, H, dtype=store, device=x.device)
     wgrads = []
     for e, rows in routing.segments():
-        grads = expert_backward(x_rows[rows], ctx.routed.expert(e), ctx.activations[e], dy_rows[rows],
-                                swiglu_limit=ctx.swiglu_limit, precision=precision)
+        grads = expert_backward(
+            x_rows[rows],
+            ctx.routed.expert(e),
+            ctx.activations[e],
+            dy_rows[rows],
+            swiglu_limit=ctx.swiglu_limit,
+            precision=precision,
+        )
         dx_slots[routing.slots[rows]] = grads.dx
         wgrads.append(grads)
 
     shared = None
     if ctx.shared is not None:
-        shared = expert_backward(x, ctx.shared.expert(), ctx.shared_activations, dout,
-                                 swiglu_limit=ctx.swiglu_limit, precision=precision)
-    dx = combine(dx_slots.view(T, K, H), ctx.topk_ids, None, None if shared is None else shared.dx,
-                 precision=precision)
+        shared = expert_backward(
+            x, ctx.shared.expert(), ctx.shared_activations, dout, swiglu_limit=ctx.swiglu_limit, precision=precision
+        )
+    dx = combine(dx_slots.view(T, K, H), ctx.topk_ids, None, None if shared is None else shared.dx, precision=precision)
     return Gradients(
         x=dx,
         topk_weights=dw,
@@ -347,23 +375,26 @@ def _check_inputs(x, topk_ids, topk_weights, routed, shared, limit, precision) -
     if topk_ids.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
     if topk_ids.shape[0] != x.shape[0] or topk_ids.shape[1] < 1:
-        raise ValueError(f"topk_ids must be [T, K] with T = {x.shape[0]} (x's tokens) and K >= 1, "
-                         f"got {tuple(topk_ids.shape)}")
+        raise ValueError(
+            f"topk_ids must be [T, K] with T = {x.shape[0]} (x's tokens) and K >= 1, got {tuple(topk_ids.shape)}"
+        )
     if topk_ids.numel() and not bool(((topk_ids >= -1) & (topk_ids < E)).all()):
         raise ValueError(f"topk_ids values must be in [-1, {E}) (-1 = no route, {E} experts)")
     if topk_weights.dtype != torch.float32 and not (precision == "float64" and topk_weights.is_floating_point()):
         raise TypeError(f"topk_weights must be float32, got {topk_weights.dtype}")
     if topk_weights.shape != topk_ids.shape:
-        raise ValueError(f"topk_weights must have topk_ids' shape {tuple(topk_ids.shape)}, "
-                         f"got {tuple(topk_weights.shape)}")
+        raise ValueError(
+            f"topk_weights must have topk_ids' shape {tuple(topk_ids.shape)}, got {tuple(topk_weights.shape)}"
+        )
     if shared is not None and shared.hidden_size != H:
         raise ValueError(f"shared must have hidden size {H} (the routed experts'), got {shared.hidden_size}")
     if limit is not None and not (isinstance(limit, (int, float)) and math.isfinite(limit) and limit > 0):
         raise ValueError(f"swiglu_limit must be None or a finite number > 0, got {limit!r}")
     devices = {t.device for t in (x, topk_ids, topk_weights, _any_weight(routed))}
     if len(devices) != 1:
-        raise ValueError(f"x, topk_ids, topk_weights and the experts must be on one device, got "
-                         f"{sorted(map(str, devices))}")
+        raise ValueError(
+            f"x, topk_ids, topk_weights and the experts must be on one device, got {sorted(map(str, devices))}"
+        )
 
 
 def _check_tensor(t, name: str, ndim: int) -> None:
