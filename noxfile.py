@@ -106,8 +106,5 @@ def demo(session: nox.Session) -> None:
     session.run("python", "-m", "mok.demo", *session.posargs)
 
 
-try:  # packaging sessions (conda, nix, repro) live beside the recipe's and flake's checks
-    from tools import nox_packaging  # noqa: F401
-except ModuleNotFoundError as err:
-    if err.name != "tools.nox_packaging":
-        raise
+if (ROOT / "tools" / "nox_packaging.py").exists():  # the packaging sessions: conda, nix, repro
+    import tools.nox_packaging  # noqa: F401
