@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The staged build of recipe.yaml: libmok with its CUDA backend, installed into $PREFIX; the
+# libmok and libmok-dev outputs take their files from here.
+set -euxo pipefail
+
+# CMAKE_ARGS comes from the compiler packages' activation (it is unset without them).
+# shellcheck disable=SC2086
+cmake -S "$SRC_DIR" -B build-libmok -G Ninja ${CMAKE_ARGS:-} \
+  -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_INSTALL_PREFIX="$PREFIX" \
+  -DCMAKE_INSTALL_LIBDIR=lib \
+  -DMOK_ENABLE_CUDA="${MOK_ENABLE_CUDA:-ON}" \
+  -DMOK_CUDA_ARCHITECTURES="$MOK_CUDA_ARCHITECTURES" \
+  -DCMAKE_CUDA_ARCHITECTURES="$MOK_CUDA_ARCHITECTURES" \
+  ${MOK_CCCL_INCLUDE_DIR:+-DMOK_CCCL_INCLUDE_DIR="$MOK_CCCL_INCLUDE_DIR"} \
+  -DMOK_BUILD_PYTHON=OFF \
+  -DMOK_BUILD_TESTS=OFF
+cmake --build build-libmok --parallel "${CPU_COUNT:-2}"
+cmake --install build-libmok

@@ -1,0 +1,89 @@
+"""The real recipe (recipe/recipe.yaml with recipe/variants.yaml) renders for every variant, and each output
+carries the requirements, pins, run_exports and arch flags that conda-forge's CUDA conventions ask for.
+Rendering needs no channel; building the real recipe does (CI with network, see docs/packaging.md)."""
+
+import re
+
+import pytest
+
+rb = pytest.importorskip("rattler_build", reason="py-rattler-build not installed (pip install py-rattler-build==0.73.0)")
+
+from conda_tools import RECIPE_DIR, render  # noqa: E402
+
+PYTHONS = ["3.11", "3.12", "3.13"]
+CUDA_ARCHS = "100a;103a"
+
+
+@pytest.fixture(scope="module")
+def rendered():
+    return render()
+
+
+def _outputs(rendered, name):
+    return [v.recipe for v in rendered if v.recipe.package.name == name]
+
+
+def test_every_variant_renders(rendered):
+    pythons = sorted(r.used_variant["python"] for r in _outputs(rendered, "mok"))
+    assert pythons == PYTHONS
+    builds = {r.build.string for r in _outputs(rendered, "mok")}
+    assert {b[:5] for b in builds} == {"py311", "py312", "py313"}
+    # The C++ packages do not depend on Python: one build each, whatever the Python variant.
+    for name in ("libmok", "libmok-dev"):
+        assert len({r.build.string for r in _outputs(rendered, name)}) == 1, name
+
+
+def test_one_staged_build_with_cuda_13_toolchain(rendered):
+    (staging,) = {s.name: s for r in _outputs(rendered, "libmok") for s in r.staging_caches}.values()
+    req = staging.requirements
+    assert "cuda-nvcc_linux-64 13.0.*" in req.build  # compiler('cuda') at cuda_compiler_version 13.0
+    assert {"gcc_linux-64 14.*", "gxx_linux-64 14.*", "sysroot_linux-64 2.28.*", "cmake >=3.25"} <= set(req.build)
+    assert "cuda-version ==13.0" in req.host
+    assert "cuda-cudart-dev" in req.host
+    assert staging.build.script["env"]["MOK_CUDA_ARCHITECTURES"] == CUDA_ARCHS
+    assert staging.build.script["file"] == "build_libmok.sh"
+
+
+def test_build_script_passes_the_arch_list_explicitly():
+    # conda's nvcc activation exports CUDAARCHS; an explicit CMAKE_CUDA_ARCHITECTURES overrides it.
+    script = (RECIPE_DIR / "build_libmok.sh").read_text()
+    for flag in ("CMAKE_CUDA_ARCHITECTURES", "MOK_CUDA_ARCHITECTURES"):
+        assert re.search(rf'-D{flag}="\$MOK_CUDA_ARCHITECTURES"', script), flag
+    assert "-DCMAKE_BUILD_TYPE=Release" in script
+
+
+def test_libmok_pins_itself_and_needs_a_cuda_13_driver(rendered):
+    for r in _outputs(rendered, "libmok"):
+        req = r.requirements.to_dict()
+        (pin,) = req["run_exports"]["weak"]
+        assert pin["pin_subpackage"]["name"] == "libmok" and pin["pin_subpackage"]["upper_bound"] == "x"
+        assert "__cuda >=13" in req["run_constraints"]
+        assert "cuda-version >=13.0,<14" in req["run_constraints"]
+        assert r.build.to_dict()["files"] == ["lib/libmok.so.*"]
+
+
+def test_libmok_dev_carries_headers_and_consumer_test(rendered):
+    for r in _outputs(rendered, "libmok-dev"):
+        req = r.requirements.to_dict()
+        assert req["run"] == [{"pin_subpackage": {"name": "libmok", "exact": True}}]
+        assert req["run_exports"]["weak"][0]["pin_subpackage"]["name"] == "libmok"
+        files = r.build.to_dict()["files"]
+        assert {"include/mok/**", "lib/libmok.so", "lib/cmake/mok/**", "lib/pkgconfig/mok.pc"} == set(files)
+        (test,) = r.to_dict()["tests"]
+        assert test["files"]["source"] == ["examples/cpp/"]
+        assert "test_consumer.sh examples/cpp" in test["script"]
+
+
+def test_mok_builds_against_libmok_dev_per_python(rendered):
+    for r in _outputs(rendered, "mok"):
+        host = r.requirements.host
+        assert {"pin_subpackage": {"name": "libmok-dev", "exact": True}} in host
+        assert "python" in host and "cuda-version ==13.0" in host
+        assert "python" in r.requirements.run
+        (test,) = r.to_dict()["tests"]
+        assert test["python"]["imports"] == ["mok"]
+
+
+def test_mok_links_the_installed_libmok():
+    script = (RECIPE_DIR / "build_mok.sh").read_text()
+    assert "-Ccmake.define.MOK_USE_INSTALLED=ON" in script
