@@ -166,7 +166,7 @@ class Context:
     swiglu_limit: float | None
     expert_x: list[torch.Tensor]
     activations: list[reference.ExpertActivations]
-    shared_activations: reference.ExpertActivations | None
+    shared_activations: reference.ExpertActivations | None  # of the padded chunks, see _shared_forward
     y_slots: torch.Tensor  # [T, K, H] bf16, zero where the route is -1
 
 
@@ -186,7 +186,7 @@ def forward(x, topk_ids, topk_weights, routed, shared, *, schedule: Schedule, sw
     """out [T, H] bf16 for this rank's tokens, and the Context (None when need_context is False)."""
     ctx = recompute_forward_context(x, topk_ids, topk_weights, routed, shared, schedule=schedule,
                                     swiglu_limit=swiglu_limit)
-    shared_y = None if ctx.shared_activations is None else ctx.shared_activations.y
+    shared_y = None if ctx.shared_activations is None else ctx.shared_activations.y[:x.shape[0]]
     out = reference.combine(ctx.y_slots, topk_ids, topk_weights, shared_y)
     return out, (ctx if need_context else None)
 
@@ -201,9 +201,7 @@ def recompute_forward_context(x, topk_ids, topk_weights, routed, shared, *, sche
     if y_slots is None:
         y_slots = combine(schedule, torch.cat([a.y for a in activations]))
     activations = [a._replace(y=None) for a in activations]  # the backward never reads y on the expert side
-    shared_act = None
-    if shared is not None:
-        shared_act = reference.expert_forward(x, shared.expert(), swiglu_limit=swiglu_limit)
+    shared_act = None if shared is None else _shared_forward(x, shared, swiglu_limit)
     return Context(schedule, x, topk_ids, topk_weights, routed, shared, swiglu_limit, expert_x, activations,
                    shared_act, y_slots)
 
@@ -223,16 +221,54 @@ def backward(ctx: Context, dout: torch.Tensor, main_grads: MainGrads | None = No
     grads = [reference.expert_backward(ctx.expert_x[e], ctx.routed.expert(e), ctx.activations[e], dy_rows[e],
                                        swiglu_limit=ctx.swiglu_limit) for e in range(len(dy_rows))]
     dx_slots = combine(ctx.schedule, torch.cat([g.dx for g in grads]))
-    shared = None
-    if ctx.shared is not None:
-        shared = reference.expert_backward(ctx.x, ctx.shared.expert(), ctx.shared_activations, dout,
-                                           swiglu_limit=ctx.swiglu_limit)
+    shared = None if ctx.shared is None else _shared_backward(ctx, dout)
     dx = reference.combine(dx_slots, ctx.topk_ids, None, None if shared is None else shared.dx)
     routed_w = {name: torch.stack([getattr(g, name) for g in grads]) for name in ("gate", "up", "down")}
     shared_w = {f"shared_{n}": None if shared is None else getattr(shared, n) for n in ("gate", "up", "down")}
     weights = {name: _deliver(grad, getattr(main_grads, name), name)
                for name, grad in {**routed_w, **shared_w}.items()}
     return reference.Gradients(x=dx, topk_weights=dw, **weights)
+
+
+# A CPU GEMM's result for one row can depend on how many rows the call has (the BLAS picks kernels by shape).
+# The routed experts see the same rows in every world size, but the shared expert sees this rank's tokens, whose
+# count differs from the single-process run's. So it runs on zero-padded chunks of exactly SHARED_CHUNK rows:
+# every GEMM call has the same shape and each token's result depends on that token alone. Zero rows add exact
+# zeros to the weight gradients.
+SHARED_CHUNK = 64
+
+
+def _shared_forward(x, shared, swiglu_limit) -> reference.ExpertActivations:
+    """The shared expert on x's rows zero-padded to whole chunks: activations of [ceil(T / C) * C] rows."""
+    chunks = torch.split(_pad_rows(x), SHARED_CHUNK)
+    acts = [reference.expert_forward(c, shared.expert(), swiglu_limit=swiglu_limit) for c in chunks]
+    return reference.ExpertActivations(*(torch.cat(parts) for parts in zip(*acts))) if acts else \
+        reference.ExpertActivations(*(x.new_zeros(0, n) for n in (shared.intermediate_size,) * 3 + (x.shape[1],)))
+
+
+def _shared_backward(ctx: Context, dout: torch.Tensor) -> reference.ExpertGradients:
+    """Chunk by chunk as _shared_forward; weight gradients summed over the chunks in order, in fp32."""
+    tokens = ctx.x.shape[0]
+    act = ctx.shared_activations
+    if tokens == 0:
+        zero = [torch.zeros(w.shape, dtype=torch.float32, device=w.device) for w in
+                (ctx.shared.gate, ctx.shared.up, ctx.shared.down)]
+        return reference.ExpertGradients(dout.new_zeros(0, dout.shape[1]), *zero)
+    chunks = zip(*(torch.split(t, SHARED_CHUNK) for t in (_pad_rows(ctx.x), _pad_rows(dout), act.g, act.u, act.h)))
+    grads = [reference.expert_backward(x, ctx.shared.expert(), reference.ExpertActivations(g, u, h, None), dy,
+                                       swiglu_limit=ctx.swiglu_limit) for x, dy, g, u, h in chunks]
+    weight_grads = [sum(parts[1:], parts[0]) for parts in zip(*(g[1:] for g in grads))]
+    return reference.ExpertGradients(torch.cat([g.dx for g in grads])[:tokens], *weight_grads)
+
+
+def _pad_rows(t: torch.Tensor) -> torch.Tensor:
+    padded = t.new_zeros(_round_up(t.shape[0], SHARED_CHUNK), *t.shape[1:])
+    padded[:t.shape[0]] = t
+    return padded
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 def _deliver(grad: torch.Tensor | None, main_grad: torch.Tensor | None, name: str):
