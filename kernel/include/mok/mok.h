@@ -92,6 +92,141 @@ MOK_API mokStatus_t mokGetDeviceInfo(int device, mokDeviceInfo_t* info);
  */
 MOK_API mokStatus_t mokExecutorSupportsDevice(mokExecutor_t executor, int device, int* supported);
 
+/* ---- the layer (host executor; see docs/c-api.md) ------------------------------------------- */
+/*
+ * One MoE layer of an expert-parallel group of `world` ranks. Every rank creates its own context
+ * and makes the same sequence of collective calls (mokLayerBuildSchedule, mokLayerForward,
+ * mokLayerRecompute, mokLayerBackward); each returns when this rank's part is done, or with the
+ * status of the first failure of the group (mokTimeout, mokPeerAbort). Tensors are row-major and
+ * contiguous; bf16 tensors are passed as raw 16-bit words.
+ */
+typedef struct mokLayer* mokLayer_t;
+
+typedef enum { mokPrecisionBF16 = 0, mokPrecisionMXFP8 = 1, mokNumPrecisions = 2 } mokPrecision_t;
+typedef enum { mokIndexInt32 = 0, mokIndexInt64 = 1 } mokIndexType_t;
+typedef enum { mokDataBF16 = 0, mokDataFloat32 = 1 } mokDataType_t;
+
+typedef struct {
+  size_t size;               /* sizeof(mokLayerConfig_t), set by MOK_LAYER_CONFIG_INIT */
+  int world;                 /* ranks in the group, 1..72 */
+  int rank;                  /* this rank, 0..world-1 */
+  int experts_per_rank;      /* E_local; global expert e lives on rank e / E_local */
+  int hidden;                /* H */
+  int intermediate;          /* I of the routed experts */
+  int top_k;                 /* K */
+  int max_tokens;            /* the most tokens any rank passes to one call (sizes the buffers) */
+  int shared_intermediate;   /* I_s of the shared expert; 0 = no shared expert */
+  mokPrecision_t precision;  /* GEMM operands: bf16, or MXFP8 (then expert_padding % 32 == 0) */
+  float swiglu_limit;        /* SwiGLU clamp L > 0; 0 = no clamp */
+  int expert_padding;        /* each expert's rows are padded to a multiple of this (tile height) */
+  int minibatch;             /* rows per readiness counter; a multiple of expert_padding */
+  int macrobatch;            /* rows of the receive ring buffer; a multiple of minibatch */
+  int comm_workers;          /* host threads moving rows, >= 1 */
+  int compute_workers;       /* host threads computing tiles, >= 1 */
+  int timeout_ms;            /* every wait on another worker or rank gives up after this, >= 1 */
+} mokLayerConfig_t;
+#define MOK_LAYER_CONFIG_INIT \
+  {sizeof(mokLayerConfig_t), 1, 0, 0, 0, 0, 0, 0, 0, mokPrecisionBF16, 0.0f, 32, 256, 1024, 1, 1, 30000}
+
+typedef struct {
+  size_t size;            /* sizeof(mokLayerSizes_t), set by MOK_LAYER_SIZES_INIT */
+  size_t peer_bytes;      /* each rank's peer-visible buffer */
+  size_t workspace_bytes; /* this rank's private workspace */
+} mokLayerSizes_t;
+#define MOK_LAYER_SIZES_INIT {sizeof(mokLayerSizes_t), 0, 0}
+
+/* What the caller must allocate for `config`, before anything runs. */
+MOK_API mokStatus_t mokLayerGetSizes(const mokLayerConfig_t* config, mokLayerSizes_t* sizes);
+
+typedef struct {
+  size_t size;              /* sizeof(mokLayerMemory_t), set by MOK_LAYER_MEMORY_INIT */
+  /* Either: every rank's peer buffer (world pointers, this rank's at [rank]; peer_bytes each,
+     64-byte aligned, zero-filled before the group's first mokLayerCreate) ... */
+  void* const* peer_bases;
+  /* ... or a POSIX shared-memory rendezvous name (ranks as processes on one host; letters,
+     digits, '_', '-', '.'); the segments are unlinked as soon as every rank has mapped them. */
+  const char* shm_name;
+  void* workspace;          /* private, workspace_bytes, 64-byte aligned; owned by the caller */
+  size_t workspace_bytes;
+} mokLayerMemory_t;
+#define MOK_LAYER_MEMORY_INIT {sizeof(mokLayerMemory_t), NULL, NULL, NULL, 0}
+
+MOK_API mokStatus_t mokLayerCreate(const mokLayerConfig_t* config, const mokLayerMemory_t* memory,
+                                   mokLayer_t* layer);
+MOK_API mokStatus_t mokLayerDestroy(mokLayer_t layer);
+
+/*
+ * Collective. topk_ids [num_tokens, top_k] (int32 or int64), values in [0, world * experts_per_rank)
+ * or -1 for no route; 0 <= num_tokens <= max_tokens (ranks may differ). The schedule is kept and
+ * used by the following forward, recompute and backward calls.
+ */
+MOK_API mokStatus_t mokLayerBuildSchedule(mokLayer_t layer, const void* topk_ids, mokIndexType_t index_type,
+                                          int num_tokens);
+
+typedef struct {
+  const uint8_t* data;   /* e4m3fn bytes */
+  const uint8_t* scales; /* e8m0 bytes, one per block of 32 along the stored last dim */
+} mokMxfp8Matrix_t;
+
+typedef struct {
+  size_t size;                      /* sizeof(mokLayerWeights_t), set by MOK_LAYER_WEIGHTS_INIT */
+  const void *gate, *up, *down;     /* bf16 [E, I, H], [E, I, H], [E, H, I] (bf16 precision) */
+  /* MXFP8 precision: each weight as mokMxfp8Quantize writes it, rowwise and colwise (transposed) */
+  mokMxfp8Matrix_t gate_rowwise, gate_colwise, up_rowwise, up_colwise, down_rowwise, down_colwise;
+  const void *shared_gate, *shared_up, *shared_down; /* bf16 [I_s, H], [I_s, H], [H, I_s] */
+} mokLayerWeights_t;
+#define MOK_LAYER_WEIGHTS_INIT {sizeof(mokLayerWeights_t), NULL, NULL, NULL, {NULL, NULL}, {NULL, NULL}, \
+                                {NULL, NULL}, {NULL, NULL}, {NULL, NULL}, {NULL, NULL}, NULL, NULL, NULL}
+
+/*
+ * Collective. x [num_tokens, H] bf16, topk_weights [num_tokens, K] fp32 -> out [num_tokens, H] bf16.
+ * Keeps x and the expert outputs as the context the backward needs.
+ */
+MOK_API mokStatus_t mokLayerForward(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x,
+                                    const float* topk_weights, void* out);
+/* Collective. Rebuilds the forward context from x (activation checkpointing) without an output. */
+MOK_API mokStatus_t mokLayerRecompute(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x);
+
+typedef struct {
+  size_t size;                /* sizeof(mokLayerGrads_t), set by MOK_LAYER_GRADS_INIT */
+  void* dx;                   /* bf16 [num_tokens, H] */
+  float* dtopk_weights;       /* fp32 [num_tokens, K] */
+  /* Weight gradients: bf16 outputs, or, with accumulate = 1, fp32 main_grad buffers added into. */
+  int accumulate;
+  void *dgate, *dup, *ddown;              /* [E, I, H], [E, I, H], [E, H, I] */
+  void *dshared_gate, *dshared_up, *dshared_down; /* [I_s, H], [I_s, H], [H, I_s]; with a shared expert */
+} mokLayerGrads_t;
+#define MOK_LAYER_GRADS_INIT {sizeof(mokLayerGrads_t), NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL}
+
+/* Collective. dout [num_tokens, H] bf16; needs a forward or recompute since the last schedule. */
+MOK_API mokStatus_t mokLayerBackward(mokLayer_t layer, const mokLayerWeights_t* weights, const float* topk_weights,
+                                     const void* dout, mokLayerGrads_t* grads);
+
+typedef struct {
+  size_t size;        /* sizeof(mokLayerError_t), set by MOK_LAYER_ERROR_INIT */
+  mokStatus_t status; /* mokSuccess when no pass has failed */
+  int rank;           /* the rank that recorded it (this one) */
+  char task[32];      /* the task that failed ("dispatch", "wgrad", ...), "" outside a task */
+  int task_index;     /* its minibatch, tile or chunk; -1 outside a task */
+  char wait[48];      /* the wait that gave up ("closing barrier", ...) */
+} mokLayerError_t;
+#define MOK_LAYER_ERROR_INIT {sizeof(mokLayerError_t), mokSuccess, -1, {0}, -1, {0}}
+
+/* The first failure this rank recorded (readable from any thread, also while a pass runs). */
+MOK_API mokStatus_t mokLayerGetError(mokLayer_t layer, mokLayerError_t* error);
+/* Make every rank's current and future passes wind down with mokPeerAbort; any thread may call it. */
+MOK_API mokStatus_t mokLayerAbort(mokLayer_t layer);
+
+/*
+ * MXFP8 quantisation (contracts "MXFP8"): src [batch, rows, cols] bf16 or fp32. rowwise: data
+ * [batch, rows, cols], scales [batch, rows, ceil(cols/32)]; colwise (blocks along rows, stored
+ * transposed): data [batch, cols, rows], scales [batch, cols, ceil(rows/32)]. Either pair may be
+ * NULL, not both. NaN or Inf in src: mokInvalidArgument, nothing written.
+ */
+MOK_API mokStatus_t mokMxfp8Quantize(const void* src, mokDataType_t dtype, int64_t batch, int64_t rows, int64_t cols,
+                                     uint8_t* rowwise_data, uint8_t* rowwise_scales, uint8_t* colwise_data,
+                                     uint8_t* colwise_scales);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -1,0 +1,144 @@
+// C ABI of the layer: validate every argument, then hand over to the host executor.
+#include <cstdio>
+#include <memory>
+
+#include "api/error.hpp"
+#include "api/layer_checks.hpp"
+#include "host/layer.hpp"
+
+using mok::api::check_array;
+using mok::api::fail;
+
+struct mokLayer {
+  mok::host::Layer* impl;
+};
+
+namespace {
+
+mokStatus_t check_layer(mokLayer_t layer, const char* func) {
+  if (layer == nullptr || layer->impl == nullptr)
+    return fail(mokInvalidArgument, "%s: argument 'layer' must be a context from mokLayerCreate", func);
+  return mokSuccess;
+}
+
+// The rows this rank passes to a pass: the token count of its current schedule.
+int tokens_of(mokLayer_t layer) { return layer->impl->tokens; }
+
+}  // namespace
+
+extern "C" {
+
+MOK_API mokStatus_t mokLayerGetSizes(const mokLayerConfig_t* config, mokLayerSizes_t* sizes) {
+  mok::api::clear_error();
+  MOK_REQUIRE_OUT(sizes);
+  if (sizes->size < sizeof(mokLayerSizes_t))
+    return fail(mokInvalidArgument, "mokLayerGetSizes: argument 'sizes' has size %zu; initialise it with "
+                "MOK_LAYER_SIZES_INIT", sizes->size);
+  mok::core::LayerShape shape;
+  if (mokStatus_t s = mok::api::check_config(config, __func__, &shape); s != mokSuccess) return s;
+  sizes->peer_bytes = mok::core::peer_layout(shape).bytes;
+  sizes->workspace_bytes = mok::core::local_layout(shape).bytes;
+  return mokSuccess;
+}
+
+MOK_API mokStatus_t mokLayerCreate(const mokLayerConfig_t* config, const mokLayerMemory_t* memory, mokLayer_t* layer) {
+  mok::api::clear_error();
+  MOK_REQUIRE_OUT(layer);
+  mok::core::LayerShape shape;
+  if (mokStatus_t s = mok::api::check_config(config, __func__, &shape); s != mokSuccess) return s;
+  if (mokStatus_t s = mok::api::check_memory(memory, shape, __func__); s != mokSuccess) return s;
+  auto handle = std::unique_ptr<mokLayer>(new (std::nothrow) mokLayer{nullptr});
+  if (!handle) return fail(mokOutOfMemory, "mokLayerCreate: out of memory");
+  uint64_t timeout_ns = static_cast<uint64_t>(config->timeout_ms) * 1000000ull;
+  if (mokStatus_t s = mok::host::create(shape, timeout_ns, *memory, &handle->impl); s != mokSuccess) return s;
+  *layer = handle.release();
+  return mokSuccess;
+}
+
+MOK_API mokStatus_t mokLayerDestroy(mokLayer_t layer) {
+  mok::api::clear_error();
+  if (layer == nullptr) return mokSuccess;
+  delete layer->impl;
+  delete layer;
+  return mokSuccess;
+}
+
+MOK_API mokStatus_t mokLayerBuildSchedule(mokLayer_t layer, const void* topk_ids, mokIndexType_t index_type,
+                                          int num_tokens) {
+  mok::api::clear_error();
+  if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
+  if (mokStatus_t s = mok::api::check_topk_ids(topk_ids, index_type, num_tokens, layer->impl->shape, __func__);
+      s != mokSuccess)
+    return s;
+  return mok::host::build_schedule(*layer->impl, topk_ids, index_type == mokIndexInt64, num_tokens);
+}
+
+MOK_API mokStatus_t mokLayerForward(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x,
+                                    const float* topk_weights, void* out) {
+  mok::api::clear_error();
+  if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
+  const mok::core::LayerShape& shape = layer->impl->shape;
+  int64_t th = static_cast<int64_t>(tokens_of(layer)) * shape.hidden;
+  int64_t tk = static_cast<int64_t>(tokens_of(layer)) * shape.top_k;
+  if (mokStatus_t s = mok::api::check_weights(weights, shape, __func__); s != mokSuccess) return s;
+  if (mokStatus_t s = check_array(x, "x", th, 2, __func__); s != mokSuccess) return s;
+  if (mokStatus_t s = check_array(topk_weights, "topk_weights", tk, 4, __func__); s != mokSuccess) return s;
+  if (mokStatus_t s = check_array(out, "out", th, 2, __func__); s != mokSuccess) return s;
+  return mok::host::forward(*layer->impl, *weights, static_cast<const uint16_t*>(x), topk_weights,
+                            static_cast<uint16_t*>(out), true);
+}
+
+MOK_API mokStatus_t mokLayerRecompute(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x) {
+  mok::api::clear_error();
+  if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
+  const mok::core::LayerShape& shape = layer->impl->shape;
+  if (mokStatus_t s = mok::api::check_weights(weights, shape, __func__); s != mokSuccess) return s;
+  int64_t th = static_cast<int64_t>(tokens_of(layer)) * shape.hidden;
+  if (mokStatus_t s = check_array(x, "x", th, 2, __func__); s != mokSuccess) return s;
+  return mok::host::forward(*layer->impl, *weights, static_cast<const uint16_t*>(x), nullptr, nullptr, false);
+}
+
+MOK_API mokStatus_t mokLayerBackward(mokLayer_t layer, const mokLayerWeights_t* weights, const float* topk_weights,
+                                     const void* dout, mokLayerGrads_t* grads) {
+  mok::api::clear_error();
+  if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
+  const mok::core::LayerShape& shape = layer->impl->shape;
+  int64_t th = static_cast<int64_t>(tokens_of(layer)) * shape.hidden;
+  int64_t tk = static_cast<int64_t>(tokens_of(layer)) * shape.top_k;
+  if (mokStatus_t s = mok::api::check_weights(weights, shape, __func__); s != mokSuccess) return s;
+  if (mokStatus_t s = check_array(topk_weights, "topk_weights", tk, 4, __func__); s != mokSuccess) return s;
+  if (mokStatus_t s = check_array(dout, "dout", th, 2, __func__); s != mokSuccess) return s;
+  if (mokStatus_t s = mok::api::check_grads(grads, shape, tokens_of(layer), __func__); s != mokSuccess) return s;
+  return mok::host::backward(*layer->impl, *weights, topk_weights, static_cast<const uint16_t*>(dout), *grads);
+}
+
+MOK_API mokStatus_t mokLayerGetError(mokLayer_t layer, mokLayerError_t* error) {
+  mok::api::clear_error();
+  if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
+  MOK_REQUIRE_OUT(error);
+  if (error->size < sizeof(mokLayerError_t))
+    return fail(mokInvalidArgument, "mokLayerGetError: argument 'error' has size %zu; initialise it with "
+                "MOK_LAYER_ERROR_INIT", error->size);
+  mok::core::ErrorRecord rec{};
+  if (!mok::core::read_record(&layer->impl->error, &rec)) {
+    *error = mokLayerError_t MOK_LAYER_ERROR_INIT;
+    return mokSuccess;
+  }
+  bool timeout = rec.outcome == static_cast<int32_t>(mok::core::Outcome::timeout);
+  error->status = timeout ? mokTimeout : mokPeerAbort;
+  error->rank = rec.rank;
+  std::snprintf(error->task, sizeof(error->task), "%s", rec.task_kind < 0 ? "" : mok::core::task_name(rec.task_kind));
+  error->task_index = rec.task_index;
+  std::snprintf(error->wait, sizeof(error->wait), "%s",
+                rec.wait == 0 ? "aborted by mokLayerAbort" : mok::core::wait_name(static_cast<mok::core::WaitId>(rec.wait)));
+  return mokSuccess;
+}
+
+MOK_API mokStatus_t mokLayerAbort(mokLayer_t layer) {
+  mok::api::clear_error();
+  if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
+  mok::host::abort(*layer->impl);
+  return mokSuccess;
+}
+
+}  // extern "C"

@@ -1,0 +1,186 @@
+// Argument rules of the layer's C ABI.
+#include "api/layer_checks.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "api/error.hpp"
+#include "core/mxfp8.hpp"
+
+namespace mok::api {
+namespace {
+
+mokStatus_t invalid(const char* func, const char* fmt_rule, const char* name, long long value) {
+  return fail(mokInvalidArgument, "%s: argument '%s' (%lld) %s", func, name, value, fmt_rule);
+}
+
+// The buffers must stay addressable: every dimension product is kept far from overflow.
+constexpr double kMaxBytes = 1ull << 46;
+
+}  // namespace
+
+mokStatus_t check_array(const void* ptr, const char* name, int64_t count, size_t align, const char* func) {
+  if (count == 0) return mokSuccess;
+  if (ptr == nullptr) return fail(mokInvalidArgument, "%s: argument '%s' must not be NULL", func, name);
+  if (reinterpret_cast<uintptr_t>(ptr) % align != 0)
+    return fail(mokInvalidArgument, "%s: argument '%s' must be %zu-byte aligned", func, name, align);
+  return mokSuccess;
+}
+
+mokStatus_t check_config(const mokLayerConfig_t* c, const char* func, core::LayerShape* shape) {
+  if (c == nullptr) return fail(mokInvalidArgument, "%s: argument 'config' must not be NULL", func);
+  if (c->size < sizeof(mokLayerConfig_t))
+    return fail(mokInvalidArgument, "%s: argument 'config' has size %zu; initialise it with MOK_LAYER_CONFIG_INIT",
+                func, c->size);
+  struct Rule {
+    const char* name;
+    long long value, lo, hi;
+  };
+  const Rule rules[] = {
+      {"config.world", c->world, 1, core::kMaxWorld},
+      {"config.rank", c->rank, 0, static_cast<long long>(c->world) - 1},
+      {"config.experts_per_rank", c->experts_per_rank, 1, 1 << 20},
+      {"config.hidden", c->hidden, 1, 1 << 20},
+      {"config.intermediate", c->intermediate, 1, 1 << 20},
+      {"config.top_k", c->top_k, 1, 1 << 10},
+      {"config.max_tokens", c->max_tokens, 1, 1 << 24},
+      {"config.shared_intermediate", c->shared_intermediate, 0, 1 << 20},
+      {"config.precision", c->precision, 0, mokNumPrecisions - 1},
+      {"config.expert_padding", c->expert_padding, 1, 1 << 16},
+      {"config.minibatch", c->minibatch, 1, 1 << 24},
+      {"config.macrobatch", c->macrobatch, 1, 1 << 26},
+      {"config.comm_workers", c->comm_workers, 1, 64},
+      {"config.compute_workers", c->compute_workers, 1, 256},
+      {"config.timeout_ms", c->timeout_ms, 1, 24ll * 3600 * 1000},
+  };
+  for (const Rule& r : rules)
+    if (r.value < r.lo || r.value > r.hi)
+      return fail(mokInvalidArgument, "%s: argument '%s' (%lld) must be in [%lld, %lld]", func, r.name, r.value,
+                  r.lo, r.hi);
+  if (!(c->swiglu_limit >= 0.0f))
+    return fail(mokInvalidArgument, "%s: argument 'config.swiglu_limit' (%g) must be > 0, or 0 for no clamp", func,
+                static_cast<double>(c->swiglu_limit));
+  if (c->precision == mokPrecisionMXFP8 && c->expert_padding % core::kMxBlock != 0)
+    return invalid(func, "must be a multiple of 32 with MXFP8 precision (token-dim blocks start on tiles)",
+                   "config.expert_padding", c->expert_padding);
+  if (c->minibatch % c->expert_padding != 0)
+    return invalid(func, "must be a multiple of config.expert_padding", "config.minibatch", c->minibatch);
+  if (c->macrobatch < c->minibatch)
+    return invalid(func, "must not be smaller than config.minibatch", "config.macrobatch", c->macrobatch);
+  if (c->macrobatch % c->minibatch != 0)
+    return invalid(func, "must be a multiple of config.minibatch", "config.macrobatch", c->macrobatch);
+  double rows = static_cast<double>(c->world) * c->max_tokens * c->top_k;
+  double peer = rows * c->hidden * 4, ring = static_cast<double>(c->macrobatch) * (3.0 * c->hidden + 3.0 * c->intermediate) * 4;
+  double weights = 9.0 * c->experts_per_rank * c->intermediate * c->hidden * 4;
+  if (rows + static_cast<double>(c->experts_per_rank) * c->expert_padding > 2e9 || peer > kMaxBytes ||
+      ring + weights > kMaxBytes)
+    return fail(mokInvalidArgument, "%s: argument 'config' describes buffers too large to address (world x max_tokens x "
+                "top_k rows must stay below 2^31, buffers below 64 TiB)", func);
+  *shape = core::LayerShape{c->world, c->rank, c->experts_per_rank, c->hidden, c->intermediate, c->top_k,
+                            c->max_tokens, c->shared_intermediate, c->precision == mokPrecisionMXFP8 ? 1 : 0,
+                            c->swiglu_limit > 0.0f ? c->swiglu_limit : INFINITY, c->expert_padding, c->minibatch,
+                            c->macrobatch, c->comm_workers, c->compute_workers};
+  return mokSuccess;
+}
+
+mokStatus_t check_memory(const mokLayerMemory_t* m, const core::LayerShape& shape, const char* func) {
+  if (m == nullptr) return fail(mokInvalidArgument, "%s: argument 'memory' must not be NULL", func);
+  if (m->size < sizeof(mokLayerMemory_t))
+    return fail(mokInvalidArgument, "%s: argument 'memory' has size %zu; initialise it with MOK_LAYER_MEMORY_INIT",
+                func, m->size);
+  if ((m->peer_bases == nullptr) == (m->shm_name == nullptr))
+    return fail(mokInvalidArgument, "%s: exactly one of 'memory.peer_bases' and 'memory.shm_name' must be given", func);
+  if (m->peer_bases) {
+    for (int r = 0; r < shape.world; ++r) {
+      char name[48];
+      std::snprintf(name, sizeof(name), "memory.peer_bases[%d]", r);
+      if (mokStatus_t s = check_array(m->peer_bases[r], name, 1, core::kAlign, func); s != mokSuccess) return s;
+    }
+  } else {
+    size_t n = std::strlen(m->shm_name);
+    if (n == 0 || n > 200 || std::strspn(m->shm_name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") != n)
+      return fail(mokInvalidArgument, "%s: argument 'memory.shm_name' must be 1-200 letters, digits, '_', '-' or '.'",
+                  func);
+  }
+  if (mokStatus_t s = check_array(m->workspace, "memory.workspace", 1, core::kAlign, func); s != mokSuccess) return s;
+  size_t need = core::local_layout(shape).bytes;
+  if (m->workspace_bytes < need)
+    return fail(mokInvalidArgument, "%s: argument 'memory.workspace_bytes' (%zu) is smaller than the %zu bytes "
+                "mokLayerGetSizes asks for these shapes", func, m->workspace_bytes, need);
+  return mokSuccess;
+}
+
+mokStatus_t check_topk_ids(const void* ids, mokIndexType_t type, int tokens, const core::LayerShape& shape,
+                           const char* func) {
+  if (type != mokIndexInt32 && type != mokIndexInt64)
+    return invalid(func, "must be mokIndexInt32 or mokIndexInt64", "index_type", type);
+  if (tokens < 0 || tokens > shape.max_tokens)
+    return fail(mokInvalidArgument, "%s: argument 'num_tokens' (%d) must be in [0, config.max_tokens = %d]", func,
+                tokens, shape.max_tokens);
+  int64_t n = static_cast<int64_t>(tokens) * shape.top_k;
+  if (mokStatus_t s = check_array(ids, "topk_ids", n, type == mokIndexInt64 ? 8 : 4, func); s != mokSuccess) return s;
+  int64_t experts = static_cast<int64_t>(shape.world) * shape.experts_per_rank;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t id = type == mokIndexInt64 ? static_cast<const int64_t*>(ids)[i] : static_cast<const int32_t*>(ids)[i];
+    if (id < -1 || id >= experts)
+      return fail(mokInvalidArgument, "%s: argument 'topk_ids' [%lld][%lld] = %lld must be -1 or in [0, %lld)", func,
+                  static_cast<long long>(i / shape.top_k), static_cast<long long>(i % shape.top_k),
+                  static_cast<long long>(id), static_cast<long long>(experts));
+  }
+  return mokSuccess;
+}
+
+mokStatus_t check_weights(const mokLayerWeights_t* w, const core::LayerShape& s, const char* func) {
+  if (w == nullptr) return fail(mokInvalidArgument, "%s: argument 'weights' must not be NULL", func);
+  if (w->size < sizeof(mokLayerWeights_t))
+    return fail(mokInvalidArgument, "%s: argument 'weights' has size %zu; initialise it with MOK_LAYER_WEIGHTS_INIT",
+                func, w->size);
+  int64_t eih = static_cast<int64_t>(s.experts_per_rank) * s.intermediate * s.hidden;
+  if (s.mxfp8) {
+    const mokMxfp8Matrix_t* m[6] = {&w->gate_rowwise, &w->gate_colwise, &w->up_rowwise,
+                                    &w->up_colwise,   &w->down_rowwise, &w->down_colwise};
+    const char* names[6] = {"weights.gate_rowwise", "weights.gate_colwise", "weights.up_rowwise",
+                            "weights.up_colwise",   "weights.down_rowwise", "weights.down_colwise"};
+    for (int i = 0; i < 6; ++i)
+      if (!m[i]->data || !m[i]->scales)
+        return fail(mokInvalidArgument, "%s: argument '%s' must have data and scales with MXFP8 precision", func,
+                    names[i]);
+  } else {
+    const void* p[3] = {w->gate, w->up, w->down};
+    const char* names[3] = {"weights.gate", "weights.up", "weights.down"};
+    for (int i = 0; i < 3; ++i)
+      if (mokStatus_t st = check_array(p[i], names[i], eih, 2, func); st != mokSuccess) return st;
+  }
+  const void* sp[3] = {w->shared_gate, w->shared_up, w->shared_down};
+  const char* snames[3] = {"weights.shared_gate", "weights.shared_up", "weights.shared_down"};
+  for (int i = 0; i < 3; ++i) {
+    if (s.shared_intermediate == 0 && sp[i])
+      return fail(mokInvalidArgument, "%s: argument '%s' is given but config.shared_intermediate is 0", func, snames[i]);
+    int64_t n = static_cast<int64_t>(s.shared_intermediate) * s.hidden;
+    if (mokStatus_t st = check_array(sp[i], snames[i], n, 2, func); st != mokSuccess) return st;
+  }
+  return mokSuccess;
+}
+
+mokStatus_t check_grads(const mokLayerGrads_t* g, const core::LayerShape& s, int tokens, const char* func) {
+  if (g == nullptr) return fail(mokInvalidArgument, "%s: argument 'grads' must not be NULL", func);
+  if (g->size < sizeof(mokLayerGrads_t))
+    return fail(mokInvalidArgument, "%s: argument 'grads' has size %zu; initialise it with MOK_LAYER_GRADS_INIT", func,
+                g->size);
+  if (g->accumulate != 0 && g->accumulate != 1) return invalid(func, "must be 0 or 1", "grads.accumulate", g->accumulate);
+  int64_t th = static_cast<int64_t>(tokens) * s.hidden, tk = static_cast<int64_t>(tokens) * s.top_k;
+  if (mokStatus_t st = check_array(g->dx, "grads.dx", th, 2, func); st != mokSuccess) return st;
+  if (mokStatus_t st = check_array(g->dtopk_weights, "grads.dtopk_weights", tk, 4, func); st != mokSuccess) return st;
+  size_t el = g->accumulate ? 4 : 2;
+  int64_t eih = static_cast<int64_t>(s.experts_per_rank) * s.intermediate * s.hidden;
+  int64_t sih = static_cast<int64_t>(s.shared_intermediate) * s.hidden;
+  const void* p[6] = {g->dgate, g->dup, g->ddown, g->dshared_gate, g->dshared_up, g->dshared_down};
+  const char* names[6] = {"grads.dgate", "grads.dup", "grads.ddown", "grads.dshared_gate", "grads.dshared_up",
+                          "grads.dshared_down"};
+  for (int i = 0; i < 6; ++i)
+    if (mokStatus_t st = check_array(p[i], names[i], i < 3 ? eih : sih, el, func); st != mokSuccess) return st;
+  return mokSuccess;
+}
+
+}  // namespace mok::api

@@ -1,0 +1,23 @@
+// Argument rules of the layer's C ABI: every check names the argument and the rule it breaks, and
+// runs before anything is written.
+#pragma once
+
+#include <cstdint>
+
+#include "core/shape.hpp"
+#include "mok/mok.h"
+
+namespace mok::api {
+
+// The config as a core shape; fails on a broken rule.
+mokStatus_t check_config(const mokLayerConfig_t* config, const char* func, core::LayerShape* shape);
+mokStatus_t check_memory(const mokLayerMemory_t* memory, const core::LayerShape& shape, const char* func);
+mokStatus_t check_topk_ids(const void* ids, mokIndexType_t type, int tokens, const core::LayerShape& shape,
+                           const char* func);
+mokStatus_t check_weights(const mokLayerWeights_t* w, const core::LayerShape& shape, const char* func);
+mokStatus_t check_grads(const mokLayerGrads_t* g, const core::LayerShape& shape, int tokens, const char* func);
+
+// `ptr` may be NULL only when `count` is 0; otherwise it must be aligned to `align` bytes.
+mokStatus_t check_array(const void* ptr, const char* name, int64_t count, size_t align, const char* func);
+
+}  // namespace mok::api

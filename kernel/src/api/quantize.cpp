@@ -1,0 +1,69 @@
+// C ABI: MXFP8 quantisation of a [batch, rows, cols] tensor, rowwise and/or colwise (transposed).
+#include <cmath>
+#include <vector>
+
+#include "api/error.hpp"
+#include "api/layer_checks.hpp"
+#include "core/mxfp8.hpp"
+#include "core/numeric.hpp"
+
+using mok::api::fail;
+
+namespace {
+
+float load(const void* src, mokDataType_t dtype, int64_t i) {
+  return dtype == mokDataBF16 ? mok::core::bf16_to_float(static_cast<const uint16_t*>(src)[i])
+                              : static_cast<const float*>(src)[i];
+}
+
+// Blocks of 32 along the last dim of a [rows, cols] view of `v` with strides (row_stride, col_stride).
+void quantize_view(const float* v, int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride, uint8_t* data,
+                   uint8_t* scales) {
+  int64_t blocks = (cols + mok::core::kMxBlock - 1) / mok::core::kMxBlock;
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) row[c] = v[r * row_stride + c * col_stride];
+    for (int64_t b = 0; b < blocks; ++b) {
+      int64_t c0 = b * mok::core::kMxBlock;
+      int n = static_cast<int>(cols - c0 < mok::core::kMxBlock ? cols - c0 : mok::core::kMxBlock);
+      scales[r * blocks + b] = mok::core::mx_quantize_block(row.data() + c0, n, 1, data + r * cols + c0, 1);
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" MOK_API mokStatus_t mokMxfp8Quantize(const void* src, mokDataType_t dtype, int64_t batch, int64_t rows,
+                                                int64_t cols, uint8_t* rowwise_data, uint8_t* rowwise_scales,
+                                                uint8_t* colwise_data, uint8_t* colwise_scales) {
+  mok::api::clear_error();
+  const char* func = "mokMxfp8Quantize";
+  if (dtype != mokDataBF16 && dtype != mokDataFloat32)
+    return fail(mokInvalidArgument, "%s: argument 'dtype' (%d) must be mokDataBF16 or mokDataFloat32", func, dtype);
+  if (batch < 1 || rows < 1 || cols < 1 || batch > (1ll << 40) / rows / cols)
+    return fail(mokInvalidArgument, "%s: arguments 'batch', 'rows', 'cols' (%lld, %lld, %lld) must be >= 1 with a "
+                "product below 2^40", func, static_cast<long long>(batch), static_cast<long long>(rows),
+                static_cast<long long>(cols));
+  int64_t n = batch * rows * cols;
+  if (mokStatus_t s = mok::api::check_array(src, "src", n, dtype == mokDataBF16 ? 2 : 4, func); s != mokSuccess) return s;
+  if (!rowwise_data != !rowwise_scales || !colwise_data != !colwise_scales)
+    return fail(mokInvalidArgument, "%s: arguments '*_data' and '*_scales' are given together or not at all", func);
+  if (!rowwise_data && !colwise_data)
+    return fail(mokInvalidArgument, "%s: at least one of 'rowwise_data' and 'colwise_data' must be given", func);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    v[i] = load(src, dtype, i);
+    if (!std::isfinite(v[i]))
+      return fail(mokInvalidArgument, "%s: argument 'src' holds a NaN or Inf at element %lld", func,
+                  static_cast<long long>(i));
+  }
+  int64_t row_blocks = (cols + 31) / 32, col_blocks = (rows + 31) / 32;
+  for (int64_t b = 0; b < batch; ++b) {
+    const float* m = v.data() + b * rows * cols;
+    if (rowwise_data)
+      quantize_view(m, rows, cols, cols, 1, rowwise_data + b * rows * cols, rowwise_scales + b * rows * row_blocks);
+    if (colwise_data)
+      quantize_view(m, cols, rows, 1, cols, colwise_data + b * rows * cols, colwise_scales + b * cols * col_blocks);
+  }
+  return mokSuccess;
+}

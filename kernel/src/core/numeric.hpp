@@ -1,0 +1,81 @@
+// Scalar math of the layer that every executor shares: bf16 rounding and SwiGLU (DESIGN 1).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "core/platform.hpp"
+
+namespace mok::core {
+
+using bf16_t = uint16_t;  // raw bfloat16 bits
+
+MOK_HD inline uint32_t float_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+MOK_HD inline float bits_float(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+MOK_HD inline float bf16_to_float(bf16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
+
+// Round to nearest even; NaN stays a (quiet) NaN.
+MOK_HD inline bf16_t float_to_bf16(float f) {
+  uint32_t u = float_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<bf16_t>(u >> 16);
+}
+
+// The value a bf16 store of `f` keeps.
+MOK_HD inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
+// Products and sums whose rounding is part of the contract: nvcc would otherwise fuse them (FMA).
+MOK_HD inline float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+MOK_HD inline float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+MOK_HD inline float sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
+
+// The SwiGLU clamp L; no clamp is L = +inf.
+struct Swiglu {
+  float limit;
+
+  // h = silu(min(g, L)) * clamp(u, -L, L), in fp32.
+  MOK_HD float forward(float g, float u) const {
+    float gc = fminf(g, limit);
+    float uc = fminf(fmaxf(u, -limit), limit);
+    return mul_rn(mul_rn(gc, sigmoid(gc)), uc);
+  }
+
+  // dg, du from the stored g, u and the incoming dh; the clamp masks are torch.clamp's
+  // (gradient passes where g <= L, and where -L <= u <= L).
+  MOK_HD void backward(float g, float u, float dh, float* dg, float* du) const {
+    float gc = fminf(g, limit);
+    float uc = fminf(fmaxf(u, -limit), limit);
+    float s = sigmoid(gc);
+    float dsilu = mul_rn(s, add_rn(1.0f, mul_rn(gc, add_rn(1.0f, -s))));
+    *dg = g <= limit ? mul_rn(mul_rn(dh, uc), dsilu) : 0.0f;
+    *du = (u >= -limit && u <= limit) ? mul_rn(dh, mul_rn(gc, s)) : 0.0f;
+  }
+};
+
+}  // namespace mok::core

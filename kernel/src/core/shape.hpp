@@ -1,0 +1,154 @@
+// Shapes of one layer on one rank, and where everything lives: the peer-visible buffer every rank
+// exposes and the rank's private workspace. All sizes are the worst case, stated before anything runs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/platform.hpp"
+
+namespace mok::core {
+
+constexpr int kMaxWorld = 72;
+constexpr size_t kAlign = 64;
+
+struct LayerShape {
+  int world, rank;
+  int experts_per_rank;  // E_local; global expert e lives on rank e / E_local
+  int hidden, intermediate, top_k;
+  int max_tokens;         // tokens any rank may hold in one pass
+  int shared_intermediate;  // 0: no shared expert
+  int mxfp8;              // 0: bf16 GEMM operands; 1: MXFP8 operands (DESIGN 1.2)
+  float swiglu_limit;     // +inf without a clamp
+  int expert_padding;     // each expert's segment is padded to a multiple of this (the tile height)
+  int minibatch;          // rows per readiness counter; a multiple of expert_padding
+  int macrobatch;         // ring-buffer rows; a multiple of minibatch
+  int comm_workers, compute_workers;
+};
+
+MOK_HD inline size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// Worst-case receive rows: every routed row of the group lands on this rank, plus padding.
+MOK_HD inline int64_t max_recv_rows(const LayerShape& s) {
+  int64_t rows = static_cast<int64_t>(s.world) * s.max_tokens * s.top_k +
+                 static_cast<int64_t>(s.experts_per_rank) * (s.expert_padding - 1);
+  return (rows + s.expert_padding - 1) / s.expert_padding * s.expert_padding;
+}
+MOK_HD inline int64_t max_tiles(const LayerShape& s) { return max_recv_rows(s) / s.expert_padding; }
+MOK_HD inline int64_t max_minibatches(const LayerShape& s) {
+  return (max_recv_rows(s) + s.minibatch - 1) / s.minibatch;
+}
+MOK_HD inline int64_t shared_chunks(const LayerShape& s) {
+  return s.shared_intermediate > 0 ? (s.max_tokens + s.expert_padding - 1) / s.expert_padding : 0;
+}
+
+// Hands out aligned byte ranges in order; offsets only, so the same layout serves any base address.
+struct Carver {
+  size_t used = 0;
+  MOK_HD size_t take(size_t bytes) {
+    size_t at = align_up(used, kAlign);
+    used = at + bytes;
+    return at;
+  }
+  MOK_HD size_t total() const { return align_up(used, kAlign); }
+};
+
+// The peer-visible buffer of one rank. Peers read its inputs and write its slots.
+struct PeerLayout {
+  size_t header;   // PeerHeader
+  size_t topk_ids;      // int32 [max_tokens, K], staged by schedule builds
+  size_t topk_weights;  // fp32 [max_tokens, K], staged by backward
+  size_t x;             // bf16 [max_tokens, H], staged by forward / recompute
+  size_t dout;          // bf16 [max_tokens, H], staged by backward
+  size_t y_slots;       // bf16 [max_tokens, K, H]: expert outputs pushed by their ranks (the context)
+  size_t dx_slots;      // bf16 [max_tokens, K, H]: per-slot input gradients pushed by backward
+  size_t bytes;
+};
+
+MOK_HD inline PeerLayout peer_layout(const LayerShape& s) {
+  Carver c;
+  PeerLayout p{};
+  size_t t = static_cast<size_t>(s.max_tokens), k = static_cast<size_t>(s.top_k), h = static_cast<size_t>(s.hidden);
+  p.header = c.take(256);
+  p.topk_ids = c.take(t * k * 4);
+  p.topk_weights = c.take(t * k * 4);
+  p.x = c.take(t * h * 2);
+  p.dout = c.take(t * h * 2);
+  p.y_slots = c.take(t * k * h * 2);
+  p.dx_slots = c.take(t * k * h * 2);
+  p.bytes = c.total();
+  return p;
+}
+
+// The private workspace of one rank: schedule, task graph, counters, ring buffers, staged weights,
+// weight-gradient accumulators, worker scratch.
+struct LocalLayout {
+  size_t schedule_experts;  // int32 [E_local][2]: count, first row
+  size_t rows;              // RowRef [max_recv_rows]
+  size_t tasks;             // Task [max tasks]
+  size_t counters;          // uint32 [num_counters]
+  size_t ring_x, ring_dy, ring_g, ring_u, ring_h, ring_y;  // fp32 [macrobatch, H or I]
+  size_t w_gate, w_up, w_down;        // fp32 forward operands [E, I, H], [E, I, H], [E, H, I]
+  size_t wt_gate, wt_up, wt_down;     // fp32 MXFP8 dgrad operands (colwise), same shapes as above
+  size_t acc_gate, acc_up, acc_down;  // fp32 weight-gradient accumulators
+  size_t shared_w;                    // fp32 shared expert: gate, up [I_s, H], down [H, I_s]
+  size_t shared_acc;                  // fp32 shared weight-gradient accumulators (3 x I_s x H)
+  size_t shared_out;                  // fp32 [max_tokens, H]: shared output (forward) or its dx (backward)
+  size_t scratch;                     // fp32 per worker
+  size_t scratch_floats;
+  size_t bytes;
+};
+
+MOK_HD inline size_t max_value(size_t a, size_t b) { return a > b ? a : b; }
+
+// Task-list length: per minibatch a dispatch and a combine; per tile up to five compute stages;
+// per shared chunk one task.
+MOK_HD inline int64_t max_tasks(const LayerShape& s) {
+  return 2 * max_minibatches(s) + 5 * max_tiles(s) + shared_chunks(s);
+}
+
+// Counters: ready, done, freed per minibatch; stage per tile; wgrad chain per expert; the shared
+// chain; two queue heads.
+MOK_HD inline int64_t num_counters(const LayerShape& s) {
+  return 3 * max_minibatches(s) + max_tiles(s) + s.experts_per_rank + 3;
+}
+
+MOK_HD inline LocalLayout local_layout(const LayerShape& s) {
+  Carver c;
+  LocalLayout l{};
+  size_t e = static_cast<size_t>(s.experts_per_rank), h = static_cast<size_t>(s.hidden);
+  size_t i = static_cast<size_t>(s.intermediate), is = static_cast<size_t>(s.shared_intermediate);
+  size_t m = static_cast<size_t>(s.macrobatch), f = sizeof(float);
+  l.schedule_experts = c.take(e * 2 * 4);
+  l.rows = c.take(static_cast<size_t>(max_recv_rows(s)) * 12);
+  l.tasks = c.take(static_cast<size_t>(max_tasks(s)) * 8);
+  l.counters = c.take(static_cast<size_t>(num_counters(s)) * 4);
+  l.ring_x = c.take(m * h * f);
+  l.ring_dy = c.take(m * h * f);
+  l.ring_g = c.take(m * i * f);
+  l.ring_u = c.take(m * i * f);
+  l.ring_h = c.take(m * i * f);
+  l.ring_y = c.take(m * h * f);  // y in forward, dx in backward
+  l.w_gate = c.take(e * i * h * f);
+  l.w_up = c.take(e * i * h * f);
+  l.w_down = c.take(e * h * i * f);
+  size_t mx = static_cast<size_t>(s.mxfp8);  // bf16 dgrad uses the forward operands themselves
+  l.wt_gate = c.take(mx * e * i * h * f);
+  l.wt_up = c.take(mx * e * i * h * f);
+  l.wt_down = c.take(mx * e * i * h * f);
+  l.acc_gate = c.take(e * i * h * f);
+  l.acc_up = c.take(e * i * h * f);
+  l.acc_down = c.take(e * i * h * f);
+  l.shared_w = c.take(3 * is * h * f);
+  l.shared_acc = c.take(3 * is * h * f);
+  l.shared_out = c.take(static_cast<size_t>(s.max_tokens) * h * f);
+  // A worker holds a few rows (x, dy, dh and the shared expert's g, u, h, dg, du) or a 32-row
+  // MXFP8 block of each wgrad operand.
+  size_t widest = max_value(max_value(h, i), is);
+  l.scratch_floats = max_value(8 * widest, static_cast<size_t>(s.mxfp8 ? 32 * (2 * h + 3 * i) : 0));
+  l.scratch = c.take(static_cast<size_t>(s.comm_workers + s.compute_workers) * l.scratch_floats * f);
+  l.bytes = c.total();
+  return l;
+}
+
+}  // namespace mok::core

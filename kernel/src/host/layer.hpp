@@ -1,0 +1,44 @@
+// The host executor: one rank's layer context, running core/'s task graph with CPU threads.
+#pragma once
+
+#include <cstdint>
+
+#include "core/pass.hpp"
+#include "host/peer_memory.hpp"
+#include "mok/mok.h"
+
+namespace mok::host {
+
+struct Layer {
+  core::LayerShape shape;
+  core::PeerLayout peer;
+  core::LocalLayout local_layout;
+  PeerMemory memory;
+  core::PeerHeader* headers[core::kMaxWorld];
+  char* local = nullptr;  // the caller's workspace
+  uint64_t timeout_ns = 0;
+  uint64_t epoch = 0;      // barriers this rank has entered; the same sequence on every rank
+  int tokens = 0;          // this rank's tokens in the current schedule
+  bool has_schedule = false;
+  bool has_context = false;  // a forward or recompute ran on the current schedule
+  core::ErrorRecord error{};
+  int64_t stall_after_tasks = -1;  // fault injection (MOK_HOST_FAULT_STALL), -1 = off
+};
+
+// Map peer memory (caller bases or shared-memory rendezvous) and set up the context.
+mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory,
+                   Layer** out);
+
+// The calls below assume validated arguments (api/layer.cpp checks them first).
+mokStatus_t build_schedule(Layer& layer, const void* topk_ids, bool int64_ids, int tokens);
+// with_output == false: a recompute (rebuilds the context only; topk_weights and out unused).
+mokStatus_t forward(Layer& layer, const mokLayerWeights_t& weights, const uint16_t* x, const float* topk_weights,
+                    uint16_t* out, bool with_output);
+mokStatus_t backward(Layer& layer, const mokLayerWeights_t& weights, const float* topk_weights, const uint16_t* dout,
+                     const mokLayerGrads_t& grads);
+void abort(Layer& layer);
+
+// fp32 GEMM operands from the caller's weights (bf16, or MXFP8 rowwise and colwise).
+core::StagedWeights stage_weights(const Layer& layer, const mokLayerWeights_t& weights);
+
+}  // namespace mok::host

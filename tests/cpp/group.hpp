@@ -1,0 +1,314 @@
+// Ranks as threads: random problems, one context per rank over heap (or shared-memory) peer
+// buffers, and the collective calls made on W threads through the C ABI.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "check.hpp"
+#include "mok/mok.h"
+#include "reference.hpp"
+
+namespace mok_test {
+
+enum class Routing { uniform, one_expert, one_rank, empty_experts, minus_one };
+
+struct Spec {
+  int world = 2, experts = 2, hidden = 16, inter = 8, top_k = 2, shared_inter = 0;
+  int max_tokens = 8;
+  bool ragged = true;      // tokens per rank drawn in [1, max_tokens]
+  int empty_rank = -1;     // a rank with 0 tokens
+  Routing routing = Routing::uniform;
+  bool mxfp8 = false;
+  double limit = 0;
+};
+
+// Uniform in [-a, a], rounded to bf16; never all zeros.
+inline std::vector<uint16_t> random_bf16(size_t n, double a, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> d(-a, a);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = ref::bf16_bits(d(rng));
+  return v;
+}
+
+inline ref::Problem make_problem(const Spec& s, std::mt19937_64& rng) {
+  ref::Problem p;
+  p.world = s.world;
+  p.experts = s.experts;
+  p.hidden = s.hidden;
+  p.inter = s.inter;
+  p.top_k = s.top_k;
+  p.shared_inter = s.shared_inter;
+  p.limit = s.limit;
+  p.mxfp8 = s.mxfp8;
+  int n_experts = s.world * s.experts;
+  std::uniform_int_distribution<int> tok(1, s.max_tokens), ex(0, n_experts - 1), coin(0, 3);
+  std::uniform_real_distribution<float> wt(0.05f, 1.0f);
+  int one_expert = ex(rng), one_rank = std::uniform_int_distribution<int>(0, s.world - 1)(rng);
+  for (int r = 0; r < s.world; ++r) {
+    int T = r == s.empty_rank ? 0 : (s.ragged ? tok(rng) : s.max_tokens);
+    p.tokens.push_back(T);
+    std::vector<int64_t> ids(static_cast<size_t>(T) * s.top_k);
+    for (auto& id : ids) {
+      switch (s.routing) {
+        case Routing::uniform: id = ex(rng); break;
+        case Routing::one_expert: id = one_expert; break;
+        case Routing::one_rank: id = one_rank * s.experts + ex(rng) % s.experts; break;
+        case Routing::empty_experts: id = (ex(rng) / 2) * 2; break;  // odd experts get nothing
+        case Routing::minus_one: id = coin(rng) == 0 ? -1 : ex(rng); break;
+      }
+    }
+    p.ids.push_back(ids);
+    std::vector<float> w(ids.size());
+    for (auto& x : w) x = wt(rng);
+    p.topk_weights.push_back(w);
+    p.x.push_back(random_bf16(static_cast<size_t>(T) * s.hidden, 1.0, rng));
+    p.dout.push_back(random_bf16(static_cast<size_t>(T) * s.hidden, 1.0, rng));
+    size_t eih = static_cast<size_t>(s.experts) * s.inter * s.hidden;
+    p.gate.push_back(random_bf16(eih, 1.0 / std::sqrt(s.hidden), rng));
+    p.up.push_back(random_bf16(eih, 1.0 / std::sqrt(s.hidden), rng));
+    p.down.push_back(random_bf16(eih, 1.0 / std::sqrt(s.inter), rng));
+    size_t sih = static_cast<size_t>(s.shared_inter) * s.hidden;
+    p.sgate.push_back(random_bf16(sih, 1.0 / std::sqrt(s.hidden), rng));
+    p.sup.push_back(random_bf16(sih, 1.0 / std::sqrt(s.hidden), rng));
+    p.sdown.push_back(random_bf16(sih, 1.0 / std::sqrt(std::max(1, s.shared_inter)), rng));
+  }
+  return p;
+}
+
+struct Knobs {
+  int padding = 8, minibatch = 16, macrobatch = 32;
+  int comm_workers = 1, compute_workers = 2;
+  int timeout_ms = 60000;
+  bool int64_ids = false;
+  bool accumulate = false;      // weight gradients into fp32 main_grad buffers
+  bool recompute = false;       // recompute the context before the backward
+  bool backward = true;
+  const char* shm_name = nullptr;  // peer memory by shared-memory rendezvous instead of heap bases
+  int absent_rank = -1;  // this rank builds the schedule, then makes no further call
+  int abort_rank = -1;   // this rank calls mokLayerAbort after the schedule
+};
+
+struct Outputs {
+  std::vector<mokStatus_t> status;  // per rank: the first failing call's status
+  std::vector<std::string> detail;
+  std::vector<mokLayerError_t> error;  // mokLayerGetError after a failure
+  std::vector<std::vector<uint16_t>> out, dx, dgate, dup, ddown, dsgate, dsup, dsdown;
+  std::vector<std::vector<float>> dw, main_gate, main_up, main_down;
+};
+
+inline mokLayerConfig_t config_for(const ref::Problem& p, const Knobs& k, int rank) {
+  mokLayerConfig_t c = MOK_LAYER_CONFIG_INIT;
+  c.world = p.world;
+  c.rank = rank;
+  c.experts_per_rank = p.experts;
+  c.hidden = p.hidden;
+  c.intermediate = p.inter;
+  c.top_k = p.top_k;
+  int most = 1;
+  for (int t : p.tokens) most = std::max(most, t);
+  c.max_tokens = most;
+  c.shared_intermediate = p.shared_inter;
+  c.precision = p.mxfp8 ? mokPrecisionMXFP8 : mokPrecisionBF16;
+  c.swiglu_limit = static_cast<float>(p.limit);
+  c.expert_padding = k.padding;
+  c.minibatch = k.minibatch;
+  c.macrobatch = k.macrobatch;
+  c.comm_workers = k.comm_workers;
+  c.compute_workers = k.compute_workers;
+  c.timeout_ms = k.timeout_ms;
+  return c;
+}
+
+struct AlignedBuffer {
+  void* p = nullptr;
+  explicit AlignedBuffer(size_t n) {
+    size_t bytes = (n + 63) / 64 * 64;
+    p = std::aligned_alloc(64, bytes ? bytes : 64);
+    std::memset(p, 0, bytes ? bytes : 64);
+  }
+  ~AlignedBuffer() { std::free(p); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+};
+
+// The MXFP8 forms of one rank's weights, made with mokMxfp8Quantize.
+struct MxWeights {
+  std::vector<uint8_t> data[6], scales[6];
+
+  void quantise(int slot, const std::vector<uint16_t>& w, int batch, int rows, int cols) {
+    size_t n = static_cast<size_t>(batch) * rows * cols;
+    data[slot].resize(n);
+    data[slot + 1].resize(n);
+    scales[slot].resize(static_cast<size_t>(batch) * rows * ((cols + 31) / 32));
+    scales[slot + 1].resize(static_cast<size_t>(batch) * cols * ((rows + 31) / 32));
+    mokStatus_t s = mokMxfp8Quantize(w.data(), mokDataBF16, batch, rows, cols, data[slot].data(), scales[slot].data(),
+                                     data[slot + 1].data(), scales[slot + 1].data());
+    CHECK_MSG(s == mokSuccess, "%s", mokGetLastError());
+  }
+  mokMxfp8Matrix_t matrix(int slot) const { return {data[slot].data(), scales[slot].data()}; }
+};
+
+template <class F>
+void each_rank(int world, F f) {
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r) ranks.emplace_back(f, r);
+  for (auto& t : ranks) t.join();
+}
+
+// Schedule, forward, (recompute), backward on every rank; outputs and statuses per rank.
+inline Outputs run_layer(const ref::Problem& p, const Knobs& k) {
+  int W = p.world;
+  Outputs o;
+  o.status.assign(W, mokSuccess);
+  o.detail.assign(W, "");
+  o.error.assign(W, mokLayerError_t MOK_LAYER_ERROR_INIT);
+  for (auto* v : {&o.out, &o.dx, &o.dgate, &o.dup, &o.ddown, &o.dsgate, &o.dsup, &o.dsdown}) v->resize(W);
+  for (auto* v : {&o.dw, &o.main_gate, &o.main_up, &o.main_down}) v->resize(W);
+  mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
+  mokLayerConfig_t c0 = config_for(p, k, 0);
+  if (mokLayerGetSizes(&c0, &sizes) != mokSuccess) {
+    CHECK_MSG(false, "mokLayerGetSizes: %s", mokGetLastError());
+    return o;
+  }
+  std::vector<std::unique_ptr<AlignedBuffer>> peers, work;
+  std::vector<void*> bases;
+  for (int r = 0; r < W; ++r) {
+    peers.emplace_back(new AlignedBuffer(k.shm_name ? 0 : sizes.peer_bytes));
+    work.emplace_back(new AlignedBuffer(sizes.workspace_bytes));
+    bases.push_back(peers.back()->p);
+  }
+  each_rank(W, [&](int r) {
+    auto step = [&](mokStatus_t s) {
+      if (s != mokSuccess && o.status[r] == mokSuccess) {
+        o.status[r] = s;
+        o.detail[r] = mokGetLastError();
+      }
+      return s == mokSuccess;
+    };
+    mokLayerConfig_t c = config_for(p, k, r);
+    mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
+    if (k.shm_name) m.shm_name = k.shm_name;
+    else m.peer_bases = bases.data();
+    m.workspace = work[r]->p;
+    m.workspace_bytes = sizes.workspace_bytes;
+    mokLayer_t layer = nullptr;
+    if (!step(mokLayerCreate(&c, &m, &layer))) return;
+    int T = p.tokens[r], H = p.hidden, K = p.top_k;
+    std::vector<int32_t> ids32(p.ids[r].begin(), p.ids[r].end());
+    const void* ids = k.int64_ids ? static_cast<const void*>(p.ids[r].data()) : ids32.data();
+    MxWeights mx;
+    mokLayerWeights_t w = MOK_LAYER_WEIGHTS_INIT;
+    if (p.mxfp8) {
+      mx.quantise(0, p.gate[r], p.experts, p.inter, H);
+      mx.quantise(2, p.up[r], p.experts, p.inter, H);
+      mx.quantise(4, p.down[r], p.experts, H, p.inter);
+      w.gate_rowwise = mx.matrix(0);
+      w.gate_colwise = mx.matrix(1);
+      w.up_rowwise = mx.matrix(2);
+      w.up_colwise = mx.matrix(3);
+      w.down_rowwise = mx.matrix(4);
+      w.down_colwise = mx.matrix(5);
+    } else {
+      w.gate = p.gate[r].data();
+      w.up = p.up[r].data();
+      w.down = p.down[r].data();
+    }
+    if (p.shared_inter > 0) {
+      w.shared_gate = p.sgate[r].data();
+      w.shared_up = p.sup[r].data();
+      w.shared_down = p.sdown[r].data();
+    }
+    o.out[r].assign(static_cast<size_t>(T) * H, 0);
+    bool ok = step(mokLayerBuildSchedule(layer, ids, k.int64_ids ? mokIndexInt64 : mokIndexInt32, T));
+    if (r == k.absent_rank) ok = false;
+    if (ok && r == k.abort_rank) step(mokLayerAbort(layer));
+    ok = ok && step(mokLayerForward(layer, &w, p.x[r].data(), p.topk_weights[r].data(), o.out[r].data()));
+    if (ok && k.recompute) ok = step(mokLayerRecompute(layer, &w, p.x[r].data()));
+    if (ok && k.backward) {
+      size_t eih = static_cast<size_t>(p.experts) * p.inter * H, sih = static_cast<size_t>(p.shared_inter) * H;
+      o.dx[r].assign(static_cast<size_t>(T) * H, 0);
+      o.dw[r].assign(static_cast<size_t>(T) * K, 0);
+      mokLayerGrads_t g = MOK_LAYER_GRADS_INIT;
+      g.dx = o.dx[r].data();
+      g.dtopk_weights = o.dw[r].data();
+      g.accumulate = k.accumulate;
+      if (k.accumulate) {
+        o.main_gate[r].assign(eih, 0.5f);  // main_grad already holds something: the call adds to it
+        o.main_up[r].assign(eih, 0.5f);
+        o.main_down[r].assign(eih, 0.5f);
+        g.dgate = o.main_gate[r].data();
+        g.dup = o.main_up[r].data();
+        g.ddown = o.main_down[r].data();
+      } else {
+        for (auto* v : {&o.dgate, &o.dup, &o.ddown}) (*v)[r].assign(eih, 0);
+        g.dgate = o.dgate[r].data();
+        g.dup = o.dup[r].data();
+        g.ddown = o.ddown[r].data();
+      }
+      if (sih) {
+        for (auto* v : {&o.dsgate, &o.dsup, &o.dsdown}) (*v)[r].assign(sih, 0);
+        g.dshared_gate = o.dsgate[r].data();
+        g.dshared_up = o.dsup[r].data();
+        g.dshared_down = o.dsdown[r].data();
+      }
+      step(mokLayerBackward(layer, &w, p.topk_weights[r].data(), p.dout[r].data(), &g));
+    }
+    if (o.status[r] != mokSuccess) mokLayerGetError(layer, &o.error[r]);
+    mokLayerDestroy(layer);
+  });
+  return o;
+}
+
+inline bool all_ok(const Outputs& o) {
+  bool ok = true;
+  for (size_t r = 0; r < o.status.size(); ++r)
+    if (o.status[r] != mokSuccess) {
+      std::printf("  rank %zu: %s: %s\n", r, mokGetStatusString(o.status[r]), o.detail[r].c_str());
+      ok = false;
+    }
+  return ok;
+}
+
+// |got - ref| <= tol * max|ref| for every element; tol is a fraction of the tensor's scale.
+inline bool close(const char* what, int rank, const std::vector<double>& got, const ref::Vec& want, double tol) {
+  double scale = 1e-30, worst = 0;
+  size_t at = 0;
+  for (double v : want) scale = std::max(scale, std::fabs(v));
+  if (got.size() != want.size()) {
+    CHECK_MSG(false, "%s rank %d: %zu values, expected %zu", what, rank, got.size(), want.size());
+    return false;
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    double e = std::fabs(got[i] - want[i]);
+    if (!(e <= worst)) {
+      worst = e;
+      at = i;
+    }
+  }
+  bool ok = worst <= tol * scale;
+  CHECK_MSG(ok, "%s rank %d: max error %.3g at %zu (got %.6g, want %.6g), allowed %.3g", what, rank, worst, at,
+            got.empty() ? 0.0 : got[at], want.empty() ? 0.0 : want[at], tol * scale);
+  return ok;
+}
+
+inline std::vector<double> from_bf16(const std::vector<uint16_t>& v) {
+  std::vector<double> d(v.size());
+  for (size_t i = 0; i < v.size(); ++i) d[i] = ref::bf16_value(v[i]);
+  return d;
+}
+
+inline std::vector<double> from_float(const std::vector<float>& v, double minus = 0) {
+  std::vector<double> d(v.size());
+  for (size_t i = 0; i < v.size(); ++i) d[i] = v[i] - minus;
+  return d;
+}
+
+}  // namespace mok_test

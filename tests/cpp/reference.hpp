@@ -1,0 +1,345 @@
+// The layer's math as a naive per-token loop in double, written from the contracts and independently
+// of core/: its own bf16 rounding, its own MXFP8 codec (a search over the e4m3 values), its own
+// row order. Rounding points as in contracts.md; sums in double.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace ref {
+
+using Vec = std::vector<double>;
+
+// Nearest bf16 (8 significant bits), ties to even; inputs here stay in the normal range.
+inline double bf16(double v) {
+  if (v == 0.0 || !std::isfinite(v)) return v;
+  int e;
+  double m = std::frexp(v, &e);  // |m| in [0.5, 1)
+  return std::ldexp(std::nearbyint(std::ldexp(m, 8)), e - 8);
+}
+
+inline uint16_t bf16_bits(double v) {
+  float f = static_cast<float>(bf16(v));
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+inline double bf16_value(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// ---- MXFP8 ---------------------------------------------------------------------------------------
+
+// Every finite e4m3fn value by code (codes 0x7f and 0xff are NaN).
+inline double e4m3_value(int code) {
+  int e = (code >> 3) & 15, m = code & 7;
+  double a = e == 0 ? m * std::ldexp(1.0, -9) : (1.0 + m / 8.0) * std::ldexp(1.0, e - 7);
+  return (code & 0x80) ? -a : a;
+}
+
+// Nearest finite e4m3 code to v (|v| <= 448), ties to the even code.
+inline int e4m3_nearest(double v) {
+  int best = 0;
+  double best_err = INFINITY;
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7f) == 0x7f) continue;
+    double err = std::fabs(e4m3_value(c) - v);
+    if (err < best_err || (err == best_err && (c & 1) == 0 && (best & 1) == 1)) {
+      best = c;
+      best_err = err;
+    }
+  }
+  return best;
+}
+
+// Smallest e in [-127, 127] with amax / 2^e <= 448.
+inline int mx_exponent(double amax) {
+  if (amax == 0.0) return -127;
+  int e = -127;
+  while (e < 127 && amax > 448.0 * std::ldexp(1.0, e)) ++e;
+  return e;
+}
+
+struct MxBlock {
+  int exponent;
+  std::vector<int> codes;
+};
+
+inline MxBlock mx_quantize(const Vec& v) {
+  double amax = 0;
+  for (double x : v) amax = std::fmax(amax, std::fabs(x));
+  MxBlock b{mx_exponent(amax), {}};
+  for (double x : v) b.codes.push_back(e4m3_nearest(std::fmin(std::fmax(std::ldexp(x, -b.exponent), -448.0), 448.0)));
+  return b;
+}
+
+// The values a GEMM sees after quantising v in blocks of 32 from its start.
+inline Vec mx_round_trip(const Vec& v) {
+  Vec out(v.size());
+  for (size_t b = 0; b < v.size(); b += 32) {
+    Vec block(v.begin() + b, v.begin() + std::min(v.size(), b + 32));
+    MxBlock q = mx_quantize(block);
+    for (size_t i = 0; i < block.size(); ++i) out[b + i] = std::ldexp(e4m3_value(q.codes[i]), q.exponent);
+  }
+  return out;
+}
+
+// A [rows, cols] matrix quantised along its rows (blocks along cols) or its columns.
+inline Vec mx_matrix(const Vec& m, int rows, int cols, bool along_cols) {
+  Vec out(m.size());
+  int lines = along_cols ? rows : cols, len = along_cols ? cols : rows;
+  for (int l = 0; l < lines; ++l) {
+    Vec line(len);
+    for (int i = 0; i < len; ++i) line[i] = along_cols ? m[l * cols + i] : m[i * cols + l];
+    line = mx_round_trip(line);
+    for (int i = 0; i < len; ++i) (along_cols ? out[l * cols + i] : out[i * cols + l]) = line[i];
+  }
+  return out;
+}
+
+// ---- the layer -----------------------------------------------------------------------------------
+
+struct Problem {
+  int world = 1, experts = 1, hidden = 8, inter = 8, top_k = 1, shared_inter = 0;
+  double limit = 0;  // SwiGLU clamp; 0 = none
+  bool mxfp8 = false;
+  std::vector<int> tokens;                              // per rank
+  std::vector<std::vector<int64_t>> ids;                // [rank][T*K]
+  std::vector<std::vector<float>> topk_weights;         // [rank][T*K]
+  std::vector<std::vector<uint16_t>> x, dout;           // [rank][T*H] bf16
+  std::vector<std::vector<uint16_t>> gate, up, down;    // [rank][E*I*H], [E*I*H], [E*H*I] bf16
+  std::vector<std::vector<uint16_t>> sgate, sup, sdown; // [rank][Is*H], [Is*H], [H*Is] bf16
+};
+
+struct Result {
+  std::vector<Vec> out, dx, dw;                 // per rank
+  std::vector<Vec> dgate, dup, ddown;           // per rank, its local experts (fp32 sums)
+  std::vector<Vec> dsgate, dsup, dsdown;        // per rank (fp32 sums)
+};
+
+inline Vec values(const std::vector<uint16_t>& b, size_t at, size_t n) {
+  Vec v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = bf16_value(b[at + i]);
+  return v;
+}
+
+struct Expert {
+  Vec gate, up, down;    // forward operands [I,H], [I,H], [H,I]
+  Vec bgate, bup, bdown; // dgrad operands
+};
+
+inline double silu(double z) { return z / (1.0 + std::exp(-z)); }
+
+class Layer {
+ public:
+  explicit Layer(const Problem& p) : p_(p), L_(p.limit > 0 ? p.limit : INFINITY) {
+    size_t ih = static_cast<size_t>(p.inter) * p.hidden;
+    for (int q = 0; q < p.world; ++q)
+      for (int e = 0; e < p.experts; ++e) {
+        Expert x{values(p.gate[q], e * ih, ih), values(p.up[q], e * ih, ih), values(p.down[q], e * ih, ih), {}, {}, {}};
+        if (p.mxfp8) {
+          x.bgate = mx_matrix(x.gate, p.inter, p.hidden, false);
+          x.bup = mx_matrix(x.up, p.inter, p.hidden, false);
+          x.bdown = mx_matrix(x.down, p.hidden, p.inter, false);
+          x.gate = mx_matrix(x.gate, p.inter, p.hidden, true);
+          x.up = mx_matrix(x.up, p.inter, p.hidden, true);
+          x.down = mx_matrix(x.down, p.hidden, p.inter, true);
+        } else {
+          x.bgate = x.gate;
+          x.bup = x.up;
+          x.bdown = x.down;
+        }
+        experts_.push_back(x);
+      }
+  }
+
+  Vec operand(const Vec& v) const { return p_.mxfp8 ? mx_round_trip(v) : v; }
+
+  // g, u = bf16(x W^T); h = bf16(silu(min(g, L)) * clamp(u)).
+  void gate_up(const Vec& x, const Vec& wg, const Vec& wu, int n, Vec& g, Vec& u, Vec& h, bool quantise) const {
+    Vec a = quantise ? operand(x) : x;
+    size_t hd = x.size();
+    g.assign(n, 0);
+    u.assign(n, 0);
+    h.assign(n, 0);
+    for (int i = 0; i < n; ++i) {
+      double sg = 0, su = 0;
+      for (size_t j = 0; j < hd; ++j) {
+        sg += a[j] * wg[i * hd + j];
+        su += a[j] * wu[i * hd + j];
+      }
+      g[i] = bf16(sg);
+      u[i] = bf16(su);
+      h[i] = bf16(silu(std::fmin(g[i], L_)) * std::fmin(std::fmax(u[i], -L_), L_));
+    }
+  }
+
+  // out[o] = bf16(sum_i a[i] w[o][i]) for w [n_out, n_in].
+  static Vec times_wt(const Vec& a, const Vec& w, int n_out) {
+    Vec out(n_out);
+    size_t n_in = a.size();
+    for (int o = 0; o < n_out; ++o) {
+      double s = 0;
+      for (size_t i = 0; i < n_in; ++i) s += a[i] * w[o * n_in + i];
+      out[o] = bf16(s);
+    }
+    return out;
+  }
+
+  // out[j] = sum_i a[i] w[i][j] for w [n_in, n_out] (unrounded).
+  static Vec times_w(const Vec& a, const Vec& w, int n_out) {
+    Vec out(n_out, 0.0);
+    for (size_t i = 0; i < a.size(); ++i)
+      for (int j = 0; j < n_out; ++j) out[j] += a[i] * w[i * n_out + j];
+    return out;
+  }
+
+  void swiglu_bwd(const Vec& g, const Vec& u, const Vec& dh, Vec& dg, Vec& du) const {
+    dg.assign(g.size(), 0);
+    du.assign(g.size(), 0);
+    for (size_t i = 0; i < g.size(); ++i) {
+      double gc = std::fmin(g[i], L_), uc = std::fmin(std::fmax(u[i], -L_), L_);
+      double s = 1.0 / (1.0 + std::exp(-gc));
+      dg[i] = g[i] <= L_ ? bf16(dh[i] * uc * s * (1.0 + gc * (1.0 - s))) : 0.0;
+      du[i] = (u[i] >= -L_ && u[i] <= L_) ? bf16(dh[i] * gc * s) : 0.0;
+    }
+  }
+
+  // Everything, for every rank.
+  Result run() const {
+    const Problem& p = p_;
+    int H = p.hidden, I = p.inter, K = p.top_k, Is = p.shared_inter;
+    Result r;
+    r.out.resize(p.world);
+    r.dx.resize(p.world);
+    r.dw.resize(p.world);
+    r.dgate.assign(p.world, Vec(static_cast<size_t>(p.experts) * I * H, 0.0));
+    r.dup = r.dgate;
+    r.ddown = r.dgate;
+    r.dsgate.assign(p.world, Vec(static_cast<size_t>(Is) * H, 0.0));
+    r.dsup = r.dsgate;
+    r.dsdown = r.dsgate;
+    // Per-row wgrad operands, gathered per expert in canonical order (rank, token, k).
+    struct Row {
+      Vec x, dy, h, dg, du;
+    };
+    std::vector<std::vector<Row>> rows(static_cast<size_t>(p.world) * p.experts);
+    for (int rk = 0; rk < p.world; ++rk) {
+      int T = p.tokens[rk];
+      r.out[rk].assign(static_cast<size_t>(T) * H, 0);
+      r.dx[rk].assign(static_cast<size_t>(T) * H, 0);
+      r.dw[rk].assign(static_cast<size_t>(T) * K, 0);
+      for (int t = 0; t < T; ++t) {
+        Vec x = values(p.x[rk], static_cast<size_t>(t) * H, H), d = values(p.dout[rk], static_cast<size_t>(t) * H, H);
+        Vec out(H, 0.0), dx(H, 0.0);
+        if (Is > 0) shared_token(rk, x, d, out, dx, r);
+        for (int k = 0; k < K; ++k) {
+          int64_t id = p.ids[rk][t * K + k];
+          if (id < 0) continue;
+          const Expert& ex = experts_[id];
+          double w = p.topk_weights[rk][t * K + k];
+          Vec g, u, h;
+          gate_up(x, ex.gate, ex.up, I, g, u, h, true);
+          Vec y = times_wt(operand(h), ex.down, H);
+          Vec dy(H);
+          double dw = 0;
+          for (int o = 0; o < H; ++o) {
+            out[o] += w * y[o];
+            dy[o] = bf16(w * d[o]);
+            dw += d[o] * y[o];
+          }
+          r.dw[rk][t * K + k] = dw;
+          Vec dh = times_w(operand(dy), ex.bdown, I);
+          for (double& v : dh) v = bf16(v);
+          Vec dg, du;
+          swiglu_bwd(g, u, dh, dg, du);
+          Vec a = times_w(operand(dg), ex.bgate, H), b = times_w(operand(du), ex.bup, H);
+          for (int o = 0; o < H; ++o) dx[o] += bf16(a[o] + b[o]);
+          rows[id].push_back(Row{x, dy, h, dg, du});
+        }
+        for (int o = 0; o < H; ++o) {
+          r.out[rk][t * H + o] = bf16(out[o]);
+          r.dx[rk][t * H + o] = bf16(dx[o]);
+        }
+      }
+    }
+    for (int64_t id = 0; id < static_cast<int64_t>(rows.size()); ++id) wgrad(rows[id], id, r);
+    return r;
+  }
+
+ private:
+  void shared_token(int rk, const Vec& x, const Vec& d, Vec& out, Vec& dx, Result& r) const {
+    const Problem& p = p_;
+    int H = p.hidden, Is = p.shared_inter;
+    Vec wg = values(p.sgate[rk], 0, Is * H), wu = values(p.sup[rk], 0, Is * H), wd = values(p.sdown[rk], 0, H * Is);
+    Vec g, u, h;
+    gate_up(x, wg, wu, Is, g, u, h, false);
+    Vec s = times_wt(h, wd, H);
+    Vec dh = times_w(d, wd, Is);
+    for (double& v : dh) v = bf16(v);
+    Vec dg, du;
+    swiglu_bwd(g, u, dh, dg, du);
+    Vec a = times_w(dg, wg, H), b = times_w(du, wu, H);
+    for (int o = 0; o < H; ++o) {
+      out[o] = s[o];
+      dx[o] = bf16(a[o] + b[o]);
+    }
+    for (int o = 0; o < H; ++o)
+      for (int i = 0; i < Is; ++i) r.dsdown[rk][o * Is + i] += d[o] * h[i];
+    for (int i = 0; i < Is; ++i)
+      for (int j = 0; j < H; ++j) {
+        r.dsgate[rk][i * H + j] += dg[i] * x[j];
+        r.dsup[rk][i * H + j] += du[i] * x[j];
+      }
+  }
+
+  // Weight gradients of global expert `id` over its rows in canonical order; in MXFP8 mode each
+  // operand column is first quantised in blocks of 32 rows from the segment's first row.
+  template <class Rows>
+  void wgrad(Rows& rows, int64_t id, Result& r) const {
+    const Problem& p = p_;
+    int H = p.hidden, I = p.inter, q = static_cast<int>(id / p.experts), e = static_cast<int>(id % p.experts);
+    if (p.mxfp8) {
+      auto quantise = [&](auto member, int width) {
+        for (size_t b = 0; b < rows.size(); b += 32) {
+          size_t n = std::min(rows.size() - b, size_t{32});
+          for (int c = 0; c < width; ++c) {
+            Vec col(n);
+            for (size_t i = 0; i < n; ++i) col[i] = (rows[b + i].*member)[c];
+            col = mx_round_trip(col);
+            for (size_t i = 0; i < n; ++i) (rows[b + i].*member)[c] = col[i];
+          }
+        }
+      };
+      using Row = typename Rows::value_type;
+      quantise(&Row::x, H);
+      quantise(&Row::dy, H);
+      quantise(&Row::h, I);
+      quantise(&Row::dg, I);
+      quantise(&Row::du, I);
+    }
+    size_t base = static_cast<size_t>(e) * I * H;
+    for (const auto& row : rows) {
+      for (int o = 0; o < H; ++o)
+        for (int i = 0; i < I; ++i) r.ddown[q][base + o * I + i] += row.dy[o] * row.h[i];
+      for (int i = 0; i < I; ++i)
+        for (int j = 0; j < H; ++j) {
+          r.dgate[q][base + i * H + j] += row.dg[i] * row.x[j];
+          r.dup[q][base + i * H + j] += row.du[i] * row.x[j];
+        }
+    }
+  }
+
+  const Problem& p_;
+  double L_;
+  std::vector<Expert> experts_;
+};
+
+}  // namespace ref

@@ -1,0 +1,160 @@
+// The layer through the C ABI, ranks as threads, against the double-precision reference: world
+// sizes, routings, top-k, bf16 and MXFP8, shared expert, clamp, forward, backward, recompute.
+#include <unistd.h>
+
+#include "group.hpp"
+
+using namespace mok_test;
+
+namespace {
+
+// Tolerances, as fractions of each tensor's largest reference magnitude. The executor and the
+// reference round at the same points, but sum in fp32 vs double; a sum that lands near a bf16
+// rounding boundary then rounds the other way, one bf16 ulp (2^-8 relative) in an intermediate,
+// which moves an output by well under 2^-6 of the tensor's scale. In MXFP8 mode such a flip can move
+// an operand to the neighbouring e4m3 value (2^-3 relative of one element): 2^-4.
+constexpr double kTolBf16 = 1.0 / 64;
+constexpr double kTolMx = 1.0 / 16;
+
+void check_against_reference(const Spec& spec, const Knobs& knobs) {
+  std::mt19937_64 rng(seed() + spec.world * 131 + spec.top_k * 7 + static_cast<int>(spec.routing));
+  ref::Problem p = make_problem(spec, rng);
+  Outputs o = run_layer(p, knobs);
+  if (!all_ok(o)) {
+    CHECK(false);
+    return;
+  }
+  ref::Result want = ref::Layer(p).run();
+  double tol = spec.mxfp8 ? kTolMx : kTolBf16;
+  for (int r = 0; r < p.world; ++r) {
+    close("out", r, from_bf16(o.out[r]), want.out[r], tol);
+    if (!knobs.backward) continue;
+    close("dx", r, from_bf16(o.dx[r]), want.dx[r], tol);
+    close("dtopk_weights", r, from_float(o.dw[r]), want.dw[r], tol);
+    if (knobs.accumulate) {  // main_grad started at 0.5
+      close("dgate (main_grad)", r, from_float(o.main_gate[r], 0.5), want.dgate[r], tol);
+      close("dup (main_grad)", r, from_float(o.main_up[r], 0.5), want.dup[r], tol);
+      close("ddown (main_grad)", r, from_float(o.main_down[r], 0.5), want.ddown[r], tol);
+    } else {
+      close("dgate", r, from_bf16(o.dgate[r]), want.dgate[r], tol);
+      close("dup", r, from_bf16(o.dup[r]), want.dup[r], tol);
+      close("ddown", r, from_bf16(o.ddown[r]), want.ddown[r], tol);
+    }
+    if (spec.shared_inter > 0) {
+      close("dshared_gate", r, from_bf16(o.dsgate[r]), want.dsgate[r], tol);
+      close("dshared_up", r, from_bf16(o.dsup[r]), want.dsup[r], tol);
+      close("dshared_down", r, from_bf16(o.dsdown[r]), want.dsdown[r], tol);
+    }
+    // A token whose routes are all -1 and that has no shared expert gets exactly zero.
+    if (spec.shared_inter == 0)
+      for (int t = 0; t < p.tokens[r]; ++t) {
+        bool routed = false;
+        for (int k = 0; k < p.top_k; ++k) routed |= p.ids[r][t * p.top_k + k] >= 0;
+        for (int h = 0; !routed && h < p.hidden; ++h) CHECK(o.out[r][t * p.hidden + h] == 0);
+      }
+  }
+}
+
+Spec spec(int world, int top_k, Routing routing) {
+  Spec s;
+  s.world = world;
+  s.top_k = top_k;
+  s.routing = routing;
+  return s;
+}
+
+}  // namespace
+
+TEST(world1_top1_uniform) { check_against_reference(spec(1, 1, Routing::uniform), Knobs{}); }
+
+TEST(world2_top2_shared_expert_and_clamp) {
+  Spec s = spec(2, 2, Routing::uniform);
+  s.shared_inter = 12;
+  s.limit = 0.25;  // small enough that the clamp masks are exercised with these magnitudes
+  check_against_reference(s, Knobs{});
+}
+
+TEST(world3_top8_minus_one_routes_int64_ids) {
+  Knobs k;
+  k.int64_ids = true;
+  check_against_reference(spec(3, 8, Routing::minus_one), k);
+}
+
+TEST(world8_top2_rank_without_tokens) {
+  Spec s = spec(8, 2, Routing::uniform);
+  s.empty_rank = 3;
+  check_against_reference(s, Knobs{});
+}
+
+TEST(world3_all_to_one_expert) { check_against_reference(spec(3, 2, Routing::one_expert), Knobs{}); }
+
+TEST(world3_all_to_one_rank) { check_against_reference(spec(3, 8, Routing::one_rank), Knobs{}); }
+
+TEST(world2_empty_experts) {
+  Spec s = spec(2, 2, Routing::empty_experts);
+  s.experts = 3;
+  check_against_reference(s, Knobs{});
+}
+
+TEST(world2_recompute_then_backward) {
+  Knobs k;
+  k.recompute = true;
+  check_against_reference(spec(2, 2, Routing::uniform), k);
+}
+
+TEST(world2_weight_gradients_into_main_grad) {
+  Knobs k;
+  k.accumulate = true;
+  check_against_reference(spec(2, 2, Routing::uniform), k);
+}
+
+TEST(world3_mxfp8_partial_blocks) {
+  Spec s = spec(3, 2, Routing::uniform);
+  s.mxfp8 = true;
+  s.hidden = 40;  // one full and one partial block along H
+  s.inter = 24;   // a partial block along I
+  s.max_tokens = 24;
+  s.shared_inter = 8;
+  Knobs k;
+  k.padding = 32;
+  k.minibatch = 32;
+  k.macrobatch = 64;
+  check_against_reference(s, k);
+}
+
+TEST(world2_mxfp8_one_expert_many_token_blocks) {
+  Spec s = spec(2, 2, Routing::one_expert);  // 2 x up to 24 x 2 rows: several 32-row wgrad blocks
+  s.mxfp8 = true;
+  s.hidden = 32;
+  s.max_tokens = 24;
+  Knobs k;
+  k.padding = 32;
+  k.minibatch = 32;
+  k.macrobatch = 32;
+  check_against_reference(s, k);
+}
+
+TEST(world72_threads_small) {
+  Spec s = spec(72, 2, Routing::uniform);
+  s.experts = 1;
+  s.hidden = 8;
+  s.inter = 4;
+  s.max_tokens = 2;
+  Knobs k;
+  k.compute_workers = 1;
+  check_against_reference(s, k);
+}
+
+TEST(world3_shared_memory_rendezvous) {
+  Knobs k;
+  std::string name = "mok-test-" + std::to_string(seed()) + "-" + std::to_string(getpid());
+  k.shm_name = name.c_str();
+  check_against_reference(spec(3, 2, Routing::uniform), k);
+  // unlinked as soon as every rank mapped it: nothing is left behind
+  for (int r = 0; r < 3; ++r) {
+    std::string path = "/dev/shm/" + name + "-" + std::to_string(r);
+    CHECK_MSG(access(path.c_str(), F_OK) != 0, "%s still exists", path.c_str());
+  }
+}
+
+MOK_TEST_MAIN
