@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 import rattler_build as rb
-
 from source_tree import REPO
 
 RECIPE_DIR = REPO / "recipe"

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-rb = pytest.importorskip("rattler_build", reason="py-rattler-build not installed (pip install py-rattler-build==0.73.0)")
+rb = pytest.importorskip("rattler_build", reason="py-rattler-build missing: pip install py-rattler-build==0.73.0")
 pytest.importorskip("scikit_build_core", reason="the mok output is built with this Python: needs scikit-build-core")
 pytest.importorskip("nanobind", reason="the mok output is built with this Python: needs nanobind")
 
@@ -34,8 +34,13 @@ def test_three_outputs_built(packages):
 def test_outputs_split_the_install(packages):
     lib, dev, py = (set(rb.Package.from_file(packages[n]).files) for n in NAMES)
     assert lib == {"lib/libmok.so.0", "lib/libmok.so.0.1.0"}
-    assert {"include/mok/mok.h", "include/mok/mok_version.h", "lib/libmok.so", "lib/cmake/mok/mokConfig.cmake",
-            "lib/pkgconfig/mok.pc"} <= dev
+    assert {
+        "include/mok/mok.h",
+        "include/mok/mok_version.h",
+        "lib/libmok.so",
+        "lib/cmake/mok/mokConfig.cmake",
+        "lib/pkgconfig/mok.pc",
+    } <= dev
     assert not any(f.startswith("lib/libmok.so.") for f in dev)
     assert any(f.endswith(".so") and "/mok/_mok" in f for f in py)
     assert not any("libmok.so" in f for f in py), "mok must link libmok from libmok, not bundle a copy"
@@ -65,7 +70,12 @@ def test_cpp_example_builds_from_installed_channel(packages, tmp_path):
     assert installed == ["libmok", "libmok-dev"]
     example = tmp_path / "cpp"
     subprocess.run(["cp", "-r", str(source_tree.REPO / "examples" / "cpp"), str(example)], check=True)
-    run = subprocess.run(["bash", str(conda_tools.RECIPE_DIR / "test_consumer.sh"), str(example)], cwd=tmp_path,
-                         env={"PREFIX": str(prefix), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+    run = subprocess.run(
+        ["bash", str(conda_tools.RECIPE_DIR / "test_consumer.sh"), str(example)],
+        cwd=tmp_path,
+        env={"PREFIX": str(prefix), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.count("libmok 0.1.0 (header 0.1.0)") == 2  # CMake and pkg-config builds both ran

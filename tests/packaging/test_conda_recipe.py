@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-rb = pytest.importorskip("rattler_build", reason="py-rattler-build not installed (pip install py-rattler-build==0.73.0)")
+rb = pytest.importorskip("rattler_build", reason="py-rattler-build missing: pip install py-rattler-build==0.73.0")
 
 from conda_tools import RECIPE_DIR, render  # noqa: E402
 
