@@ -1,7 +1,6 @@
 // What a C++ trainer writes to use libmok: version check and executor discovery through the C++ wrapper.
-#include <mok/mok.hpp>
-
 #include <cstdio>
+#include <mok/mok.hpp>
 
 int main() {
   mok::Version v = mok::version();

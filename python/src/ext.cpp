@@ -43,15 +43,17 @@ NB_MODULE(_mok, m) {
   m.attr("NUM_STATUS") = static_cast<int>(mokNumStatus);
   m.attr("NUM_EXECUTORS") = static_cast<int>(mokNumExecutors);
 
-  m.def("version", [] {
-    int v = 0;
-    check(mokGetVersion(&v));
-    return v;
-  }, "libmok's version as MOK_VERSION_CODE(major, minor, patch)");
+  m.def(
+      "version",
+      [] {
+        int v = 0;
+        check(mokGetVersion(&v));
+        return v;
+      },
+      "libmok's version as MOK_VERSION_CODE(major, minor, patch)");
 
-  m.def("status_string", [](int status) {
-    return std::string(mokGetStatusString(static_cast<mokStatus_t>(status)));
-  });
+  m.def("status_string",
+        [](int status) { return std::string(mokGetStatusString(static_cast<mokStatus_t>(status))); });
 
   m.def("cuda_architectures", [] { return std::string(mokCudaArchitectures()); });
 

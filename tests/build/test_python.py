@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import mok
 import pytest
+
+import mok
 from mok import _mok
 
 

@@ -37,8 +37,8 @@ typedef enum {
   mokCudaError = 6,       /* a CUDA runtime call failed; the detail names it */
   mokSystemError = 7,     /* an OS call failed (shared memory, threads); the detail names it */
   mokOutOfMemory = 8,
-  mokTimeout = 9,         /* a bounded wait on another worker or rank ran out */
-  mokPeerAbort = 10,      /* another rank or worker aborted the pass */
+  mokTimeout = 9,    /* a bounded wait on another worker or rank ran out */
+  mokPeerAbort = 10, /* another rank or worker aborted the pass */
   mokInternalError = 11,
   mokNumStatus = 12
 } mokStatus_t;
@@ -68,14 +68,14 @@ MOK_API mokStatus_t mokExecutorCompiled(mokExecutor_t executor, int* compiled);
 MOK_API const char* mokCudaArchitectures(void);
 
 typedef struct {
-  size_t size;               /* sizeof(mokDeviceInfo_t), set by MOK_DEVICE_INFO_INIT */
-  int device_count;          /* visible CUDA devices (0 when there is no GPU or no driver) */
-  int device;                /* the device described below, -1 if none */
-  int cc_major, cc_minor;    /* compute capability */
+  size_t size;            /* sizeof(mokDeviceInfo_t), set by MOK_DEVICE_INFO_INIT */
+  int device_count;       /* visible CUDA devices (0 when there is no GPU or no driver) */
+  int device;             /* the device described below, -1 if none */
+  int cc_major, cc_minor; /* compute capability */
   int multiprocessors;
-  int driver_version;        /* CUDA driver API version, 0 without a driver */
-  int runtime_version;       /* CUDA runtime version libmok was linked with */
-  size_t total_memory;       /* bytes */
+  int driver_version;  /* CUDA driver API version, 0 without a driver */
+  int runtime_version; /* CUDA runtime version libmok was linked with */
+  size_t total_memory; /* bytes */
   char name[256];
 } mokDeviceInfo_t;
 #define MOK_DEVICE_INFO_INIT {sizeof(mokDeviceInfo_t), 0, -1, 0, 0, 0, 0, 0, 0, {0}}
@@ -107,23 +107,23 @@ typedef enum { mokIndexInt32 = 0, mokIndexInt64 = 1 } mokIndexType_t;
 typedef enum { mokDataBF16 = 0, mokDataFloat32 = 1 } mokDataType_t;
 
 typedef struct {
-  size_t size;               /* sizeof(mokLayerConfig_t), set by MOK_LAYER_CONFIG_INIT */
-  int world;                 /* ranks in the group, 1..72 */
-  int rank;                  /* this rank, 0..world-1 */
-  int experts_per_rank;      /* E_local; global expert e lives on rank e / E_local */
-  int hidden;                /* H */
-  int intermediate;          /* I of the routed experts */
-  int top_k;                 /* K */
-  int max_tokens;            /* the most tokens any rank passes to one call (sizes the buffers) */
-  int shared_intermediate;   /* I_s of the shared expert; 0 = no shared expert */
-  mokPrecision_t precision;  /* GEMM operands: bf16, or MXFP8 (then expert_padding % 32 == 0) */
-  float swiglu_limit;        /* SwiGLU clamp L > 0; 0 = no clamp */
-  int expert_padding;        /* each expert's rows are padded to a multiple of this (tile height) */
-  int minibatch;             /* rows per readiness counter; a multiple of expert_padding */
-  int macrobatch;            /* rows of the receive ring buffer; a multiple of minibatch */
-  int comm_workers;          /* host threads moving rows, >= 1 */
-  int compute_workers;       /* host threads computing tiles, >= 1 */
-  int timeout_ms;            /* every wait on another worker or rank gives up after this, >= 1 */
+  size_t size;              /* sizeof(mokLayerConfig_t), set by MOK_LAYER_CONFIG_INIT */
+  int world;                /* ranks in the group, 1..72 */
+  int rank;                 /* this rank, 0..world-1 */
+  int experts_per_rank;     /* E_local; global expert e lives on rank e / E_local */
+  int hidden;               /* H */
+  int intermediate;         /* I of the routed experts */
+  int top_k;                /* K */
+  int max_tokens;           /* the most tokens any rank passes to one call (sizes the buffers) */
+  int shared_intermediate;  /* I_s of the shared expert; 0 = no shared expert */
+  mokPrecision_t precision; /* GEMM operands: bf16, or MXFP8 (then expert_padding % 32 == 0) */
+  float swiglu_limit;       /* SwiGLU clamp L > 0; 0 = no clamp */
+  int expert_padding;       /* each expert's rows are padded to a multiple of this (tile height) */
+  int minibatch;            /* rows per readiness counter; a multiple of expert_padding */
+  int macrobatch;           /* rows of the receive ring buffer; a multiple of minibatch */
+  int comm_workers;         /* host threads moving rows, >= 1 */
+  int compute_workers;      /* host threads computing tiles, >= 1 */
+  int timeout_ms;           /* every wait on another worker or rank gives up after this, >= 1 */
 } mokLayerConfig_t;
 #define MOK_LAYER_CONFIG_INIT \
   {sizeof(mokLayerConfig_t), 1, 0, 0, 0, 0, 0, 0, 0, mokPrecisionBF16, 0.0f, 32, 256, 1024, 1, 1, 30000}
@@ -139,14 +139,14 @@ typedef struct {
 MOK_API mokStatus_t mokLayerGetSizes(const mokLayerConfig_t* config, mokLayerSizes_t* sizes);
 
 typedef struct {
-  size_t size;              /* sizeof(mokLayerMemory_t), set by MOK_LAYER_MEMORY_INIT */
+  size_t size; /* sizeof(mokLayerMemory_t), set by MOK_LAYER_MEMORY_INIT */
   /* Either: every rank's peer buffer (world pointers, this rank's at [rank]; peer_bytes each,
      64-byte aligned, zero-filled before the group's first mokLayerCreate) ... */
   void* const* peer_bases;
   /* ... or a POSIX shared-memory rendezvous name (ranks as processes on one host; letters,
      digits, '_', '-', '.'); the segments are unlinked as soon as every rank has mapped them. */
   const char* shm_name;
-  void* workspace;          /* private, workspace_bytes, 64-byte aligned; owned by the caller */
+  void* workspace; /* private, workspace_bytes, 64-byte aligned; owned by the caller */
   size_t workspace_bytes;
 } mokLayerMemory_t;
 #define MOK_LAYER_MEMORY_INIT {sizeof(mokLayerMemory_t), NULL, NULL, NULL, 0}
@@ -169,14 +169,26 @@ typedef struct {
 } mokMxfp8Matrix_t;
 
 typedef struct {
-  size_t size;                      /* sizeof(mokLayerWeights_t), set by MOK_LAYER_WEIGHTS_INIT */
-  const void *gate, *up, *down;     /* bf16 [E, I, H], [E, I, H], [E, H, I] (bf16 precision) */
+  size_t size;                  /* sizeof(mokLayerWeights_t), set by MOK_LAYER_WEIGHTS_INIT */
+  const void *gate, *up, *down; /* bf16 [E, I, H], [E, I, H], [E, H, I] (bf16 precision) */
   /* MXFP8 precision: each weight as mokMxfp8Quantize writes it, rowwise and colwise (transposed) */
   mokMxfp8Matrix_t gate_rowwise, gate_colwise, up_rowwise, up_colwise, down_rowwise, down_colwise;
   const void *shared_gate, *shared_up, *shared_down; /* bf16 [I_s, H], [I_s, H], [H, I_s] */
 } mokLayerWeights_t;
-#define MOK_LAYER_WEIGHTS_INIT {sizeof(mokLayerWeights_t), NULL, NULL, NULL, {NULL, NULL}, {NULL, NULL}, \
-                                {NULL, NULL}, {NULL, NULL}, {NULL, NULL}, {NULL, NULL}, NULL, NULL, NULL}
+#define MOK_LAYER_WEIGHTS_INIT \
+  {sizeof(mokLayerWeights_t),  \
+   NULL,                       \
+   NULL,                       \
+   NULL,                       \
+   {NULL, NULL},               \
+   {NULL, NULL},               \
+   {NULL, NULL},               \
+   {NULL, NULL},               \
+   {NULL, NULL},               \
+   {NULL, NULL},               \
+   NULL,                       \
+   NULL,                       \
+   NULL}
 
 /*
  * Collective. x [num_tokens, H] bf16, topk_weights [num_tokens, K] fp32 -> out [num_tokens, H] bf16.
@@ -188,19 +200,19 @@ MOK_API mokStatus_t mokLayerForward(mokLayer_t layer, const mokLayerWeights_t* w
 MOK_API mokStatus_t mokLayerRecompute(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x);
 
 typedef struct {
-  size_t size;                /* sizeof(mokLayerGrads_t), set by MOK_LAYER_GRADS_INIT */
-  void* dx;                   /* bf16 [num_tokens, H] */
-  float* dtopk_weights;       /* fp32 [num_tokens, K] */
+  size_t size;          /* sizeof(mokLayerGrads_t), set by MOK_LAYER_GRADS_INIT */
+  void* dx;             /* bf16 [num_tokens, H] */
+  float* dtopk_weights; /* fp32 [num_tokens, K] */
   /* Weight gradients: bf16 outputs, or, with accumulate = 1, fp32 main_grad buffers added into. */
   int accumulate;
-  void *dgate, *dup, *ddown;              /* [E, I, H], [E, I, H], [E, H, I] */
+  void *dgate, *dup, *ddown;                      /* [E, I, H], [E, I, H], [E, H, I] */
   void *dshared_gate, *dshared_up, *dshared_down; /* [I_s, H], [I_s, H], [H, I_s]; with a shared expert */
 } mokLayerGrads_t;
 #define MOK_LAYER_GRADS_INIT {sizeof(mokLayerGrads_t), NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL}
 
 /* Collective. dout [num_tokens, H] bf16; needs a forward or recompute since the last schedule. */
-MOK_API mokStatus_t mokLayerBackward(mokLayer_t layer, const mokLayerWeights_t* weights, const float* topk_weights,
-                                     const void* dout, mokLayerGrads_t* grads);
+MOK_API mokStatus_t mokLayerBackward(mokLayer_t layer, const mokLayerWeights_t* weights,
+                                     const float* topk_weights, const void* dout, mokLayerGrads_t* grads);
 
 typedef struct {
   size_t size;        /* sizeof(mokLayerError_t), set by MOK_LAYER_ERROR_INIT */
@@ -223,9 +235,9 @@ MOK_API mokStatus_t mokLayerAbort(mokLayer_t layer);
  * transposed): data [batch, cols, rows], scales [batch, cols, ceil(rows/32)]. Either pair may be
  * NULL, not both. NaN or Inf in src: mokInvalidArgument, nothing written.
  */
-MOK_API mokStatus_t mokMxfp8Quantize(const void* src, mokDataType_t dtype, int64_t batch, int64_t rows, int64_t cols,
-                                     uint8_t* rowwise_data, uint8_t* rowwise_scales, uint8_t* colwise_data,
-                                     uint8_t* colwise_scales);
+MOK_API mokStatus_t mokMxfp8Quantize(const void* src, mokDataType_t dtype, int64_t batch, int64_t rows,
+                                     int64_t cols, uint8_t* rowwise_data, uint8_t* rowwise_scales,
+                                     uint8_t* colwise_data, uint8_t* colwise_scales);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -17,11 +17,10 @@ void clear_error();
 const char* last_error_message();
 
 // The usual first line of an API call that takes an output pointer.
-#define MOK_REQUIRE_OUT(ptr)                                                                 \
-  do {                                                                                       \
-    if ((ptr) == nullptr)                                                                    \
-      return ::mok::api::fail(mokInvalidArgument, "%s: argument '%s' must not be NULL",      \
-                              __func__, #ptr);                                               \
+#define MOK_REQUIRE_OUT(ptr)                                                                             \
+  do {                                                                                                   \
+    if ((ptr) == nullptr)                                                                                \
+      return ::mok::api::fail(mokInvalidArgument, "%s: argument '%s' must not be NULL", __func__, #ptr); \
   } while (0)
 
 }  // namespace mok::api

@@ -54,7 +54,9 @@ MOK_API mokStatus_t mokExecutorCompiled(mokExecutor_t executor, int* compiled) {
   return mokSuccess;
 }
 
-MOK_API const char* mokCudaArchitectures(void) { return mok::api::kCudaArchitectures; }
+MOK_API const char* mokCudaArchitectures(void) {
+  return mok::api::kCudaArchitectures;
+}
 
 MOK_API mokStatus_t mokGetDeviceInfo(int device, mokDeviceInfo_t* info) {
   mok::api::clear_error();
@@ -80,8 +82,8 @@ MOK_API mokStatus_t mokExecutorSupportsDevice(mokExecutor_t executor, int device
   if (mokStatus_t s = check_executor(executor, __func__); s != mokSuccess) return s;
   if (executor == mokExecutorHost) {
     if (device != -1)
-      return fail(mokUnsupported, "mokExecutorSupportsDevice: the host executor runs on device -1 (the CPU), not %d",
-                  device);
+      return fail(mokUnsupported,
+                  "mokExecutorSupportsDevice: the host executor runs on device -1 (the CPU), not %d", device);
     *supported = 1;
     return mokSuccess;
   }

@@ -16,9 +16,13 @@ mokStatus_t fail(mokStatus_t status, const char* fmt, ...) {
   return status;
 }
 
-void clear_error() { last_error[0] = '\0'; }
+void clear_error() {
+  last_error[0] = '\0';
+}
 
-const char* last_error_message() { return last_error; }
+const char* last_error_message() {
+  return last_error;
+}
 
 }  // namespace mok::api
 
@@ -43,6 +47,8 @@ MOK_API const char* mokGetStatusString(mokStatus_t status) {
   return "unknown mokStatus_t value";
 }
 
-MOK_API const char* mokGetLastError(void) { return mok::api::last_error_message(); }
+MOK_API const char* mokGetLastError(void) {
+  return mok::api::last_error_message();
+}
 
 }  // extern "C"

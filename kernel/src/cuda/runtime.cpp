@@ -60,10 +60,9 @@ mokStatus_t sm100_supports(int device, int* supported) {
   // the executor. cudaFuncGetAttributes fails with cudaErrorNoKernelImageForDevice otherwise.
   if (cudaError_t err = probe_attributes(device); err != cudaSuccess) {
     cudaGetLastError();
-    return api::fail(mokUnsupported,
-                     "device %d (%s, sm_%d%d) cannot load libmok's device code built for %s: %s",
-                     device, info.name, info.cc_major, info.cc_minor, mokCudaArchitectures(),
-                     cudaGetErrorString(err));
+    return api::fail(
+        mokUnsupported, "device %d (%s, sm_%d%d) cannot load libmok's device code built for %s: %s", device,
+        info.name, info.cc_major, info.cc_minor, mokCudaArchitectures(), cudaGetErrorString(err));
   }
   *supported = 1;
   return mokSuccess;
