@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from mok import functional
 from mok.experts import RoutedExperts, RoutedExpertsMXFP8, SharedExpert
-from mok.quant import MXFP8Pair, MXFP8Tensor
+from mok.quant import BLOCK, MXFP8Pair, MXFP8Tensor, mxfp8_quantize
 
 _PARTS = ("gate", "up", "down")
 
@@ -98,6 +98,31 @@ def moe_forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
 def _(x, topk_ids, topk_weights, routed, shared, swiglu_limit, group, backend, config):
     tokens, hidden = x.shape
     return x.new_empty(tokens, hidden), x.new_empty(tokens, topk_ids.shape[1], hidden)
+
+
+@torch.library.custom_op("mok::mxfp8_quantize", mutates_args=())
+def quantize(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """mok.quant.mxfp8_quantize of a [M, N] or [E, M, N] tensor in both orientations: (rowwise data, scales,
+    colwise data, scales). An op so that compiled code quantises weights without tracing the codec's checks."""
+    pair = mxfp8_quantize(t)
+    return pair.rowwise.data, pair.rowwise.scales, pair.colwise.data, pair.colwise.scales
+
+
+@quantize.register_fake
+def _(t):
+    *batch, m, n = t.shape
+    fp8, e8m0 = torch.float8_e4m3fn, torch.uint8
+    return (t.new_empty(*batch, m, n, dtype=fp8), t.new_empty(*batch, m, -(-n // BLOCK), dtype=e8m0),
+            t.new_empty(*batch, n, m, dtype=fp8), t.new_empty(*batch, n, -(-m // BLOCK), dtype=e8m0))
+
+
+def quantize_routed(routed: RoutedExperts) -> RoutedExpertsMXFP8:
+    """routed.to_mxfp8() through the op (traceable by torch.compile); `routed` stays the master."""
+    pairs = []
+    for p in _PARTS:
+        row_data, row_scales, col_data, col_scales = quantize(getattr(routed, p).detach())
+        pairs.append(MXFP8Pair(MXFP8Tensor(row_data, row_scales, False), MXFP8Tensor(col_data, col_scales, True)))
+    return RoutedExpertsMXFP8(routed, *pairs)
 
 
 @torch.library.custom_op("mok::moe_backward", mutates_args=())

@@ -1,0 +1,88 @@
+"""`mok.nn.MoE`: a drop-in mixture-of-experts module (router, routed experts, optional shared expert)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from mok.ep import group_rank_and_size
+from mok.experts import RoutedExperts, SharedExpert
+from mok.functional import MoKConfig
+from mok.layer import moe
+from mok.ops import quantize_routed
+
+SCORES = ("softmax", "sigmoid")
+
+
+class MoE(nn.Module):
+    """y = shared(x) + sum_k w_k expert_{e_k}(x), with (e_k, w_k) the router's top-k, over an expert-parallel group.
+
+    num_experts is the global count; each of the group's W ranks owns num_experts / W of them (rank r owns
+    r * E_local ... (r + 1) * E_local - 1) and every rank passes its own tokens, any number of them.
+    Router: a bias-free fp32 linear layer, then `score` ("softmax" or "sigmoid") and top-k; with
+    normalize_topk the k weights are divided by their sum. Expert weights are bf16 parameters; with mxfp8=True
+    the routed experts are quantised to MXFP8 on every forward and gradients reach the bf16 parameters.
+    """
+
+    def __init__(self, hidden: int, intermediate: int, num_experts: int, topk: int, *,
+                 shared_intermediate: int = 0, score: str = "softmax", normalize_topk: bool = False,
+                 swiglu_limit: float | None = None, mxfp8: bool = False, group=None, backend: str | None = None,
+                 config: MoKConfig | None = None, device=None):
+        super().__init__()
+        _, world = group_rank_and_size(group)
+        for name, value, low in (("hidden", hidden, 1), ("intermediate", intermediate, 1),
+                                 ("num_experts", num_experts, 1), ("topk", topk, 1),
+                                 ("shared_intermediate", shared_intermediate, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        if num_experts % world:
+            raise ValueError(f"num_experts must be a multiple of the group's size {world}, got {num_experts}")
+        if topk > num_experts:
+            raise ValueError(f"topk must be at most num_experts ({num_experts}), got {topk}")
+        if score not in SCORES:
+            raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+        self.topk, self.score, self.normalize_topk = topk, score, normalize_topk
+        self.swiglu_limit, self.mxfp8 = swiglu_limit, mxfp8
+        self.group, self.backend, self.config = group, backend, config
+        local = num_experts // world
+        self.router = nn.Linear(hidden, num_experts, bias=False, device=device, dtype=torch.float32)
+        self.gate = _weight((local, intermediate, hidden), hidden, device)
+        self.up = _weight((local, intermediate, hidden), hidden, device)
+        self.down = _weight((local, hidden, intermediate), intermediate, device)
+        if shared_intermediate:
+            self.shared_gate = _weight((shared_intermediate, hidden), hidden, device)
+            self.shared_up = _weight((shared_intermediate, hidden), hidden, device)
+            self.shared_down = _weight((hidden, shared_intermediate), shared_intermediate, device)
+        else:
+            self.shared_gate = self.shared_up = self.shared_down = None
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(topk_ids [T, K] int64, topk_weights [T, K] fp32) for tokens x [T, H]."""
+        logits = self.router(x.float())
+        scores = logits.softmax(-1) if self.score == "softmax" else logits.sigmoid()
+        weights, ids = scores.topk(self.topk, dim=-1)
+        if self.normalize_topk:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return ids, weights
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., H] bf16 -> [..., H] bf16."""
+        tokens = x.reshape(-1, x.shape[-1])
+        ids, weights = self.route(tokens)
+        routed = RoutedExperts(self.gate, self.up, self.down)
+        if self.mxfp8:
+            routed = quantize_routed(routed)
+        shared = None
+        if self.shared_gate is not None:
+            shared = SharedExpert(self.shared_gate, self.shared_up, self.shared_down)
+        out = moe(tokens.contiguous(), ids, weights, routed, shared, group=self.group, config=self.config,
+                  backend=self.backend, swiglu_limit=self.swiglu_limit)
+        return out.reshape(x.shape)
+
+
+def _weight(shape: tuple, fan_in: int, device) -> nn.Parameter:
+    # Unit-variance activations in and out of each GEMM.
+    return nn.Parameter(torch.randn(shape, device=device).mul_(1 / math.sqrt(fan_in)).to(torch.bfloat16))
+
