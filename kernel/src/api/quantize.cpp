@@ -1,6 +1,5 @@
 // C ABI: MXFP8 quantisation of a [batch, rows, cols] tensor, rowwise and/or colwise (transposed).
 #include <cmath>
-#include <vector>
 
 #include "api/error.hpp"
 #include "api/layer_checks.hpp"
@@ -16,19 +15,19 @@ float load(const void* src, mokDataType_t dtype, int64_t i) {
                               : static_cast<const float*>(src)[i];
 }
 
-// Blocks of 32 along the last dim of a [rows, cols] view of `v` with strides (row_stride, col_stride).
-void quantize_view(const float* v, int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride, uint8_t* data,
-                   uint8_t* scales) {
+// Blocks of 32 along the last dim of a [rows, cols] view of src (element offset `at`, strides
+// row_stride and col_stride).
+void quantize_view(const void* src, mokDataType_t dtype, int64_t at, int64_t rows, int64_t cols, int64_t row_stride,
+                   int64_t col_stride, uint8_t* data, uint8_t* scales) {
   int64_t blocks = (cols + mok::core::kMxBlock - 1) / mok::core::kMxBlock;
-  std::vector<float> row(static_cast<size_t>(cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) row[c] = v[r * row_stride + c * col_stride];
+  float block[mok::core::kMxBlock];
+  for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < blocks; ++b) {
       int64_t c0 = b * mok::core::kMxBlock;
       int n = static_cast<int>(cols - c0 < mok::core::kMxBlock ? cols - c0 : mok::core::kMxBlock);
-      scales[r * blocks + b] = mok::core::mx_quantize_block(row.data() + c0, n, 1, data + r * cols + c0, 1);
+      for (int i = 0; i < n; ++i) block[i] = load(src, dtype, at + r * row_stride + (c0 + i) * col_stride);
+      scales[r * blocks + b] = mok::core::mx_quantize_block(block, n, 1, data + r * cols + c0, 1);
     }
-  }
 }
 
 }  // namespace
@@ -50,20 +49,18 @@ extern "C" MOK_API mokStatus_t mokMxfp8Quantize(const void* src, mokDataType_t d
     return fail(mokInvalidArgument, "%s: arguments '*_data' and '*_scales' are given together or not at all", func);
   if (!rowwise_data && !colwise_data)
     return fail(mokInvalidArgument, "%s: at least one of 'rowwise_data' and 'colwise_data' must be given", func);
-  std::vector<float> v(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
-    v[i] = load(src, dtype, i);
-    if (!std::isfinite(v[i]))
+    if (!std::isfinite(load(src, dtype, i)))
       return fail(mokInvalidArgument, "%s: argument 'src' holds a NaN or Inf at element %lld", func,
                   static_cast<long long>(i));
   }
   int64_t row_blocks = (cols + 31) / 32, col_blocks = (rows + 31) / 32;
   for (int64_t b = 0; b < batch; ++b) {
-    const float* m = v.data() + b * rows * cols;
+    int64_t at = b * rows * cols;
     if (rowwise_data)
-      quantize_view(m, rows, cols, cols, 1, rowwise_data + b * rows * cols, rowwise_scales + b * rows * row_blocks);
+      quantize_view(src, dtype, at, rows, cols, cols, 1, rowwise_data + at, rowwise_scales + b * rows * row_blocks);
     if (colwise_data)
-      quantize_view(m, cols, rows, 1, cols, colwise_data + b * rows * cols, colwise_scales + b * cols * col_blocks);
+      quantize_view(src, dtype, at, cols, rows, 1, cols, colwise_data + at, colwise_scales + b * cols * col_blocks);
   }
   return mokSuccess;
 }

@@ -47,6 +47,7 @@ enum class WaitId : int32_t {
   wgrad_order,        // an expert's weight-gradient tiles run in row order
   shared_order,       // the shared expert's weight-gradient chunks run in token order
   stalled_worker,     // fault injection: a worker that stopped taking tasks
+  earlier_abort,      // the group was already aborting when the call began
   count
 };
 
@@ -63,6 +64,7 @@ MOK_HD inline const char* wait_name(WaitId w) {
     case WaitId::wgrad_order: return "wgrad order";
     case WaitId::shared_order: return "shared expert order";
     case WaitId::stalled_worker: return "stalled worker (fault injection)";
+    case WaitId::earlier_abort: return "none: the group was aborted before this call";
     case WaitId::count: break;
   }
   return "unknown";
@@ -117,14 +119,14 @@ MOK_HD inline void raise_abort(PeerHeader* const* headers, int world) {
 
 // Wait until `ready()` holds, the abort flag is seen, or `timeout_ns` passes. `ready` must do its own
 // acquire loads.
+// The abort flag is looked at first: once a pass is aborting, no wait succeeds.
 template <class Ready>
 MOK_HD Failure wait_for(Ready ready, PeerHeader* own, uint64_t timeout_ns, WaitId what) {
-  if (ready()) return kNoFailure;
   uint64_t start = now_ns();
   Backoff backoff;
   for (;;) {
-    if (ready()) return kNoFailure;
     if (abort_seen(own)) return Failure{Outcome::peer_abort, what};
+    if (ready()) return kNoFailure;
     if (now_ns() - start > timeout_ns) return Failure{Outcome::timeout, what};
     backoff.pause();
   }

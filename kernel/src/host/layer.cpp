@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
-#include <thread>
-#include <vector>
+
+#include <pthread.h>
 
 #include "api/error.hpp"
 
@@ -92,16 +92,37 @@ void work(const core::PassView& v, core::WorkerClass cls, float* scratch, int64_
   }
 }
 
+struct Worker {
+  const core::PassView* view;
+  core::WorkerClass cls;
+  float* scratch;
+  int64_t stall_after;
+  pthread_t thread;
+};
+
+void* worker_main(void* arg) {
+  auto* w = static_cast<Worker*>(arg);
+  work(*w->view, w->cls, w->scratch, w->stall_after);
+  return nullptr;
+}
+
+// pthreads on a fixed array rather than std::thread in a std::vector: those template instances
+// would be exported from libmok. A worker that cannot start (thread limit) runs on this thread
+// before the joins; with other workers of both classes running, the pass still completes.
 void run_workers(Layer& l, const core::PassView& v) {
-  std::vector<std::thread> workers;
+  Worker workers[kMaxWorkers];
+  bool started[kMaxWorkers] = {};
   int n = l.shape.comm_workers + l.shape.compute_workers;
-  workers.reserve(n);
   for (int i = 0; i < n; ++i) {
     auto cls = i < l.shape.comm_workers ? core::WorkerClass::comm : core::WorkerClass::compute;
-    float* scratch = v.scratch + static_cast<size_t>(i) * v.scratch_floats;
-    workers.emplace_back(work, std::cref(v), cls, scratch, i == 0 ? l.stall_after_tasks : -1);
+    workers[i] = Worker{&v, cls, v.scratch + static_cast<size_t>(i) * v.scratch_floats,
+                        i == 0 ? l.stall_after_tasks : -1, pthread_t{}};
+    started[i] = pthread_create(&workers[i].thread, nullptr, worker_main, &workers[i]) == 0;
   }
-  for (auto& w : workers) w.join();
+  for (int i = 0; i < n; ++i)
+    if (!started[i]) worker_main(&workers[i]);
+  for (int i = 0; i < n; ++i)
+    if (started[i]) pthread_join(workers[i].thread, nullptr);
 }
 
 mokStatus_t status_of(Layer& l, const char* func) {
@@ -120,8 +141,9 @@ bool failed(Layer& l) {
 
 bool group_aborted(Layer& l) { return failed(l) || core::abort_seen(l.headers[l.shape.rank]); }
 
-mokStatus_t aborted_earlier(const char* func) {
-  return api::fail(mokPeerAbort, "%s: the group was aborted in an earlier call; create new contexts", func);
+mokStatus_t aborted_earlier(Layer& l, const char* func) {
+  core::record_failure(&l.error, Failure{core::Outcome::peer_abort, WaitId::earlier_abort}, l.shape.rank, -1, -1);
+  return api::fail(mokPeerAbort, "%s: the group was aborted (this or an earlier call); create new contexts", func);
 }
 
 // Collective step shared by every call: enter, (work), leave.
@@ -136,11 +158,15 @@ mokStatus_t run_pass(Layer& l, const core::PassView& v, const char* func) {
   core::build_task_graph(l.shape, v.kind, v.sched.total_rows, l.tokens, g);
   core::PassView pv = v;
   pv.graph = g;
+  // A rank that failed does not arrive at later barriers: an arrival could complete a barrier its
+  // peers are still waiting in. They see the abort flag instead.
   Failure f = group_barrier(l, WaitId::entry_barrier);
   if (f.ok()) run_workers(l, pv);
   else core::fail_pass(pv, f, nullptr);
-  f = group_barrier(l, WaitId::closing_barrier);
-  if (!f.ok()) core::fail_pass(pv, f, nullptr);
+  if (!failed(l)) {
+    f = group_barrier(l, WaitId::closing_barrier);
+    if (!f.ok()) core::fail_pass(pv, f, nullptr);
+  }
   return failed(l) ? status_of(l, func) : mokSuccess;
 }
 
@@ -184,7 +210,7 @@ mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mok
 
 mokStatus_t build_schedule(Layer& l, const void* topk_ids, bool int64_ids, int tokens) {
   const char* func = "mokLayerBuildSchedule";
-  if (group_aborted(l)) return aborted_earlier(func);
+  if (group_aborted(l)) return aborted_earlier(l, func);
   // Safe to overwrite: the closing barrier of the previous build ended every peer's reads.
   auto* ids = own_at<int32_t>(l, l.peer.topk_ids);
   size_t n = static_cast<size_t>(tokens) * l.shape.top_k;
@@ -219,7 +245,7 @@ mokStatus_t forward(Layer& l, const mokLayerWeights_t& weights, const uint16_t* 
                     uint16_t* out, bool with_output) {
   const char* func = with_output ? "mokLayerForward" : "mokLayerRecompute";
   if (!l.has_schedule) return api::fail(mokInvalidUsage, "%s: call mokLayerBuildSchedule first", func);
-  if (group_aborted(l)) return aborted_earlier(func);
+  if (group_aborted(l)) return aborted_earlier(l, func);
   size_t th = static_cast<size_t>(l.tokens) * l.shape.hidden;
   copy_rows(x, th * 2, own_at<uint16_t>(l, l.peer.x));
   core::PassView v = view_of(l, with_output ? PassKind::forward : PassKind::recompute);
@@ -237,7 +263,7 @@ mokStatus_t backward(Layer& l, const mokLayerWeights_t& weights, const float* to
   const char* func = "mokLayerBackward";
   if (!l.has_context)
     return api::fail(mokInvalidUsage, "%s: needs a mokLayerForward or mokLayerRecompute since the last schedule", func);
-  if (group_aborted(l)) return aborted_earlier(func);
+  if (group_aborted(l)) return aborted_earlier(l, func);
   size_t tk = static_cast<size_t>(l.tokens) * l.shape.top_k, th = static_cast<size_t>(l.tokens) * l.shape.hidden;
   copy_rows(dout, th * 2, own_at<uint16_t>(l, l.peer.dout));
   copy_rows(topk_weights, tk * 4, own_at<float>(l, l.peer.topk_weights));

@@ -9,6 +9,8 @@
 
 namespace mok::host {
 
+constexpr int kMaxWorkers = 64 + 256;  // comm + compute workers a config may ask for
+
 struct Layer {
   core::LayerShape shape;
   core::PeerLayout peer;

@@ -8,7 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
-#include <string>
+#include <cstdio>
 
 #include "api/error.hpp"
 #include "core/protocol.hpp"
@@ -16,13 +16,16 @@
 namespace mok::host {
 namespace {
 
-std::string segment_name(const char* name, int rank) { return "/" + std::string(name) + "-" + std::to_string(rank); }
+struct SegmentName {
+  char path[256];
+  SegmentName(const char* name, int rank) { std::snprintf(path, sizeof(path), "/%s-%d", name, rank); }
+};
 
 // Open a peer's segment once it exists at full size (its owner creates, then sizes it).
-char* map_peer(const std::string& path, size_t bytes, uint64_t deadline) {
+char* map_peer(const char* path, size_t bytes, uint64_t deadline) {
   core::Backoff backoff;
   for (;;) {
-    int fd = shm_open(path.c_str(), O_RDWR, 0);
+    int fd = shm_open(path, O_RDWR, 0);
     if (fd >= 0) {
       struct stat st{};
       bool sized = fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == bytes;
@@ -39,37 +42,39 @@ char* map_peer(const std::string& path, size_t bytes, uint64_t deadline) {
 
 PeerMemory::~PeerMemory() {
   if (mapped_bytes_ == 0) return;
-  for (char* b : bases_)
-    if (b) munmap(b, mapped_bytes_);
+  for (int r = 0; r < world_; ++r)
+    if (bases_[r]) munmap(bases_[r], mapped_bytes_);
 }
 
 void PeerMemory::adopt(void* const* bases, int world) {
-  bases_.assign(world, nullptr);
+  world_ = world;
   for (int r = 0; r < world; ++r) bases_[r] = static_cast<char*>(bases[r]);
 }
 
 mokStatus_t PeerMemory::rendezvous(const char* name, int world, int rank, size_t bytes, uint64_t timeout_ns) {
   uint64_t deadline = core::now_ns() + timeout_ns;
-  bases_.assign(world, nullptr);
+  world_ = world;
   mapped_bytes_ = bytes;
-  std::string own = segment_name(name, rank);
-  int fd = shm_open(own.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  SegmentName own_name(name, rank);
+  const char* own = own_name.path;
+  int fd = shm_open(own, O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0)
     return api::fail(mokSystemError, "shared memory '%s': shm_open failed: %s (a stale segment of a crashed run?)",
-                     own.c_str(), std::strerror(errno));
+                     own, std::strerror(errno));
   bool sized = ftruncate(fd, static_cast<off_t>(bytes)) == 0;
   close(fd);
   if (!sized) {
-    shm_unlink(own.c_str());
-    return api::fail(mokSystemError, "shared memory '%s': ftruncate to %zu bytes failed: %s", own.c_str(), bytes,
+    shm_unlink(own);
+    return api::fail(mokSystemError, "shared memory '%s': ftruncate to %zu bytes failed: %s", own, bytes,
                      std::strerror(errno));
   }
   for (int r = 0; r < world; ++r) {
-    bases_[r] = map_peer(segment_name(name, r), bytes, deadline);
+    SegmentName peer(name, r);
+    bases_[r] = map_peer(peer.path, bytes, deadline);
     if (!bases_[r]) {
-      shm_unlink(own.c_str());
+      shm_unlink(own);
       return api::fail(mokTimeout, "shared memory: rank %d's segment '%s' did not appear within the timeout", r,
-                       segment_name(name, r).c_str());
+                       peer.path);
     }
   }
   for (int r = 0; r < world; ++r) {
@@ -80,12 +85,12 @@ mokStatus_t PeerMemory::rendezvous(const char* name, int world, int rank, size_t
   core::Backoff backoff;
   while (mine.load(cuda::std::memory_order_acquire) < static_cast<uint32_t>(world)) {
     if (core::now_ns() > deadline) {
-      shm_unlink(own.c_str());
-      return api::fail(mokTimeout, "shared memory '%s': not every rank mapped it within the timeout", own.c_str());
+      shm_unlink(own);
+      return api::fail(mokTimeout, "shared memory '%s': not every rank mapped it within the timeout", own);
     }
     backoff.pause();
   }
-  shm_unlink(own.c_str());
+  shm_unlink(own);
   return mokSuccess;
 }
 

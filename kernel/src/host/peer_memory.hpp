@@ -5,8 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
+#include "core/shape.hpp"
 #include "mok/mok.h"
 
 namespace mok::host {
@@ -26,10 +26,12 @@ class PeerMemory {
   mokStatus_t rendezvous(const char* name, int world, int rank, size_t bytes, uint64_t timeout_ns);
 
   char* base(int rank) const { return bases_[rank]; }
-  char* const* bases() const { return bases_.data(); }
+  char* const* bases() const { return bases_; }
 
  private:
-  std::vector<char*> bases_;
+  // Plain arrays, not std containers: their template instances would be exported from libmok.
+  char* bases_[core::kMaxWorld] = {};
+  int world_ = 0;
   size_t mapped_bytes_ = 0;  // non-zero when the bases are our mappings
 };
 
