@@ -5,22 +5,15 @@
 
 #include <string>
 
+#include "errors.hpp"
 #include "mok/mok.h"
 
 namespace nb = nanobind;
+using mok::python::check;
+
+void bind_layer(nb::module_& m);  // layer.cpp
 
 namespace {
-
-// A failed libmok call as a Python exception carrying the status and libmok's detail message.
-[[noreturn]] void raise_status(mokStatus_t status) {
-  std::string message = std::string(mokGetStatusString(status)) + ": " + mokGetLastError();
-  if (status == mokInvalidArgument) throw nb::value_error(message.c_str());
-  throw std::runtime_error(message);
-}
-
-void check(mokStatus_t status) {
-  if (status != mokSuccess) raise_status(status);
-}
 
 nb::dict device_info_dict(const mokDeviceInfo_t& info) {
   nb::dict d;
@@ -82,4 +75,6 @@ NB_MODULE(_mok, m) {
     mokStatus_t s = mokExecutorSupportsDevice(static_cast<mokExecutor_t>(executor), device, &supported);
     return nb::make_tuple(static_cast<int>(s), std::string(mokGetLastError()), supported != 0);
   });
+
+  bind_layer(m);
 }

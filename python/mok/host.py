@@ -1,0 +1,178 @@
+"""backend="host": libmok's CPU executor (kernel/src/host) through its C ABI.
+
+Each rank is a process; the ranks' peer-visible memory is POSIX shared memory that libmok creates and maps under a
+name agreed over the torch.distributed group, and unlinks once every rank has mapped it. libmok keeps the schedule
+and the forward context inside its layer object; a context that is no longer the layer's latest (another forward
+ran since) is rebuilt before its backward by re-running the schedule and a recompute, which is bitwise the same.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from mok import _mok, ep
+from mok.ep import MainGrads
+from mok.experts import RoutedExpertsMXFP8
+from mok.reference import Gradients
+
+_WORKERS = {"comm_workers": 1, "compute_workers": 1}  # processes share the cores; one thread of each per rank
+
+
+@dataclass
+class _Layers:
+    """One workspace's libmok layers (one per SwiGLU clamp, which libmok fixes at creation) and what they hold."""
+
+    key: Any
+    config: Any
+    layers: dict = field(default_factory=dict)
+    memory: dict = field(default_factory=dict)
+    latest: dict = field(default_factory=dict)  # layer -> the token of the schedule/context it holds now
+
+
+@dataclass
+class _Schedule:
+    state: _Layers
+    topk_ids: torch.Tensor
+    group: Any
+
+
+@dataclass
+class _Context:
+    layer: Any
+    schedule: _Schedule
+    x: torch.Tensor
+    topk_weights: torch.Tensor
+    routed: Any
+    shared: Any
+    swiglu_limit: float | None
+    token: int
+    y_slots: torch.Tensor | None = None
+
+
+_tokens = itertools.count()
+
+
+def _shm_name(group) -> str:
+    """A name for this group's shared memory that every rank agrees on (rank 0 draws it)."""
+    name = [f"mok-{os.getpid()}-{uuid.uuid4().hex[:12]}"]
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.broadcast_object_list(name, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    return name[0]
+
+
+def _ring_rows(key, config, world: int) -> tuple[int, int]:
+    """(minibatch, macrobatch): the config's, but the ring never larger than the most rows a rank can receive."""
+    minibatch = config.minibatch_size
+    worst = world * key.max_tokens * key.topk + key.num_local_experts * config.expert_padding
+    return minibatch, min(config.macrobatch_size, -(-worst // minibatch) * minibatch)
+
+
+def _layer(state: _Layers, group, swiglu_limit: float | None):
+    """This workspace's libmok layer for `swiglu_limit`, created collectively on first use."""
+    if swiglu_limit in state.layers:
+        return state.layers[swiglu_limit]
+    rank, world = ep.group_rank_and_size(group)
+    key, config = state.key, state.config
+    minibatch, macrobatch = _ring_rows(key, config, world)
+    cfg = dict(world=world, rank=rank, experts_per_rank=key.num_local_experts, hidden=key.hidden,
+               intermediate=key.intermediate, top_k=key.topk, max_tokens=max(key.max_tokens, 1),
+               shared_intermediate=key.shared_intermediate, mxfp8=key.mxfp8,
+               swiglu_limit=0.0 if swiglu_limit is None else float(swiglu_limit),
+               expert_padding=config.expert_padding, minibatch=minibatch, macrobatch=macrobatch,
+               timeout_ms=max(1, int(config.wait_timeout_s * 1000)), **_WORKERS)
+    _, workspace_bytes = _mok.layer_sizes(cfg)
+    workspace = torch.empty(workspace_bytes + 64, dtype=torch.uint8)
+    offset = -workspace.data_ptr() % 64  # libmok wants 64-byte alignment
+    layer = _mok.Layer(cfg, _shm_name(group), workspace.data_ptr() + offset, workspace_bytes)
+    state.layers[swiglu_limit], state.memory[swiglu_limit] = layer, workspace
+    return layer
+
+
+def _weights(routed, shared) -> dict:
+    w = {}
+    if isinstance(routed, RoutedExpertsMXFP8):
+        for name in ("gate", "up", "down"):
+            pair = getattr(routed, name)
+            for form in ("rowwise", "colwise"):
+                q = getattr(pair, form)
+                w[f"{name}_{form}"] = (q.data.data_ptr(), q.scales.data_ptr())
+        routed = routed.master
+    for name in ("gate", "up", "down"):
+        w[name] = getattr(routed, name).data_ptr()
+        if shared is not None:
+            w[f"shared_{name}"] = getattr(shared, name).data_ptr()
+    return w
+
+
+class HostExecutor:
+    """functional.Executor over libmok's host executor: CPU tensors, gloo (or no) process groups."""
+
+    name = "host"
+
+    def supports(self, device: torch.device) -> bool:
+        return device.type == "cpu"
+
+    def create_workspace(self, key, config) -> _Layers:
+        return _Layers(key, config)
+
+    def build_schedule(self, topk_ids, num_local_experts, group, workspace) -> _Schedule:
+        topk_ids = topk_ids.contiguous()
+        return _Schedule(workspace.buffers, topk_ids, group)
+
+    def forward(self, x, topk_ids, topk_weights, routed, shared, *, schedule, workspace, swiglu_limit,
+                need_context):
+        ctx, out = self._run(x, topk_weights, routed, shared, schedule, swiglu_limit, want_output=True)
+        return out, (ctx if need_context else None)
+
+    def recompute_forward_context(self, x, topk_ids, topk_weights, routed, shared, *, schedule, workspace,
+                                  swiglu_limit, y_slots):
+        return self._run(x, topk_weights, routed, shared, schedule, swiglu_limit, want_output=False)[0]
+
+    def backward(self, ctx: _Context, dout, main_grads: MainGrads | None) -> Gradients:
+        if ctx.schedule.state.latest.get(ctx.layer) != ctx.token:
+            self._load(ctx)
+        routed = ctx.routed.master if isinstance(ctx.routed, RoutedExpertsMXFP8) else ctx.routed
+        names = ["gate", "up", "down"] + (["shared_gate", "shared_up", "shared_down"] if ctx.shared else [])
+        main = main_grads or MainGrads()
+        sources = {**{n: getattr(routed, n) for n in ("gate", "up", "down")},
+                   **({f"shared_{n}": getattr(ctx.shared, n) for n in ("gate", "up", "down")} if ctx.shared else {})}
+        fp32 = {n: getattr(main, n) if getattr(main, n) is not None else torch.zeros(sources[n].shape) for n in names}
+        dx = torch.empty_like(ctx.x)
+        dw = torch.empty(ctx.topk_weights.shape, dtype=torch.float32)
+        grads = {"dx": dx.data_ptr(), "dtopk_weights": dw.data_ptr(), "accumulate": 1,
+                 **{n: t.data_ptr() for n, t in fp32.items()}}
+        ctx.layer.backward(_weights(ctx.routed, ctx.shared), ctx.topk_weights.data_ptr(), dout.contiguous().data_ptr(),
+                           grads)
+        out = {n: None if getattr(main, n) is not None else fp32[n].to(torch.bfloat16) for n in names}
+        return Gradients(dx, dw, out["gate"], out["up"], out["down"], out.get("shared_gate"), out.get("shared_up"),
+                         out.get("shared_down"))
+
+    def _run(self, x, topk_weights, routed, shared, schedule: _Schedule, swiglu_limit, want_output):
+        """Schedule, then forward (-> out) or recompute (-> None) on libmok's layer: (context, out)."""
+        layer = _layer(schedule.state, schedule.group, swiglu_limit)
+        ctx = _Context(layer, schedule, x.contiguous(), topk_weights.contiguous(), routed, shared, swiglu_limit,
+                       next(_tokens))
+        ids = schedule.topk_ids
+        layer.build_schedule(ids.data_ptr(), ids.dtype == torch.int64, ids.shape[0])
+        out = None
+        if want_output:
+            out = torch.empty_like(ctx.x)
+            layer.forward(_weights(routed, shared), ctx.x.data_ptr(), ctx.topk_weights.data_ptr(), out.data_ptr())
+        else:
+            layer.recompute(_weights(routed, shared), ctx.x.data_ptr())
+        schedule.state.latest[layer] = ctx.token
+        return ctx, out
+
+    def _load(self, ctx: _Context) -> None:
+        """Make `ctx` the layer's current schedule and context again (bitwise what it was)."""
+        ids = ctx.schedule.topk_ids
+        ctx.layer.build_schedule(ids.data_ptr(), ids.dtype == torch.int64, ids.shape[0])
+        ctx.layer.recompute(_weights(ctx.routed, ctx.shared), ctx.x.data_ptr())
+        ctx.schedule.state.latest[ctx.layer] = ctx.token

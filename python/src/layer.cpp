@@ -1,0 +1,183 @@
+// mok._mok's layer part: the C ABI's mokLayer* calls over raw pointers (torch's data_ptr()).
+// Python (mok/host.py) owns the tensors and checks their dtypes and shapes; libmok checks everything again.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <cstdint>
+#include <string>
+
+#include "errors.hpp"
+#include "mok/mok.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+template <typename T>
+T* ptr(const nb::dict& d, const char* key) {
+  return d.contains(key) ? reinterpret_cast<T*>(nb::cast<uintptr_t>(d[key])) : nullptr;
+}
+
+template <typename T>
+T* ptr(uintptr_t address) {
+  return reinterpret_cast<T*>(address);
+}
+
+mokLayerConfig_t make_config(const nb::dict& d) {
+  mokLayerConfig_t c = MOK_LAYER_CONFIG_INIT;
+  int* const ints[] = {&c.world,           &c.rank,      &c.experts_per_rank, &c.hidden,
+                       &c.intermediate,    &c.top_k,     &c.max_tokens,       &c.shared_intermediate,
+                       &c.expert_padding,  &c.minibatch, &c.macrobatch,       &c.comm_workers,
+                       &c.compute_workers, &c.timeout_ms};
+  const char* const names[] = {"world",           "rank",      "experts_per_rank", "hidden",
+                               "intermediate",    "top_k",     "max_tokens",       "shared_intermediate",
+                               "expert_padding",  "minibatch", "macrobatch",       "comm_workers",
+                               "compute_workers", "timeout_ms"};
+  size_t known = 0;
+  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); ++i) {
+    if (d.contains(names[i])) *ints[i] = nb::cast<int>(d[names[i]]), ++known;
+  }
+  if (d.contains("mxfp8"))
+    c.precision = nb::cast<bool>(d["mxfp8"]) ? mokPrecisionMXFP8 : mokPrecisionBF16, ++known;
+  if (d.contains("swiglu_limit")) c.swiglu_limit = nb::cast<float>(d["swiglu_limit"]), ++known;
+  if (known != d.size()) throw nb::value_error("config: unknown key (see mokLayerConfig_t in mok.h)");
+  return c;
+}
+
+mokMxfp8Matrix_t mx(const nb::dict& d, const char* key) {
+  if (!d.contains(key)) return {nullptr, nullptr};
+  auto [data, scales] = nb::cast<std::tuple<uintptr_t, uintptr_t>>(d[key]);
+  return {ptr<const uint8_t>(data), ptr<const uint8_t>(scales)};
+}
+
+mokLayerWeights_t make_weights(const nb::dict& d) {
+  mokLayerWeights_t w = MOK_LAYER_WEIGHTS_INIT;
+  w.gate = ptr<const void>(d, "gate");
+  w.up = ptr<const void>(d, "up");
+  w.down = ptr<const void>(d, "down");
+  w.gate_rowwise = mx(d, "gate_rowwise");
+  w.gate_colwise = mx(d, "gate_colwise");
+  w.up_rowwise = mx(d, "up_rowwise");
+  w.up_colwise = mx(d, "up_colwise");
+  w.down_rowwise = mx(d, "down_rowwise");
+  w.down_colwise = mx(d, "down_colwise");
+  w.shared_gate = ptr<const void>(d, "shared_gate");
+  w.shared_up = ptr<const void>(d, "shared_up");
+  w.shared_down = ptr<const void>(d, "shared_down");
+  return w;
+}
+
+// One rank's layer context. Passes release the GIL: they block until the whole group is done.
+class Layer {
+ public:
+  Layer(const nb::dict& config, const std::string& shm_name, uintptr_t workspace, size_t workspace_bytes) {
+    mokLayerConfig_t c = make_config(config);
+    mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
+    m.shm_name = shm_name.c_str();
+    m.workspace = ptr<void>(workspace);
+    m.workspace_bytes = workspace_bytes;
+    mok::python::released([&] { return mokLayerCreate(&c, &m, &layer_); });
+  }
+  ~Layer() { close(); }
+
+  void close() {
+    if (layer_) mokLayerDestroy(layer_);
+    layer_ = nullptr;
+  }
+
+  void build_schedule(uintptr_t ids, bool int64, int num_tokens) {
+    mokLayer_t layer = get();
+    mok::python::released([&] {
+      return mokLayerBuildSchedule(layer, ptr<const void>(ids), int64 ? mokIndexInt64 : mokIndexInt32,
+                                   num_tokens);
+    });
+  }
+
+  void forward(const nb::dict& weights, uintptr_t x, uintptr_t topk_weights, uintptr_t out) {
+    mokLayerWeights_t w = make_weights(weights);
+    mokLayer_t layer = get();
+    mok::python::released([&] {
+      return mokLayerForward(layer, &w, ptr<const void>(x), ptr<const float>(topk_weights), ptr<void>(out));
+    });
+  }
+
+  void recompute(const nb::dict& weights, uintptr_t x) {
+    mokLayerWeights_t w = make_weights(weights);
+    mokLayer_t layer = get();
+    mok::python::released([&] { return mokLayerRecompute(layer, &w, ptr<const void>(x)); });
+  }
+
+  void backward(const nb::dict& weights, uintptr_t topk_weights, uintptr_t dout, const nb::dict& grads) {
+    mokLayerWeights_t w = make_weights(weights);
+    mokLayerGrads_t g = MOK_LAYER_GRADS_INIT;
+    g.dx = ptr<void>(grads, "dx");
+    g.dtopk_weights = ptr<float>(grads, "dtopk_weights");
+    g.accumulate = grads.contains("accumulate") ? nb::cast<int>(grads["accumulate"]) : 0;
+    g.dgate = ptr<void>(grads, "gate");
+    g.dup = ptr<void>(grads, "up");
+    g.ddown = ptr<void>(grads, "down");
+    g.dshared_gate = ptr<void>(grads, "shared_gate");
+    g.dshared_up = ptr<void>(grads, "shared_up");
+    g.dshared_down = ptr<void>(grads, "shared_down");
+    mokLayer_t layer = get();
+    mok::python::released([&] {
+      return mokLayerBackward(layer, &w, ptr<const float>(topk_weights), ptr<const void>(dout), &g);
+    });
+  }
+
+  nb::dict error() {
+    mokLayerError_t e = MOK_LAYER_ERROR_INIT;
+    mok::python::check(mokLayerGetError(get(), &e));
+    nb::dict d;
+    d["status"] = static_cast<int>(e.status);
+    d["rank"] = e.rank;
+    d["task"] = std::string(e.task);
+    d["task_index"] = e.task_index;
+    d["wait"] = std::string(e.wait);
+    return d;
+  }
+
+  void abort() { mok::python::check(mokLayerAbort(get())); }
+
+ private:
+  mokLayer_t get() const {
+    if (!layer_) throw std::runtime_error("mok: this layer context was closed");
+    return layer_;
+  }
+  mokLayer_t layer_ = nullptr;
+};
+
+}  // namespace
+
+void bind_layer(nb::module_& m) {
+  m.def(
+      "layer_sizes",
+      [](const nb::dict& config) {
+        mokLayerConfig_t c = make_config(config);
+        mokLayerSizes_t s = MOK_LAYER_SIZES_INIT;
+        mok::python::check(mokLayerGetSizes(&c, &s));
+        return nb::make_tuple(s.peer_bytes, s.workspace_bytes);
+      },
+      "(peer_bytes, workspace_bytes) that a layer with this config needs");
+
+  nb::class_<Layer>(m, "Layer")
+      .def(nb::init<const nb::dict&, const std::string&, uintptr_t, size_t>(), nb::arg("config"),
+           nb::arg("shm_name"), nb::arg("workspace"), nb::arg("workspace_bytes"))
+      .def("close", &Layer::close)
+      .def("build_schedule", &Layer::build_schedule)
+      .def("forward", &Layer::forward)
+      .def("recompute", &Layer::recompute)
+      .def("backward", &Layer::backward)
+      .def("error", &Layer::error)
+      .def("abort", &Layer::abort);
+
+  m.def("mxfp8_quantize", [](uintptr_t src, bool fp32, int64_t batch, int64_t rows, int64_t cols,
+                             uintptr_t rw_data, uintptr_t rw_scales, uintptr_t cw_data, uintptr_t cw_scales) {
+    mok::python::released([&] {
+      return mokMxfp8Quantize(ptr<const void>(src), fp32 ? mokDataFloat32 : mokDataBF16, batch, rows, cols,
+                              ptr<uint8_t>(rw_data), ptr<uint8_t>(rw_scales), ptr<uint8_t>(cw_data),
+                              ptr<uint8_t>(cw_scales));
+    });
+  });
+}
