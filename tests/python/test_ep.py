@@ -163,8 +163,7 @@ def single_process_expectation(s: Scenario, world: int):
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
-def test_ep_equals_single_process_bitwise(world):
-    seed = random.randrange(1 << 30)
+def test_ep_equals_single_process_bitwise(seed, world):
     results = run_group(world, ep_worker, seed)
     for s in scenarios(seed):
         expected = single_process_expectation(s, world)
