@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mok import _mok, ep
+from mok import _mok, ep, functional
 from mok.ep import MainGrads
 from mok.experts import RoutedExpertsMXFP8
 from mok.reference import Gradients
@@ -176,3 +176,8 @@ class HostExecutor:
         ctx.layer.build_schedule(ids.data_ptr(), ids.dtype == torch.int64, ids.shape[0])
         ctx.layer.recompute(_weights(ctx.routed, ctx.shared), ctx.x.data_ptr())
         ctx.schedule.state.latest[ctx.layer] = ctx.token
+
+
+# Selectable as backend="host". Below "reference" in the default choice until its context carries y_slots
+# (mok.moe's autograd keeps them), see README's status table.
+functional.register_backend(HostExecutor(), priority=-1)
