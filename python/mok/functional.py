@@ -24,8 +24,8 @@ from mok.reference import Gradients
 
 __all__ = [
     "MoKConfig", "Workspace", "create_workspace", "get_workspace", "build_schedule", "forward", "backward",
-    "recompute_forward_context", "mxfp8_quantize", "MainGrads", "Gradients", "register_backend", "backends",
-    "select_backend",
+    "recompute_forward_context", "mxfp8_quantize", "MainGrads", "Gradients", "register_backend",
+    "unregister_backend", "backends", "select_backend",
 ]
 
 
@@ -87,7 +87,8 @@ def _check_int(config, name: str, low: int, high: int, rule: str) -> None:
 
 
 class Executor(Protocol):
-    """What a backend provides. `schedule` and `ctx` are the executor's own objects, opaque to callers."""
+    """What a backend provides. `schedule` and `ctx` are the executor's own objects, opaque to callers, except
+    that a schedule has `num_tokens`, `topk` and `num_local_experts` and a ctx has `y_slots` ([T, K, H] bf16)."""
 
     name: str
 
@@ -107,6 +108,10 @@ _BACKENDS: dict[str, tuple[int, Executor]] = {}
 def register_backend(executor: Executor, priority: int) -> None:
     """Make `executor` selectable as backend=executor.name; backend=None prefers the highest priority."""
     _BACKENDS[executor.name] = (priority, executor)
+
+
+def unregister_backend(name: str) -> None:
+    _BACKENDS.pop(name, None)
 
 
 def backends() -> list[str]:
@@ -357,6 +362,7 @@ def _prepare(x, topk_ids, topk_weights, routed, shared, group, config, workspace
         shape = validate.check_layer_args(x, topk_ids, topk_weights, routed, shared, swiglu_limit, world)
         executor = select_backend(backend, x.device)
         _check_workspace(workspace, shape, executor, x)
+        _check_schedule(schedule, x, shape)
     except (TypeError, ValueError) as e:
         error = e
     tokens = validate.agree_across_group(group, world, error, shape, x.shape[0] if shape else 0)
@@ -387,6 +393,15 @@ def _check_workspace(workspace, shape, executor, x) -> None:
     if made != wanted:
         raise ValueError(f"workspace must match the call's (hidden, topk, E_local, I, I_s, mxfp8, backend, device) "
                          f"= {wanted}, got {made}")
+
+
+def _check_schedule(schedule, x, shape) -> None:
+    if schedule is None:
+        return
+    made = tuple(getattr(schedule, a, None) for a in ("num_tokens", "topk", "num_local_experts"))
+    wanted = (x.shape[0], shape.topk, shape.num_local_experts)
+    if made != wanted:
+        raise ValueError(f"schedule must be built from this call's topk_ids (T, K, E_local) = {wanted}, got {made}")
 
 
 def _round_up_pow2(n: int) -> int:
