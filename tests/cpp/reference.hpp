@@ -44,12 +44,12 @@ inline double e4m3_value(int code) {
   return (code & 0x80) ? -a : a;
 }
 
-// Nearest finite e4m3 code to v (|v| <= 448), ties to the even code.
+// Nearest finite e4m3 code to v (|v| <= 448), ties to the even code; the sign is kept (a negative
+// value that rounds to zero gives -0, as a float8 cast does).
 inline int e4m3_nearest(double v) {
-  int best = 0;
+  int sign = std::signbit(v) ? 0x80 : 0, best = sign;
   double best_err = INFINITY;
-  for (int c = 0; c < 256; ++c) {
-    if ((c & 0x7f) == 0x7f) continue;
+  for (int c = sign; c < sign + 0x7f; ++c) {
     double err = std::fabs(e4m3_value(c) - v);
     if (err < best_err || (err == best_err && (c & 1) == 0 && (best & 1) == 1)) {
       best = c;

@@ -1,1 +1,153 @@
-int main() { return 0; }
+// core/'s scalar pieces against the independent reference: bf16 rounding, the e4m3 codec and e8m0
+// scale, mokMxfp8Quantize bit for bit, and the schedule's canonical row order.
+#include <map>
+#include <tuple>
+
+#include "core/mxfp8.hpp"
+#include "core/schedule.hpp"
+#include "group.hpp"
+
+using namespace mok_test;
+
+TEST(bf16_round_to_nearest_even) {
+  std::mt19937_64 rng(seed());
+  std::uniform_int_distribution<uint32_t> bits(0x00800000u, 0x7f7effffu);  // positive normals that round to a finite bf16
+  for (int i = 0; i < 200000; ++i) {
+    uint32_t u = bits(rng);
+    if (i % 4 == 0) u = (u & 0xffff0000u) | 0x8000u;  // an exact tie
+    float f;
+    std::memcpy(&f, &u, 4);
+    for (float v : {f, -f}) {
+      double want = ref::bf16(v);
+      double got = mok::core::round_bf16(v);
+      if (got != want) {
+        CHECK_MSG(false, "bf16(%a): got %a want %a", static_cast<double>(v), got, want);
+        return;
+      }
+    }
+  }
+}
+
+TEST(e4m3_encode_matches_nearest_value_search) {
+  std::vector<double> probes;
+  for (int c = 0; c < 0x7f; ++c) {  // every value and every midpoint (the ties)
+    double a = ref::e4m3_value(c), b = ref::e4m3_value(c + 1);
+    probes.push_back(a);
+    if (c + 1 < 0x7f) probes.push_back((a + b) / 2);
+  }
+  std::mt19937_64 rng(seed());
+  std::uniform_real_distribution<double> any(0, 448), tiny(0, 0.02);
+  for (int i = 0; i < 20000; ++i) probes.push_back(i % 2 ? any(rng) : tiny(rng));
+  for (double p : probes)
+    for (double v : {p, -p}) {
+      int got = mok::core::e4m3_encode(static_cast<float>(v));
+      int want = ref::e4m3_nearest(static_cast<float>(v));
+      if (got != want) {
+        CHECK_MSG(false, "e4m3(%a): got %#x want %#x", v, got, want);
+        return;
+      }
+      CHECK(mok::core::e4m3_decode(static_cast<uint8_t>(got)) == ref::e4m3_value(got));
+    }
+}
+
+TEST(e8m0_scale_is_the_smallest_power_of_two) {
+  std::mt19937_64 rng(seed());
+  std::uniform_real_distribution<double> mant(0.5, 1.0);
+  std::uniform_int_distribution<int> ex(-140, 120);
+  std::vector<float> probes = {0.0f, 448.0f, 448.00003f, 447.99997f, 896.0f, 1e-40f, 3e38f};
+  for (int k = -130; k < 120; ++k) probes.push_back(std::ldexp(448.0f, k));
+  for (int i = 0; i < 20000; ++i) probes.push_back(static_cast<float>(std::ldexp(mant(rng), ex(rng))));
+  for (float a : probes) {
+    int got = mok::core::mx_scale_exponent(a), want = ref::mx_exponent(a);
+    if (got != want) {
+      CHECK_MSG(false, "scale of amax %a: got %d want %d", static_cast<double>(a), got, want);
+      return;
+    }
+  }
+}
+
+// mokMxfp8Quantize against the reference codec, rowwise and colwise, with partial blocks, a zero
+// block and magnitudes far from 1.
+void check_quantize(mokDataType_t dtype) {
+  std::mt19937_64 rng(seed() + dtype);
+  const int B = 2, R = 37, C = 45;
+  std::vector<float> v(B * R * C);
+  std::uniform_real_distribution<double> d(-1, 1);
+  for (int i = 0; i < B * R * C; ++i) v[i] = static_cast<float>(ref::bf16(std::ldexp(d(rng), (i / C) % 7 * 9 - 30)));
+  for (int c = 0; c < 32; ++c) v[C + c] = 0.0f;  // row 1, first block: all zeros
+  std::vector<uint16_t> bf(v.size());
+  for (size_t i = 0; i < v.size(); ++i) bf[i] = ref::bf16_bits(v[i]);
+  const void* src = dtype == mokDataBF16 ? static_cast<const void*>(bf.data()) : v.data();
+  int rb = (C + 31) / 32, cb = (R + 31) / 32;
+  std::vector<uint8_t> rd(v.size()), rs(B * R * rb), cd(v.size()), cs(B * C * cb);
+  CHECK(mokMxfp8Quantize(src, dtype, B, R, C, rd.data(), rs.data(), cd.data(), cs.data()) == mokSuccess);
+  int bad = 0;
+  for (int b = 0; b < B; ++b) {
+    for (int r = 0; r < R; ++r)
+      for (int k = 0; k < rb; ++k) {
+        ref::Vec block;
+        for (int c = k * 32; c < std::min(C, k * 32 + 32); ++c) block.push_back(v[(b * R + r) * C + c]);
+        ref::MxBlock q = ref::mx_quantize(block);
+        bad += rs[(b * R + r) * rb + k] != q.exponent + 127;
+        for (size_t i = 0; i < block.size(); ++i) bad += rd[(b * R + r) * C + k * 32 + i] != q.codes[i];
+      }
+    for (int c = 0; c < C; ++c)
+      for (int k = 0; k < cb; ++k) {
+        ref::Vec block;
+        for (int r = k * 32; r < std::min(R, k * 32 + 32); ++r) block.push_back(v[(b * R + r) * C + c]);
+        ref::MxBlock q = ref::mx_quantize(block);
+        bad += cs[(b * C + c) * cb + k] != q.exponent + 127;
+        for (size_t i = 0; i < block.size(); ++i) bad += cd[(b * C + c) * R + k * 32 + i] != q.codes[i];
+      }
+  }
+  CHECK_MSG(bad == 0, "%d bytes differ from the reference codec", bad);
+  CHECK(rs[1 * rb] == 0);  // the zero block: e = -127
+}
+
+TEST(quantize_bf16_bitwise) { check_quantize(mokDataBF16); }
+TEST(quantize_fp32_bitwise) { check_quantize(mokDataFloat32); }
+
+TEST(schedule_canonical_order_and_padding) {
+  std::mt19937_64 rng(seed());
+  mok::core::LayerShape s{};
+  s.world = 5;
+  s.experts_per_rank = 3;
+  s.top_k = 3;
+  s.max_tokens = 20;
+  s.expert_padding = 4;
+  std::uniform_int_distribution<int> id(-1, s.world * s.experts_per_rank - 1), tok(0, s.max_tokens);
+  std::vector<std::vector<int32_t>> ids(s.world);
+  std::vector<int32_t> tokens(s.world);
+  std::vector<const int32_t*> ptrs(s.world);
+  for (int r = 0; r < s.world; ++r) {
+    tokens[r] = tok(rng);
+    for (int i = 0; i < tokens[r] * s.top_k; ++i) ids[r].push_back(id(rng));
+    ptrs[r] = ids[r].data();
+  }
+  for (s.rank = 0; s.rank < s.world; ++s.rank) {
+    std::vector<int32_t> experts(2 * s.experts_per_rank);
+    std::vector<mok::core::RowRef> rows(mok::core::max_recv_rows(s));
+    mok::core::Schedule sch{experts.data(), rows.data(), 0};
+    mok::core::build_schedule(s, mok::core::Routing{ptrs.data(), tokens.data()}, sch);
+    // the expected rows, by a different route: sort every routed (rank, token, k) per expert
+    std::map<int, std::vector<std::tuple<int, int, int>>> want;
+    for (int r = 0; r < s.world; ++r)
+      for (int i = 0; i < tokens[r] * s.top_k; ++i)
+        if (ids[r][i] / s.experts_per_rank == s.rank && ids[r][i] >= 0)
+          want[ids[r][i] % s.experts_per_rank].emplace_back(r, i / s.top_k, i % s.top_k);
+    int64_t at = 0;
+    for (int e = 0; e < s.experts_per_rank; ++e) {
+      std::sort(want[e].begin(), want[e].end());
+      CHECK(mok::core::expert_first(sch, e) == at);
+      CHECK(mok::core::expert_count(sch, e) == static_cast<int>(want[e].size()));
+      for (auto [r, t, k] : want[e]) {
+        CHECK(rows[at].rank == r && rows[at].token == t && rows[at].k == k);
+        ++at;
+      }
+      while (at % s.expert_padding) CHECK(rows[at++].rank == -1);
+    }
+    CHECK(sch.total_rows == at);
+  }
+}
+
+MOK_TEST_MAIN
