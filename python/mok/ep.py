@@ -242,7 +242,7 @@ def _shared_forward(x, shared, swiglu_limit) -> reference.ExpertActivations:
     """The shared expert on x's rows zero-padded to whole chunks: activations of [ceil(T / C) * C] rows."""
     chunks = torch.split(_pad_rows(x), SHARED_CHUNK)
     acts = [reference.expert_forward(c, shared.expert(), swiglu_limit=swiglu_limit) for c in chunks]
-    return reference.ExpertActivations(*(torch.cat(parts) for parts in zip(*acts))) if acts else \
+    return reference.ExpertActivations(*(torch.cat(parts) for parts in zip(*acts, strict=True))) if acts else \
         reference.ExpertActivations(*(x.new_zeros(0, n) for n in (shared.intermediate_size,) * 3 + (x.shape[1],)))
 
 
@@ -254,10 +254,11 @@ def _shared_backward(ctx: Context, dout: torch.Tensor) -> reference.ExpertGradie
         zero = [torch.zeros(w.shape, dtype=torch.float32, device=w.device) for w in
                 (ctx.shared.gate, ctx.shared.up, ctx.shared.down)]
         return reference.ExpertGradients(dout.new_zeros(0, dout.shape[1]), *zero)
-    chunks = zip(*(torch.split(t, SHARED_CHUNK) for t in (_pad_rows(ctx.x), _pad_rows(dout), act.g, act.u, act.h)))
+    rows = (_pad_rows(ctx.x), _pad_rows(dout), act.g, act.u, act.h)
+    chunks = zip(*(torch.split(t, SHARED_CHUNK) for t in rows), strict=True)
     grads = [reference.expert_backward(x, ctx.shared.expert(), reference.ExpertActivations(g, u, h, None), dy,
                                        swiglu_limit=ctx.swiglu_limit) for x, dy, g, u, h in chunks]
-    weight_grads = [sum(parts[1:], parts[0]) for parts in zip(*(g[1:] for g in grads))]
+    weight_grads = [sum(parts[1:], parts[0]) for parts in zip(*(g[1:] for g in grads), strict=True)]
     return reference.ExpertGradients(torch.cat([g.dx for g in grads])[:tokens], *weight_grads)
 
 

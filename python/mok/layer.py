@@ -19,20 +19,36 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, rou
     group (None: the default group if torch.distributed is initialised, else this process alone). Gradients reach
     x, topk_weights and every bf16 weight. Collective: every rank of the group calls it, with any token count.
     """
-    _check_containers(routed, shared, group)
+    _check_before_op(x, topk_ids, topk_weights, routed, shared, config, group)
     out, _ = torch.ops.mok.moe_forward(
         x, topk_ids, topk_weights, ops.flatten_routed(routed), ops.flatten_shared(shared), swiglu_limit,
         ops.group_name(group), backend or "", ops.config_to_ints(config))
     return out
 
 
-def _check_containers(routed, shared, group) -> None:
-    """The containers must be right before they can be flattened into the op's arguments. A wrong one still
-    goes through the group's agreement step, so the other ranks raise too instead of waiting."""
+def _check_before_op(x, topk_ids, topk_weights, routed, shared, config, group) -> None:
+    """What must hold before the arguments can become the op's (the op's implementation checks the rest): types,
+    and one device (the dispatcher would route a call with a meta tensor to the shape-only implementation).
+    A failure still goes through the group's agreement step, so the other ranks raise too instead of waiting."""
     error = None
-    if not isinstance(routed, (RoutedExperts, RoutedExpertsMXFP8)):
-        error = TypeError(f"routed must be a RoutedExperts or RoutedExpertsMXFP8, got {type(routed).__name__}")
-    elif shared is not None and not isinstance(shared, SharedExpert):
-        error = TypeError(f"shared must be a SharedExpert or None, got {type(shared).__name__}")
+    try:
+        for name, t in (("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.device != x.device:
+                raise ValueError(f"{name} must be on x's device {x.device}, got {t.device}")
+        if not isinstance(routed, (RoutedExperts, RoutedExpertsMXFP8)):
+            raise TypeError(f"routed must be a RoutedExperts or RoutedExpertsMXFP8, got {type(routed).__name__}")
+        if shared is not None and not isinstance(shared, SharedExpert):
+            raise TypeError(f"shared must be a SharedExpert or None, got {type(shared).__name__}")
+        for name, tensors in (("routed", ops.flatten_routed(routed)), ("shared", ops.flatten_shared(shared))):
+            for i, w in enumerate(tensors):
+                if w.device != x.device:
+                    part = ("gate", "up", "down")[i] if i < 3 else f"MXFP8 form {i - 3}"
+                    raise ValueError(f"{name}.{part} must be on x's device {x.device}, got {w.device}")
+        if config is not None and not isinstance(config, MoKConfig):
+            raise TypeError(f"config must be a MoKConfig or None, got {type(config).__name__}")
+    except (TypeError, ValueError) as e:
+        error = e
     if error is not None:
         validate.agree_across_group(group, ep.group_rank_and_size(group)[1], error)

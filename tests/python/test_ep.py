@@ -18,7 +18,7 @@ import mok.layer
 from mok import functional
 from mok.experts import RoutedExperts, SharedExpert
 
-H, I, I_SHARED, E_LOCAL = 64, 32, 48, 2
+H, INTER, I_SHARED, E_LOCAL = 64, 32, 48, 2
 GRAD_NAMES = ("x", "topk_weights", "gate", "up", "down", "shared_gate", "shared_up", "shared_down")
 
 
@@ -70,8 +70,8 @@ def global_inputs(s: Scenario, world: int):
     if s.routing == "unrouted_tokens":
         ids[::3] = -1  # tokens with no route at all
     weights = torch.rand(T, s.topk, generator=g)
-    routed = RoutedExperts(bf16(E, I, H, scale=H ** -0.5), bf16(E, I, H, scale=H ** -0.5),
-                           bf16(E, H, I, scale=I ** -0.5))
+    routed = RoutedExperts(bf16(E, INTER, H, scale=H ** -0.5), bf16(E, INTER, H, scale=H ** -0.5),
+                           bf16(E, H, INTER, scale=INTER ** -0.5))
     shared = SharedExpert(bf16(I_SHARED, H, scale=H ** -0.5), bf16(I_SHARED, H, scale=H ** -0.5),
                           bf16(H, I_SHARED, scale=I_SHARED ** -0.5)) if s.shared else None
     dout = bf16(T, H)
@@ -90,7 +90,7 @@ def run_layer(s: Scenario, x, ids, weights, routed, shared, dout, group=None):
     out = mok.layer.moe(x, ids, weights, routed.to_mxfp8() if s.mxfp8 else routed, shared, group=group,
                         swiglu_limit=s.swiglu_limit)
     out.backward(dout)
-    return out.detach(), dict(zip(GRAD_NAMES, (t.grad for t in leaves)))
+    return out.detach(), dict(zip(GRAD_NAMES, (t.grad for t in leaves), strict=False))  # 5 without shared
 
 
 def local_part(rank: int, world: int, s: Scenario, inputs):

@@ -12,7 +12,7 @@ import mok.layer
 from mok import reference
 from mok.experts import RoutedExperts, SharedExpert
 
-H, I, I_SHARED = 64, 48, 40
+H, INTER, I_SHARED = 64, 48, 40
 NAMES = ("x", "topk_weights", "gate", "up", "down", "shared_gate", "shared_up", "shared_down")
 
 # Relative error ||got - want|| / ||want|| over a whole tensor. bf16 keeps 8 significant bits (relative rounding
@@ -32,7 +32,8 @@ def make_inputs(T, E, K, *, shared=True, ids=None):
         ids = torch.randint(0, E, (T, K))
         ids = torch.where(torch.rand(T, K) < 0.2, -1, ids)
     weights = torch.rand(T, K) + 0.1
-    routed = RoutedExperts(bf16(E, I, H, fan_in=H), bf16(E, I, H, fan_in=H), bf16(E, H, I, fan_in=I))
+    routed = RoutedExperts(bf16(E, INTER, H, fan_in=H), bf16(E, INTER, H, fan_in=H),
+                           bf16(E, H, INTER, fan_in=INTER))
     shared = SharedExpert(bf16(I_SHARED, H, fan_in=H), bf16(I_SHARED, H, fan_in=H),
                           bf16(H, I_SHARED, fan_in=I_SHARED)) if shared else None
     return x, ids, weights, routed, shared, bf16(T, H)
@@ -47,7 +48,7 @@ def layer_with_autograd(x, ids, weights, routed, shared, dout, *, mxfp8=False, s
     s = SharedExpert(*leaves[5:]) if shared is not None else None
     out = mok.layer.moe(leaves[0], ids, leaves[1], r.to_mxfp8() if mxfp8 else r, s, swiglu_limit=swiglu_limit)
     out.backward(dout)
-    return out.detach(), {n: t.grad for n, t in zip(NAMES, leaves)}
+    return out.detach(), {n: t.grad for n, t in zip(NAMES, leaves, strict=False)}
 
 
 def oracle(x, ids, weights, routed, shared, dout, *, swiglu_limit=None):
@@ -75,7 +76,7 @@ def autograd_float64(x, ids, weights, routed, shared, dout, *, swiglu_limit=None
             if e >= 0:
                 out[t] = out[t] + wd[t, k] * swiglu_mlp(xd[t:t + 1], gate[e], up[e], down[e])[0]
     out.backward(dout.double())
-    return out.detach(), {n: t.grad for n, t in zip(NAMES, leaves)}
+    return out.detach(), {n: t.grad for n, t in zip(NAMES, leaves, strict=False)}
 
 
 def assert_close_rel(got, want, tol, what):
