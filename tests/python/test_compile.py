@@ -1,0 +1,62 @@
+"""torch.compile(fullgraph=True) of mok.moe and mok.nn.MoE on CPU, and opcheck of mok's custom ops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_layer import NAMES, layer_with_autograd, make_inputs
+
+import mok.layer
+import mok.nn
+from mok import ops
+from mok.experts import RoutedExperts, SharedExpert
+
+
+def compiled_layer(backend, x, ids, weights, routed, shared, dout, *, mxfp8=False):
+    fn = torch.compile(mok.layer.moe, fullgraph=True, backend=backend)
+    leaves = [t.detach().clone().requires_grad_(True) for t in (x, weights, routed.gate, routed.up, routed.down,
+                                                                 shared.gate, shared.up, shared.down)]
+    r, s = RoutedExperts(*leaves[2:5]), SharedExpert(*leaves[5:])
+    out = fn(leaves[0], ids, leaves[1], ops.quantize_routed(r) if mxfp8 else r, s, swiglu_limit=1.0)
+    out.backward(dout)
+    return out.detach(), {n: t.grad for n, t in zip(NAMES, leaves, strict=True)}
+
+
+@pytest.mark.parametrize("backend,mxfp8", [("inductor", False), ("aot_eager", True)])
+def test_compiled_moe_equals_eager(seed, backend, mxfp8):
+    torch._dynamo.reset()
+    inputs = make_inputs(24, 4, 2)
+    got = compiled_layer(backend, *inputs, mxfp8=mxfp8)
+    want = layer_with_autograd(*inputs, mxfp8=mxfp8, swiglu_limit=1.0)
+    assert torch.equal(got[0], want[0])
+    for name in NAMES:
+        assert torch.equal(got[1][name], want[1][name]), name
+
+
+@pytest.mark.parametrize("mxfp8", [False, True])
+def test_compiled_module_trains_like_eager(seed, mxfp8):
+    torch._dynamo.reset()
+    module = mok.nn.MoE(64, 32, 8, 2, shared_intermediate=48, score="sigmoid", normalize_topk=True, mxfp8=mxfp8)
+    x = torch.randn(3, 10, 64).to(torch.bfloat16)
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    results = []
+    for run in (module, compiled):
+        module.zero_grad()
+        out = run(x)
+        out.float().square().mean().backward()
+        results.append((out.detach(), [p.grad.clone() for p in module.parameters()]))
+    (out_e, grads_e), (out_c, grads_c) = results
+    assert torch.equal(out_e, out_c)
+    assert len(grads_e) == 7 and all(torch.equal(a, b) for a, b in zip(grads_e, grads_c, strict=True))
+
+
+def test_opcheck_forward_backward_and_quantize(seed):
+    x, ids, weights, routed, shared, dout = make_inputs(16, 4, 2)
+    flat_routed, flat_shared = ops.flatten_routed(routed), ops.flatten_shared(shared)
+    leaves = [t.detach().clone().requires_grad_(True) for t in (x, weights)]
+    fwd_args = (leaves[0], ids, leaves[1], flat_routed, flat_shared, 0.8, "", "", [])
+    torch.library.opcheck(torch.ops.mok.moe_forward.default, fwd_args)
+    _, y_slots = torch.ops.mok.moe_forward(*fwd_args)
+    bwd_args = (dout, x, ids, weights, flat_routed, flat_shared, y_slots.detach(), 0.8, "", "", [])
+    torch.library.opcheck(torch.ops.mok.moe_backward.default, bwd_args)
+    torch.library.opcheck(torch.ops.mok.mxfp8_quantize.default, (routed.down,))
