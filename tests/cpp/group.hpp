@@ -163,21 +163,110 @@ void each_rank(int world, F f) {
   for (auto& t : ranks) t.join();
 }
 
-// Schedule, forward, (recompute), backward on every rank; outputs and statuses per rank.
-inline Outputs run_layer(const ref::Problem& p, const Knobs& k) {
-  int W = p.world;
+// One rank's calls: schedule, forward, (recompute), backward; outputs and status into o[rank].
+inline void run_rank(const ref::Problem& p, const Knobs& k, int r, void* const* bases, void* workspace,
+                     size_t workspace_bytes, Outputs& o) {
+  auto step = [&](mokStatus_t s) {
+    if (s != mokSuccess && o.status[r] == mokSuccess) {
+      o.status[r] = s;
+      o.detail[r] = mokGetLastError();
+    }
+    return s == mokSuccess;
+  };
+  mokLayerConfig_t c = config_for(p, k, r);
+  mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
+  if (k.shm_name) m.shm_name = k.shm_name;
+  else m.peer_bases = bases;
+  m.workspace = workspace;
+  m.workspace_bytes = workspace_bytes;
+  mokLayer_t layer = nullptr;
+  if (!step(mokLayerCreate(&c, &m, &layer))) return;
+  int T = p.tokens[r], H = p.hidden, K = p.top_k;
+  std::vector<int32_t> ids32(p.ids[r].begin(), p.ids[r].end());
+  const void* ids = k.int64_ids ? static_cast<const void*>(p.ids[r].data()) : ids32.data();
+  MxWeights mx;
+  mokLayerWeights_t w = MOK_LAYER_WEIGHTS_INIT;
+  if (p.mxfp8) {
+    mx.quantise(0, p.gate[r], p.experts, p.inter, H);
+    mx.quantise(2, p.up[r], p.experts, p.inter, H);
+    mx.quantise(4, p.down[r], p.experts, H, p.inter);
+    w.gate_rowwise = mx.matrix(0);
+    w.gate_colwise = mx.matrix(1);
+    w.up_rowwise = mx.matrix(2);
+    w.up_colwise = mx.matrix(3);
+    w.down_rowwise = mx.matrix(4);
+    w.down_colwise = mx.matrix(5);
+  } else {
+    w.gate = p.gate[r].data();
+    w.up = p.up[r].data();
+    w.down = p.down[r].data();
+  }
+  if (p.shared_inter > 0) {
+    w.shared_gate = p.sgate[r].data();
+    w.shared_up = p.sup[r].data();
+    w.shared_down = p.sdown[r].data();
+  }
+  o.out[r].assign(static_cast<size_t>(T) * H, 0);
+  bool ok = step(mokLayerBuildSchedule(layer, ids, k.int64_ids ? mokIndexInt64 : mokIndexInt32, T));
+  if (r == k.absent_rank) ok = false;
+  if (ok && r == k.abort_rank) step(mokLayerAbort(layer));
+  ok = ok && step(mokLayerForward(layer, &w, p.x[r].data(), p.topk_weights[r].data(), o.out[r].data()));
+  if (ok && k.recompute) ok = step(mokLayerRecompute(layer, &w, p.x[r].data()));
+  if (ok && k.backward) {
+    size_t eih = static_cast<size_t>(p.experts) * p.inter * H, sih = static_cast<size_t>(p.shared_inter) * H;
+    o.dx[r].assign(static_cast<size_t>(T) * H, 0);
+    o.dw[r].assign(static_cast<size_t>(T) * K, 0);
+    mokLayerGrads_t g = MOK_LAYER_GRADS_INIT;
+    g.dx = o.dx[r].data();
+    g.dtopk_weights = o.dw[r].data();
+    g.accumulate = k.accumulate;
+    if (k.accumulate) {
+      o.main_gate[r].assign(eih, 0.5f);  // main_grad already holds something: the call adds to it
+      o.main_up[r].assign(eih, 0.5f);
+      o.main_down[r].assign(eih, 0.5f);
+      g.dgate = o.main_gate[r].data();
+      g.dup = o.main_up[r].data();
+      g.ddown = o.main_down[r].data();
+    } else {
+      for (auto* v : {&o.dgate, &o.dup, &o.ddown}) (*v)[r].assign(eih, 0);
+      g.dgate = o.dgate[r].data();
+      g.dup = o.dup[r].data();
+      g.ddown = o.ddown[r].data();
+    }
+    if (sih) {
+      for (auto* v : {&o.dsgate, &o.dsup, &o.dsdown}) (*v)[r].assign(sih, 0);
+      g.dshared_gate = o.dsgate[r].data();
+      g.dshared_up = o.dsup[r].data();
+      g.dshared_down = o.dsdown[r].data();
+    }
+    step(mokLayerBackward(layer, &w, p.topk_weights[r].data(), p.dout[r].data(), &g));
+  }
+  if (o.status[r] != mokSuccess) mokLayerGetError(layer, &o.error[r]);
+  mokLayerDestroy(layer);
+}
+
+inline Outputs empty_outputs(int world) {
   Outputs o;
-  o.status.assign(W, mokSuccess);
-  o.detail.assign(W, "");
-  o.error.assign(W, mokLayerError_t MOK_LAYER_ERROR_INIT);
-  for (auto* v : {&o.out, &o.dx, &o.dgate, &o.dup, &o.ddown, &o.dsgate, &o.dsup, &o.dsdown}) v->resize(W);
-  for (auto* v : {&o.dw, &o.main_gate, &o.main_up, &o.main_down}) v->resize(W);
+  o.status.assign(world, mokSuccess);
+  o.detail.assign(world, "");
+  o.error.assign(world, mokLayerError_t MOK_LAYER_ERROR_INIT);
+  for (auto* v : {&o.out, &o.dx, &o.dgate, &o.dup, &o.ddown, &o.dsgate, &o.dsup, &o.dsdown}) v->resize(world);
+  for (auto* v : {&o.dw, &o.main_gate, &o.main_up, &o.main_down}) v->resize(world);
+  return o;
+}
+
+inline mokLayerSizes_t sizes_for(const ref::Problem& p, const Knobs& k) {
   mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
   mokLayerConfig_t c0 = config_for(p, k, 0);
-  if (mokLayerGetSizes(&c0, &sizes) != mokSuccess) {
-    CHECK_MSG(false, "mokLayerGetSizes: %s", mokGetLastError());
-    return o;
-  }
+  CHECK_MSG(mokLayerGetSizes(&c0, &sizes) == mokSuccess, "mokLayerGetSizes: %s", mokGetLastError());
+  return sizes;
+}
+
+// Every rank on its own thread, peer buffers from the heap (or shared memory with k.shm_name).
+inline Outputs run_layer(const ref::Problem& p, const Knobs& k) {
+  int W = p.world;
+  Outputs o = empty_outputs(W);
+  mokLayerSizes_t sizes = sizes_for(p, k);
   std::vector<std::unique_ptr<AlignedBuffer>> peers, work;
   std::vector<void*> bases;
   for (int r = 0; r < W; ++r) {
@@ -185,85 +274,7 @@ inline Outputs run_layer(const ref::Problem& p, const Knobs& k) {
     work.emplace_back(new AlignedBuffer(sizes.workspace_bytes));
     bases.push_back(peers.back()->p);
   }
-  each_rank(W, [&](int r) {
-    auto step = [&](mokStatus_t s) {
-      if (s != mokSuccess && o.status[r] == mokSuccess) {
-        o.status[r] = s;
-        o.detail[r] = mokGetLastError();
-      }
-      return s == mokSuccess;
-    };
-    mokLayerConfig_t c = config_for(p, k, r);
-    mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
-    if (k.shm_name) m.shm_name = k.shm_name;
-    else m.peer_bases = bases.data();
-    m.workspace = work[r]->p;
-    m.workspace_bytes = sizes.workspace_bytes;
-    mokLayer_t layer = nullptr;
-    if (!step(mokLayerCreate(&c, &m, &layer))) return;
-    int T = p.tokens[r], H = p.hidden, K = p.top_k;
-    std::vector<int32_t> ids32(p.ids[r].begin(), p.ids[r].end());
-    const void* ids = k.int64_ids ? static_cast<const void*>(p.ids[r].data()) : ids32.data();
-    MxWeights mx;
-    mokLayerWeights_t w = MOK_LAYER_WEIGHTS_INIT;
-    if (p.mxfp8) {
-      mx.quantise(0, p.gate[r], p.experts, p.inter, H);
-      mx.quantise(2, p.up[r], p.experts, p.inter, H);
-      mx.quantise(4, p.down[r], p.experts, H, p.inter);
-      w.gate_rowwise = mx.matrix(0);
-      w.gate_colwise = mx.matrix(1);
-      w.up_rowwise = mx.matrix(2);
-      w.up_colwise = mx.matrix(3);
-      w.down_rowwise = mx.matrix(4);
-      w.down_colwise = mx.matrix(5);
-    } else {
-      w.gate = p.gate[r].data();
-      w.up = p.up[r].data();
-      w.down = p.down[r].data();
-    }
-    if (p.shared_inter > 0) {
-      w.shared_gate = p.sgate[r].data();
-      w.shared_up = p.sup[r].data();
-      w.shared_down = p.sdown[r].data();
-    }
-    o.out[r].assign(static_cast<size_t>(T) * H, 0);
-    bool ok = step(mokLayerBuildSchedule(layer, ids, k.int64_ids ? mokIndexInt64 : mokIndexInt32, T));
-    if (r == k.absent_rank) ok = false;
-    if (ok && r == k.abort_rank) step(mokLayerAbort(layer));
-    ok = ok && step(mokLayerForward(layer, &w, p.x[r].data(), p.topk_weights[r].data(), o.out[r].data()));
-    if (ok && k.recompute) ok = step(mokLayerRecompute(layer, &w, p.x[r].data()));
-    if (ok && k.backward) {
-      size_t eih = static_cast<size_t>(p.experts) * p.inter * H, sih = static_cast<size_t>(p.shared_inter) * H;
-      o.dx[r].assign(static_cast<size_t>(T) * H, 0);
-      o.dw[r].assign(static_cast<size_t>(T) * K, 0);
-      mokLayerGrads_t g = MOK_LAYER_GRADS_INIT;
-      g.dx = o.dx[r].data();
-      g.dtopk_weights = o.dw[r].data();
-      g.accumulate = k.accumulate;
-      if (k.accumulate) {
-        o.main_gate[r].assign(eih, 0.5f);  // main_grad already holds something: the call adds to it
-        o.main_up[r].assign(eih, 0.5f);
-        o.main_down[r].assign(eih, 0.5f);
-        g.dgate = o.main_gate[r].data();
-        g.dup = o.main_up[r].data();
-        g.ddown = o.main_down[r].data();
-      } else {
-        for (auto* v : {&o.dgate, &o.dup, &o.ddown}) (*v)[r].assign(eih, 0);
-        g.dgate = o.dgate[r].data();
-        g.dup = o.dup[r].data();
-        g.ddown = o.ddown[r].data();
-      }
-      if (sih) {
-        for (auto* v : {&o.dsgate, &o.dsup, &o.dsdown}) (*v)[r].assign(sih, 0);
-        g.dshared_gate = o.dsgate[r].data();
-        g.dshared_up = o.dsup[r].data();
-        g.dshared_down = o.dsdown[r].data();
-      }
-      step(mokLayerBackward(layer, &w, p.topk_weights[r].data(), p.dout[r].data(), &g));
-    }
-    if (o.status[r] != mokSuccess) mokLayerGetError(layer, &o.error[r]);
-    mokLayerDestroy(layer);
-  });
+  each_rank(W, [&](int r) { run_rank(p, k, r, bases.data(), work[r]->p, sizes.workspace_bytes, o); });
   return o;
 }
 

@@ -1,0 +1,77 @@
+// core/ compiled for the device: real kernels over core/'s functions, built for every CUDA target so
+// that core/ cannot drift into host-only code. They are not launched by libmok yet (the sm100
+// executor will be); the worker kernel is the host executor's loop with a CTA as the worker.
+#include "core/mxfp8.hpp"
+#include "core/pass.hpp"
+#include "core/schedule.hpp"
+
+namespace mok::cuda {
+
+// MXFP8 quantisation of [rows, cols] fp32 along cols: one thread per 32-element block.
+__global__ void mxfp8_quantize_rowwise(const float* src, int64_t rows, int64_t cols, uint8_t* data, uint8_t* scales) {
+  int64_t blocks = (cols + core::kMxBlock - 1) / core::kMxBlock;
+  int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (b >= rows * blocks) return;
+  int64_t r = b / blocks, c0 = (b % blocks) * core::kMxBlock;
+  int n = static_cast<int>(cols - c0 < core::kMxBlock ? cols - c0 : core::kMxBlock);
+  scales[b] = core::mx_quantize_block(src + r * cols + c0, n, 1, data + r * cols + c0, 1);
+}
+
+// The schedule's three passes in one CTA: count (a thread per local expert), lay out (one thread),
+// place (a thread per local expert). Rows end up in the same canonical order as on the host.
+__global__ void build_schedule(core::LayerShape shape, core::Routing routing, core::Schedule schedule) {
+  for (int e = threadIdx.x; e < shape.experts_per_rank; e += blockDim.x)
+    schedule.experts[2 * e] = core::count_expert(shape, routing, e);
+  __syncthreads();
+  if (threadIdx.x == 0) core::lay_out_segments(shape, schedule);
+  __syncthreads();
+  for (int e = threadIdx.x; e < shape.experts_per_rank; e += blockDim.x) core::place_expert(shape, routing, schedule, e);
+}
+
+// The task graph of a pass, laid out on the device.
+__global__ void build_task_graph(core::LayerShape shape, core::PassKind kind, int64_t total_rows, int tokens,
+                                 core::TaskGraph graph, int64_t* counts) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  core::build_task_graph(shape, kind, total_rows, tokens, graph);
+  counts[0] = graph.num_comm;
+  counts[1] = graph.num_compute;
+}
+
+// Workers: the first `comm_ctas` CTAs serve the comm queue, the rest the compute queue, with the
+// same waits, counters and error record as the host executor (one thread per CTA does the work).
+__global__ void run_workers(core::PassView view, int comm_ctas) {
+  if (threadIdx.x != 0) return;
+  auto cls = static_cast<int>(blockIdx.x) < comm_ctas ? core::WorkerClass::comm : core::WorkerClass::compute;
+  float* scratch = view.scratch + blockIdx.x * view.scratch_floats;
+  while (const core::Task* task = core::take_task(view, cls)) {
+    core::Failure f = core::run_task(view, *task, scratch);
+    if (!f.ok()) {
+      core::fail_pass(view, f, task);
+      return;
+    }
+  }
+}
+
+// The group barrier over peer memory (system-scope release/acquire).
+__global__ void group_barrier(core::PeerHeader* const* headers, int world, int rank, uint64_t epoch,
+                              uint64_t timeout_ns, core::ErrorRecord* error) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  core::Failure f = core::barrier(headers, world, rank, epoch, timeout_ns, core::WaitId::entry_barrier);
+  if (!f.ok()) {
+    core::record_failure(error, f, rank, -1, -1);
+    core::raise_abort(headers, world);
+  }
+}
+
+// The home rank's k-order sums, a thread per token.
+__global__ void combine_forward(core::PassView view, const float* topk_weights, core::bf16_t* out) {
+  int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t < view.tokens) core::combine_forward_token(view, t, topk_weights, out);
+}
+
+__global__ void combine_backward(core::PassView view, const core::bf16_t* dout, core::bf16_t* dx, float* dw) {
+  int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t < view.tokens) core::combine_backward_token(view, t, dout, dx, dw);
+}
+
+}  // namespace mok::cuda
