@@ -1,5 +1,8 @@
 // Bitwise determinism: the same inputs give the same bits whatever the expert padding, minibatch
 // and macrobatch (including a ring that wraps), the worker counts, and from run to run.
+#include <tuple>
+#include <type_traits>
+
 #include "group.hpp"
 
 using namespace mok_test;
@@ -67,6 +70,41 @@ TEST(mxfp8_across_batching_workers_and_runs) {
   s.mxfp8 = true;
   check_bitwise(s, {knobs(32, 32, 256, 1, 2), knobs(32, 32, 32, 1, 1), knobs(64, 64, 128, 2, 3), knobs(32, 64, 64, 3, 2)},
                 144);
+}
+
+// The contract "the EP result on W ranks equals, bitwise, the single-process result on the
+// concatenated tokens": one rank holding all experts and all tokens gives the same bits.
+TEST(world3_equals_one_rank_on_concatenated_tokens) {
+  std::mt19937_64 rng(seed() + 23);
+  Spec s;
+  s.world = 3;
+  s.top_k = 3;
+  s.routing = Routing::minus_one;
+  ref::Problem p = make_problem(s, rng);
+  ref::Problem one = p;
+  one.world = 1;
+  one.experts = p.world * p.experts;
+  auto concat = [](const auto& per_rank) {
+    typename std::decay_t<decltype(per_rank)> all(1);
+    for (const auto& v : per_rank) all[0].insert(all[0].end(), v.begin(), v.end());
+    return all;
+  };
+  one.tokens = {0};
+  for (int t : p.tokens) one.tokens[0] += t;
+  one.ids = concat(p.ids);
+  one.topk_weights = concat(p.topk_weights);
+  one.x = concat(p.x);
+  one.dout = concat(p.dout);
+  one.gate = concat(p.gate);
+  one.up = concat(p.up);
+  one.down = concat(p.down);
+  Outputs ep = run_layer(p, Knobs{}), single = run_layer(one, Knobs{});
+  CHECK(all_ok(ep) && all_ok(single));
+  for (const auto& [name, a, b] : {std::tuple{"out", &ep.out, &single.out}, std::tuple{"dx", &ep.dx, &single.dx},
+                                   std::tuple{"dgate", &ep.dgate, &single.dgate},
+                                   std::tuple{"dup", &ep.dup, &single.dup}, std::tuple{"ddown", &ep.ddown, &single.ddown}})
+    CHECK_MSG(concat(*a)[0] == (*b)[0], "%s differs", name);
+  CHECK(concat(ep.dw)[0] == single.dw[0]);
 }
 
 MOK_TEST_MAIN
