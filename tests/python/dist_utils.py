@@ -15,6 +15,7 @@ import tempfile
 import traceback
 
 import torch
+import torch._dynamo  # noqa: F401 - a custom op's first call imports it: once here, not once per forked rank
 import torch.distributed as dist
 
 TIMEOUT_S = 120

@@ -187,3 +187,13 @@ def check_functional_path(seed: int, world: int, results):
             # (0.5 + g) - 0.5 loses g's low bits where |g| << 0.5: compare in bf16 with bf16's tolerance.
             torch.testing.assert_close((grads[name] - 0.5).to(torch.bfloat16), grads_ref[name],
                                        atol=2 ** -9, rtol=2 ** -7)
+
+
+def test_demo_passes_and_reports(capfd):
+    """python -m mok.demo, small: it runs a group, checks against the oracle and says PASS."""
+    from mok import demo
+
+    assert demo.main(["--world", "3", "--tokens", "24", "--hidden", "64", "--intermediate", "32", "--steps", "2",
+                      "--shared-intermediate", "48"]) == 0
+    printed = capfd.readouterr().out
+    assert "3 processes" in printed and "result: PASS" in printed and "time per step" in printed
