@@ -66,8 +66,8 @@ def token_counts(args) -> list[int]:
 def problem(args):
     """The whole layer's inputs, drawn from the seed (every rank draws the same and takes its part)."""
     g = torch.Generator().manual_seed(args.seed + 1)
-    T, H, I, Is, E, K = (sum(token_counts(args)), args.hidden, args.intermediate, args.shared_intermediate,
-                         args.experts, args.topk)
+    T, H, Ie, Is, E, K = (sum(token_counts(args)), args.hidden, args.intermediate, args.shared_intermediate,
+                          args.experts, args.topk)
 
     def bf16(*shape, fan_in=1):
         return (torch.randn(*shape, generator=g) / fan_in ** 0.5).to(torch.bfloat16)
@@ -75,7 +75,7 @@ def problem(args):
     x = bf16(T, H)
     router = torch.randn(E, H, generator=g) / H ** 0.5
     weights, ids = (x.float() @ router.t()).softmax(-1).topk(K, dim=-1)  # softmax top-k routing
-    routed = RoutedExperts(bf16(E, I, H, fan_in=H), bf16(E, I, H, fan_in=H), bf16(E, H, I, fan_in=I))
+    routed = RoutedExperts(bf16(E, Ie, H, fan_in=H), bf16(E, Ie, H, fan_in=H), bf16(E, H, Ie, fan_in=Ie))
     shared = SharedExpert(bf16(Is, H, fan_in=H), bf16(Is, H, fan_in=H), bf16(H, Is, fan_in=Is)) if Is else None
     return x, ids.to(torch.int32), weights.contiguous(), routed, shared, bf16(T, H)
 
