@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
+from dist_utils import run_group
 from test_layer import NAMES, layer_with_autograd, make_inputs
 
 import mok.layer
@@ -60,3 +62,19 @@ def test_opcheck_forward_backward_and_quantize(seed):
     bwd_args = (dout, x, ids, weights, flat_routed, flat_shared, y_slots.detach(), 0.8, "", "", [])
     torch.library.opcheck(torch.ops.mok.moe_backward.default, bwd_args)
     torch.library.opcheck(torch.ops.mok.mxfp8_quantize.default, (routed.down,))
+
+
+def compiled_module_in_group(rank, world, seed):
+    torch.manual_seed(seed)  # the same router and shared weights on every rank
+    module = mok.nn.MoE(32, 16, 2 * world, 2, shared_intermediate=16, group=dist.group.WORLD)
+    torch.manual_seed(seed + 1 + rank)
+    x = torch.randn(5 + 3 * rank, 32).to(torch.bfloat16)  # ragged
+    eager = module(x)
+    out = torch.compile(module, fullgraph=True, backend="aot_eager")(x)
+    out.float().square().sum().backward()
+    return torch.equal(out, eager), [p.grad is not None for p in module.parameters()]
+
+
+def test_compiled_module_in_a_group(seed):
+    for same, has_grad in run_group(2, compiled_module_in_group, seed):
+        assert same and all(has_grad)
