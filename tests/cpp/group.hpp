@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -100,6 +101,7 @@ struct Outputs {
   std::vector<mokStatus_t> status;  // per rank: the first failing call's status
   std::vector<std::string> detail;
   std::vector<mokLayerError_t> error;  // mokLayerGetError after a failure
+  std::vector<double> forward_ms, backward_ms;  // per rank, wall time of the call
   std::vector<std::vector<uint16_t>> out, dx, dgate, dup, ddown, dsgate, dsup, dsdown;
   std::vector<std::vector<float>> dw, main_gate, main_up, main_down;
 };
@@ -210,7 +212,9 @@ inline void run_rank(const ref::Problem& p, const Knobs& k, int r, void* const* 
   bool ok = step(mokLayerBuildSchedule(layer, ids, k.int64_ids ? mokIndexInt64 : mokIndexInt32, T));
   if (r == k.absent_rank) ok = false;
   if (ok && r == k.abort_rank) step(mokLayerAbort(layer));
+  auto t0 = std::chrono::steady_clock::now();
   ok = ok && step(mokLayerForward(layer, &w, p.x[r].data(), p.topk_weights[r].data(), o.out[r].data()));
+  o.forward_ms[r] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (ok && k.recompute) ok = step(mokLayerRecompute(layer, &w, p.x[r].data()));
   if (ok && k.backward) {
     size_t eih = static_cast<size_t>(p.experts) * p.inter * H, sih = static_cast<size_t>(p.shared_inter) * H;
@@ -239,7 +243,9 @@ inline void run_rank(const ref::Problem& p, const Knobs& k, int r, void* const* 
       g.dshared_up = o.dsup[r].data();
       g.dshared_down = o.dsdown[r].data();
     }
+    auto t1 = std::chrono::steady_clock::now();
     step(mokLayerBackward(layer, &w, p.topk_weights[r].data(), p.dout[r].data(), &g));
+    o.backward_ms[r] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
   }
   if (o.status[r] != mokSuccess) mokLayerGetError(layer, &o.error[r]);
   mokLayerDestroy(layer);
@@ -250,6 +256,8 @@ inline Outputs empty_outputs(int world) {
   o.status.assign(world, mokSuccess);
   o.detail.assign(world, "");
   o.error.assign(world, mokLayerError_t MOK_LAYER_ERROR_INIT);
+  o.forward_ms.assign(world, 0);
+  o.backward_ms.assign(world, 0);
   for (auto* v : {&o.out, &o.dx, &o.dgate, &o.dup, &o.ddown, &o.dsgate, &o.dsup, &o.dsdown}) v->resize(world);
   for (auto* v : {&o.dw, &o.main_gate, &o.main_up, &o.main_down}) v->resize(world);
   return o;
