@@ -361,7 +361,7 @@ def _prepare(x, topk_ids, topk_weights, routed, shared, group, config, workspace
         config = _config(config)
         shape = validate.check_layer_args(x, topk_ids, topk_weights, routed, shared, swiglu_limit, world)
         executor = select_backend(backend, x.device)
-        _check_workspace(workspace, shape, executor, x)
+        _check_workspace(workspace, shape, executor, x, group)
         _check_schedule(schedule, x, shape)
     except (TypeError, ValueError) as e:
         error = e
@@ -379,13 +379,15 @@ def _prepare(x, topk_ids, topk_weights, routed, shared, group, config, workspace
     return _Call(executor, workspace, schedule, group, world)
 
 
-def _check_workspace(workspace, shape, executor, x) -> None:
+def _check_workspace(workspace, shape, executor, x, group) -> None:
     if workspace is None:
         return
     if not isinstance(workspace, Workspace):
         raise TypeError(f"workspace must be a Workspace from create_workspace/get_workspace, "
                         f"got {type(workspace).__name__}")
     k = workspace.key
+    if k.group_id != id(group):
+        raise ValueError("workspace must have been made for this call's group")
     made = (k.hidden, k.topk, k.num_local_experts, k.intermediate, k.shared_intermediate, k.mxfp8, k.backend,
             k.device)
     wanted = (shape.hidden, shape.topk, shape.num_local_experts, shape.intermediate, shape.shared_intermediate,

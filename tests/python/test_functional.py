@@ -57,6 +57,12 @@ def test_forward_checks_the_workspace_fits(seed):
     other = functional.create_workspace(**workspace_args(hidden=32))
     with pytest.raises(ValueError, match="workspace must match"):
         functional.forward(x, ids, weights, routed, shared, workspace=other)
+    elsewhere = functional.create_workspace(**workspace_args(group=object()))
+    with pytest.raises(ValueError, match="workspace must have been made for this call's group"):
+        functional.forward(x, ids, weights, routed, shared, workspace=elsewhere)
+    fits = functional.create_workspace(**workspace_args(max_tokens=20))
+    assert torch.equal(functional.forward(x, ids, weights, routed, shared, workspace=fits)[0],
+                       functional.forward(x, ids, weights, routed, shared)[0])
 
 
 def test_backend_selection_and_registration(seed):
