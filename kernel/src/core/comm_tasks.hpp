@@ -1,0 +1,70 @@
+// The comm queue's tasks: dispatch pulls a minibatch's rows from their home ranks into the ring;
+// combine pushes finished rows into their home ranks' (token, k) slots.
+#pragma once
+
+#include <cstdint>
+
+#include "core/pass_view.hpp"
+#include "core/tile.hpp"
+
+namespace mok::core {
+
+MOK_HD inline void pull_row(const PassView& v, int64_t j) {
+  RowRef ref = v.sched.rows[j];
+  int h = v.s.hidden;
+  int64_t slot = static_cast<int64_t>(ref.token) * v.s.top_k + ref.k;
+  bf16_row_to_float(peer_array<const bf16_t>(v, ref.rank, v.peer.x) + static_cast<int64_t>(ref.token) * h, h,
+                    ring_row(v, v.ring_x, j, h));
+  if (v.kind != PassKind::backward) return;
+  float weight = peer_array<const float>(v, ref.rank, v.peer.topk_weights)[slot];
+  const bf16_t* dout = peer_array<const bf16_t>(v, ref.rank, v.peer.dout) + static_cast<int64_t>(ref.token) * h;
+  float* dy = ring_row(v, v.ring_dy, j, h);
+  for (int i = 0; i < h; ++i) dy[i] = round_bf16(mul_rn(weight, bf16_to_float(dout[i])));
+}
+
+// Pull minibatch m's rows. Within the minibatch, sources are served round-robin, each rank starting
+// at its next peer, which spreads the load over peers; the rows' places (and so the math) are fixed.
+MOK_HD inline Failure run_dispatch(const PassView& v, int64_t m) {
+  int64_t ring = v.s.macrobatch / v.s.minibatch;
+  if (m >= ring) {
+    Failure f = wait_local(v, &v.c.freed[m - ring], 1, WaitId::ring_slot_free);
+    if (!f.ok()) return f;
+  }
+  int64_t lo = m * v.s.minibatch, hi = lo + v.s.minibatch < v.sched.total_rows ? lo + v.s.minibatch : v.sched.total_rows;
+  int64_t cursor[kMaxWorld];
+  for (int r = 0; r < v.s.world; ++r) cursor[r] = lo;
+  for (bool pulled = true; pulled;) {
+    pulled = false;
+    for (int i = 0; i < v.s.world; ++i) {
+      int r = (v.s.rank + 1 + i) % v.s.world;
+      int64_t j = cursor[r];
+      while (j < hi && v.sched.rows[j].rank != r) ++j;
+      if (j < hi) {
+        pull_row(v, j);
+        pulled = true;
+      }
+      cursor[r] = j < hi ? j + 1 : hi;
+    }
+  }
+  publish(&v.c.ready[m], 1);
+  return kNoFailure;
+}
+
+// Push minibatch m's finished rows (y, or dx in backward) into their home ranks' (token, k) slots.
+MOK_HD inline Failure run_combine(const PassView& v, int64_t m) {
+  int64_t first = minibatch_first_tile(v.s, m), end = minibatch_end_tile(v.s, m, v.sched.total_rows);
+  Failure f = wait_local(v, &v.c.done[m], static_cast<uint32_t>(end - first), WaitId::minibatch_done);
+  if (!f.ok()) return f;
+  int h = v.s.hidden;
+  size_t slots = v.kind == PassKind::backward ? v.peer.dx_slots : v.peer.y_slots;
+  for (int64_t j = first * v.s.expert_padding; j < end * v.s.expert_padding; ++j) {
+    RowRef ref = v.sched.rows[j];
+    if (ref.rank < 0) continue;
+    int64_t slot = static_cast<int64_t>(ref.token) * v.s.top_k + ref.k;
+    float_row_to_bf16(ring_row(v, v.ring_y, j, h), h, peer_array<bf16_t>(v, ref.rank, slots) + slot * h);
+  }
+  publish(&v.c.freed[m], 1);
+  return kNoFailure;
+}
+
+}  // namespace mok::core

@@ -1,0 +1,85 @@
+// Everything a worker of one pass on one rank sees: the pass-local counters, memory, and limits.
+//
+// Pass-local counters (private workspace, zeroed by the rank before its entry barrier):
+//   ready[m]   1 once minibatch m's rows are in the ring            producer: comm (dispatch)
+//   stage[t]   compute stages finished on tile t                    producer: compute (that tile's tasks)
+//   done[m]    tiles of minibatch m through their last stage        producer: compute
+//   freed[m]   1 once minibatch m's ring rows may be overwritten    producer: comm (combine)
+//   wchain[e]  tiles of expert e added to its weight gradients      producer: compute (wgrad)
+//   shared     shared-expert chunks added to its weight gradients   producer: compute (shared)
+//   heads[2]   next task of the comm / compute queue                producer: workers taking tasks
+#pragma once
+
+#include <cstdint>
+
+#include "core/protocol.hpp"
+#include "core/tasks.hpp"
+
+namespace mok::core {
+
+struct Counters {
+  uint32_t *ready, *done, *freed, *stage, *wchain, *shared, *heads;
+};
+
+MOK_HD inline Counters counters_at(const LayerShape& s, uint32_t* base) {
+  int64_t nm = max_minibatches(s);
+  Counters c;
+  c.ready = base;
+  c.done = c.ready + nm;
+  c.freed = c.done + nm;
+  c.stage = c.freed + nm;
+  c.wchain = c.stage + max_tiles(s);
+  c.shared = c.wchain + s.experts_per_rank;
+  c.heads = c.shared + 1;
+  return c;
+}
+
+// fp32 GEMM operands, staged by the executor. bf16 mode: the bf16 values; MXFP8 mode: forward
+// operands quantised along their GEMM's reduction dim (rowwise), dgrad operands along the other
+// (colwise), both in the weights' own orientation.
+struct StagedWeights {
+  const float *gate, *up, *down;     // [E, I, H], [E, I, H], [E, H, I]
+  const float *bgate, *bup, *bdown;  // dgrad operands, same shapes
+  const float *sgate, *sup, *sdown;  // shared expert [I_s, H], [I_s, H], [H, I_s]
+};
+
+struct Accumulators {
+  float *gate, *up, *down, *sgate, *sup, *sdown;
+};
+
+struct PassView {
+  LayerShape s;
+  PassKind kind;
+  PeerLayout peer;
+  char* const* peers;           // every rank's peer buffer
+  PeerHeader* const* headers;   // their headers
+  Schedule sched;
+  TaskGraph graph;
+  Counters c;
+  float *ring_x, *ring_dy, *ring_g, *ring_u, *ring_h, *ring_y;  // ring_y: y (forward) or dx (backward)
+  StagedWeights w;
+  Accumulators acc;
+  float* shared_out;  // [tokens, H]: shared output (forward) or its input gradient (backward)
+  float* scratch;     // per worker, scratch_floats each
+  size_t scratch_floats;
+  int tokens;         // this rank's tokens
+  uint64_t timeout_ns;
+  ErrorRecord* error;
+};
+
+MOK_HD inline PeerHeader* own_header(const PassView& v) { return v.headers[v.s.rank]; }
+
+template <class T>
+MOK_HD T* peer_array(const PassView& v, int rank, size_t offset) {
+  return reinterpret_cast<T*>(v.peers[rank] + offset);
+}
+
+MOK_HD inline float* ring_row(const PassView& v, float* ring, int64_t row, int width) {
+  return ring + (row % v.s.macrobatch) * width;
+}
+
+MOK_HD inline Failure wait_local(const PassView& v, uint32_t* counter, uint32_t target, WaitId what) {
+  return wait_counter(counter, target, own_header(v), v.timeout_ns, what);
+}
+
+}  // namespace mok::core
