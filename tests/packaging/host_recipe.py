@@ -6,7 +6,7 @@ It differs from the real recipe in exactly these ways:
   python, ...); the pins between the recipe's own outputs (pin_subpackage) stay;
 - libmok is built host-only (MOK_ENABLE_CUDA=OFF) with CCCL from `cccl_dir`: the CUDA build is
   covered by the reproducibility test, and two CUDA builds would cost CI minutes for nothing new;
-- `python` is the interpreter that runs the tests (it must have scikit-build-core and nanobind),
+- `python` is the interpreter that runs the tests (it needs scikit-build-core, nanobind and torch),
   and the `python: imports` package test becomes the same import run by that interpreter.
 """
 
