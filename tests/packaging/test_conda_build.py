@@ -9,6 +9,7 @@ import pytest
 rb = pytest.importorskip("rattler_build", reason="py-rattler-build missing: pip install py-rattler-build==0.73.0")
 pytest.importorskip("scikit_build_core", reason="the mok output is built with this Python: needs scikit-build-core")
 pytest.importorskip("nanobind", reason="the mok output is built with this Python: needs nanobind")
+pytest.importorskip("torch", reason="the mok package test imports mok with this Python: needs torch")
 
 import conda_tools  # noqa: E402
 import host_recipe  # noqa: E402
