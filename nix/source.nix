@@ -1,7 +1,8 @@
 # libmok's source as the Nix builds see it: the repository without build outputs and local state, so
 # that an unrelated file in the checkout does not change the derivations.
 let
-  root = ../.;
+  root = toString ../.;
+  # Paths relative to the repository root.
   ignored = [
     ".git"
     ".nox"
@@ -9,12 +10,14 @@ let
     ".venv"
     "build"
     "dist"
+    "python/build"
     "result"
     "_skbuild"
   ];
+  relative = path: builtins.substring (builtins.stringLength root + 1) (builtins.stringLength path) path;
 in
 builtins.path {
-  path = root;
+  path = ../.;
   name = "libmok-source";
-  filter = path: type: !(builtins.elem (baseNameOf path) ignored);
+  filter = path: type: !(builtins.elem (relative path) ignored);
 }
