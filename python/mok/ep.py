@@ -240,32 +240,25 @@ SHARED_CHUNK = 64
 
 def _shared_forward(x, shared, swiglu_limit) -> reference.ExpertActivations:
     """The shared expert on x's rows zero-padded to whole chunks: activations of [ceil(T / C) * C] rows."""
-    chunks = torch.split(_pad_rows(x), SHARED_CHUNK)
-    acts = [reference.expert_forward(c, shared.expert(), swiglu_limit=swiglu_limit) for c in chunks]
-    return reference.ExpertActivations(*(torch.cat(parts) for parts in zip(*acts, strict=True))) if acts else \
-        reference.ExpertActivations(*(x.new_zeros(0, n) for n in (shared.intermediate_size,) * 3 + (x.shape[1],)))
+    acts = [reference.expert_forward(c, shared.expert(), swiglu_limit=swiglu_limit) for c in _chunks(x)]
+    return reference.ExpertActivations(*(torch.cat(parts) for parts in zip(*acts, strict=True)))
 
 
 def _shared_backward(ctx: Context, dout: torch.Tensor) -> reference.ExpertGradients:
     """Chunk by chunk as _shared_forward; weight gradients summed over the chunks in order, in fp32."""
-    tokens = ctx.x.shape[0]
     act = ctx.shared_activations
-    if tokens == 0:
-        zero = [torch.zeros(w.shape, dtype=torch.float32, device=w.device) for w in
-                (ctx.shared.gate, ctx.shared.up, ctx.shared.down)]
-        return reference.ExpertGradients(dout.new_zeros(0, dout.shape[1]), *zero)
-    rows = (_pad_rows(ctx.x), _pad_rows(dout), act.g, act.u, act.h)
-    chunks = zip(*(torch.split(t, SHARED_CHUNK) for t in rows), strict=True)
+    chunks = zip(*(_chunks(t) for t in (ctx.x, dout, act.g, act.u, act.h)), strict=True)
     grads = [reference.expert_backward(x, ctx.shared.expert(), reference.ExpertActivations(g, u, h, None), dy,
                                        swiglu_limit=ctx.swiglu_limit) for x, dy, g, u, h in chunks]
     weight_grads = [sum(parts[1:], parts[0]) for parts in zip(*(g[1:] for g in grads), strict=True)]
-    return reference.ExpertGradients(torch.cat([g.dx for g in grads])[:tokens], *weight_grads)
+    return reference.ExpertGradients(torch.cat([g.dx for g in grads])[:ctx.x.shape[0]], *weight_grads)
 
 
-def _pad_rows(t: torch.Tensor) -> torch.Tensor:
-    padded = t.new_zeros(_round_up(t.shape[0], SHARED_CHUNK), *t.shape[1:])
-    padded[:t.shape[0]] = t
-    return padded
+def _chunks(rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """rows zero-padded to a multiple of SHARED_CHUNK and split into chunks; no rows: one empty chunk."""
+    padded = rows.new_zeros(_round_up(rows.shape[0], SHARED_CHUNK), *rows.shape[1:])
+    padded[:rows.shape[0]] = rows
+    return torch.split(padded, SHARED_CHUNK) or (rows,)
 
 
 def _round_up(n: int, multiple: int) -> int:
