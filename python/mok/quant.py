@@ -82,8 +82,8 @@ def mxfp8_quantize(t: torch.Tensor, rowwise: bool = True, colwise: bool = True, 
     _check_source(t, name)
     if not (rowwise or colwise):
         raise ValueError("mxfp8_quantize: at least one of rowwise, colwise must be True")
-    row = _quantize_last_dim(t, transposed=False) if rowwise else None
-    col = _quantize_last_dim(t.transpose(-1, -2), transposed=True) if colwise else None
+    row = _quantize_last_dim(t, name, transposed=False) if rowwise else None
+    col = _quantize_last_dim(t.transpose(-1, -2), name, transposed=True) if colwise else None
     return MXFP8Pair(row, col)
 
 
@@ -93,14 +93,14 @@ def mxfp8_dequantize(q: MXFP8Tensor, dtype: torch.dtype = torch.float32) -> torc
         raise TypeError(f"q must be an MXFP8Tensor, got {type(q).__name__}")
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"dtype must be torch.float32 or torch.float64 (exact results), got {dtype}")
-    scale = _pow2(q.scales.to(torch.int32) - E8M0_BIAS)
-    return q.data.to(dtype) * _expand_blocks(scale, q.data.shape[-1]).to(dtype)
+    scale = _pow2(q.scales.to(torch.int32) - E8M0_BIAS).to(dtype)
+    return _unblocked(_blocked(q.data.to(dtype)) * scale[..., None], q.data.shape[-1])
 
 
 def mxfp8_fake_quantize(t: torch.Tensor, *, name: str = "t") -> torch.Tensor:
     """Quantise along the last dim and dequantise to float32: the values an MXFP8 GEMM multiplies."""
     _check_source(t, name, ndims=None)
-    return _quantize_last_dim(t, transposed=False).dequantize()
+    return _quantize_last_dim(t, name, transposed=False).dequantize()
 
 
 def e8m0_exponent(amax: torch.Tensor) -> torch.Tensor:
@@ -120,27 +120,34 @@ def encode_e4m3(scaled: torch.Tensor) -> torch.Tensor:
     return scaled.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)  # torch's cast rounds to nearest even
 
 
-def _quantize_last_dim(t: torch.Tensor, *, transposed: bool) -> MXFP8Tensor:
-    x = t.contiguous().float()  # bf16 -> fp32 is exact
-    cols = x.shape[-1]
-    blocks = _num_blocks(cols)
-    padded = torch.nn.functional.pad(x.abs(), (0, blocks * BLOCK - cols))  # zeros do not change a block's amax
-    amax = padded.reshape(*x.shape[:-1], blocks, BLOCK).amax(dim=-1)
+def _quantize_last_dim(t: torch.Tensor, name: str, *, transposed: bool) -> MXFP8Tensor:
+    x = _blocked(t.float())  # bf16 -> fp32 is exact; zero padding does not change a block's amax
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    if not bool(torch.isfinite(amax).all()):  # a block's amax is NaN or Inf exactly when the block holds one
+        raise ValueError(f"{name} contains NaN or Inf; MXFP8 has no encoding for them")
     e = e8m0_exponent(amax)
     # x * 2^-e is exact in fp32 whenever the result is a normal float; smaller results are far below e4m3's
     # smallest subnormal (2^-9) and its rounding midpoint (2^-10), so they round to (signed) zero either way.
-    scaled = x * _expand_blocks(_pow2(-e), cols)
-    return MXFP8Tensor(encode_e4m3(scaled), (e + E8M0_BIAS).to(torch.uint8), transposed)
+    data = _unblocked(encode_e4m3(x * _pow2(-e)), t.shape[-1])
+    return MXFP8Tensor(data, (e.squeeze(-1) + E8M0_BIAS).to(torch.uint8), transposed)
+
+
+def _blocked(x: torch.Tensor) -> torch.Tensor:
+    """[..., C] -> [..., ceil(C/32), 32], zero-padded."""
+    blocks = _num_blocks(x.shape[-1])
+    x = torch.nn.functional.pad(x, (0, blocks * BLOCK - x.shape[-1]))
+    return x.reshape(*x.shape[:-1], blocks, BLOCK)
+
+
+def _unblocked(x: torch.Tensor, cols: int) -> torch.Tensor:
+    """[..., nb, 32] -> [..., cols], contiguous."""
+    return x.reshape(*x.shape[:-2], x.shape[-2] * BLOCK)[..., :cols].contiguous()
 
 
 def _pow2(e: torch.Tensor) -> torch.Tensor:
     """2^e as float32 for int32 e in [-127, 127], built from its bit pattern so it is exact (2^-127 is subnormal)."""
     bits = torch.where(e == -127, torch.full_like(e, 1 << 22), (e + 127) << 23)
     return bits.to(torch.int32).view(torch.float32)
-
-
-def _expand_blocks(per_block: torch.Tensor, cols: int) -> torch.Tensor:
-    return per_block.repeat_interleave(BLOCK, dim=-1)[..., :cols]
 
 
 def _num_blocks(cols: int) -> int:
@@ -156,5 +163,3 @@ def _check_source(t, name: str, ndims=(2, 3)) -> None:
         raise ValueError(f"{name} must be 2-D [M, N] or 3-D [E, M, N], got shape {tuple(t.shape)}")
     if t.dim() < 1:
         raise ValueError(f"{name} must have at least one dim, got a scalar")
-    if not bool(torch.isfinite(t).all()):
-        raise ValueError(f"{name} contains NaN or Inf; MXFP8 has no encoding for them")
