@@ -1,7 +1,8 @@
-"""The layer as torch custom ops, so torch.compile (fullgraph) and autograd see it as two opaque calls.
+"""The layer as torch custom ops, so torch.compile (fullgraph) and autograd see it as opaque calls.
 
     mok::moe_forward(x, topk_ids, topk_weights, routed[], shared[], ...) -> (out [T, H], y_slots [T, K, H])
     mok::moe_backward(dout, x, topk_ids, topk_weights, routed[], shared[], y_slots, ...) -> gradients[]
+    mok::mxfp8_quantize(t) -> (rowwise data, scales, colwise data, scales)
 
 Custom ops take tensors and plain values only, so the expert containers travel as flat tensor lists
 (`flatten_routed` / `unflatten_routed`) and the process group by name. The forward keeps y_slots (the one
@@ -100,31 +101,6 @@ def _(x, topk_ids, topk_weights, routed, shared, swiglu_limit, group, backend, c
     return x.new_empty(tokens, hidden), x.new_empty(tokens, topk_ids.shape[1], hidden)
 
 
-@torch.library.custom_op("mok::mxfp8_quantize", mutates_args=())
-def quantize(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """mok.quant.mxfp8_quantize of a [M, N] or [E, M, N] tensor in both orientations: (rowwise data, scales,
-    colwise data, scales). An op so that compiled code quantises weights without tracing the codec's checks."""
-    pair = mxfp8_quantize(t)
-    return pair.rowwise.data, pair.rowwise.scales, pair.colwise.data, pair.colwise.scales
-
-
-@quantize.register_fake
-def _(t):
-    *batch, m, n = t.shape
-    fp8, e8m0 = torch.float8_e4m3fn, torch.uint8
-    return (t.new_empty(*batch, m, n, dtype=fp8), t.new_empty(*batch, m, -(-n // BLOCK), dtype=e8m0),
-            t.new_empty(*batch, n, m, dtype=fp8), t.new_empty(*batch, n, -(-m // BLOCK), dtype=e8m0))
-
-
-def quantize_routed(routed: RoutedExperts) -> RoutedExpertsMXFP8:
-    """routed.to_mxfp8() through the op (traceable by torch.compile); `routed` stays the master."""
-    pairs = []
-    for p in _PARTS:
-        row_data, row_scales, col_data, col_scales = quantize(getattr(routed, p).detach())
-        pairs.append(MXFP8Pair(MXFP8Tensor(row_data, row_scales, False), MXFP8Tensor(col_data, col_scales, True)))
-    return RoutedExpertsMXFP8(routed, *pairs)
-
-
 @torch.library.custom_op("mok::moe_backward", mutates_args=())
 def moe_backward(dout: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                  routed: list[torch.Tensor], shared: list[torch.Tensor], y_slots: torch.Tensor,
@@ -160,8 +136,33 @@ def _backward(ctx, dout, _dy_slots):
     dx, dw, *dweights = grads
     # Gradients reach the bf16 masters only; MXFP8 forms are derived data.
     routed_grads = dweights[:3] + [None] * (ctx.num_routed - 3)
-    swiglu_limit, group, backend, config = ctx.args
+    config = ctx.args[3]
     return dx, None, dw, routed_grads, dweights[3:], None, None, None, [None] * len(config)
 
 
 torch.library.register_autograd("mok::moe_forward", _backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("mok::mxfp8_quantize", mutates_args=())
+def quantize(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """mok.quant.mxfp8_quantize of a [M, N] or [E, M, N] tensor in both orientations: (rowwise data, scales,
+    colwise data, scales). An op so that compiled code quantises weights without tracing the codec's checks."""
+    pair = mxfp8_quantize(t)
+    return pair.rowwise.data, pair.rowwise.scales, pair.colwise.data, pair.colwise.scales
+
+
+@quantize.register_fake
+def _(t):
+    *batch, m, n = t.shape
+    fp8, e8m0 = torch.float8_e4m3fn, torch.uint8
+    return (t.new_empty(*batch, m, n, dtype=fp8), t.new_empty(*batch, m, -(-n // BLOCK), dtype=e8m0),
+            t.new_empty(*batch, n, m, dtype=fp8), t.new_empty(*batch, n, -(-m // BLOCK), dtype=e8m0))
+
+
+def quantize_routed(routed: RoutedExperts) -> RoutedExpertsMXFP8:
+    """routed.to_mxfp8() through the op (traceable by torch.compile); `routed` stays the master."""
+    pairs = []
+    for p in _PARTS:
+        row_data, row_scales, col_data, col_scales = quantize(getattr(routed, p).detach())
+        pairs.append(MXFP8Pair(MXFP8Tensor(row_data, row_scales, False), MXFP8Tensor(col_data, col_scales, True)))
+    return RoutedExpertsMXFP8(routed, *pairs)
