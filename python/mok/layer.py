@@ -19,14 +19,15 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, rou
     group (None: the default group if torch.distributed is initialised, else this process alone). Gradients reach
     x, topk_weights and every bf16 weight. Collective: every rank of the group calls it, with any token count.
     """
-    _check_before_op(x, topk_ids, topk_weights, routed, shared, config, group)
+    _check_before_op(x, topk_ids, topk_weights, routed, shared, config, group, swiglu_limit, backend)
     out, _ = torch.ops.mok.moe_forward(
-        x, topk_ids, topk_weights, ops.flatten_routed(routed), ops.flatten_shared(shared), swiglu_limit,
-        ops.group_name(group), backend or "", ops.config_to_ints(config))
+        x, topk_ids, topk_weights, ops.flatten_routed(routed), ops.flatten_shared(shared),
+        None if swiglu_limit is None else float(swiglu_limit), ops.group_name(group), backend or "",
+        ops.config_to_ints(config))
     return out
 
 
-def _check_before_op(x, topk_ids, topk_weights, routed, shared, config, group) -> None:
+def _check_before_op(x, topk_ids, topk_weights, routed, shared, config, group, swiglu_limit, backend) -> None:
     """What must hold before the arguments can become the op's (the op's implementation checks the rest): types,
     and one device (the dispatcher would route a call with a meta tensor to the shape-only implementation).
     A failure still goes through the group's agreement step, so the other ranks raise too instead of waiting."""
@@ -48,6 +49,9 @@ def _check_before_op(x, topk_ids, topk_weights, routed, shared, config, group) -
                     raise ValueError(f"{name}.{part} must be on x's device {x.device}, got {w.device}")
         if config is not None and not isinstance(config, MoKConfig):
             raise TypeError(f"config must be a MoKConfig or None, got {type(config).__name__}")
+        if backend is not None and not isinstance(backend, str):
+            raise TypeError(f"backend must be None or a backend name, got {type(backend).__name__}")
+        validate.check_swiglu_limit(swiglu_limit)
     except (TypeError, ValueError) as e:
         error = e
     if error is not None:

@@ -68,6 +68,7 @@ CASES = [
                                                                    ((8, 32), (8, 32), (32, 8))))), ValueError,
      r"shared expert's hidden size must equal x.shape\[1\] \(64\)"),
     ("swiglu_limit", lambda a: a.update(swiglu_limit=-1.0), ValueError, "swiglu_limit must be None or a finite"),
+    ("swiglu_limit type", lambda a: a.update(swiglu_limit="1"), TypeError, "swiglu_limit must be None or a "),
     ("backend", lambda a: a.update(backend="cuda-magic"), ValueError, "backend must be None or one of"),
     ("config", lambda a: a.update(config={"minibatch_size": 1}), TypeError, "config must be a MoKConfig"),
 ]
