@@ -101,8 +101,9 @@ def expert_forward(
     y = h W_down^T. GEMMs accumulate in fp32 and store bf16; MXFP8 weights (weights.is_mxfp8) quantise x and h
     along their last dim first. precision="float64": all float64, no rounding (bf16 weights only)."""
     p = _Precision(precision, weights)
-    g = p.store(p.gemm(p.act(x), p.weight(weights.gate, "rowwise")))
-    u = p.store(p.gemm(p.act(x), p.weight(weights.up, "rowwise")))
+    xa = p.act(x)
+    g = p.store(p.gemm(xa, p.weight(weights.gate, "rowwise")))
+    u = p.store(p.gemm(xa, p.weight(weights.up, "rowwise")))
     h = p.store(swiglu(g, u, swiglu_limit))
     y = p.store(p.gemm(p.act(h), p.weight(weights.down, "rowwise")))
     return ExpertActivations(g, u, h, y)
@@ -172,7 +173,7 @@ class Routing:
 
     slots:  [R] int64 flat slot indices t * K + k (-1 routes left out).
     tokens: [R] int64 token index of each row.
-    counts: rows per expert (a list of E ints); expert e's rows are slots[offsets[e]:offsets[e] + counts[e]].
+    counts: rows per expert (a list of E ints); segments() gives each expert's slice of slots and tokens.
     """
 
     slots: torch.Tensor
@@ -236,7 +237,7 @@ def forward(
     T, K = topk_ids.shape
     H = x.shape[1]
     store = _store_dtype(precision)
-    x = x.to(store) if precision == "float64" else x
+    x = x.to(store)  # a no-op in bf16 mode
     routing = route(topk_ids, routed.num_experts)
     x_rows = x[routing.tokens]
     y_slots = torch.zeros(T * K, H, dtype=store, device=x.device)
