@@ -24,6 +24,8 @@ class MoE(nn.Module):
     Router: a bias-free fp32 linear layer, then `score` ("softmax" or "sigmoid") and top-k; with
     normalize_topk the k weights are divided by their sum. Expert weights are bf16 parameters; with mxfp8=True
     the routed experts are quantised to MXFP8 on every forward and gradients reach the bf16 parameters.
+    The router and the shared expert are replicas on every rank: initialise them identically (same seed, or a
+    broadcast) and reduce their gradients over the group like any data-parallel weight.
     """
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, topk: int, *,
