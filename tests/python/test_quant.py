@@ -166,6 +166,19 @@ def test_quantized_blocks_match_scalar_at_scale_edges(seed):
     assert_matches_scalar(t, q)
 
 
+def test_values_that_round_to_448_and_saturation(seed):
+    # Block maxima just under 448 * 2^k keep the scale 2^k and round up to the top code 448 (0x7E): 432 is the tie
+    # between 416 and 448 and goes to 448 by even mantissa. Past 448 the encoder saturates instead of giving NaN.
+    k = int(torch.randint(-60, 60, ()))
+    top = torch.tensor([432.0, 440.0, 447.0, 448.0]) * 2.0**k
+    t = torch.cat([top[:, None], torch.rand(4, 31) * 2.0**k], dim=1)
+    q = mxfp8_quantize(t, colwise=False).rowwise
+    assert q.scales[:, 0].tolist() == [127 + k] * 4
+    assert q.data.view(torch.uint8)[:, 0].tolist() == [0x7E] * 4
+    saturated = encode_e4m3(torch.tensor([449.0, 480.0, 1e30, math.inf, -math.inf])).view(torch.uint8)
+    assert saturated.tolist() == [0x7E, 0x7E, 0x7E, 0x7E, 0xFE]
+
+
 def test_amax_zero_block_gets_smallest_scale():
     q = mxfp8_quantize(torch.zeros(2, 40, dtype=torch.bfloat16)).rowwise
     assert q.scales.tolist() == [[0, 0], [0, 0]]  # e = -127

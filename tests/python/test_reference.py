@@ -84,8 +84,8 @@ def scenario(name: str, wide=False) -> Problem:
         p = make_problem(T=20, K=3, limit=L, wide=wide)
         p.ids[[0, 7, 19]] = -1
         return p
-    if name == "k1":
-        return make_problem(T=30, K=1, limit=L, wide=wide)
+    if name == "k1":  # int32 ids
+        return make_problem(T=30, K=1, ids=torch.randint(-1, 6, (30, 1), dtype=torch.int32), limit=L, wide=wide)
     if name == "k8":  # eight distinct experts per token out of 10, no shared expert
         ids = torch.stack([torch.randperm(10)[:8] for _ in range(12)])
         return make_problem(T=12, K=8, E=10, ids=ids, shared=False, limit=L, wide=wide)
@@ -410,6 +410,13 @@ def test_to_mxfp8_holds_both_orientations_of_each_weight(seed):
         assert torch.equal(pair.rowwise.data.view(torch.uint8), want.rowwise.data.view(torch.uint8))
         assert torch.equal(pair.colwise.scales, want.colwise.scales)
         assert pair.colwise.data.shape == (w.shape[0], w.shape[2], w.shape[1])
+
+
+def test_oracle_of_mxfp8_experts_is_the_exact_math_of_their_masters(seed):
+    p = make_problem(T=8, K=2)
+    exact, _ = ref.forward(p.x, p.ids, p.w, p.routed, precision="float64")
+    of_mxfp8, _ = ref.forward(p.x, p.ids, p.w, p.routed.to_mxfp8(), precision="float64")
+    assert torch.equal(exact, of_mxfp8)
 
 
 def test_containers_reject_bad_weights():
