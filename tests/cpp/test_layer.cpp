@@ -15,6 +15,13 @@ namespace {
 // an operand to the neighbouring e4m3 value (2^-3 relative of one element): 2^-4.
 constexpr double kTolBf16 = 1.0 / 64;
 constexpr double kTolMx = 1.0 / 16;
+constexpr double kMinExact = 0.8;  // of bf16 outputs equal to the reference bit for bit (group.hpp close())
+
+// Weight gradients are returned as bf16 of their fp32 sums.
+ref::Vec rounded(ref::Vec v) {
+  for (double& x : v) x = ref::bf16(x);
+  return v;
+}
 
 void check_against_reference(const Spec& spec, const Knobs& knobs) {
   std::mt19937_64 rng(seed() + spec.world * 131 + spec.top_k * 7 + static_cast<int>(spec.routing));
@@ -27,23 +34,23 @@ void check_against_reference(const Spec& spec, const Knobs& knobs) {
   ref::Result want = ref::Layer(p).run();
   double tol = spec.mxfp8 ? kTolMx : kTolBf16;
   for (int r = 0; r < p.world; ++r) {
-    close("out", r, from_bf16(o.out[r]), want.out[r], tol);
+    close("out", r, from_bf16(o.out[r]), want.out[r], tol, kMinExact);
     if (!knobs.backward) continue;
-    close("dx", r, from_bf16(o.dx[r]), want.dx[r], tol);
+    close("dx", r, from_bf16(o.dx[r]), want.dx[r], tol, kMinExact);
     close("dtopk_weights", r, from_float(o.dw[r]), want.dw[r], tol);
     if (knobs.accumulate) {  // main_grad started at 0.5
       close("dgate (main_grad)", r, from_float(o.main_gate[r], 0.5), want.dgate[r], tol);
       close("dup (main_grad)", r, from_float(o.main_up[r], 0.5), want.dup[r], tol);
       close("ddown (main_grad)", r, from_float(o.main_down[r], 0.5), want.ddown[r], tol);
     } else {
-      close("dgate", r, from_bf16(o.dgate[r]), want.dgate[r], tol);
-      close("dup", r, from_bf16(o.dup[r]), want.dup[r], tol);
-      close("ddown", r, from_bf16(o.ddown[r]), want.ddown[r], tol);
+      close("dgate", r, from_bf16(o.dgate[r]), rounded(want.dgate[r]), tol, kMinExact);
+      close("dup", r, from_bf16(o.dup[r]), rounded(want.dup[r]), tol, kMinExact);
+      close("ddown", r, from_bf16(o.ddown[r]), rounded(want.ddown[r]), tol, kMinExact);
     }
     if (spec.shared_inter > 0) {
-      close("dshared_gate", r, from_bf16(o.dsgate[r]), want.dsgate[r], tol);
-      close("dshared_up", r, from_bf16(o.dsup[r]), want.dsup[r], tol);
-      close("dshared_down", r, from_bf16(o.dsdown[r]), want.dsdown[r], tol);
+      close("dshared_gate", r, from_bf16(o.dsgate[r]), rounded(want.dsgate[r]), tol, kMinExact);
+      close("dshared_up", r, from_bf16(o.dsup[r]), rounded(want.dsup[r]), tol, kMinExact);
+      close("dshared_down", r, from_bf16(o.dsdown[r]), rounded(want.dsdown[r]), tol, kMinExact);
     }
     // A token whose routes are all -1 and that has no shared expert gets exactly zero.
     if (spec.shared_inter == 0)
