@@ -7,6 +7,7 @@ independent of how tokens are spread over ranks). Inputs are drawn fresh from a 
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 
@@ -197,3 +198,18 @@ def test_demo_passes_and_reports(capfd):
                       "--shared-intermediate", "48"]) == 0
     printed = capfd.readouterr().out
     assert "3 processes" in printed and "result: PASS" in printed and "time per step" in printed
+
+
+def one_scenario_worker(rank: int, world: int, seed: int):
+    s = scenarios(seed)[0]
+    return run_layer(s, *local_part(rank, world, s, global_inputs(s, world)))
+
+
+@pytest.mark.skipif("MOK_TEST_EP_WORLD" not in os.environ,
+                    reason="a large group (e.g. MOK_TEST_EP_WORLD=72) takes minutes on a small machine; opt-in")
+def test_large_world_bitwise(seed):
+    world = int(os.environ.get("MOK_TEST_EP_WORLD", "1"))
+    results = run_group(world, one_scenario_worker, seed)
+    expected = single_process_expectation(scenarios(seed)[0], world)
+    for rank in range(world):
+        assert_bitwise(results[rank], expected[rank], f"seed {seed}, world {world}, rank {rank}")
