@@ -17,7 +17,7 @@ import torch
 from mok.quant import MXFP8Pair, mxfp8_quantize
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # tensors: compare by identity
 class ExpertWeights:
     """One expert's gate, up [I, H] and down [H, I]: bf16 tensors, or MXFP8Pair forms of them."""
 
@@ -30,7 +30,7 @@ class ExpertWeights:
         return isinstance(self.gate, MXFP8Pair)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # tensors: compare by identity
 class RoutedExperts:
     """The E_local routed experts of one rank, bf16: gate, up [E_local, I, H], down [E_local, H, I]."""
 
@@ -71,10 +71,13 @@ class RoutedExperts:
         )
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # tensors: compare by identity
 class RoutedExpertsMXFP8:
     """MXFP8 routed experts: `master` (the bf16 RoutedExperts they were quantised from; weight gradients are
-    gradients of the master) and MXFP8Pair forms of gate, up [E_local, I, H] and down [E_local, H, I]."""
+    gradients of the master) and MXFP8Pair forms of gate, up [E_local, I, H] and down [E_local, H, I].
+
+    The forms are a snapshot: after an optimiser step changes the master, make new ones with master.to_mxfp8().
+    """
 
     master: RoutedExperts
     gate: MXFP8Pair
@@ -95,7 +98,7 @@ class RoutedExpertsMXFP8:
         return ExpertWeights(self.gate.expert(e), self.up.expert(e), self.down.expert(e))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # tensors: compare by identity
 class SharedExpert:
     """The shared expert, bf16: gate, up [I_s, H], down [H, I_s]. It sees every token and stays bf16 in MXFP8 mode."""
 

@@ -24,7 +24,7 @@ E8M0_BIAS = 127
 _E_MIN, _E_MAX = -127, 127
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # tensors: compare by identity
 class MXFP8Tensor:
     """One orientation of an MXFP8 tensor.
 

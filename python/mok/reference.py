@@ -167,7 +167,7 @@ def combine(
 # The whole layer
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # tensors: compare by identity
 class Routing:
     """The routed (token, k) pairs in canonical order: expert-major, then ascending token, then k.
 
@@ -199,7 +199,7 @@ def route(topk_ids: torch.Tensor, num_experts: int) -> Routing:
     return Routing(slots=slots, tokens=slots // K, counts=counts)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # tensors: compare by identity
 class Context:
     """What the forward keeps for the backward."""
 
