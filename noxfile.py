@@ -66,7 +66,9 @@ def tests(session: nox.Session) -> None:
     session.install(*BUILD_DEPS, *TEST_DEPS, TORCH)
     session.env.update(cuda_env(session))
     prefix = cmake_build(session, "tests-libmok", "Release", ARCHS["blackwell"], "-DMOK_BUILD_TESTS=ON")
-    session.install("--no-build-isolation", "--no-deps", str(ROOT / "python"))
+    # The package against the libmok just built (test_wheel.py builds the bundling wheel too).
+    session.install("--no-build-isolation", "--no-deps", str(ROOT / "python"),
+                    env={"MOK_USE_INSTALLED": "ON", "CMAKE_PREFIX_PATH": str(prefix)})
     session.env.update({"MOK_PREFIX": str(prefix), "MOK_BUILD_DIR": str(BUILD / "tests-libmok")})
     session.run("pytest", "-ra", *(session.posargs or ["tests"]))
 

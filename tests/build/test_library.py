@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from conftest import run
+from buildutil import run
 
 
 def test_cubins_for_every_blackwell_target(libmok, cuda_bin):

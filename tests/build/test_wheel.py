@@ -3,31 +3,38 @@
 from __future__ import annotations
 
 import os
+import site
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run
+from buildutil import ROOT, run
 
 
 def build_wheel(out: Path, env: dict[str, str]) -> Path:
-    run(sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", out, ROOT / "python",
-        env={**os.environ, **env})
+    """A wheel from a build dir of its own (a reused one would carry the other mode's CMake cache)."""
+    run(sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", out,
+        f"--config-settings=build-dir={out.parent / 'build'}", ROOT / "python", env={**os.environ, **env})
     (wheel,) = out.glob("mok-*.whl")
     return wheel
 
 
 def import_in_fresh_env(wheel: Path, tmp: Path, ld_path: str = "") -> str:
-    """Install `wheel` into a new venv (seeing this one's torch) and import it from outside the source tree."""
+    """Install `wheel` into a new venv and import it from outside the source tree. The venv sees this
+    interpreter's packages (torch) after its own, through a .pth file, so the wheel's mok comes first."""
     venv = tmp / "venv"
-    run(sys.executable, "-m", "venv", "--system-site-packages", venv)
+    run(sys.executable, "-m", "venv", venv)
     run(venv / "bin" / "pip", "install", "--no-deps", "--no-index", "--quiet", wheel)
+    (own,) = (venv / "lib").glob("python3.*/site-packages")
+    (own / "parent.pth").write_text("\n".join(site.getsitepackages()) + "\n")  # after pip: it must not see them
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MOK_NO_EXTENSION")}
     if ld_path:
         env["LD_LIBRARY_PATH"] = ld_path
-    code = "import mok; print(mok.__version__, [b.name for b in mok.backends() if b.available])"
-    return run(venv / "bin" / "python", "-c", code, cwd=tmp, env=env).stdout
+    code = "import mok; print(mok.__version__, [b.name for b in mok.backends() if b.available], mok.__file__)"
+    out = run(venv / "bin" / "python", "-c", code, cwd=tmp, env=env).stdout
+    assert str(venv) in out, f"imported a mok other than the wheel's: {out}"
+    return out
 
 
 @pytest.mark.parametrize("mode", ["bundled", "installed"])

@@ -10,13 +10,14 @@ import os
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from buildutil import ROOT, cccl_include_dir
 
 
 def build_tests(name: str, *options: str) -> Path:
     build = ROOT / "build" / "pytest" / name
     for cmd in (["cmake", "-S", ROOT, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
-                 "-DMOK_ENABLE_CUDA=OFF", "-DMOK_BUILD_TESTS=ON", *options],
+                 "-DMOK_ENABLE_CUDA=OFF", f"-DMOK_CCCL_INCLUDE_DIR={cccl_include_dir()}", "-DMOK_BUILD_TESTS=ON",
+                 *options],
                 ["cmake", "--build", build]):
         proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
         assert proc.returncode == 0, f"{' '.join(map(str, cmd))}:\n{proc.stdout[-8000:]}\n{proc.stderr[-8000:]}"
