@@ -214,6 +214,12 @@ typedef struct {
 MOK_API mokStatus_t mokLayerBackward(mokLayer_t layer, const mokLayerWeights_t* weights,
                                      const float* topk_weights, const void* dout, mokLayerGrads_t* grads);
 
+/*
+ * Not collective. y_slots [num_tokens, K, H] bf16: each route's expert output y_k of the current context, as the
+ * combine summed it (zeros for a -1 route). Autograd layers keep it for the router-weight gradient.
+ */
+MOK_API mokStatus_t mokLayerGetSlots(mokLayer_t layer, void* y_slots);
+
 typedef struct {
   size_t size;        /* sizeof(mokLayerError_t), set by MOK_LAYER_ERROR_INIT */
   mokStatus_t status; /* mokSuccess when no pass has failed */

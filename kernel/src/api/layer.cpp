@@ -112,6 +112,15 @@ MOK_API mokStatus_t mokLayerBackward(mokLayer_t layer, const mokLayerWeights_t* 
   return mok::host::backward(*layer->impl, *weights, topk_weights, static_cast<const uint16_t*>(dout), *grads);
 }
 
+MOK_API mokStatus_t mokLayerGetSlots(mokLayer_t layer, void* y_slots) {
+  mok::api::clear_error();
+  if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
+  const mok::core::LayerShape& shape = layer->impl->shape;
+  int64_t count = static_cast<int64_t>(tokens_of(layer)) * shape.top_k * shape.hidden;
+  if (mokStatus_t s = check_array(y_slots, "y_slots", count, 2, __func__); s != mokSuccess) return s;
+  return mok::host::get_slots(*layer->impl, static_cast<uint16_t*>(y_slots));
+}
+
 MOK_API mokStatus_t mokLayerGetError(mokLayer_t layer, mokLayerError_t* error) {
   mok::api::clear_error();
   if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;

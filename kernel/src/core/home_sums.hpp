@@ -41,4 +41,13 @@ MOK_HD inline void combine_backward_token(const PassView& v, int64_t t, const bf
   }
 }
 
+// Slot (t, k) as the combine read it: expert output y_k, zeros for a -1 route (nothing was pushed there).
+MOK_HD inline void copy_slots_token(const PassView& v, int64_t t, bf16_t* y_slots) {
+  int h = v.s.hidden, k = v.s.top_k;
+  const int32_t* ids = peer_array<const int32_t>(v, v.s.rank, v.peer.topk_ids) + t * k;
+  const bf16_t* y = peer_array<const bf16_t>(v, v.s.rank, v.peer.y_slots) + t * k * h;
+  for (int s = 0; s < k; ++s)
+    for (int i = 0; i < h; ++i) y_slots[(t * k + s) * h + i] = ids[s] >= 0 ? y[s * h + i] : bf16_t{0};
+}
+
 }  // namespace mok::core

@@ -288,6 +288,15 @@ mokStatus_t backward(Layer& l, const mokLayerWeights_t& weights, const float* to
   return mokSuccess;
 }
 
+mokStatus_t get_slots(Layer& l, uint16_t* y_slots) {
+  if (!l.has_context)
+    return api::fail(mokInvalidUsage, "mokLayerGetSlots: needs a mokLayerForward or mokLayerRecompute since the last "
+                     "schedule");
+  core::PassView v = view_of(l, PassKind::forward);
+  for (int t = 0; t < l.tokens; ++t) core::copy_slots_token(v, t, y_slots);
+  return mokSuccess;
+}
+
 void abort(Layer& l) {
   core::record_failure(&l.error, core::Failure{core::Outcome::peer_abort, WaitId::none}, l.shape.rank, -1, -1);
   core::raise_abort(l.headers, l.shape.world);

@@ -38,6 +38,8 @@ mokStatus_t forward(Layer& layer, const mokLayerWeights_t& weights, const uint16
                     uint16_t* out, bool with_output);
 mokStatus_t backward(Layer& layer, const mokLayerWeights_t& weights, const float* topk_weights, const uint16_t* dout,
                      const mokLayerGrads_t& grads);
+// This rank's y slots [tokens, K, H] of the current context (zeros for -1 routes).
+mokStatus_t get_slots(Layer& layer, uint16_t* y_slots);
 void abort(Layer& layer);
 
 // fp32 GEMM operands from the caller's weights (bf16, or MXFP8 rowwise and colwise).
