@@ -23,7 +23,9 @@ def explain(a: Path, b: Path) -> str:
     if a.read_bytes() == b.read_bytes():
         return ""
     if shutil.which("diffoscope"):
-        proc = subprocess.run(["diffoscope", "--text", "-", str(a), str(b)], capture_output=True, text=True)
+        # Short blocks: the first lines of each differing section say more than all of the first one.
+        cmd = ["diffoscope", "--text", "-", "--max-diff-block-lines", "16", str(a), str(b)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
         return proc.stdout[:MAX_REPORT] or proc.stderr[:MAX_REPORT]
     if zipfile.is_zipfile(a) and zipfile.is_zipfile(b):
         return _zip_diff(a, b)[:MAX_REPORT]
