@@ -130,14 +130,15 @@ MOK_HD inline Failure run_dgrad_x(const PassView& v, const TileInfo& t, float* s
   return kNoFailure;
 }
 
-// One row's weight-gradient terms: dW_down += dy^T h, dW_gate += dg^T x, dW_up += du^T x.
-MOK_HD inline void wgrad_row(const PassView& v, int e, const float* x, const float* dy, const float* hrow,
-                             const float* dg, const float* du) {
+// Rows' weight-gradient terms, rows in order: dW_down += dy^T h, dW_gate += dg^T x, dW_up += du^T x.
+// Operands are dense [rows, width] blocks.
+MOK_HD inline void wgrad_rows(const PassView& v, int e, int rows, const float* x, const float* dy, const float* hb,
+                              const float* dg, const float* du) {
   int h = v.s.hidden, in = v.s.intermediate;
   int64_t wofs = static_cast<int64_t>(e) * in * h;
-  outer_acc(dy, hrow, h, in, v.acc.down + wofs);
-  outer_acc(dg, x, in, h, v.acc.gate + wofs);
-  outer_acc(du, x, in, h, v.acc.up + wofs);
+  outer_acc_rows(dy, hb, rows, h, in, v.acc.down + wofs);
+  outer_acc_rows(dg, x, rows, in, h, v.acc.gate + wofs);
+  outer_acc_rows(du, x, rows, in, h, v.acc.up + wofs);
 }
 
 // Copies `rows` ring rows starting at j into a dense block and quantises it along the rows (the
@@ -147,12 +148,13 @@ MOK_HD inline void token_block(const PassView& v, float* ring, int64_t j, int ro
   for (int c = 0; c < width; ++c) mx_round_trip_block(block + c, rows, width);
 }
 
+// A tile's rows are contiguous in the ring: tiles never straddle its end (macrobatch is a multiple
+// of minibatch, itself a multiple of the tile height).
 MOK_HD inline void wgrad_tile(const PassView& v, const TileInfo& t, float* scratch) {
   int h = v.s.hidden, in = v.s.intermediate;
   if (!v.s.mxfp8) {
-    for (int64_t j = t.row0; j < t.row0 + t.rows; ++j)
-      wgrad_row(v, t.expert, ring_row(v, v.ring_x, j, h), ring_row(v, v.ring_dy, j, h), ring_row(v, v.ring_h, j, in),
-                ring_row(v, v.ring_g, j, in), ring_row(v, v.ring_u, j, in));
+    wgrad_rows(v, t.expert, t.rows, ring_row(v, v.ring_x, t.row0, h), ring_row(v, v.ring_dy, t.row0, h),
+               ring_row(v, v.ring_h, t.row0, in), ring_row(v, v.ring_g, t.row0, in), ring_row(v, v.ring_u, t.row0, in));
     return;
   }
   float *x = scratch, *dy = x + kMxBlock * h, *hb = dy + kMxBlock * h, *dg = hb + kMxBlock * in, *du = dg + kMxBlock * in;
@@ -163,8 +165,7 @@ MOK_HD inline void wgrad_tile(const PassView& v, const TileInfo& t, float* scrat
     token_block(v, v.ring_h, t.row0 + b, n, in, hb);
     token_block(v, v.ring_g, t.row0 + b, n, in, dg);
     token_block(v, v.ring_u, t.row0 + b, n, in, du);
-    for (int r = 0; r < n; ++r)
-      wgrad_row(v, t.expert, x + r * h, dy + r * h, hb + r * in, dg + r * in, du + r * in);
+    wgrad_rows(v, t.expert, n, x, dy, hb, dg, du);
   }
 }
 

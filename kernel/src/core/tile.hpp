@@ -34,6 +34,20 @@ MOK_HD inline void outer_acc(const float* a, const float* b, int n_a, int n_b, f
   }
 }
 
+// acc[i][j] += sum_r a[r][i] * b[r][j] over `rows` rows, r in order: a block of rows' contribution
+// to a weight gradient. Each acc row stays hot across the block; every element still adds its
+// terms in row order, so the bits equal those of one outer_acc per row.
+MOK_HD inline void outer_acc_rows(const float* a, const float* b, int rows, int n_a, int n_b, float* acc) {
+  for (int i = 0; i < n_a; ++i) {
+    float* out = acc + static_cast<int64_t>(i) * n_b;
+    for (int r = 0; r < rows; ++r) {
+      float ai = a[static_cast<int64_t>(r) * n_a + i];
+      const float* br = b + static_cast<int64_t>(r) * n_b;
+      for (int j = 0; j < n_b; ++j) out[j] = add_rn(out[j], mul_rn(ai, br[j]));
+    }
+  }
+}
+
 MOK_HD inline void bf16_row_to_float(const bf16_t* src, int n, float* dst) {
   for (int i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
 }
