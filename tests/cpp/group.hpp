@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -95,6 +96,7 @@ struct Knobs {
   const char* shm_name = nullptr;  // peer memory by shared-memory rendezvous instead of heap bases
   int absent_rank = -1;  // this rank builds the schedule, then makes no further call
   int abort_rank = -1;   // this rank calls mokLayerAbort after the schedule
+  std::function<void(int, mokLayer_t)> created;  // told each rank's context (e.g. to abort it later)
 };
 
 struct Outputs {
@@ -183,6 +185,7 @@ inline void run_rank(const ref::Problem& p, const Knobs& k, int r, void* const* 
   m.workspace_bytes = workspace_bytes;
   mokLayer_t layer = nullptr;
   if (!step(mokLayerCreate(&c, &m, &layer))) return;
+  if (k.created) k.created(r, layer);
   int T = p.tokens[r], H = p.hidden, K = p.top_k;
   std::vector<int32_t> ids32(p.ids[r].begin(), p.ids[r].end());
   const void* ids = k.int64_ids ? static_cast<const void*>(p.ids[r].data()) : ids32.data();

@@ -2,6 +2,7 @@
 // returns mokTimeout or mokPeerAbort within the configured timeout, names the wait, and nothing hangs.
 #include <chrono>
 #include <cstdlib>
+#include <thread>
 
 #include "group.hpp"
 
@@ -80,6 +81,28 @@ TEST(explicit_abort_reaches_every_rank) {
   Outputs o;
   double ms = run_and_time(p, k, &o);
   CHECK_MSG(ms < 5000, "took %.0f ms", ms);
+  for (int r = 0; r < 3; ++r) CHECK_MSG(o.status[r] == mokPeerAbort, "rank %d: %s", r, mokGetStatusString(o.status[r]));
+}
+
+TEST(abort_from_another_thread_mid_pass) {
+  ref::Problem p = problem(3);
+  Knobs k;
+  k.timeout_ms = 30000;  // long: only the abort can end this pass early
+  std::atomic<mokLayer_t> rank0{nullptr};
+  k.created = [&](int r, mokLayer_t layer) {
+    if (r == 0) rank0 = layer;
+  };
+  setenv("MOK_HOST_FAULT_STALL", "1:2", 1);  // rank 1 hangs mid-pass
+  std::thread watcher([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    while (!rank0.load()) std::this_thread::yield();
+    CHECK(mokLayerAbort(rank0.load()) == mokSuccess);
+  });
+  Outputs o;
+  double ms = run_and_time(p, k, &o);
+  watcher.join();
+  unsetenv("MOK_HOST_FAULT_STALL");
+  CHECK_MSG(ms < 10000, "took %.0f ms", ms);
   for (int r = 0; r < 3; ++r) CHECK_MSG(o.status[r] == mokPeerAbort, "rank %d: %s", r, mokGetStatusString(o.status[r]));
 }
 

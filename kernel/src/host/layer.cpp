@@ -83,10 +83,13 @@ void stall(const core::PassView& v, const core::Task* task) {
   core::fail_pass(v, f, task);
 }
 
+// With fault injection, the worker stalls after `stall_after` tasks, or when its queue runs out
+// first: the rank hangs whatever the schedule gave it to do.
 void work(const core::PassView& v, core::WorkerClass cls, float* scratch, int64_t stall_after) {
-  int64_t taken = 0;
-  while (const core::Task* task = core::take_task(v, cls)) {
-    if (stall_after >= 0 && taken++ == stall_after) return stall(v, task);
+  for (int64_t taken = 0;; ++taken) {
+    const core::Task* task = core::take_task(v, cls);
+    if (stall_after >= 0 && (taken == stall_after || !task)) return stall(v, task);
+    if (!task) return;
     Failure f = core::run_task(v, *task, scratch);
     if (!f.ok()) return core::fail_pass(v, f, task);
   }
