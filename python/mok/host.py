@@ -38,13 +38,19 @@ class _Layers:
 
 @dataclass
 class _Schedule:
-    state: _Layers
+    """libmok builds the schedule inside a pass's layer (its workspace is only known at the pass)."""
+
     topk_ids: torch.Tensor
+    num_local_experts: int
     group: Any
+
+    num_tokens = property(lambda self: self.topk_ids.shape[0])
+    topk = property(lambda self: self.topk_ids.shape[1])
 
 
 @dataclass
 class _Context:
+    state: _Layers
     layer: Any
     schedule: _Schedule
     x: torch.Tensor
@@ -75,10 +81,13 @@ def _ring_rows(key, config, world: int) -> tuple[int, int]:
 
 
 def _layer(state: _Layers, group, swiglu_limit: float | None):
-    """This workspace's libmok layer for `swiglu_limit`, created collectively on first use."""
-    if swiglu_limit in state.layers:
-        return state.layers[swiglu_limit]
+    """This workspace's libmok layer for `swiglu_limit`, created collectively on first use. Keyed by process and
+    group shape too: a forked process (or one that initialised torch.distributed since) must not reuse a layer
+    whose shared memory and ranks belong to another group."""
     rank, world = ep.group_rank_and_size(group)
+    key = (swiglu_limit, os.getpid(), world, rank)
+    if key in state.layers:
+        return state.layers[key]
     key, config = state.key, state.config
     minibatch, macrobatch = _ring_rows(key, config, world)
     cfg = dict(world=world, rank=rank, experts_per_rank=key.num_local_experts, hidden=key.hidden,
@@ -91,7 +100,7 @@ def _layer(state: _Layers, group, swiglu_limit: float | None):
     workspace = torch.empty(workspace_bytes + 64, dtype=torch.uint8)
     offset = -workspace.data_ptr() % 64  # libmok wants 64-byte alignment
     layer = _mok.Layer(cfg, _shm_name(group), workspace.data_ptr() + offset, workspace_bytes)
-    state.layers[swiglu_limit], state.memory[swiglu_limit] = layer, workspace
+    state.layers[key], state.memory[key] = layer, workspace
     return layer
 
 
@@ -123,20 +132,19 @@ class HostExecutor:
         return _Layers(key, config)
 
     def build_schedule(self, topk_ids, num_local_experts, group, workspace) -> _Schedule:
-        topk_ids = topk_ids.contiguous()
-        return _Schedule(workspace.buffers, topk_ids, group)
+        return _Schedule(topk_ids.contiguous(), num_local_experts, group)
 
     def forward(self, x, topk_ids, topk_weights, routed, shared, *, schedule, workspace, swiglu_limit,
                 need_context):
-        ctx, out = self._run(x, topk_weights, routed, shared, schedule, swiglu_limit, want_output=True)
+        ctx, out = self._run(x, topk_weights, routed, shared, schedule, workspace, swiglu_limit, want_output=True)
         return out, (ctx if need_context else None)
 
     def recompute_forward_context(self, x, topk_ids, topk_weights, routed, shared, *, schedule, workspace,
                                   swiglu_limit, y_slots):
-        return self._run(x, topk_weights, routed, shared, schedule, swiglu_limit, want_output=False)[0]
+        return self._run(x, topk_weights, routed, shared, schedule, workspace, swiglu_limit, want_output=False)[0]
 
     def backward(self, ctx: _Context, dout, main_grads: MainGrads | None) -> Gradients:
-        if ctx.schedule.state.latest.get(ctx.layer) != ctx.token:
+        if ctx.state.latest.get(ctx.layer) != ctx.token:
             self._load(ctx)
         routed = ctx.routed.master if isinstance(ctx.routed, RoutedExpertsMXFP8) else ctx.routed
         names = ["gate", "up", "down"] + (["shared_gate", "shared_up", "shared_down"] if ctx.shared else [])
@@ -154,20 +162,23 @@ class HostExecutor:
         return Gradients(dx, dw, out["gate"], out["up"], out["down"], out.get("shared_gate"), out.get("shared_up"),
                          out.get("shared_down"))
 
-    def _run(self, x, topk_weights, routed, shared, schedule: _Schedule, swiglu_limit, want_output):
+    def _run(self, x, topk_weights, routed, shared, schedule: _Schedule, workspace, swiglu_limit, want_output):
         """Schedule, then forward (-> out) or recompute (-> None) on libmok's layer: (context, out)."""
-        layer = _layer(schedule.state, schedule.group, swiglu_limit)
-        ctx = _Context(layer, schedule, x.contiguous(), topk_weights.contiguous(), routed, shared, swiglu_limit,
+        state = workspace.buffers
+        layer = _layer(state, schedule.group, swiglu_limit)
+        ctx = _Context(state, layer, schedule, x.contiguous(), topk_weights.contiguous(), routed, shared, swiglu_limit,
                        next(_tokens))
         ids = schedule.topk_ids
         layer.build_schedule(ids.data_ptr(), ids.dtype == torch.int64, ids.shape[0])
-        out = None
+        out, (t, k), h = None, ids.shape, ctx.x.shape[1]
         if want_output:
             out = torch.empty_like(ctx.x)
             layer.forward(_weights(routed, shared), ctx.x.data_ptr(), ctx.topk_weights.data_ptr(), out.data_ptr())
         else:
             layer.recompute(_weights(routed, shared), ctx.x.data_ptr())
-        schedule.state.latest[layer] = ctx.token
+        ctx.y_slots = torch.empty(t, k, h, dtype=torch.bfloat16)
+        layer.slots(ctx.y_slots.data_ptr())
+        state.latest[layer] = ctx.token
         return ctx, out
 
     def _load(self, ctx: _Context) -> None:
@@ -175,9 +186,8 @@ class HostExecutor:
         ids = ctx.schedule.topk_ids
         ctx.layer.build_schedule(ids.data_ptr(), ids.dtype == torch.int64, ids.shape[0])
         ctx.layer.recompute(_weights(ctx.routed, ctx.shared), ctx.x.data_ptr())
-        ctx.schedule.state.latest[ctx.layer] = ctx.token
+        ctx.state.latest[ctx.layer] = ctx.token
 
 
-# Selectable as backend="host". Below "reference" in the default choice until its context carries y_slots
-# (mok.moe's autograd keeps them), see README's status table.
-functional.register_backend(HostExecutor(), priority=-1)
+# The default on CPU tensors: libmok's own executor, ahead of the pure-PyTorch "reference".
+functional.register_backend(HostExecutor(), priority=10)

@@ -126,6 +126,11 @@ class Layer {
     });
   }
 
+  void slots(uintptr_t y_slots) {
+    mokLayer_t layer = get();
+    mok::python::released([&] { return mokLayerGetSlots(layer, ptr<void>(y_slots)); });
+  }
+
   nb::dict error() {
     mokLayerError_t e = MOK_LAYER_ERROR_INIT;
     mok::python::check(mokLayerGetError(get(), &e));
@@ -169,6 +174,7 @@ void bind_layer(nb::module_& m) {
       .def("forward", &Layer::forward)
       .def("recompute", &Layer::recompute)
       .def("backward", &Layer::backward)
+      .def("slots", &Layer::slots)
       .def("error", &Layer::error)
       .def("abort", &Layer::abort);
 

@@ -39,14 +39,15 @@ def make_inputs(T, E, K, *, shared=True, ids=None):
     return x, ids, weights, routed, shared, bf16(T, H)
 
 
-def layer_with_autograd(x, ids, weights, routed, shared, dout, *, mxfp8=False, swiglu_limit=None):
+def layer_with_autograd(x, ids, weights, routed, shared, dout, *, mxfp8=False, swiglu_limit=None, backend=None):
     """(out, {name: grad}) from mok.moe and autograd."""
     leaves = [t.detach().clone().requires_grad_(True) for t in (x, weights, routed.gate, routed.up, routed.down)]
     if shared is not None:
         leaves += [t.detach().clone().requires_grad_(True) for t in (shared.gate, shared.up, shared.down)]
     r = RoutedExperts(*leaves[2:5])
     s = SharedExpert(*leaves[5:]) if shared is not None else None
-    out = mok.layer.moe(leaves[0], ids, leaves[1], r.to_mxfp8() if mxfp8 else r, s, swiglu_limit=swiglu_limit)
+    out = mok.layer.moe(leaves[0], ids, leaves[1], r.to_mxfp8() if mxfp8 else r, s, swiglu_limit=swiglu_limit,
+                        backend=backend)
     out.backward(dout)
     return out.detach(), {n: t.grad for n, t in zip(NAMES, leaves, strict=False)}
 
@@ -124,7 +125,8 @@ def test_bitwise_equal_to_reference_path(seed, mxfp8, swiglu_limit):
     """Without a shared expert (which mok.moe runs in fixed-size row chunks) the layer is reference.py's bf16 /
     MXFP8 path exactly: same rows, same order, same rounding points."""
     x, ids, weights, routed, _, dout = make_inputs(50, 5, 4, shared=False)
-    out, grads = layer_with_autograd(x, ids, weights, routed, None, dout, mxfp8=mxfp8, swiglu_limit=swiglu_limit)
+    out, grads = layer_with_autograd(x, ids, weights, routed, None, dout, mxfp8=mxfp8, swiglu_limit=swiglu_limit,
+                                     backend="reference")
     ref_out, ctx = reference.forward(x, ids, weights, routed.to_mxfp8() if mxfp8 else routed,
                                      swiglu_limit=swiglu_limit)
     ref_grads = reference.backward(ctx, dout)
