@@ -97,6 +97,7 @@ struct Knobs {
   int absent_rank = -1;  // this rank builds the schedule, then makes no further call
   int abort_rank = -1;   // this rank calls mokLayerAbort after the schedule
   std::function<void(int, mokLayer_t)> created;  // told each rank's context (e.g. to abort it later)
+  std::function<void(int)> before_destroy;       // called before a rank destroys its context
 };
 
 struct Outputs {
@@ -251,6 +252,7 @@ inline void run_rank(const ref::Problem& p, const Knobs& k, int r, void* const* 
     o.backward_ms[r] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
   }
   if (o.status[r] != mokSuccess) mokLayerGetError(layer, &o.error[r]);
+  if (k.before_destroy) k.before_destroy(r);
   mokLayerDestroy(layer);
 }
 

@@ -92,11 +92,16 @@ TEST(abort_from_another_thread_mid_pass) {
   k.created = [&](int r, mokLayer_t layer) {
     if (r == 0) rank0 = layer;
   };
+  std::atomic<bool> aborted{false};
+  k.before_destroy = [&](int) {  // mokLayerAbort must not race with mokLayerDestroy of its layer
+    while (!aborted.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
   setenv("MOK_HOST_FAULT_STALL", "1:2", 1);  // rank 1 hangs mid-pass
   std::thread watcher([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    while (!rank0.load()) std::this_thread::yield();
-    CHECK(mokLayerAbort(rank0.load()) == mokSuccess);
+    for (int i = 0; i < 1000 && !rank0.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    CHECK(rank0.load() && mokLayerAbort(rank0.load()) == mokSuccess);
+    aborted = true;
   });
   Outputs o;
   double ms = run_and_time(p, k, &o);

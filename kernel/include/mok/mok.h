@@ -232,7 +232,8 @@ typedef struct {
 
 /* The first failure this rank recorded (readable from any thread, also while a pass runs). */
 MOK_API mokStatus_t mokLayerGetError(mokLayer_t layer, mokLayerError_t* error);
-/* Make every rank's current and future passes wind down with mokPeerAbort; any thread may call it. */
+/* Make every rank's current and future passes wind down with mokPeerAbort; any thread may call it,
+   concurrently with any call on `layer` except mokLayerDestroy. */
 MOK_API mokStatus_t mokLayerAbort(mokLayer_t layer);
 
 /*
