@@ -2,6 +2,7 @@
 // leave the group, and take the home rank's sums.
 #include "host/layer.hpp"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -27,14 +28,8 @@ T* own_at(const Layer& l, size_t offset) {
 }
 
 core::Schedule schedule_of(const Layer& l) {
-  core::Schedule s;
-  s.experts = local_at<int32_t>(l, l.local_layout.schedule_experts);
-  s.rows = local_at<core::RowRef>(l, l.local_layout.rows);
-  s.total_rows = 0;
-  for (int e = 0; e < l.shape.experts_per_rank; ++e)
-    s.total_rows += (core::expert_count(s, e) + l.shape.expert_padding - 1) / l.shape.expert_padding *
-                    l.shape.expert_padding;
-  return s;
+  return core::Schedule{local_at<int32_t>(l, l.local_layout.schedule_experts),
+                        local_at<core::RowRef>(l, l.local_layout.rows), l.total_rows};
 }
 
 // MOK_HOST_FAULT_STALL="<rank>:<tasks>": that rank's first comm worker stops after taking <tasks>
@@ -234,6 +229,7 @@ mokStatus_t build_schedule(Layer& l, const void* topk_ids, bool int64_ids, int t
     }
     core::Schedule s = v.sched;
     core::build_schedule(l.shape, core::Routing{all_ids, all_tokens}, s);
+    l.total_rows = s.total_rows;
     f = group_barrier(l, WaitId::schedule_barrier);
   }
   if (!f.ok()) {

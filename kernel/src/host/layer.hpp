@@ -21,6 +21,7 @@ struct Layer {
   uint64_t timeout_ns = 0;
   uint64_t epoch = 0;      // barriers this rank has entered; the same sequence on every rank
   int tokens = 0;          // this rank's tokens in the current schedule
+  int64_t total_rows = 0;  // rows this rank receives in the current schedule, padding included
   bool has_schedule = false;
   bool has_context = false;  // a forward or recompute ran on the current schedule
   core::ErrorRecord error{};
