@@ -2,7 +2,8 @@
 
     nox -s conda    the conda recipe: renders for every variant; its host-toolchain variant builds, passes its
                     package tests, rebuilds byte for byte and installs from a local channel
-    nox -s nix      the Nix flake: parses, evaluates against a nixpkgs fixture, `nix flake check --no-build`
+    nox -s nix      the Nix flake: parses, evaluates against a nixpkgs fixture, `nix flake check --no-build`;
+                    libmok installed in nixpkgs' split-output layout serves the C++ example
     nox -s repro    two release builds (libmok host-only and CUDA sm_100a, the wheel) are byte-identical
 
 All run offline. Nix comes from the system (apt-get install -y nix-bin); without it `nix` skips, saying so.
@@ -49,9 +50,10 @@ def conda(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def nix(session: nox.Session) -> None:
-    """The Nix flake, offline: parse, evaluation against tests/packaging/nix_fixture, flake check --no-build."""
-    session.install(PYTEST)
-    _pytest(session, "test_nix.py")
+    """The Nix flake, offline: parse, evaluation against a nixpkgs fixture, flake check; split-output install."""
+    session.install(*BUILD, PYTEST)
+    session.env.update(_cuda_env(session))
+    _pytest(session, "test_nix.py", "test_split_install.py")
 
 
 @nox.session(python="3.11")

@@ -2,6 +2,7 @@
 three outputs with their package tests, rebuilds byte for byte, and installs from an indexed local channel
 into a fresh prefix where the C++ example builds and runs."""
 
+import os
 import subprocess
 
 import pytest
@@ -74,7 +75,7 @@ def test_cpp_example_builds_from_installed_channel(packages, tmp_path):
     run = subprocess.run(
         ["bash", str(conda_tools.RECIPE_DIR / "test_consumer.sh"), str(example)],
         cwd=tmp_path,
-        env={"PREFIX": str(prefix), "PATH": "/usr/bin:/bin"},
+        env={"PREFIX": str(prefix), "PATH": os.environ["PATH"]},
         capture_output=True,
         text=True,
     )
