@@ -98,6 +98,7 @@ struct Knobs {
   int abort_rank = -1;   // this rank calls mokLayerAbort after the schedule
   std::function<void(int, mokLayer_t)> created;  // told each rank's context (e.g. to abort it later)
   std::function<void(int)> before_destroy;       // called before a rank destroys its context
+  std::function<void(int, mokLayerConfig_t&)> edit_config;  // a rank's config, changed before creation
 };
 
 struct Outputs {
@@ -179,6 +180,7 @@ inline void run_rank(const ref::Problem& p, const Knobs& k, int r, void* const* 
     return s == mokSuccess;
   };
   mokLayerConfig_t c = config_for(p, k, r);
+  if (k.edit_config) k.edit_config(r, c);
   mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
   if (k.shm_name) m.shm_name = k.shm_name;
   else m.peer_bases = bases;

@@ -259,4 +259,21 @@ TEST(error_query_rules) {
   EXPECT(mokLayerAbort(nullptr), mokInvalidArgument, "'layer'");
 }
 
+// Ranks whose configs disagree on a group-wide field: every rank fails the schedule build, naming
+// the field, before anything is read through the (differently laid out) peer buffers.
+TEST(group_config_mismatch) {
+  std::mt19937_64 rng(seed());
+  Spec spec;
+  spec.world = 3;
+  ref::Problem p = make_problem(spec, rng);
+  Knobs k;
+  k.edit_config = [](int r, mokLayerConfig_t& c) {
+    if (r == 2) c.hidden /= 2;  // smaller: its buffers still fit in the ones sized for the others
+  };
+  Outputs o = run_layer(p, k);
+  for (int r = 0; r < 3; ++r)
+    CHECK_MSG(o.status[r] == mokInvalidArgument && o.detail[r].find("config.hidden") != std::string::npos,
+              "rank %d: %s: %s", r, mokGetStatusString(o.status[r]), o.detail[r].c_str());
+}
+
 MOK_TEST_MAIN

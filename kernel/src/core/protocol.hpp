@@ -14,7 +14,10 @@
 
 #include <cstdint>
 
+#include <cstring>
+
 #include "core/platform.hpp"
+#include "core/shape.hpp"
 
 namespace mok::core {
 
@@ -23,14 +26,35 @@ using SystemAtomic = cuda::atomic_ref<T, cuda::thread_scope_system>;  // across 
 template <class T>
 using DeviceAtomic = cuda::atomic_ref<T, cuda::thread_scope_device>;  // among one rank's workers
 
+// The shape fields every rank of a group must share: they fix the peer layout, the schedule and
+// the math. (Minibatch, macrobatch and worker counts are a rank's own business.)
+constexpr int kGroupShapeFields = 10;
+
+MOK_HD inline const char* group_shape_field(int i) {
+  const char* names[kGroupShapeFields] = {"world",       "experts_per_rank",    "hidden",    "intermediate",
+                                          "top_k",       "max_tokens",          "shared_intermediate",
+                                          "precision",   "expert_padding",      "swiglu_limit"};
+  return names[i];
+}
+
+MOK_HD inline void group_shape(const LayerShape& s, int32_t* out) {
+  float limit = s.swiglu_limit;
+  int32_t limit_bits;
+  memcpy(&limit_bits, &limit, 4);
+  int32_t v[kGroupShapeFields] = {s.world,      s.experts_per_rank,    s.hidden, s.intermediate, s.top_k,
+                                  s.max_tokens, s.shared_intermediate, s.mxfp8,  s.expert_padding, limit_bits};
+  for (int i = 0; i < kGroupShapeFields; ++i) out[i] = v[i];
+}
+
 // The start of every rank's peer buffer; one cache line per field so writers do not contend.
 struct PeerHeader {
   alignas(64) uint64_t barrier;
   alignas(64) uint32_t abort;
   alignas(64) uint32_t mapped;
   alignas(64) int32_t tokens;  // this rank's token count, staged with its topk ids
+  alignas(64) int32_t shape[kGroupShapeFields];  // what every rank of the group must agree on
 };
-static_assert(sizeof(PeerHeader) <= 256, "the peer layout reserves 256 bytes for the header");
+static_assert(sizeof(PeerHeader) <= 512, "the peer layout reserves 512 bytes for the header");
 
 enum class Outcome : int32_t { ok = 0, timeout = 1, peer_abort = 2 };
 

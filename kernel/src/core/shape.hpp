@@ -69,7 +69,7 @@ MOK_HD inline PeerLayout peer_layout(const LayerShape& s) {
   Carver c;
   PeerLayout p{};
   size_t t = static_cast<size_t>(s.max_tokens), k = static_cast<size_t>(s.top_k), h = static_cast<size_t>(s.hidden);
-  p.header = c.take(256);
+  p.header = c.take(512);
   p.topk_ids = c.take(t * k * 4);
   p.topk_weights = c.take(t * k * 4);
   p.x = c.take(t * h * 2);

@@ -183,6 +183,22 @@ void write_grad(const float* acc, size_t n, int accumulate, void* dst) {
   }
 }
 
+// Every rank published its shape at creation; after the first schedule barrier all are visible.
+// A mismatch is seen by every rank (each differs from someone), so all fail alike and stop here,
+// without an abort (which could overtake a peer still in the barrier). Until a schedule is built,
+// no pass can run.
+mokStatus_t check_group_shape(Layer& l, const char* func) {
+  int32_t mine[core::kGroupShapeFields];
+  core::group_shape(l.shape, mine);
+  for (int r = 0; r < l.shape.world; ++r)
+    for (int i = 0; i < core::kGroupShapeFields; ++i)
+      if (l.headers[r]->shape[i] != mine[i]) {
+        return api::fail(mokInvalidArgument, "%s: argument 'config.%s' differs between rank %d and rank %d; every "
+                         "rank of a group needs the same value", func, core::group_shape_field(i), l.shape.rank, r);
+      }
+  return mokSuccess;
+}
+
 }  // namespace
 
 mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory, Layer** out) {
@@ -202,6 +218,7 @@ mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mok
     return s;
   }
   for (int r = 0; r < shape.world; ++r) l->headers[r] = reinterpret_cast<core::PeerHeader*>(l->memory.base(r));
+  core::group_shape(shape, l->headers[shape.rank]->shape);
   *out = l;
   return mokSuccess;
 }
@@ -220,6 +237,8 @@ mokStatus_t build_schedule(Layer& l, const void* topk_ids, bool int64_ids, int t
   l.has_schedule = l.has_context = false;
   core::PassView v = view_of(l, PassKind::forward);
   Failure f = group_barrier(l, WaitId::schedule_barrier);
+  if (f.ok())
+    if (mokStatus_t s = check_group_shape(l, func); s != mokSuccess) return s;
   if (f.ok()) {
     const int32_t* all_ids[core::kMaxWorld];
     int32_t all_tokens[core::kMaxWorld];
