@@ -93,6 +93,10 @@ TEST(config_rules) {
   EXPECT_CONFIG(c.compute_workers = 0, "config.compute_workers");
   EXPECT_CONFIG(c.timeout_ms = 0, "config.timeout_ms");
   EXPECT_CONFIG((c.world = 72, c.max_tokens = 1 << 24, c.top_k = 64), "'config'");  // not addressable
+  EXPECT_CONFIG(c.executor = static_cast<mokExecutor_t>(9), "config.executor");
+  c = good_config();
+  c.executor = mokExecutorSm100;
+  EXPECT(mokLayerGetSizes(&c, &sizes), mokUnsupported, "config.executor");
 }
 
 TEST(memory_rules) {

@@ -124,9 +124,11 @@ typedef struct {
   int comm_workers;         /* host threads moving rows, >= 1 */
   int compute_workers;      /* host threads computing tiles, >= 1 */
   int timeout_ms;           /* every wait on another worker or rank gives up after this, >= 1 */
+  mokExecutor_t executor;   /* mokExecutorHost: the only executor that runs the layer so far */
 } mokLayerConfig_t;
 #define MOK_LAYER_CONFIG_INIT \
-  {sizeof(mokLayerConfig_t), 1, 0, 0, 0, 0, 0, 0, 0, mokPrecisionBF16, 0.0f, 32, 256, 1024, 1, 1, 30000}
+  {sizeof(mokLayerConfig_t), 1, 0, 0, 0, 0, 0, 0, 0, mokPrecisionBF16, 0.0f, 32, 256, 1024, 1, 1, 30000, \
+   mokExecutorHost}
 
 typedef struct {
   size_t size;            /* sizeof(mokLayerSizes_t), set by MOK_LAYER_SIZES_INIT */

@@ -58,6 +58,11 @@ mokStatus_t check_config(const mokLayerConfig_t* c, const char* func, core::Laye
     if (r.value < r.lo || r.value > r.hi)
       return fail(mokInvalidArgument, "%s: argument '%s' (%lld) must be in [%lld, %lld]", func, r.name, r.value,
                   r.lo, r.hi);
+  if (c->executor < 0 || c->executor >= mokNumExecutors)
+    return invalid(func, "must be a mokExecutor_t value", "config.executor", c->executor);
+  if (c->executor != mokExecutorHost)
+    return fail(mokUnsupported, "%s: argument 'config.executor' (%s): only the host executor runs the layer so far",
+                func, mokExecutorName(c->executor));
   if (!(c->swiglu_limit >= 0.0f))
     return fail(mokInvalidArgument, "%s: argument 'config.swiglu_limit' (%g) must be > 0, or 0 for no clamp", func,
                 static_cast<double>(c->swiglu_limit));
