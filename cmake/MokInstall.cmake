@@ -18,5 +18,14 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/mokConfigVersion.cmake
 install(FILES ${PROJECT_BINARY_DIR}/mokConfig.cmake ${PROJECT_BINARY_DIR}/mokConfigVersion.cmake
   DESTINATION ${MOK_CMAKE_DIR} COMPONENT dev)
 
+# Relative install dirs stay relative to the .pc file's prefix (relocatable: conda); absolute ones (nixpkgs puts
+# lib and include in different store paths) are written as they are.
+foreach(_dir LIBDIR INCLUDEDIR)
+  if(IS_ABSOLUTE "${CMAKE_INSTALL_${_dir}}")
+    set(MOK_PC_${_dir} "${CMAKE_INSTALL_${_dir}}")
+  else()
+    set(MOK_PC_${_dir} "\${prefix}/${CMAKE_INSTALL_${_dir}}")
+  endif()
+endforeach()
 configure_file(cmake/mok.pc.in ${PROJECT_BINARY_DIR}/mok.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/mok.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig COMPONENT dev)

@@ -2,7 +2,9 @@
 #include "cuda/probe.hpp"
 
 namespace mok::cuda {
-namespace {
+// A named namespace: nvcc names an anonymous one after the source's absolute path, which would make
+// builds from two directories differ (tests/packaging/test_repro.py).
+namespace probe_detail {
 
 __global__ void probe_kernel(int* arch) {
 #ifdef __CUDA_ARCH__
@@ -10,14 +12,14 @@ __global__ void probe_kernel(int* arch) {
 #endif
 }
 
-}  // namespace
+}  // namespace probe_detail
 
 cudaError_t probe_attributes(int device) {
   int previous = 0;
   if (cudaError_t err = cudaGetDevice(&previous); err != cudaSuccess) return err;
   if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return err;
   cudaFuncAttributes attr;
-  cudaError_t err = cudaFuncGetAttributes(&attr, probe_kernel);
+  cudaError_t err = cudaFuncGetAttributes(&attr, probe_detail::probe_kernel);
   cudaSetDevice(previous);
   return err;
 }
