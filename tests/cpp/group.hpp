@@ -107,6 +107,7 @@ struct Outputs {
   std::vector<mokLayerError_t> error;  // mokLayerGetError after a failure
   std::vector<double> forward_ms, backward_ms;  // per rank, wall time of the call
   std::vector<std::vector<uint16_t>> out, dx, dgate, dup, ddown, dsgate, dsup, dsdown;
+  std::vector<std::vector<uint16_t>> slots;  // mokLayerGetSlots after the forward
   std::vector<std::vector<float>> dw, main_gate, main_up, main_down;
 };
 
@@ -221,6 +222,10 @@ inline void run_rank(const ref::Problem& p, const Knobs& k, int r, void* const* 
   auto t0 = std::chrono::steady_clock::now();
   ok = ok && step(mokLayerForward(layer, &w, p.x[r].data(), p.topk_weights[r].data(), o.out[r].data()));
   o.forward_ms[r] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (ok) {
+    o.slots[r].assign(static_cast<size_t>(T) * K * H, 0xffff);
+    ok = step(mokLayerGetSlots(layer, o.slots[r].data()));
+  }
   if (ok && k.recompute) ok = step(mokLayerRecompute(layer, &w, p.x[r].data()));
   if (ok && k.backward) {
     size_t eih = static_cast<size_t>(p.experts) * p.inter * H, sih = static_cast<size_t>(p.shared_inter) * H;
@@ -265,7 +270,8 @@ inline Outputs empty_outputs(int world) {
   o.error.assign(world, mokLayerError_t MOK_LAYER_ERROR_INIT);
   o.forward_ms.assign(world, 0);
   o.backward_ms.assign(world, 0);
-  for (auto* v : {&o.out, &o.dx, &o.dgate, &o.dup, &o.ddown, &o.dsgate, &o.dsup, &o.dsdown}) v->resize(world);
+  for (auto* v : {&o.out, &o.dx, &o.dgate, &o.dup, &o.ddown, &o.dsgate, &o.dsup, &o.dsdown, &o.slots})
+    v->resize(world);
   for (auto* v : {&o.dw, &o.main_gate, &o.main_up, &o.main_down}) v->resize(world);
   return o;
 }

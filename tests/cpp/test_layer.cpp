@@ -52,6 +52,20 @@ void check_against_reference(const Spec& spec, const Knobs& knobs) {
       close("dshared_up", r, from_bf16(o.dsup[r]), rounded(want.dsup[r]), tol, kMinExact);
       close("dshared_down", r, from_bf16(o.dsdown[r]), rounded(want.dsdown[r]), tol, kMinExact);
     }
+    // mokLayerGetSlots gives the y_k the router-weight gradient used: dw_k = sum_h dOut * y_k in
+    // fp32, h in order, reproduces it bit for bit; a -1 route's slot is zeros.
+    for (int t = 0; t < p.tokens[r]; ++t)
+      for (int k = 0; k < p.top_k; ++k) {
+        float dw = 0.0f;
+        bool zeros = true;
+        for (int h = 0; h < p.hidden; ++h) {
+          uint16_t y = o.slots[r][(static_cast<size_t>(t) * p.top_k + k) * p.hidden + h];
+          zeros &= y == 0;
+          dw += static_cast<float>(ref::bf16_value(p.dout[r][t * p.hidden + h]) * ref::bf16_value(y));
+        }
+        CHECK(dw == o.dw[r][t * p.top_k + k]);
+        if (p.ids[r][t * p.top_k + k] < 0) CHECK(zeros);
+      }
     // A token whose routes are all -1 and that has no shared expert gets exactly zero.
     if (spec.shared_inter == 0)
       for (int t = 0; t < p.tokens[r]; ++t) {
