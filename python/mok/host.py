@@ -88,11 +88,11 @@ def _layer(state: _Layers, group, swiglu_limit: float | None):
     key = (swiglu_limit, os.getpid(), world, rank)
     if key in state.layers:
         return state.layers[key]
-    key, config = state.key, state.config
-    minibatch, macrobatch = _ring_rows(key, config, world)
-    cfg = dict(world=world, rank=rank, experts_per_rank=key.num_local_experts, hidden=key.hidden,
-               intermediate=key.intermediate, top_k=key.topk, max_tokens=max(key.max_tokens, 1),
-               shared_intermediate=key.shared_intermediate, mxfp8=key.mxfp8,
+    shape, config = state.key, state.config
+    minibatch, macrobatch = _ring_rows(shape, config, world)
+    cfg = dict(world=world, rank=rank, experts_per_rank=shape.num_local_experts, hidden=shape.hidden,
+               intermediate=shape.intermediate, top_k=shape.topk, max_tokens=max(shape.max_tokens, 1),
+               shared_intermediate=shape.shared_intermediate, mxfp8=shape.mxfp8,
                swiglu_limit=0.0 if swiglu_limit is None else float(swiglu_limit),
                expert_padding=config.expert_padding, minibatch=minibatch, macrobatch=macrobatch,
                timeout_ms=max(1, int(config.wait_timeout_s * 1000)), **_WORKERS)
