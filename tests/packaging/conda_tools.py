@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -36,15 +37,17 @@ def build(recipe: Path, out: Path) -> list[Path]:
     """Build every output of `recipe` into `out`, running the package tests; the local out dir is the
     only channel (without one, rattler-build's tests reach for conda-forge)."""
     log = _LogTail()
+    out.mkdir(parents=True, exist_ok=True)
     try:
-        results = rb.Stage0Recipe.from_file(recipe).run_build(
-            variant_config=rb.VariantConfig.from_file(VARIANTS),
-            tool_config=rb.ToolConfiguration(test_strategy="native"),
-            output_dir=out,
-            channels=[out.as_uri()],
-            progress_callback=log,
-            render_config=RENDER,
-        )
+        with contextlib.chdir(out):  # rattler-build leaves its staging_* caches in the working directory
+            results = rb.Stage0Recipe.from_file(recipe).run_build(
+                variant_config=rb.VariantConfig.from_file(VARIANTS),
+                tool_config=rb.ToolConfiguration(test_strategy="native"),
+                output_dir=out,
+                channels=[out.as_uri()],
+                progress_callback=log,
+                render_config=RENDER,
+            )
     except rb.RattlerBuildError as e:
         raise AssertionError("conda build failed; last log lines:\n" + "\n".join(log.lines[-80:])) from e
     return [p for r in results for p in r.packages]
