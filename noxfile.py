@@ -96,7 +96,7 @@ def lint(session: nox.Session) -> None:
     session.install("ruff==0.14.6", "clang-format==21.1.6")
     session.run("ruff", "check", "python", "tests", "tools", "noxfile.py")
     sources = [str(p) for d in ("kernel", "python/src", "examples", "tests/cpp")
-               for p in sorted((ROOT / d).rglob("*")) if p.suffix in {".h", ".hpp", ".cpp", ".cu", ".cuh"}]
+               for p in sorted((ROOT / d).rglob("*")) if p.suffix in {".c", ".h", ".hpp", ".cpp", ".cu", ".cuh"}]
     session.run("clang-format", "--dry-run", "--Werror", *sources)
 
 

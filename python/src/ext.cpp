@@ -45,8 +45,7 @@ NB_MODULE(_mok, m) {
       },
       "libmok's version as MOK_VERSION_CODE(major, minor, patch)");
 
-  m.def("status_string",
-        [](int status) { return std::string(mokGetStatusString(static_cast<mokStatus_t>(status))); });
+  m.def("status_string", [](int status) { return std::string(mokGetStatusString(static_cast<mokStatus_t>(status))); });
 
   m.def("cuda_architectures", [] { return std::string(mokCudaArchitectures()); });
 

@@ -26,20 +26,17 @@ T* ptr(uintptr_t address) {
 
 mokLayerConfig_t make_config(const nb::dict& d) {
   mokLayerConfig_t c = MOK_LAYER_CONFIG_INIT;
-  int* const ints[] = {&c.world,           &c.rank,      &c.experts_per_rank, &c.hidden,
-                       &c.intermediate,    &c.top_k,     &c.max_tokens,       &c.shared_intermediate,
-                       &c.expert_padding,  &c.minibatch, &c.macrobatch,       &c.comm_workers,
-                       &c.compute_workers, &c.timeout_ms};
-  const char* const names[] = {"world",           "rank",      "experts_per_rank", "hidden",
-                               "intermediate",    "top_k",     "max_tokens",       "shared_intermediate",
-                               "expert_padding",  "minibatch", "macrobatch",       "comm_workers",
-                               "compute_workers", "timeout_ms"};
+  int* const ints[] = {&c.world,      &c.rank,         &c.experts_per_rank,    &c.hidden,         &c.intermediate,
+                       &c.top_k,      &c.max_tokens,   &c.shared_intermediate, &c.expert_padding, &c.minibatch,
+                       &c.macrobatch, &c.comm_workers, &c.compute_workers,     &c.timeout_ms};
+  const char* const names[] = {"world",      "rank",         "experts_per_rank",    "hidden",         "intermediate",
+                               "top_k",      "max_tokens",   "shared_intermediate", "expert_padding", "minibatch",
+                               "macrobatch", "comm_workers", "compute_workers",     "timeout_ms"};
   size_t known = 0;
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); ++i) {
     if (d.contains(names[i])) *ints[i] = nb::cast<int>(d[names[i]]), ++known;
   }
-  if (d.contains("mxfp8"))
-    c.precision = nb::cast<bool>(d["mxfp8"]) ? mokPrecisionMXFP8 : mokPrecisionBF16, ++known;
+  if (d.contains("mxfp8")) c.precision = nb::cast<bool>(d["mxfp8"]) ? mokPrecisionMXFP8 : mokPrecisionBF16, ++known;
   if (d.contains("swiglu_limit")) c.swiglu_limit = nb::cast<float>(d["swiglu_limit"]), ++known;
   if (known != d.size()) throw nb::value_error("config: unknown key (see mokLayerConfig_t in mok.h)");
   return c;
@@ -89,17 +86,15 @@ class Layer {
   void build_schedule(uintptr_t ids, bool int64, int num_tokens) {
     mokLayer_t layer = get();
     mok::python::released([&] {
-      return mokLayerBuildSchedule(layer, ptr<const void>(ids), int64 ? mokIndexInt64 : mokIndexInt32,
-                                   num_tokens);
+      return mokLayerBuildSchedule(layer, ptr<const void>(ids), int64 ? mokIndexInt64 : mokIndexInt32, num_tokens);
     });
   }
 
   void forward(const nb::dict& weights, uintptr_t x, uintptr_t topk_weights, uintptr_t out) {
     mokLayerWeights_t w = make_weights(weights);
     mokLayer_t layer = get();
-    mok::python::released([&] {
-      return mokLayerForward(layer, &w, ptr<const void>(x), ptr<const float>(topk_weights), ptr<void>(out));
-    });
+    mok::python::released(
+        [&] { return mokLayerForward(layer, &w, ptr<const void>(x), ptr<const float>(topk_weights), ptr<void>(out)); });
   }
 
   void recompute(const nb::dict& weights, uintptr_t x) {
@@ -121,9 +116,8 @@ class Layer {
     g.dshared_up = ptr<void>(grads, "shared_up");
     g.dshared_down = ptr<void>(grads, "shared_down");
     mokLayer_t layer = get();
-    mok::python::released([&] {
-      return mokLayerBackward(layer, &w, ptr<const float>(topk_weights), ptr<const void>(dout), &g);
-    });
+    mok::python::released(
+        [&] { return mokLayerBackward(layer, &w, ptr<const float>(topk_weights), ptr<const void>(dout), &g); });
   }
 
   void slots(uintptr_t y_slots) {
@@ -167,8 +161,8 @@ void bind_layer(nb::module_& m) {
       "(peer_bytes, workspace_bytes) that a layer with this config needs");
 
   nb::class_<Layer>(m, "Layer")
-      .def(nb::init<const nb::dict&, const std::string&, uintptr_t, size_t>(), nb::arg("config"),
-           nb::arg("shm_name"), nb::arg("workspace"), nb::arg("workspace_bytes"))
+      .def(nb::init<const nb::dict&, const std::string&, uintptr_t, size_t>(), nb::arg("config"), nb::arg("shm_name"),
+           nb::arg("workspace"), nb::arg("workspace_bytes"))
       .def("close", &Layer::close)
       .def("build_schedule", &Layer::build_schedule)
       .def("forward", &Layer::forward)
@@ -178,8 +172,8 @@ void bind_layer(nb::module_& m) {
       .def("error", &Layer::error)
       .def("abort", &Layer::abort);
 
-  m.def("mxfp8_quantize", [](uintptr_t src, bool fp32, int64_t batch, int64_t rows, int64_t cols,
-                             uintptr_t rw_data, uintptr_t rw_scales, uintptr_t cw_data, uintptr_t cw_scales) {
+  m.def("mxfp8_quantize", [](uintptr_t src, bool fp32, int64_t batch, int64_t rows, int64_t cols, uintptr_t rw_data,
+                             uintptr_t rw_scales, uintptr_t cw_data, uintptr_t cw_scales) {
     mok::python::released([&] {
       return mokMxfp8Quantize(ptr<const void>(src), fp32 ? mokDataFloat32 : mokDataBF16, batch, rows, cols,
                               ptr<uint8_t>(rw_data), ptr<uint8_t>(rw_scales), ptr<uint8_t>(cw_data),

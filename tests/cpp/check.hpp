@@ -63,28 +63,30 @@ inline int run_all(int argc, char** argv) {
 
 }  // namespace mok_test
 
-#define TEST(name)                                                 \
-  static void name();                                              \
-  static mok_test::Register name##_registered(#name, &name);       \
+#define TEST(name)                                           \
+  static void name();                                        \
+  static mok_test::Register name##_registered(#name, &name); \
   static void name()
 
-#define CHECK(cond)                                                                      \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      std::printf("  %s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);             \
-      ++mok_test::failures();                                                            \
-    }                                                                                    \
+#define CHECK(cond)                                                          \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      std::printf("  %s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++mok_test::failures();                                                \
+    }                                                                        \
   } while (0)
 
-#define CHECK_MSG(cond, ...)                                                             \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      std::printf("  %s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);             \
-      std::printf(__VA_ARGS__);                                                          \
-      std::printf("\n");                                                                 \
-      ++mok_test::failures();                                                            \
-    }                                                                                    \
+#define CHECK_MSG(cond, ...)                                                 \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      std::printf("  %s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond); \
+      std::printf(__VA_ARGS__);                                              \
+      std::printf("\n");                                                     \
+      ++mok_test::failures();                                                \
+    }                                                                        \
   } while (0)
 
-#define MOK_TEST_MAIN \
-  int main(int argc, char** argv) { return mok_test::run_all(argc, argv); }
+#define MOK_TEST_MAIN                     \
+  int main(int argc, char** argv) {       \
+    return mok_test::run_all(argc, argv); \
+  }

@@ -25,8 +25,8 @@ enum class Routing { uniform, one_expert, one_rank, empty_experts, minus_one };
 struct Spec {
   int world = 2, experts = 2, hidden = 16, inter = 8, top_k = 2, shared_inter = 0;
   int max_tokens = 8;
-  bool ragged = true;      // tokens per rank drawn in [1, max_tokens]
-  int empty_rank = -1;     // a rank with 0 tokens
+  bool ragged = true;   // tokens per rank drawn in [1, max_tokens]
+  int empty_rank = -1;  // a rank with 0 tokens
   Routing routing = Routing::uniform;
   bool mxfp8 = false;
   double limit = 0;
@@ -90,12 +90,12 @@ struct Knobs {
   int comm_workers = 1, compute_workers = 2;
   int timeout_ms = 60000;
   bool int64_ids = false;
-  bool accumulate = false;      // weight gradients into fp32 main_grad buffers
-  bool recompute = false;       // recompute the context before the backward
+  bool accumulate = false;  // weight gradients into fp32 main_grad buffers
+  bool recompute = false;   // recompute the context before the backward
   bool backward = true;
-  const char* shm_name = nullptr;  // peer memory by shared-memory rendezvous instead of heap bases
-  int absent_rank = -1;  // this rank builds the schedule, then makes no further call
-  int abort_rank = -1;   // this rank calls mokLayerAbort after the schedule
+  const char* shm_name = nullptr;                // peer memory by shared-memory rendezvous instead of heap bases
+  int absent_rank = -1;                          // this rank builds the schedule, then makes no further call
+  int abort_rank = -1;                           // this rank calls mokLayerAbort after the schedule
   std::function<void(int, mokLayer_t)> created;  // told each rank's context (e.g. to abort it later)
   std::function<void(int)> before_destroy;       // called before a rank destroys its context
   std::function<void(int, mokLayerConfig_t&)> edit_config;  // a rank's config, changed before creation
@@ -104,7 +104,7 @@ struct Knobs {
 struct Outputs {
   std::vector<mokStatus_t> status;  // per rank: the first failing call's status
   std::vector<std::string> detail;
-  std::vector<mokLayerError_t> error;  // mokLayerGetError after a failure
+  std::vector<mokLayerError_t> error;           // mokLayerGetError after a failure
   std::vector<double> forward_ms, backward_ms;  // per rank, wall time of the call
   std::vector<std::vector<uint16_t>> out, dx, dgate, dup, ddown, dsgate, dsup, dsdown;
   std::vector<std::vector<uint16_t>> slots;  // mokLayerGetSlots after the forward
@@ -183,8 +183,10 @@ inline void run_rank(const ref::Problem& p, const Knobs& k, int r, void* const* 
   mokLayerConfig_t c = config_for(p, k, r);
   if (k.edit_config) k.edit_config(r, c);
   mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
-  if (k.shm_name) m.shm_name = k.shm_name;
-  else m.peer_bases = bases;
+  if (k.shm_name)
+    m.shm_name = k.shm_name;
+  else
+    m.peer_bases = bases;
   m.workspace = workspace;
   m.workspace_bytes = workspace_bytes;
   mokLayer_t layer = nullptr;
@@ -270,8 +272,7 @@ inline Outputs empty_outputs(int world) {
   o.error.assign(world, mokLayerError_t MOK_LAYER_ERROR_INIT);
   o.forward_ms.assign(world, 0);
   o.backward_ms.assign(world, 0);
-  for (auto* v : {&o.out, &o.dx, &o.dgate, &o.dup, &o.ddown, &o.dsgate, &o.dsup, &o.dsdown, &o.slots})
-    v->resize(world);
+  for (auto* v : {&o.out, &o.dx, &o.dgate, &o.dup, &o.ddown, &o.dsgate, &o.dsup, &o.dsdown, &o.slots}) v->resize(world);
   for (auto* v : {&o.dw, &o.main_gate, &o.main_up, &o.main_down}) v->resize(world);
   return o;
 }
@@ -336,8 +337,8 @@ inline bool close(const char* what, int rank, const std::vector<double>& got, co
             got.empty() ? 0.0 : got[at], want.empty() ? 0.0 : want[at], tol * scale);
   if (got.size() >= 64) {
     double fraction = static_cast<double>(exact) / got.size();
-    CHECK_MSG(fraction >= min_exact, "%s rank %d: %.1f%% of elements equal the reference exactly, want >= %.0f%%",
-              what, rank, 100 * fraction, 100 * min_exact);
+    CHECK_MSG(fraction >= min_exact, "%s rank %d: %.1f%% of elements equal the reference exactly, want >= %.0f%%", what,
+              rank, 100 * fraction, 100 * min_exact);
     ok = ok && fraction >= min_exact;
   }
   return ok;

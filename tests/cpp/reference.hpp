@@ -110,18 +110,18 @@ struct Problem {
   int world = 1, experts = 1, hidden = 8, inter = 8, top_k = 1, shared_inter = 0;
   double limit = 0;  // SwiGLU clamp; 0 = none
   bool mxfp8 = false;
-  std::vector<int> tokens;                              // per rank
-  std::vector<std::vector<int64_t>> ids;                // [rank][T*K]
-  std::vector<std::vector<float>> topk_weights;         // [rank][T*K]
-  std::vector<std::vector<uint16_t>> x, dout;           // [rank][T*H] bf16
-  std::vector<std::vector<uint16_t>> gate, up, down;    // [rank][E*I*H], [E*I*H], [E*H*I] bf16
-  std::vector<std::vector<uint16_t>> sgate, sup, sdown; // [rank][Is*H], [Is*H], [H*Is] bf16
+  std::vector<int> tokens;                               // per rank
+  std::vector<std::vector<int64_t>> ids;                 // [rank][T*K]
+  std::vector<std::vector<float>> topk_weights;          // [rank][T*K]
+  std::vector<std::vector<uint16_t>> x, dout;            // [rank][T*H] bf16
+  std::vector<std::vector<uint16_t>> gate, up, down;     // [rank][E*I*H], [E*I*H], [E*H*I] bf16
+  std::vector<std::vector<uint16_t>> sgate, sup, sdown;  // [rank][Is*H], [Is*H], [H*Is] bf16
 };
 
 struct Result {
-  std::vector<Vec> out, dx, dw;                 // per rank
-  std::vector<Vec> dgate, dup, ddown;           // per rank, its local experts (fp32 sums)
-  std::vector<Vec> dsgate, dsup, dsdown;        // per rank (fp32 sums)
+  std::vector<Vec> out, dx, dw;           // per rank
+  std::vector<Vec> dgate, dup, ddown;     // per rank, its local experts (fp32 sums)
+  std::vector<Vec> dsgate, dsup, dsdown;  // per rank (fp32 sums)
 };
 
 inline Vec values(const std::vector<uint16_t>& b, size_t at, size_t n) {
@@ -131,11 +131,13 @@ inline Vec values(const std::vector<uint16_t>& b, size_t at, size_t n) {
 }
 
 struct Expert {
-  Vec gate, up, down;    // forward operands [I,H], [I,H], [H,I]
-  Vec bgate, bup, bdown; // dgrad operands
+  Vec gate, up, down;     // forward operands [I,H], [I,H], [H,I]
+  Vec bgate, bup, bdown;  // dgrad operands
 };
 
-inline double silu(double z) { return z / (1.0 + std::exp(-z)); }
+inline double silu(double z) {
+  return z / (1.0 + std::exp(-z));
+}
 
 class Layer {
  public:

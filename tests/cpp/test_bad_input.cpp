@@ -86,9 +86,9 @@ TEST(config_rules) {
   EXPECT_CONFIG(c.swiglu_limit = NAN, "config.swiglu_limit");
   EXPECT_CONFIG(c.expert_padding = 0, "config.expert_padding");
   EXPECT_CONFIG(c.precision = mokPrecisionMXFP8, "config.expert_padding");  // 8 is not a multiple of 32
-  EXPECT_CONFIG(c.minibatch = 12, "config.minibatch");                    // not a multiple of padding 8
-  EXPECT_CONFIG(c.macrobatch = 8, "config.macrobatch");                   // smaller than minibatch 16
-  EXPECT_CONFIG(c.macrobatch = 40, "config.macrobatch");                  // not a multiple of minibatch
+  EXPECT_CONFIG(c.minibatch = 12, "config.minibatch");                      // not a multiple of padding 8
+  EXPECT_CONFIG(c.macrobatch = 8, "config.macrobatch");                     // smaller than minibatch 16
+  EXPECT_CONFIG(c.macrobatch = 40, "config.macrobatch");                    // not a multiple of minibatch
   EXPECT_CONFIG(c.comm_workers = 0, "config.comm_workers");
   EXPECT_CONFIG(c.compute_workers = 0, "config.compute_workers");
   EXPECT_CONFIG(c.timeout_ms = 0, "config.timeout_ms");
@@ -148,7 +148,7 @@ TEST(schedule_rules) {
   int64_t wide[8] = {0, 1, 1, 0, 0, 0, 1, 1};
   EXPECT(mokLayerBuildSchedule(s.layer, reinterpret_cast<char*>(wide) + 4, mokIndexInt64, 3), mokInvalidArgument,
          "topk_ids");  // misaligned
-  ids[5] = 2;  // world * experts_per_rank = 2
+  ids[5] = 2;          // world * experts_per_rank = 2
   EXPECT(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 4), mokInvalidArgument, "topk_ids");
   ids[5] = -2;
   EXPECT(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 4), mokInvalidArgument, "topk_ids");
@@ -195,8 +195,8 @@ TEST(pass_rules) {
   bad.shared_gate = gate.data();  // a shared expert the config does not have
   EXPECT(mokLayerForward(s.layer, &bad, x.data(), tw, out.data()), mokInvalidArgument, "weights.shared_gate");
   EXPECT(mokLayerForward(s.layer, &w, nullptr, tw, out.data()), mokInvalidArgument, "'x'");
-  EXPECT(mokLayerForward(s.layer, &w, reinterpret_cast<const char*>(x.data()) + 1, tw, out.data()),
-         mokInvalidArgument, "'x'");
+  EXPECT(mokLayerForward(s.layer, &w, reinterpret_cast<const char*>(x.data()) + 1, tw, out.data()), mokInvalidArgument,
+         "'x'");
   EXPECT(mokLayerForward(s.layer, &w, x.data(), nullptr, out.data()), mokInvalidArgument, "topk_weights");
   EXPECT(mokLayerForward(s.layer, &w, x.data(), tw, nullptr), mokInvalidArgument, "'out'");
   EXPECT(mokLayerRecompute(s.layer, &w, nullptr), mokInvalidArgument, "'x'");

@@ -11,7 +11,8 @@ using namespace mok_test;
 
 TEST(bf16_round_to_nearest_even) {
   std::mt19937_64 rng(seed());
-  std::uniform_int_distribution<uint32_t> bits(0x00800000u, 0x7f7effffu);  // positive normals that round to a finite bf16
+  std::uniform_int_distribution<uint32_t> bits(0x00800000u,
+                                               0x7f7effffu);  // positive normals that round to a finite bf16
   for (int i = 0; i < 200000; ++i) {
     uint32_t u = bits(rng);
     if (i % 4 == 0) u = (u & 0xffff0000u) | 0x8000u;  // an exact tie
@@ -104,8 +105,12 @@ void check_quantize(mokDataType_t dtype) {
   CHECK(rs[1 * rb] == 0);  // the zero block: e = -127
 }
 
-TEST(quantize_bf16_bitwise) { check_quantize(mokDataBF16); }
-TEST(quantize_fp32_bitwise) { check_quantize(mokDataFloat32); }
+TEST(quantize_bf16_bitwise) {
+  check_quantize(mokDataBF16);
+}
+TEST(quantize_fp32_bitwise) {
+  check_quantize(mokDataFloat32);
+}
 
 TEST(schedule_canonical_order_and_padding) {
   std::mt19937_64 rng(seed());

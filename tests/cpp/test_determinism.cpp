@@ -10,8 +10,8 @@ using namespace mok_test;
 namespace {
 
 bool same(const Outputs& a, const Outputs& b) {
-  return a.out == b.out && a.dx == b.dx && a.dw == b.dw && a.dgate == b.dgate && a.dup == b.dup &&
-         a.ddown == b.ddown && a.dsgate == b.dsgate && a.dsup == b.dsup && a.dsdown == b.dsdown;
+  return a.out == b.out && a.dx == b.dx && a.dw == b.dw && a.dgate == b.dgate && a.dup == b.dup && a.ddown == b.ddown &&
+         a.dsgate == b.dsgate && a.dsup == b.dsup && a.dsdown == b.dsdown;
 }
 
 Knobs knobs(int padding, int minibatch, int macrobatch, int comm, int compute) {
@@ -68,8 +68,8 @@ TEST(mxfp8_across_batching_workers_and_runs) {
   s.max_tokens = 24;
   s.routing = Routing::one_rank;  // one rank receives 3 x 24 x 2 = 144 rows
   s.mxfp8 = true;
-  check_bitwise(s, {knobs(32, 32, 256, 1, 2), knobs(32, 32, 32, 1, 1), knobs(64, 64, 128, 2, 3), knobs(32, 64, 64, 3, 2)},
-                144);
+  check_bitwise(
+      s, {knobs(32, 32, 256, 1, 2), knobs(32, 32, 32, 1, 1), knobs(64, 64, 128, 2, 3), knobs(32, 64, 64, 3, 2)}, 144);
 }
 
 // The contract "the EP result on W ranks equals, bitwise, the single-process result on the
@@ -100,9 +100,10 @@ TEST(world3_equals_one_rank_on_concatenated_tokens) {
   one.down = concat(p.down);
   Outputs ep = run_layer(p, Knobs{}), single = run_layer(one, Knobs{});
   CHECK(all_ok(ep) && all_ok(single));
-  for (const auto& [name, a, b] : {std::tuple{"out", &ep.out, &single.out}, std::tuple{"dx", &ep.dx, &single.dx},
-                                   std::tuple{"dgate", &ep.dgate, &single.dgate},
-                                   std::tuple{"dup", &ep.dup, &single.dup}, std::tuple{"ddown", &ep.ddown, &single.ddown}})
+  for (const auto& [name, a, b] :
+       {std::tuple{"out", &ep.out, &single.out}, std::tuple{"dx", &ep.dx, &single.dx},
+        std::tuple{"dgate", &ep.dgate, &single.dgate}, std::tuple{"dup", &ep.dup, &single.dup},
+        std::tuple{"ddown", &ep.ddown, &single.ddown}})
     CHECK_MSG(concat(*a)[0] == (*b)[0], "%s differs", name);
   CHECK(concat(ep.dw)[0] == single.dw[0]);
 }

@@ -32,8 +32,8 @@ void check_failed_group(const Outputs& o, double elapsed_ms, bool expect_timeout
   CHECK_MSG(elapsed_ms < 3 * kTimeoutMs + 2000, "took %.0f ms with a %d ms timeout", elapsed_ms, kTimeoutMs);
   bool any_timeout = false;
   for (size_t r = 0; r < o.status.size(); ++r) {
-    CHECK_MSG(o.status[r] == mokTimeout || o.status[r] == mokPeerAbort || o.status[r] == mokSuccess,
-              "rank %zu: %s", r, mokGetStatusString(o.status[r]));
+    CHECK_MSG(o.status[r] == mokTimeout || o.status[r] == mokPeerAbort || o.status[r] == mokSuccess, "rank %zu: %s", r,
+              mokGetStatusString(o.status[r]));
     any_timeout |= o.status[r] == mokTimeout;
     if (o.status[r] == mokTimeout || o.status[r] == mokPeerAbort) {
       CHECK_MSG(o.error[r].status == o.status[r], "rank %zu: error record status %d", r, o.error[r].status);

@@ -86,7 +86,9 @@ Spec spec(int world, int top_k, Routing routing) {
 
 }  // namespace
 
-TEST(world1_top1_uniform) { check_against_reference(spec(1, 1, Routing::uniform), Knobs{}); }
+TEST(world1_top1_uniform) {
+  check_against_reference(spec(1, 1, Routing::uniform), Knobs{});
+}
 
 TEST(world2_top2_shared_expert_and_clamp) {
   Spec s = spec(2, 2, Routing::uniform);
@@ -107,9 +109,13 @@ TEST(world8_top2_rank_without_tokens) {
   check_against_reference(s, Knobs{});
 }
 
-TEST(world3_all_to_one_expert) { check_against_reference(spec(3, 2, Routing::one_expert), Knobs{}); }
+TEST(world3_all_to_one_expert) {
+  check_against_reference(spec(3, 2, Routing::one_expert), Knobs{});
+}
 
-TEST(world3_all_to_one_rank) { check_against_reference(spec(3, 8, Routing::one_rank), Knobs{}); }
+TEST(world3_all_to_one_rank) {
+  check_against_reference(spec(3, 8, Routing::one_rank), Knobs{});
+}
 
 TEST(world2_empty_experts) {
   Spec s = spec(2, 2, Routing::empty_experts);

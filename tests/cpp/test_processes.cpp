@@ -44,8 +44,7 @@ TEST(forked_ranks_match_threads_bitwise) {
   for (int r = 0; r < p.world; ++r) {
     int status = 0;
     waitpid(children[r], &status, 0);
-    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank %d (pid %d) exited with %d", r, children[r],
-              status);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank %d (pid %d) exited with %d", r, children[r], status);
   }
   for (int r = 0; r < p.world; ++r) {
     std::string path = "/dev/shm/" + name + "-" + std::to_string(r);

@@ -126,9 +126,9 @@ typedef struct {
   int timeout_ms;           /* every wait on another worker or rank gives up after this, >= 1 */
   mokExecutor_t executor;   /* mokExecutorHost: the only executor that runs the layer so far */
 } mokLayerConfig_t;
-#define MOK_LAYER_CONFIG_INIT \
-  {sizeof(mokLayerConfig_t), 1, 0, 0, 0, 0, 0, 0, 0, mokPrecisionBF16, 0.0f, 32, 256, 1024, 1, 1, 30000, \
-   mokExecutorHost}
+#define MOK_LAYER_CONFIG_INIT                                     \
+  {sizeof(mokLayerConfig_t), 1,    0,  0,   0,    0, 0, 0,     0, \
+   mokPrecisionBF16,         0.0f, 32, 256, 1024, 1, 1, 30000, mokExecutorHost}
 
 typedef struct {
   size_t size;            /* sizeof(mokLayerSizes_t), set by MOK_LAYER_SIZES_INIT */
@@ -153,8 +153,7 @@ typedef struct {
 } mokLayerMemory_t;
 #define MOK_LAYER_MEMORY_INIT {sizeof(mokLayerMemory_t), NULL, NULL, NULL, 0}
 
-MOK_API mokStatus_t mokLayerCreate(const mokLayerConfig_t* config, const mokLayerMemory_t* memory,
-                                   mokLayer_t* layer);
+MOK_API mokStatus_t mokLayerCreate(const mokLayerConfig_t* config, const mokLayerMemory_t* memory, mokLayer_t* layer);
 MOK_API mokStatus_t mokLayerDestroy(mokLayer_t layer);
 
 /*
@@ -213,8 +212,8 @@ typedef struct {
 #define MOK_LAYER_GRADS_INIT {sizeof(mokLayerGrads_t), NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL}
 
 /* Collective. dout [num_tokens, H] bf16; needs a forward or recompute since the last schedule. */
-MOK_API mokStatus_t mokLayerBackward(mokLayer_t layer, const mokLayerWeights_t* weights,
-                                     const float* topk_weights, const void* dout, mokLayerGrads_t* grads);
+MOK_API mokStatus_t mokLayerBackward(mokLayer_t layer, const mokLayerWeights_t* weights, const float* topk_weights,
+                                     const void* dout, mokLayerGrads_t* grads);
 
 /*
  * Not collective. y_slots [num_tokens, K, H] bf16: each route's expert output y_k of the current context, as the
@@ -244,9 +243,9 @@ MOK_API mokStatus_t mokLayerAbort(mokLayer_t layer);
  * transposed): data [batch, cols, rows], scales [batch, cols, ceil(rows/32)]. Either pair may be
  * NULL, not both. NaN or Inf in src: mokInvalidArgument, nothing written.
  */
-MOK_API mokStatus_t mokMxfp8Quantize(const void* src, mokDataType_t dtype, int64_t batch, int64_t rows,
-                                     int64_t cols, uint8_t* rowwise_data, uint8_t* rowwise_scales,
-                                     uint8_t* colwise_data, uint8_t* colwise_scales);
+MOK_API mokStatus_t mokMxfp8Quantize(const void* src, mokDataType_t dtype, int64_t batch, int64_t rows, int64_t cols,
+                                     uint8_t* rowwise_data, uint8_t* rowwise_scales, uint8_t* colwise_data,
+                                     uint8_t* colwise_scales);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -20,8 +20,8 @@ bool executor_compiled(mokExecutor_t executor) {
 
 mokStatus_t check_executor(mokExecutor_t executor, const char* func) {
   if (executor < 0 || executor >= mokNumExecutors)
-    return fail(mokInvalidArgument, "%s: argument 'executor' (%d) must be in [0, %d)", func,
-                static_cast<int>(executor), static_cast<int>(mokNumExecutors));
+    return fail(mokInvalidArgument, "%s: argument 'executor' (%d) must be in [0, %d)", func, static_cast<int>(executor),
+                static_cast<int>(mokNumExecutors));
   return mokSuccess;
 }
 
@@ -63,8 +63,7 @@ MOK_API mokStatus_t mokGetDeviceInfo(int device, mokDeviceInfo_t* info) {
   MOK_REQUIRE_OUT(info);
   if (info->size < sizeof(mokDeviceInfo_t))
     return fail(mokInvalidArgument,
-                "mokGetDeviceInfo: argument 'info' has size %zu; initialise it with MOK_DEVICE_INFO_INIT",
-                info->size);
+                "mokGetDeviceInfo: argument 'info' has size %zu; initialise it with MOK_DEVICE_INFO_INIT", info->size);
 #if MOK_WITH_CUDA
   return mok::cuda::device_info(device, info);
 #else
@@ -82,8 +81,8 @@ MOK_API mokStatus_t mokExecutorSupportsDevice(mokExecutor_t executor, int device
   if (mokStatus_t s = check_executor(executor, __func__); s != mokSuccess) return s;
   if (executor == mokExecutorHost) {
     if (device != -1)
-      return fail(mokUnsupported,
-                  "mokExecutorSupportsDevice: the host executor runs on device -1 (the CPU), not %d", device);
+      return fail(mokUnsupported, "mokExecutorSupportsDevice: the host executor runs on device -1 (the CPU), not %d",
+                  device);
     *supported = 1;
     return mokSuccess;
   }

@@ -1,10 +1,11 @@
 // C ABI of the layer: validate every argument, then hand over to the host executor.
+#include "host/layer.hpp"
+
 #include <cstdio>
 #include <memory>
 
 #include "api/error.hpp"
 #include "api/layer_checks.hpp"
-#include "host/layer.hpp"
 
 using mok::api::check_array;
 using mok::api::fail;
@@ -22,7 +23,9 @@ mokStatus_t check_layer(mokLayer_t layer, const char* func) {
 }
 
 // The rows this rank passes to a pass: the token count of its current schedule.
-int tokens_of(mokLayer_t layer) { return layer->impl->tokens; }
+int tokens_of(mokLayer_t layer) {
+  return layer->impl->tokens;
+}
 
 }  // namespace
 
@@ -32,8 +35,10 @@ MOK_API mokStatus_t mokLayerGetSizes(const mokLayerConfig_t* config, mokLayerSiz
   mok::api::clear_error();
   MOK_REQUIRE_OUT(sizes);
   if (sizes->size < sizeof(mokLayerSizes_t))
-    return fail(mokInvalidArgument, "mokLayerGetSizes: argument 'sizes' has size %zu; initialise it with "
-                "MOK_LAYER_SIZES_INIT", sizes->size);
+    return fail(mokInvalidArgument,
+                "mokLayerGetSizes: argument 'sizes' has size %zu; initialise it with "
+                "MOK_LAYER_SIZES_INIT",
+                sizes->size);
   mok::core::LayerShape shape;
   if (mokStatus_t s = mok::api::check_config(config, __func__, &shape); s != mokSuccess) return s;
   sizes->peer_bytes = mok::core::peer_layout(shape).bytes;
@@ -126,8 +131,10 @@ MOK_API mokStatus_t mokLayerGetError(mokLayer_t layer, mokLayerError_t* error) {
   if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
   MOK_REQUIRE_OUT(error);
   if (error->size < sizeof(mokLayerError_t))
-    return fail(mokInvalidArgument, "mokLayerGetError: argument 'error' has size %zu; initialise it with "
-                "MOK_LAYER_ERROR_INIT", error->size);
+    return fail(mokInvalidArgument,
+                "mokLayerGetError: argument 'error' has size %zu; initialise it with "
+                "MOK_LAYER_ERROR_INIT",
+                error->size);
   mok::core::ErrorRecord rec{};
   if (!mok::core::read_record(&layer->impl->error, &rec)) {
     *error = mokLayerError_t MOK_LAYER_ERROR_INIT;
@@ -138,8 +145,9 @@ MOK_API mokStatus_t mokLayerGetError(mokLayer_t layer, mokLayerError_t* error) {
   error->rank = rec.rank;
   std::snprintf(error->task, sizeof(error->task), "%s", rec.task_kind < 0 ? "" : mok::core::task_name(rec.task_kind));
   error->task_index = rec.task_index;
-  std::snprintf(error->wait, sizeof(error->wait), "%s",
-                rec.wait == 0 ? "aborted by mokLayerAbort" : mok::core::wait_name(static_cast<mok::core::WaitId>(rec.wait)));
+  std::snprintf(
+      error->wait, sizeof(error->wait), "%s",
+      rec.wait == 0 ? "aborted by mokLayerAbort" : mok::core::wait_name(static_cast<mok::core::WaitId>(rec.wait)));
   return mokSuccess;
 }
 

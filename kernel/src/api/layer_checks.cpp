@@ -56,8 +56,8 @@ mokStatus_t check_config(const mokLayerConfig_t* c, const char* func, core::Laye
   };
   for (const Rule& r : rules)
     if (r.value < r.lo || r.value > r.hi)
-      return fail(mokInvalidArgument, "%s: argument '%s' (%lld) must be in [%lld, %lld]", func, r.name, r.value,
-                  r.lo, r.hi);
+      return fail(mokInvalidArgument, "%s: argument '%s' (%lld) must be in [%lld, %lld]", func, r.name, r.value, r.lo,
+                  r.hi);
   if (c->executor < 0 || c->executor >= mokNumExecutors)
     return invalid(func, "must be a mokExecutor_t value", "config.executor", c->executor);
   if (c->executor != mokExecutorHost)
@@ -76,16 +76,30 @@ mokStatus_t check_config(const mokLayerConfig_t* c, const char* func, core::Laye
   if (c->macrobatch % c->minibatch != 0)
     return invalid(func, "must be a multiple of config.minibatch", "config.macrobatch", c->macrobatch);
   double rows = static_cast<double>(c->world) * c->max_tokens * c->top_k;
-  double peer = rows * c->hidden * 4, ring = static_cast<double>(c->macrobatch) * (3.0 * c->hidden + 3.0 * c->intermediate) * 4;
+  double peer = rows * c->hidden * 4,
+         ring = static_cast<double>(c->macrobatch) * (3.0 * c->hidden + 3.0 * c->intermediate) * 4;
   double weights = 9.0 * c->experts_per_rank * c->intermediate * c->hidden * 4;
   if (rows + static_cast<double>(c->experts_per_rank) * c->expert_padding > 2e9 || peer > kMaxBytes ||
       ring + weights > kMaxBytes)
-    return fail(mokInvalidArgument, "%s: argument 'config' describes buffers too large to address (world x max_tokens x "
-                "top_k rows must stay below 2^31, buffers below 64 TiB)", func);
-  *shape = core::LayerShape{c->world, c->rank, c->experts_per_rank, c->hidden, c->intermediate, c->top_k,
-                            c->max_tokens, c->shared_intermediate, c->precision == mokPrecisionMXFP8 ? 1 : 0,
-                            c->swiglu_limit > 0.0f ? c->swiglu_limit : INFINITY, c->expert_padding, c->minibatch,
-                            c->macrobatch, c->comm_workers, c->compute_workers};
+    return fail(mokInvalidArgument,
+                "%s: argument 'config' describes buffers too large to address (world x max_tokens x "
+                "top_k rows must stay below 2^31, buffers below 64 TiB)",
+                func);
+  *shape = core::LayerShape{c->world,
+                            c->rank,
+                            c->experts_per_rank,
+                            c->hidden,
+                            c->intermediate,
+                            c->top_k,
+                            c->max_tokens,
+                            c->shared_intermediate,
+                            c->precision == mokPrecisionMXFP8 ? 1 : 0,
+                            c->swiglu_limit > 0.0f ? c->swiglu_limit : INFINITY,
+                            c->expert_padding,
+                            c->minibatch,
+                            c->macrobatch,
+                            c->comm_workers,
+                            c->compute_workers};
   return mokSuccess;
 }
 
@@ -104,15 +118,18 @@ mokStatus_t check_memory(const mokLayerMemory_t* m, const core::LayerShape& shap
     }
   } else {
     size_t n = std::strlen(m->shm_name);
-    if (n == 0 || n > 200 || std::strspn(m->shm_name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") != n)
+    if (n == 0 || n > 200 ||
+        std::strspn(m->shm_name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") != n)
       return fail(mokInvalidArgument, "%s: argument 'memory.shm_name' must be 1-200 letters, digits, '_', '-' or '.'",
                   func);
   }
   if (mokStatus_t s = check_array(m->workspace, "memory.workspace", 1, core::kAlign, func); s != mokSuccess) return s;
   size_t need = core::local_layout(shape).bytes;
   if (m->workspace_bytes < need)
-    return fail(mokInvalidArgument, "%s: argument 'memory.workspace_bytes' (%zu) is smaller than the %zu bytes "
-                "mokLayerGetSizes asks for these shapes", func, m->workspace_bytes, need);
+    return fail(mokInvalidArgument,
+                "%s: argument 'memory.workspace_bytes' (%zu) is smaller than the %zu bytes "
+                "mokLayerGetSizes asks for these shapes",
+                func, m->workspace_bytes, need);
   return mokSuccess;
 }
 
@@ -161,7 +178,8 @@ mokStatus_t check_weights(const mokLayerWeights_t* w, const core::LayerShape& s,
   const char* snames[3] = {"weights.shared_gate", "weights.shared_up", "weights.shared_down"};
   for (int i = 0; i < 3; ++i) {
     if (s.shared_intermediate == 0 && sp[i])
-      return fail(mokInvalidArgument, "%s: argument '%s' is given but config.shared_intermediate is 0", func, snames[i]);
+      return fail(mokInvalidArgument, "%s: argument '%s' is given but config.shared_intermediate is 0", func,
+                  snames[i]);
     int64_t n = static_cast<int64_t>(s.shared_intermediate) * s.hidden;
     if (mokStatus_t st = check_array(sp[i], snames[i], n, 2, func); st != mokSuccess) return st;
   }
@@ -173,7 +191,8 @@ mokStatus_t check_grads(const mokLayerGrads_t* g, const core::LayerShape& s, int
   if (g->size < sizeof(mokLayerGrads_t))
     return fail(mokInvalidArgument, "%s: argument 'grads' has size %zu; initialise it with MOK_LAYER_GRADS_INIT", func,
                 g->size);
-  if (g->accumulate != 0 && g->accumulate != 1) return invalid(func, "must be 0 or 1", "grads.accumulate", g->accumulate);
+  if (g->accumulate != 0 && g->accumulate != 1)
+    return invalid(func, "must be 0 or 1", "grads.accumulate", g->accumulate);
   int64_t th = static_cast<int64_t>(tokens) * s.hidden, tk = static_cast<int64_t>(tokens) * s.top_k;
   if (mokStatus_t st = check_array(g->dx, "grads.dx", th, 2, func); st != mokSuccess) return st;
   if (mokStatus_t st = check_array(g->dtopk_weights, "grads.dtopk_weights", tk, 4, func); st != mokSuccess) return st;
@@ -181,8 +200,8 @@ mokStatus_t check_grads(const mokLayerGrads_t* g, const core::LayerShape& s, int
   int64_t eih = static_cast<int64_t>(s.experts_per_rank) * s.intermediate * s.hidden;
   int64_t sih = static_cast<int64_t>(s.shared_intermediate) * s.hidden;
   const void* p[6] = {g->dgate, g->dup, g->ddown, g->dshared_gate, g->dshared_up, g->dshared_down};
-  const char* names[6] = {"grads.dgate", "grads.dup", "grads.ddown", "grads.dshared_gate", "grads.dshared_up",
-                          "grads.dshared_down"};
+  const char* names[6] = {"grads.dgate",        "grads.dup",        "grads.ddown",
+                          "grads.dshared_gate", "grads.dshared_up", "grads.dshared_down"};
   for (int i = 0; i < 6; ++i)
     if (mokStatus_t st = check_array(p[i], names[i], i < 3 ? eih : sih, el, func); st != mokSuccess) return st;
   return mokSuccess;

@@ -40,11 +40,13 @@ extern "C" MOK_API mokStatus_t mokMxfp8Quantize(const void* src, mokDataType_t d
   if (dtype != mokDataBF16 && dtype != mokDataFloat32)
     return fail(mokInvalidArgument, "%s: argument 'dtype' (%d) must be mokDataBF16 or mokDataFloat32", func, dtype);
   if (batch < 1 || rows < 1 || cols < 1 || batch > (1ll << 40) / rows / cols)
-    return fail(mokInvalidArgument, "%s: arguments 'batch', 'rows', 'cols' (%lld, %lld, %lld) must be >= 1 with a "
-                "product below 2^40", func, static_cast<long long>(batch), static_cast<long long>(rows),
-                static_cast<long long>(cols));
+    return fail(mokInvalidArgument,
+                "%s: arguments 'batch', 'rows', 'cols' (%lld, %lld, %lld) must be >= 1 with a "
+                "product below 2^40",
+                func, static_cast<long long>(batch), static_cast<long long>(rows), static_cast<long long>(cols));
   int64_t n = batch * rows * cols;
-  if (mokStatus_t s = mok::api::check_array(src, "src", n, dtype == mokDataBF16 ? 2 : 4, func); s != mokSuccess) return s;
+  if (mokStatus_t s = mok::api::check_array(src, "src", n, dtype == mokDataBF16 ? 2 : 4, func); s != mokSuccess)
+    return s;
   if (!rowwise_data != !rowwise_scales || !colwise_data != !colwise_scales)
     return fail(mokInvalidArgument, "%s: arguments '*_data' and '*_scales' are given together or not at all", func);
   if (!rowwise_data && !colwise_data)

@@ -30,7 +30,8 @@ MOK_HD inline Failure run_dispatch(const PassView& v, int64_t m) {
     Failure f = wait_local(v, &v.c.freed[m - ring], 1, WaitId::ring_slot_free);
     if (!f.ok()) return f;
   }
-  int64_t lo = m * v.s.minibatch, hi = lo + v.s.minibatch < v.sched.total_rows ? lo + v.s.minibatch : v.sched.total_rows;
+  int64_t lo = m * v.s.minibatch,
+          hi = lo + v.s.minibatch < v.sched.total_rows ? lo + v.s.minibatch : v.sched.total_rows;
   int64_t cursor[kMaxWorld];
   for (int r = 0; r < v.s.world; ++r) cursor[r] = lo;
   for (bool pulled = true; pulled;) {

@@ -157,7 +157,8 @@ MOK_HD inline void wgrad_tile(const PassView& v, const TileInfo& t, float* scrat
                ring_row(v, v.ring_h, t.row0, in), ring_row(v, v.ring_g, t.row0, in), ring_row(v, v.ring_u, t.row0, in));
     return;
   }
-  float *x = scratch, *dy = x + kMxBlock * h, *hb = dy + kMxBlock * h, *dg = hb + kMxBlock * in, *du = dg + kMxBlock * in;
+  float *x = scratch, *dy = x + kMxBlock * h, *hb = dy + kMxBlock * h, *dg = hb + kMxBlock * in,
+        *du = dg + kMxBlock * in;
   for (int b = 0; b < t.rows; b += kMxBlock) {
     int n = t.rows - b < kMxBlock ? t.rows - b : kMxBlock;
     token_block(v, v.ring_x, t.row0 + b, n, h, x);

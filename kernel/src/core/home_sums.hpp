@@ -36,7 +36,8 @@ MOK_HD inline void combine_backward_token(const PassView& v, int64_t t, const bf
   for (int s = 0; s < k; ++s) {
     float acc = 0.0f;
     if (ids[s] >= 0)
-      for (int i = 0; i < h; ++i) acc = add_rn(acc, mul_rn(bf16_to_float(dout[t * h + i]), bf16_to_float(y[s * h + i])));
+      for (int i = 0; i < h; ++i)
+        acc = add_rn(acc, mul_rn(bf16_to_float(dout[t * h + i]), bf16_to_float(y[s * h + i])));
     dw[t * k + s] = acc;
   }
 }

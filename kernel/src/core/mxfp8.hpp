@@ -22,8 +22,12 @@ MOK_HD inline int mx_scale_exponent(float amax) {
   return e < -127 ? -127 : (e > 127 ? 127 : e);
 }
 
-MOK_HD inline uint8_t e8m0_encode(int e) { return static_cast<uint8_t>(e + 127); }
-MOK_HD inline float e8m0_decode(uint8_t s) { return ldexpf(1.0f, static_cast<int>(s) - 127); }
+MOK_HD inline uint8_t e8m0_encode(int e) {
+  return static_cast<uint8_t>(e + 127);
+}
+MOK_HD inline float e8m0_decode(uint8_t s) {
+  return ldexpf(1.0f, static_cast<int>(s) - 127);
+}
 
 MOK_HD inline float round_half_even(float v) {
 #if defined(__CUDA_ARCH__)

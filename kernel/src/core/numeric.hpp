@@ -23,7 +23,9 @@ MOK_HD inline float bits_float(uint32_t u) {
   return f;
 }
 
-MOK_HD inline float bf16_to_float(bf16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
+MOK_HD inline float bf16_to_float(bf16_t b) {
+  return bits_float(static_cast<uint32_t>(b) << 16);
+}
 
 // Round to nearest even; NaN stays a (quiet) NaN.
 MOK_HD inline bf16_t float_to_bf16(float f) {
@@ -34,7 +36,9 @@ MOK_HD inline bf16_t float_to_bf16(float f) {
 }
 
 // The value a bf16 store of `f` keeps.
-MOK_HD inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+MOK_HD inline float round_bf16(float f) {
+  return bf16_to_float(float_to_bf16(f));
+}
 
 // Products and sums whose rounding is part of the contract: nvcc would otherwise fuse them (FMA).
 MOK_HD inline float mul_rn(float a, float b) {
@@ -53,7 +57,9 @@ MOK_HD inline float add_rn(float a, float b) {
 #endif
 }
 
-MOK_HD inline float sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
+MOK_HD inline float sigmoid(float z) {
+  return 1.0f / (1.0f + expf(-z));
+}
 
 // The SwiGLU clamp L; no clamp is L = +inf.
 struct Swiglu {

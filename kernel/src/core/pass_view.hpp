@@ -51,8 +51,8 @@ struct PassView {
   LayerShape s;
   PassKind kind;
   PeerLayout peer;
-  char* const* peers;           // every rank's peer buffer
-  PeerHeader* const* headers;   // their headers
+  char* const* peers;          // every rank's peer buffer
+  PeerHeader* const* headers;  // their headers
   Schedule sched;
   TaskGraph graph;
   Counters c;
@@ -62,12 +62,14 @@ struct PassView {
   float* shared_out;  // [tokens, H]: shared output (forward) or its input gradient (backward)
   float* scratch;     // per worker, scratch_floats each
   size_t scratch_floats;
-  int tokens;         // this rank's tokens
+  int tokens;  // this rank's tokens
   uint64_t timeout_ns;
   ErrorRecord* error;
 };
 
-MOK_HD inline PeerHeader* own_header(const PassView& v) { return v.headers[v.s.rank]; }
+MOK_HD inline PeerHeader* own_header(const PassView& v) {
+  return v.headers[v.s.rank];
+}
 
 template <class T>
 MOK_HD T* peer_array(const PassView& v, int rank, size_t offset) {

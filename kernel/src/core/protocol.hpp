@@ -10,11 +10,9 @@
 //   private workspace and are zeroed by the rank before its entry barrier; see core/pass.hpp.
 #pragma once
 
-#include <cuda/atomic>
-
 #include <cstdint>
-
 #include <cstring>
+#include <cuda/atomic>
 
 #include "core/platform.hpp"
 #include "core/shape.hpp"
@@ -31,9 +29,9 @@ using DeviceAtomic = cuda::atomic_ref<T, cuda::thread_scope_device>;  // among o
 constexpr int kGroupShapeFields = 10;
 
 MOK_HD inline const char* group_shape_field(int i) {
-  const char* names[kGroupShapeFields] = {"world",       "experts_per_rank",    "hidden",    "intermediate",
-                                          "top_k",       "max_tokens",          "shared_intermediate",
-                                          "precision",   "expert_padding",      "swiglu_limit"};
+  const char* names[kGroupShapeFields] = {
+      "world",      "experts_per_rank",    "hidden",    "intermediate",   "top_k",
+      "max_tokens", "shared_intermediate", "precision", "expert_padding", "swiglu_limit"};
   return names[i];
 }
 
@@ -41,7 +39,7 @@ MOK_HD inline void group_shape(const LayerShape& s, int32_t* out) {
   float limit = s.swiglu_limit;
   int32_t limit_bits;
   memcpy(&limit_bits, &limit, 4);
-  int32_t v[kGroupShapeFields] = {s.world,      s.experts_per_rank,    s.hidden, s.intermediate, s.top_k,
+  int32_t v[kGroupShapeFields] = {s.world,      s.experts_per_rank,    s.hidden, s.intermediate,   s.top_k,
                                   s.max_tokens, s.shared_intermediate, s.mxfp8,  s.expert_padding, limit_bits};
   for (int i = 0; i < kGroupShapeFields; ++i) out[i] = v[i];
 }
@@ -51,7 +49,7 @@ struct PeerHeader {
   alignas(64) uint64_t barrier;
   alignas(64) uint32_t abort;
   alignas(64) uint32_t mapped;
-  alignas(64) int32_t tokens;  // this rank's token count, staged with its topk ids
+  alignas(64) int32_t tokens;                    // this rank's token count, staged with its topk ids
   alignas(64) int32_t shape[kGroupShapeFields];  // what every rank of the group must agree on
 };
 static_assert(sizeof(PeerHeader) <= 512, "the peer layout reserves 512 bytes for the header");
@@ -64,14 +62,14 @@ enum class WaitId : int32_t {
   schedule_barrier,
   entry_barrier,
   closing_barrier,
-  ring_slot_free,     // dispatch waits for the combine that last used its ring rows
-  minibatch_ready,    // a tile waits for its rows to arrive
-  tile_stage,         // a tile's next stage waits for the previous one
-  minibatch_done,     // combine waits for every tile of its minibatch
-  wgrad_order,        // an expert's weight-gradient tiles run in row order
-  shared_order,       // the shared expert's weight-gradient chunks run in token order
-  stalled_worker,     // fault injection: a worker that stopped taking tasks
-  earlier_abort,      // the group was already aborting when the call began
+  ring_slot_free,   // dispatch waits for the combine that last used its ring rows
+  minibatch_ready,  // a tile waits for its rows to arrive
+  tile_stage,       // a tile's next stage waits for the previous one
+  minibatch_done,   // combine waits for every tile of its minibatch
+  wgrad_order,      // an expert's weight-gradient tiles run in row order
+  shared_order,     // the shared expert's weight-gradient chunks run in token order
+  stalled_worker,   // fault injection: a worker that stopped taking tasks
+  earlier_abort,    // the group was already aborting when the call began
   count
 };
 
@@ -105,7 +103,7 @@ constexpr Failure kNoFailure{Outcome::ok, WaitId::none};
 struct ErrorRecord {
   int32_t claimed;    // 0 until a failure claims the record
   int32_t published;  // 1 once the claimer has written the fields below
-  int32_t outcome;  // Outcome
+  int32_t outcome;    // Outcome
   int32_t rank;
   int32_t task_kind;   // TaskKind, -1 outside a task (barriers)
   int32_t task_index;  // the task's minibatch, tile or chunk

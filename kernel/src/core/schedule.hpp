@@ -25,13 +25,17 @@ struct Routing {
 };
 
 struct Schedule {
-  int32_t* experts;  // [E_local][2]: routed rows, first row of the segment
-  RowRef* rows;      // [max_recv_rows]
+  int32_t* experts;    // [E_local][2]: routed rows, first row of the segment
+  RowRef* rows;        // [max_recv_rows]
   int64_t total_rows;  // padded; a multiple of expert_padding
 };
 
-MOK_HD inline int32_t expert_count(const Schedule& s, int e) { return s.experts[2 * e]; }
-MOK_HD inline int32_t expert_first(const Schedule& s, int e) { return s.experts[2 * e + 1]; }
+MOK_HD inline int32_t expert_count(const Schedule& s, int e) {
+  return s.experts[2 * e];
+}
+MOK_HD inline int32_t expert_first(const Schedule& s, int e) {
+  return s.experts[2 * e + 1];
+}
 
 // Pass 1: how many rows local expert e receives.
 MOK_HD inline int32_t count_expert(const LayerShape& shape, const Routing& routing, int e) {
@@ -61,8 +65,8 @@ MOK_HD inline void place_expert(const LayerShape& shape, const Routing& routing,
     for (int32_t t = 0; t < routing.tokens[r]; ++t)
       for (int k = 0; k < shape.top_k; ++k)
         if (routing.ids[r][static_cast<int64_t>(t) * shape.top_k + k] == wanted) s.rows[at++] = RowRef{r, t, k};
-  int64_t end = expert_first(s, e) + (expert_count(s, e) + shape.expert_padding - 1) / shape.expert_padding *
-                                         shape.expert_padding;
+  int64_t end = expert_first(s, e) +
+                (expert_count(s, e) + shape.expert_padding - 1) / shape.expert_padding * shape.expert_padding;
   while (at < end) s.rows[at++] = RowRef{-1, -1, -1};
 }
 

@@ -16,17 +16,19 @@ struct LayerShape {
   int world, rank;
   int experts_per_rank;  // E_local; global expert e lives on rank e / E_local
   int hidden, intermediate, top_k;
-  int max_tokens;         // tokens any rank may hold in one pass
+  int max_tokens;           // tokens any rank may hold in one pass
   int shared_intermediate;  // 0: no shared expert
-  int mxfp8;              // 0: bf16 GEMM operands; 1: MXFP8 operands (DESIGN 1.2)
-  float swiglu_limit;     // +inf without a clamp
-  int expert_padding;     // each expert's segment is padded to a multiple of this (the tile height)
-  int minibatch;          // rows per readiness counter; a multiple of expert_padding
-  int macrobatch;         // ring-buffer rows; a multiple of minibatch
+  int mxfp8;                // 0: bf16 GEMM operands; 1: MXFP8 operands (DESIGN 1.2)
+  float swiglu_limit;       // +inf without a clamp
+  int expert_padding;       // each expert's segment is padded to a multiple of this (the tile height)
+  int minibatch;            // rows per readiness counter; a multiple of expert_padding
+  int macrobatch;           // ring-buffer rows; a multiple of minibatch
   int comm_workers, compute_workers;
 };
 
-MOK_HD inline size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+MOK_HD inline size_t align_up(size_t n, size_t a) {
+  return (n + a - 1) / a * a;
+}
 
 // Worst-case receive rows: every routed row of the group lands on this rank, plus padding.
 MOK_HD inline int64_t max_recv_rows(const LayerShape& s) {
@@ -34,7 +36,9 @@ MOK_HD inline int64_t max_recv_rows(const LayerShape& s) {
                  static_cast<int64_t>(s.experts_per_rank) * (s.expert_padding - 1);
   return (rows + s.expert_padding - 1) / s.expert_padding * s.expert_padding;
 }
-MOK_HD inline int64_t max_tiles(const LayerShape& s) { return max_recv_rows(s) / s.expert_padding; }
+MOK_HD inline int64_t max_tiles(const LayerShape& s) {
+  return max_recv_rows(s) / s.expert_padding;
+}
 MOK_HD inline int64_t max_minibatches(const LayerShape& s) {
   return (max_recv_rows(s) + s.minibatch - 1) / s.minibatch;
 }
@@ -55,7 +59,7 @@ struct Carver {
 
 // The peer-visible buffer of one rank. Peers read its inputs and write its slots.
 struct PeerLayout {
-  size_t header;   // PeerHeader
+  size_t header;        // PeerHeader
   size_t topk_ids;      // int32 [max_tokens, K], staged by schedule builds
   size_t topk_weights;  // fp32 [max_tokens, K], staged by backward
   size_t x;             // bf16 [max_tokens, H], staged by forward / recompute
@@ -83,23 +87,25 @@ MOK_HD inline PeerLayout peer_layout(const LayerShape& s) {
 // The private workspace of one rank: schedule, task graph, counters, ring buffers, staged weights,
 // weight-gradient accumulators, worker scratch.
 struct LocalLayout {
-  size_t schedule_experts;  // int32 [E_local][2]: count, first row
-  size_t rows;              // RowRef [max_recv_rows]
-  size_t tasks;             // Task [max tasks]
-  size_t counters;          // uint32 [num_counters]
+  size_t schedule_experts;                                 // int32 [E_local][2]: count, first row
+  size_t rows;                                             // RowRef [max_recv_rows]
+  size_t tasks;                                            // Task [max tasks]
+  size_t counters;                                         // uint32 [num_counters]
   size_t ring_x, ring_dy, ring_g, ring_u, ring_h, ring_y;  // fp32 [macrobatch, H or I]
-  size_t w_gate, w_up, w_down;        // fp32 forward operands [E, I, H], [E, I, H], [E, H, I]
-  size_t wt_gate, wt_up, wt_down;     // fp32 MXFP8 dgrad operands (colwise), same shapes as above
-  size_t acc_gate, acc_up, acc_down;  // fp32 weight-gradient accumulators
-  size_t shared_w;                    // fp32 shared expert: gate, up [I_s, H], down [H, I_s]
-  size_t shared_acc;                  // fp32 shared weight-gradient accumulators (3 x I_s x H)
-  size_t shared_out;                  // fp32 [max_tokens, H]: shared output (forward) or its dx (backward)
-  size_t scratch;                     // fp32 per worker
+  size_t w_gate, w_up, w_down;                             // fp32 forward operands [E, I, H], [E, I, H], [E, H, I]
+  size_t wt_gate, wt_up, wt_down;                          // fp32 MXFP8 dgrad operands (colwise), same shapes as above
+  size_t acc_gate, acc_up, acc_down;                       // fp32 weight-gradient accumulators
+  size_t shared_w;                                         // fp32 shared expert: gate, up [I_s, H], down [H, I_s]
+  size_t shared_acc;                                       // fp32 shared weight-gradient accumulators (3 x I_s x H)
+  size_t shared_out;  // fp32 [max_tokens, H]: shared output (forward) or its dx (backward)
+  size_t scratch;     // fp32 per worker
   size_t scratch_floats;
   size_t bytes;
 };
 
-MOK_HD inline size_t max_value(size_t a, size_t b) { return a > b ? a : b; }
+MOK_HD inline size_t max_value(size_t a, size_t b) {
+  return a > b ? a : b;
+}
 
 // Task-list length: per minibatch a dispatch and a combine; per tile up to five compute stages;
 // per shared chunk one task.

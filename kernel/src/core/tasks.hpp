@@ -13,16 +13,16 @@ namespace mok::core {
 enum class PassKind : int32_t { forward = 0, recompute = 1, backward = 2 };
 
 enum class TaskKind : int16_t {
-  dispatch,     // comm: pull a minibatch's rows from their home ranks into the ring
-  gate_up,      // compute, per tile: g, u = x W_gate^T, x W_up^T
-  swiglu,       // forward: h from g, u
-  down,         // forward: y = h W_down^T
-  dgrad_h,      // backward: dh = dy W_down
-  swiglu_bwd,   // backward: dg, du (and h for the weight gradient)
-  dgrad_x,      // backward: dx_k = dg W_gate + du W_up
-  wgrad,        // backward: the tile's rows added to the expert's weight gradients, in row order
-  combine,      // comm: push a minibatch's finished rows to their home ranks' slots
-  shared,       // compute, per chunk of local tokens: the shared expert (forward or backward)
+  dispatch,    // comm: pull a minibatch's rows from their home ranks into the ring
+  gate_up,     // compute, per tile: g, u = x W_gate^T, x W_up^T
+  swiglu,      // forward: h from g, u
+  down,        // forward: y = h W_down^T
+  dgrad_h,     // backward: dh = dy W_down
+  swiglu_bwd,  // backward: dg, du (and h for the weight gradient)
+  dgrad_x,     // backward: dx_k = dg W_gate + du W_up
+  wgrad,       // backward: the tile's rows added to the expert's weight gradients, in row order
+  combine,     // comm: push a minibatch's finished rows to their home ranks' slots
+  shared,      // compute, per chunk of local tokens: the shared expert (forward or backward)
   count
 };
 

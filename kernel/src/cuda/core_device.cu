@@ -25,7 +25,8 @@ __global__ void build_schedule(core::LayerShape shape, core::Routing routing, co
   __syncthreads();
   if (threadIdx.x == 0) core::lay_out_segments(shape, schedule);
   __syncthreads();
-  for (int e = threadIdx.x; e < shape.experts_per_rank; e += blockDim.x) core::place_expert(shape, routing, schedule, e);
+  for (int e = threadIdx.x; e < shape.experts_per_rank; e += blockDim.x)
+    core::place_expert(shape, routing, schedule, e);
 }
 
 // The task graph of a pass, laid out on the device.

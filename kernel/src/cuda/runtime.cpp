@@ -13,8 +13,8 @@ namespace {
 
 // No driver, no device, or a driver too old for this runtime: all mean "no usable GPU here".
 bool means_no_device(cudaError_t err) {
-  return err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver ||
-         err == cudaErrorInitializationError || err == cudaErrorCompatNotSupportedOnDevice;
+  return err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver || err == cudaErrorInitializationError ||
+         err == cudaErrorCompatNotSupportedOnDevice;
 }
 
 mokStatus_t from_cuda(cudaError_t err, const char* call) {
@@ -37,8 +37,7 @@ mokStatus_t device_info(int device, mokDeviceInfo_t* info) {
   }
   info->device_count = count;
   if (device < 0 || device >= count)
-    return api::fail(mokInvalidArgument, "mokGetDeviceInfo: argument 'device' (%d) must be in [0, %d)",
-                     device, count);
+    return api::fail(mokInvalidArgument, "mokGetDeviceInfo: argument 'device' (%d) must be in [0, %d)", device, count);
   cudaDeviceProp prop;
   if (cudaError_t err = cudaGetDeviceProperties(&prop, device); err != cudaSuccess)
     return from_cuda(err, "cudaGetDeviceProperties");
@@ -60,9 +59,8 @@ mokStatus_t sm100_supports(int device, int* supported) {
   // the executor. cudaFuncGetAttributes fails with cudaErrorNoKernelImageForDevice otherwise.
   if (cudaError_t err = probe_attributes(device); err != cudaSuccess) {
     cudaGetLastError();
-    return api::fail(
-        mokUnsupported, "device %d (%s, sm_%d%d) cannot load libmok's device code built for %s: %s", device,
-        info.name, info.cc_major, info.cc_minor, mokCudaArchitectures(), cudaGetErrorString(err));
+    return api::fail(mokUnsupported, "device %d (%s, sm_%d%d) cannot load libmok's device code built for %s: %s",
+                     device, info.name, info.cc_major, info.cc_minor, mokCudaArchitectures(), cudaGetErrorString(err));
   }
   *supported = 1;
   return mokSuccess;

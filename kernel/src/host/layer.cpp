@@ -2,12 +2,12 @@
 // leave the group, and take the home rank's sums.
 #include "host/layer.hpp"
 
+#include <pthread.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
-
-#include <pthread.h>
 
 #include "api/error.hpp"
 
@@ -61,9 +61,9 @@ core::PassView view_of(Layer& l, PassKind kind) {
   v.ring_h = local_at<float>(l, ll.ring_h);
   v.ring_y = local_at<float>(l, ll.ring_y);
   size_t is_h = static_cast<size_t>(l.shape.shared_intermediate) * l.shape.hidden;
-  v.acc = {local_at<float>(l, ll.acc_gate), local_at<float>(l, ll.acc_up), local_at<float>(l, ll.acc_down),
-           local_at<float>(l, ll.shared_acc), local_at<float>(l, ll.shared_acc) + is_h,
-           local_at<float>(l, ll.shared_acc) + 2 * is_h};
+  v.acc = {local_at<float>(l, ll.acc_gate),          local_at<float>(l, ll.acc_up),
+           local_at<float>(l, ll.acc_down),          local_at<float>(l, ll.shared_acc),
+           local_at<float>(l, ll.shared_acc) + is_h, local_at<float>(l, ll.shared_acc) + 2 * is_h};
   v.shared_out = local_at<float>(l, ll.shared_out);
   v.scratch = local_at<float>(l, ll.scratch);
   v.scratch_floats = ll.scratch_floats;
@@ -128,8 +128,8 @@ mokStatus_t status_of(Layer& l, const char* func) {
   core::read_record(&l.error, &e);
   mokStatus_t s = e.outcome == static_cast<int32_t>(core::Outcome::timeout) ? mokTimeout : mokPeerAbort;
   return api::fail(s, "%s: rank %d: %s (task %s %d, wait '%s')", func, e.rank,
-                   s == mokTimeout ? "a wait ran out" : "the pass was aborted",
-                   core::task_name(e.task_kind), e.task_index, core::wait_name(static_cast<WaitId>(e.wait)));
+                   s == mokTimeout ? "a wait ran out" : "the pass was aborted", core::task_name(e.task_kind),
+                   e.task_index, core::wait_name(static_cast<WaitId>(e.wait)));
 }
 
 bool failed(Layer& l) {
@@ -137,7 +137,9 @@ bool failed(Layer& l) {
   return core::read_record(&l.error, &e);
 }
 
-bool group_aborted(Layer& l) { return failed(l) || core::abort_seen(l.headers[l.shape.rank]); }
+bool group_aborted(Layer& l) {
+  return failed(l) || core::abort_seen(l.headers[l.shape.rank]);
+}
 
 mokStatus_t aborted_earlier(Layer& l, const char* func) {
   core::record_failure(&l.error, Failure{core::Outcome::peer_abort, WaitId::earlier_abort}, l.shape.rank, -1, -1);
@@ -159,8 +161,10 @@ mokStatus_t run_pass(Layer& l, const core::PassView& v, const char* func) {
   // A rank that failed does not arrive at later barriers: an arrival could complete a barrier its
   // peers are still waiting in. They see the abort flag instead.
   Failure f = group_barrier(l, WaitId::entry_barrier);
-  if (f.ok()) run_workers(l, pv);
-  else core::fail_pass(pv, f, nullptr);
+  if (f.ok())
+    run_workers(l, pv);
+  else
+    core::fail_pass(pv, f, nullptr);
   if (!failed(l)) {
     f = group_barrier(l, WaitId::closing_barrier);
     if (!f.ok()) core::fail_pass(pv, f, nullptr);
@@ -193,8 +197,10 @@ mokStatus_t check_group_shape(Layer& l, const char* func) {
   for (int r = 0; r < l.shape.world; ++r)
     for (int i = 0; i < core::kGroupShapeFields; ++i)
       if (l.headers[r]->shape[i] != mine[i]) {
-        return api::fail(mokInvalidArgument, "%s: argument 'config.%s' differs between rank %d and rank %d; every "
-                         "rank of a group needs the same value", func, core::group_shape_field(i), l.shape.rank, r);
+        return api::fail(mokInvalidArgument,
+                         "%s: argument 'config.%s' differs between rank %d and rank %d; every "
+                         "rank of a group needs the same value",
+                         func, core::group_shape_field(i), l.shape.rank, r);
       }
   return mokSuccess;
 }
@@ -308,7 +314,8 @@ mokStatus_t backward(Layer& l, const mokLayerWeights_t& weights, const float* to
 
 mokStatus_t get_slots(Layer& l, uint16_t* y_slots) {
   if (!l.has_context)
-    return api::fail(mokInvalidUsage, "mokLayerGetSlots: needs a mokLayerForward or mokLayerRecompute since the last "
+    return api::fail(mokInvalidUsage,
+                     "mokLayerGetSlots: needs a mokLayerForward or mokLayerRecompute since the last "
                      "schedule");
   core::PassView v = view_of(l, PassKind::forward);
   for (int t = 0; t < l.tokens; ++t) core::copy_slots_token(v, t, y_slots);

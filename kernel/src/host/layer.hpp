@@ -29,8 +29,7 @@ struct Layer {
 };
 
 // Map peer memory (caller bases or shared-memory rendezvous) and set up the context.
-mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory,
-                   Layer** out);
+mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory, Layer** out);
 
 // The calls below assume validated arguments (api/layer.cpp checks them first).
 mokStatus_t build_schedule(Layer& layer, const void* topk_ids, bool int64_ids, int tokens);

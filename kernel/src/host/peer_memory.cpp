@@ -7,8 +7,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 
 #include "api/error.hpp"
 #include "core/protocol.hpp"
@@ -59,8 +59,8 @@ mokStatus_t PeerMemory::rendezvous(const char* name, int world, int rank, size_t
   const char* own = own_name.path;
   int fd = shm_open(own, O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0)
-    return api::fail(mokSystemError, "shared memory '%s': shm_open failed: %s (a stale segment of a crashed run?)",
-                     own, std::strerror(errno));
+    return api::fail(mokSystemError, "shared memory '%s': shm_open failed: %s (a stale segment of a crashed run?)", own,
+                     std::strerror(errno));
   bool sized = ftruncate(fd, static_cast<off_t>(bytes)) == 0;
   close(fd);
   if (!sized) {
