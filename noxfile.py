@@ -6,7 +6,6 @@ nvcc. Builds go under build/nox/.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import nox
 ROOT = Path(__file__).resolve().parent
 BUILD = ROOT / "build" / "nox"
 sys.path.insert(0, str(ROOT))
+from tools.cuda_toolchain import toolchain_env  # noqa: E402
 
 nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["tests-3.11", "consumer", "lint"]
@@ -28,14 +28,9 @@ ARCHS = {"blackwell": "100a;103a", "sm100a": "100a", "host": ""}
 
 def cuda_env(session: nox.Session) -> dict[str, str]:
     """Environment that selects the pinned toolchain (or the caller's CUDACXX)."""
-    if os.environ.get("CUDACXX"):
-        nvcc = Path(os.environ["CUDACXX"])
-    else:
-        from tools.cuda_toolchain import ensure
-
-        nvcc = ensure(ROOT / ".toolchain" / "cuda-13.0") / "bin" / "nvcc"
-    session.log(f"CUDA compiler: {nvcc}")
-    return {"CUDACXX": str(nvcc), "MOK_CUDA_BIN": str(nvcc.parent)}
+    env = toolchain_env(ROOT)
+    session.log(f"CUDA compiler: {env['CUDACXX']}")
+    return env
 
 
 def cmake_build(session: nox.Session, name: str, build_type: str, archs: str, *extra: str) -> Path:

@@ -8,6 +8,7 @@ is added. Point CMake at it with CUDACXX=<root>/bin/nvcc (the nox sessions do th
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,15 @@ def ensure(target: Path) -> Path:
         if not link.is_symlink():
             link.symlink_to(to)
     return root
+
+
+def toolchain_env(repo: Path) -> dict[str, str]:
+    """CUDACXX and MOK_CUDA_BIN (its bin dir: cuobjdump) for the caller's CUDACXX, else the pinned toolchain."""
+    if os.environ.get("CUDACXX"):
+        nvcc = Path(os.environ["CUDACXX"])
+    else:
+        nvcc = ensure(repo / ".toolchain" / "cuda-13.0") / "bin" / "nvcc"
+    return {"CUDACXX": str(nvcc), "MOK_CUDA_BIN": str(nvcc.parent)}
 
 
 def main() -> None:

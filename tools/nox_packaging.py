@@ -12,10 +12,11 @@ docs/packaging.md describes the checks and what only the internal CI (with netwo
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import nox
+
+from tools.cuda_toolchain import toolchain_env
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests" / "packaging"
@@ -27,15 +28,6 @@ TORCH = "torch==2.13.0"  # `import mok`, the mok package's test, imports torch
 DIFFOSCOPE = "diffoscope==332"
 
 
-def _cuda_env(session: nox.Session) -> dict[str, str]:
-    """CUDACXX for the pinned CUDA 13.0 toolchain (or the caller's); the tests find CCCL next to it."""
-    if os.environ.get("CUDACXX"):
-        return {"CUDACXX": os.environ["CUDACXX"]}
-    from tools.cuda_toolchain import ensure
-
-    return {"CUDACXX": str(ensure(ROOT / ".toolchain" / "cuda-13.0") / "bin" / "nvcc")}
-
-
 def _pytest(session: nox.Session, *files: str) -> None:
     session.run("pytest", "-ra", *(str(TESTS / f) for f in files), *session.posargs)
 
@@ -44,7 +36,7 @@ def _pytest(session: nox.Session, *files: str) -> None:
 def conda(session: nox.Session) -> None:
     """The conda recipe, offline: render of every variant; host-toolchain build, tests, rebuild, install."""
     session.install(*RATTLER, *BUILD, PYTEST, TORCH)
-    session.env.update(_cuda_env(session))
+    session.env.update(toolchain_env(ROOT))
     _pytest(session, "test_conda_recipe.py", "test_conda_build.py")
 
 
@@ -52,7 +44,7 @@ def conda(session: nox.Session) -> None:
 def nix(session: nox.Session) -> None:
     """The Nix flake, offline: parse, evaluation against a nixpkgs fixture, flake check; split-output install."""
     session.install(*BUILD, PYTEST)
-    session.env.update(_cuda_env(session))
+    session.env.update(toolchain_env(ROOT))
     _pytest(session, "test_nix.py", "test_split_install.py")
 
 
@@ -60,5 +52,5 @@ def nix(session: nox.Session) -> None:
 def repro(session: nox.Session) -> None:
     """Byte-identical release builds of libmok.so (host-only, CUDA sm_100a) and of the wheel."""
     session.install(*BUILD, PYTEST, DIFFOSCOPE)
-    session.env.update(_cuda_env(session))
+    session.env.update(toolchain_env(ROOT))
     _pytest(session, "test_repro.py")

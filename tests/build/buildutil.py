@@ -27,9 +27,9 @@ def cuda_bin_dir() -> Path:
     if os.environ.get("MOK_CUDA_BIN"):
         return Path(os.environ["MOK_CUDA_BIN"])
     sys.path.insert(0, str(ROOT))
-    from tools.cuda_toolchain import ensure
+    from tools.cuda_toolchain import toolchain_env
 
-    return ensure(ROOT / ".toolchain" / "cuda-13.0") / "bin"
+    return Path(toolchain_env(ROOT)["MOK_CUDA_BIN"])
 
 
 def cccl_include_dir() -> Path:
