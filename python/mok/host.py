@@ -104,6 +104,15 @@ def _layer(state: _Layers, group, swiglu_limit: float | None):
     return layer
 
 
+def _masters(routed, shared) -> dict[str, torch.Tensor]:
+    """The bf16 weights that get gradients, by MainGrads field name (MXFP8 experts: their bf16 masters)."""
+    routed = routed.master if isinstance(routed, RoutedExpertsMXFP8) else routed
+    names = [("gate", routed.gate), ("up", routed.up), ("down", routed.down)]
+    if shared is not None:
+        names += [("shared_gate", shared.gate), ("shared_up", shared.up), ("shared_down", shared.down)]
+    return dict(names)
+
+
 def _weights(routed, shared) -> dict:
     w = {}
     if isinstance(routed, RoutedExpertsMXFP8):
@@ -146,21 +155,17 @@ class HostExecutor:
     def backward(self, ctx: _Context, dout, main_grads: MainGrads | None) -> Gradients:
         if ctx.state.latest.get(ctx.layer) != ctx.token:
             self._load(ctx)
-        routed = ctx.routed.master if isinstance(ctx.routed, RoutedExpertsMXFP8) else ctx.routed
-        names = ["gate", "up", "down"] + (["shared_gate", "shared_up", "shared_down"] if ctx.shared else [])
         main = main_grads or MainGrads()
-        sources = {**{n: getattr(routed, n) for n in ("gate", "up", "down")},
-                   **({f"shared_{n}": getattr(ctx.shared, n) for n in ("gate", "up", "down")} if ctx.shared else {})}
-        fp32 = {n: getattr(main, n) if getattr(main, n) is not None else torch.zeros(sources[n].shape) for n in names}
-        dx = torch.empty_like(ctx.x)
-        dw = torch.empty(ctx.topk_weights.shape, dtype=torch.float32)
+        # libmok adds fp32 weight gradients into these: the caller's main_grad buffers, or fresh zeros.
+        fp32 = {n: getattr(main, n) if getattr(main, n) is not None else torch.zeros(w.shape)
+                for n, w in _masters(ctx.routed, ctx.shared).items()}
+        dout = dout.contiguous()  # bound to a name: libmok reads it through a raw pointer
+        dx, dw = torch.empty_like(ctx.x), torch.empty(ctx.topk_weights.shape, dtype=torch.float32)
         grads = {"dx": dx.data_ptr(), "dtopk_weights": dw.data_ptr(), "accumulate": 1,
-                 **{n: t.data_ptr() for n, t in fp32.items()}}
-        ctx.layer.backward(_weights(ctx.routed, ctx.shared), ctx.topk_weights.data_ptr(), dout.contiguous().data_ptr(),
-                           grads)
-        out = {n: None if getattr(main, n) is not None else fp32[n].to(torch.bfloat16) for n in names}
-        return Gradients(dx, dw, out["gate"], out["up"], out["down"], out.get("shared_gate"), out.get("shared_up"),
-                         out.get("shared_down"))
+                 **{n: g.data_ptr() for n, g in fp32.items()}}
+        ctx.layer.backward(_weights(ctx.routed, ctx.shared), ctx.topk_weights.data_ptr(), dout.data_ptr(), grads)
+        bf16 = {n: None if getattr(main, n) is not None else g.to(torch.bfloat16) for n, g in fp32.items()}
+        return Gradients(dx, dw, *(bf16.get(n) for n in MainGrads._fields))
 
     def _run(self, x, topk_weights, routed, shared, schedule: _Schedule, workspace, swiglu_limit, want_output):
         """Schedule, then forward (-> out) or recompute (-> None) on libmok's layer: (context, out)."""
