@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-# CUDA 13.0 as one toolkit. cuobjdump has no 13.0.x wheel; 13.2.51 (its oldest) reads 13.0 binaries.
+# CUDA 13.0 as one toolkit. cuobjdump and nvdisasm have no 13.0.x wheels; 13.2.51 (their oldest) read 13.0 binaries.
 PINS = (
     "nvidia-cuda-nvcc==13.0.88",
     "nvidia-cuda-crt==13.0.88",
@@ -21,6 +21,7 @@ PINS = (
     "nvidia-cuda-runtime==13.0.96",
     "nvidia-cuda-cccl==13.0.85",
     "nvidia-cuda-cuobjdump==13.2.51",
+    "nvidia-cuda-nvdisasm==13.2.51",
 )
 
 

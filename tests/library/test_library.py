@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 from buildutil import run
@@ -11,6 +12,43 @@ def test_cubins_for_every_blackwell_target(libmok, cuda_bin):
     listing = run(cuda_bin / "cuobjdump", "--list-elf", libmok).stdout
     archs = set(re.findall(r"\.(sm_\d+a?)\.cubin", listing))
     assert {"sm_100a", "sm_103a"} <= archs, listing
+
+
+def resource_usage(libmok, cuda_bin) -> dict[str, dict[str, dict[str, int]]]:
+    """{arch: {kernel: {"REG": n, "STACK": n, "SHARED": n, "LOCAL": n, ...}}} from cuobjdump."""
+    usage, arch = {}, None
+    for line in run(cuda_bin / "cuobjdump", "--dump-resource-usage", libmok).stdout.splitlines():
+        if m := re.match(r"arch = (sm_\w+)", line.strip()):
+            arch = m.group(1)
+        elif m := re.match(r"\s*Function (\S+):", line):
+            kernel = m.group(1)
+        elif arch and line.strip().startswith("REG:"):
+            usage.setdefault(arch, {})[kernel] = {k: int(v) for k, v in re.findall(r"(\w+):(\d+)", line)}
+    return usage
+
+
+def test_device_kernels_and_their_resources(libmok, cuda_bin):
+    usage = resource_usage(libmok, cuda_bin)
+    assert {"sm_100a", "sm_103a"} <= set(usage), usage.keys()
+    assert usage["sm_100a"].keys() == usage["sm_103a"].keys(), "both targets must carry the same kernels"
+    assert any("run_workers" in k for k in usage["sm_100a"]), "core/'s task-graph worker is not in the device code"
+    for arch, kernels in usage.items():
+        for kernel, r in kernels.items():
+            # Budget, not a hardware limit: the protocol and per-row math must leave the registers a fused tile
+            # GEMM needs (65536 per SM = 128 per thread for a 512-thread CTA). Raise it deliberately, not silently.
+            assert r["REG"] <= 128, f"{arch} {kernel}: {r['REG']} registers"
+            assert r["LOCAL"] == 0, f"{arch} {kernel}: {r['LOCAL']} bytes of local memory"
+
+
+def test_protocol_uses_system_scope_release_acquire(libmok, cuda_bin):
+    """Peers' flags live in NVLink peer memory: core/'s cuda::atomic_ref<.., thread_scope_system> must become
+    system-scope strong loads/stores and fences in the SASS, or remote ranks may never see them."""
+    env = {**os.environ, "NVDISASM_PATH": str(cuda_bin)}
+    sass = run(cuda_bin / "cuobjdump", "--dump-sass", libmok, env=env).stdout
+    barrier = re.search(r"Function : \S*group_barrier\S*\n(.*?)(?=\n\s*Function :|\Z)", sass, re.S)
+    assert barrier, "the group barrier kernel is missing from the SASS"
+    for instruction in ("ST.E.STRONG.SYS", "LD.E.STRONG.SYS", "MEMBAR.ALL.SYS"):
+        assert instruction in barrier.group(1), f"{instruction} missing from group_barrier's SASS"
 
 
 def test_only_mok_symbols_are_exported(libmok):
