@@ -8,9 +8,8 @@ import shutil
 from pathlib import Path
 
 import rattler_build as rb
-from source_tree import REPO
+from source_tree import RECIPE_DIR
 
-RECIPE_DIR = REPO / "recipe"
 VARIANTS = RECIPE_DIR / "variants.yaml"
 # Staged (multi-output cache) builds are still behind rattler-build's experimental flag.
 RENDER = rb.RenderConfig(platform=rb.PlatformConfig(target_platform="linux-64", experimental=True))

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+RECIPE_DIR = REPO / "recipe"
 
 
 def _git(*args: str) -> str:

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 import source_tree
-from conda_tools import RECIPE_DIR
+from source_tree import RECIPE_DIR
 
 
 def _run(*cmd, **kw):
