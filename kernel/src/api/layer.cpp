@@ -27,6 +27,17 @@ int tokens_of(mokLayer_t layer) {
   return layer->impl->tokens;
 }
 
+// Elements of a [tokens, width] tensor of this rank's current schedule.
+int64_t per_token(mokLayer_t layer, int64_t width) {
+  return static_cast<int64_t>(tokens_of(layer)) * width;
+}
+
+// What every pass checks first: a live context, and weights that fit its shape.
+mokStatus_t check_pass(mokLayer_t layer, const mokLayerWeights_t* weights, const char* func) {
+  if (mokStatus_t s = check_layer(layer, func); s != mokSuccess) return s;
+  return mok::api::check_weights(weights, layer->impl->shape, func);
+}
+
 }  // namespace
 
 extern "C" {
@@ -81,11 +92,8 @@ MOK_API mokStatus_t mokLayerBuildSchedule(mokLayer_t layer, const void* topk_ids
 MOK_API mokStatus_t mokLayerForward(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x,
                                     const float* topk_weights, void* out) {
   mok::api::clear_error();
-  if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
-  const mok::core::LayerShape& shape = layer->impl->shape;
-  int64_t th = static_cast<int64_t>(tokens_of(layer)) * shape.hidden;
-  int64_t tk = static_cast<int64_t>(tokens_of(layer)) * shape.top_k;
-  if (mokStatus_t s = mok::api::check_weights(weights, shape, __func__); s != mokSuccess) return s;
+  if (mokStatus_t s = check_pass(layer, weights, __func__); s != mokSuccess) return s;
+  int64_t th = per_token(layer, layer->impl->shape.hidden), tk = per_token(layer, layer->impl->shape.top_k);
   if (mokStatus_t s = check_array(x, "x", th, 2, __func__); s != mokSuccess) return s;
   if (mokStatus_t s = check_array(topk_weights, "topk_weights", tk, 4, __func__); s != mokSuccess) return s;
   if (mokStatus_t s = check_array(out, "out", th, 2, __func__); s != mokSuccess) return s;
@@ -95,22 +103,18 @@ MOK_API mokStatus_t mokLayerForward(mokLayer_t layer, const mokLayerWeights_t* w
 
 MOK_API mokStatus_t mokLayerRecompute(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x) {
   mok::api::clear_error();
-  if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
-  const mok::core::LayerShape& shape = layer->impl->shape;
-  if (mokStatus_t s = mok::api::check_weights(weights, shape, __func__); s != mokSuccess) return s;
-  int64_t th = static_cast<int64_t>(tokens_of(layer)) * shape.hidden;
-  if (mokStatus_t s = check_array(x, "x", th, 2, __func__); s != mokSuccess) return s;
+  if (mokStatus_t s = check_pass(layer, weights, __func__); s != mokSuccess) return s;
+  if (mokStatus_t s = check_array(x, "x", per_token(layer, layer->impl->shape.hidden), 2, __func__); s != mokSuccess)
+    return s;
   return mok::host::forward(*layer->impl, *weights, static_cast<const uint16_t*>(x), nullptr, nullptr, false);
 }
 
 MOK_API mokStatus_t mokLayerBackward(mokLayer_t layer, const mokLayerWeights_t* weights, const float* topk_weights,
                                      const void* dout, mokLayerGrads_t* grads) {
   mok::api::clear_error();
-  if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
+  if (mokStatus_t s = check_pass(layer, weights, __func__); s != mokSuccess) return s;
   const mok::core::LayerShape& shape = layer->impl->shape;
-  int64_t th = static_cast<int64_t>(tokens_of(layer)) * shape.hidden;
-  int64_t tk = static_cast<int64_t>(tokens_of(layer)) * shape.top_k;
-  if (mokStatus_t s = mok::api::check_weights(weights, shape, __func__); s != mokSuccess) return s;
+  int64_t th = per_token(layer, shape.hidden), tk = per_token(layer, shape.top_k);
   if (mokStatus_t s = check_array(topk_weights, "topk_weights", tk, 4, __func__); s != mokSuccess) return s;
   if (mokStatus_t s = check_array(dout, "dout", th, 2, __func__); s != mokSuccess) return s;
   if (mokStatus_t s = mok::api::check_grads(grads, shape, tokens_of(layer), __func__); s != mokSuccess) return s;
@@ -121,7 +125,7 @@ MOK_API mokStatus_t mokLayerGetSlots(mokLayer_t layer, void* y_slots) {
   mok::api::clear_error();
   if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
   const mok::core::LayerShape& shape = layer->impl->shape;
-  int64_t count = static_cast<int64_t>(tokens_of(layer)) * shape.top_k * shape.hidden;
+  int64_t count = per_token(layer, static_cast<int64_t>(shape.top_k) * shape.hidden);
   if (mokStatus_t s = check_array(y_slots, "y_slots", count, 2, __func__); s != mokSuccess) return s;
   return mok::host::get_slots(*layer->impl, static_cast<uint16_t*>(y_slots));
 }
