@@ -1,20 +1,36 @@
 // The C ABI's bad-input catalogue: each case returns its status, a detail naming the argument, and
 // writes nothing.
 #include <cmath>
+#include <cstring>
+#include <initializer_list>
+#include <limits>
+#include <string>
 
+#include "core/mxfp8.hpp"
 #include "group.hpp"
 
 using namespace mok_test;
 
 namespace {
 
-void expect(mokStatus_t got, mokStatus_t want, const char* names, int line) {
+// The call returns `want` and its detail holds every part (the argument, its value, the rule).
+void expect(mokStatus_t got, mokStatus_t want, std::initializer_list<const char*> parts, int line) {
   const char* detail = mokGetLastError();
-  bool ok = got == want && std::strstr(detail, names) != nullptr;
-  CHECK_MSG(ok, "line %d: got %s with '%s'; want %s naming '%s'", line, mokGetStatusString(got), detail,
-            mokGetStatusString(want), names);
+  bool ok = got == want;
+  for (const char* part : parts) ok = ok && std::strstr(detail, part) != nullptr;
+  std::string wanted;
+  for (const char* part : parts) wanted += std::string(" '") + part + "'";
+  CHECK_MSG(ok, "line %d: got %s with '%s'; want %s naming%s", line, mokGetStatusString(got), detail,
+            mokGetStatusString(want), wanted.c_str());
 }
-#define EXPECT(call, status, names) expect((call), (status), (names), __LINE__)
+#define EXPECT(call, status, ...) expect((call), (status), {__VA_ARGS__}, __LINE__)
+
+// Store any int in an enum field, as a C caller may (a C++ cast to an out-of-range enum is undefined).
+template <class Enum>
+void store_int(Enum* field, int value) {
+  static_assert(sizeof(Enum) == sizeof(int), "a C enum of mok.h");
+  std::memcpy(field, &value, sizeof(value));
+}
 
 mokLayerConfig_t good_config() {
   mokLayerConfig_t c = MOK_LAYER_CONFIG_INIT;
@@ -54,14 +70,32 @@ struct Solo {
 };
 
 template <class Edit>
-void expect_config(Edit edit, const char* names, int line) {
+void expect_config(Edit edit, std::initializer_list<const char*> parts, int line) {
   mokLayerConfig_t c = good_config();
   edit(c);
   mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
-  expect(mokLayerGetSizes(&c, &sizes), mokInvalidArgument, names, line);
+  expect(mokLayerGetSizes(&c, &sizes), mokInvalidArgument, parts, line);
   CHECK(sizes.peer_bytes == 0 && sizes.workspace_bytes == 0);  // nothing written
 }
-#define EXPECT_CONFIG(edit, names) expect_config([](mokLayerConfig_t& c) { edit; }, (names), __LINE__)
+#define EXPECT_CONFIG(edit, ...) expect_config([](mokLayerConfig_t& c) { edit; }, {__VA_ARGS__}, __LINE__)
+
+// Accepted by mokLayerGetSizes (which only computes, so configs at the limits allocate nothing), with
+// byte counts no smaller than the buffers they must hold: a wrapped size_t would show up here.
+template <class Edit>
+void accept_config(Edit edit, int line) {
+  mokLayerConfig_t c = good_config();
+  edit(c);
+  mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
+  mokStatus_t got = mokLayerGetSizes(&c, &sizes);
+  CHECK_MSG(got == mokSuccess, "line %d: got %s with '%s'", line, mokGetStatusString(got), mokGetLastError());
+  using u128 = unsigned __int128;
+  u128 slots = u128(c.max_tokens) * c.top_k * c.hidden * 2 * 2;                 // y_slots and dx_slots, bf16
+  u128 weights = u128(c.experts_per_rank) * c.intermediate * c.hidden * 4 * 6;  // staged + accumulators, fp32
+  u128 ring = u128(c.macrobatch) * (3 * u128(c.hidden) + 3 * u128(c.intermediate)) * 4;
+  CHECK_MSG(sizes.peer_bytes >= slots && sizes.workspace_bytes >= weights + ring, "line %d: peer %zu, workspace %zu",
+            line, sizes.peer_bytes, sizes.workspace_bytes);
+}
+#define ACCEPT_CONFIG(edit) accept_config([](mokLayerConfig_t& c) { edit; }, __LINE__)
 
 }  // namespace
 
@@ -71,32 +105,117 @@ TEST(config_rules) {
   mokLayerConfig_t c = good_config();
   EXPECT(mokLayerGetSizes(&c, nullptr), mokInvalidArgument, "'sizes'");
   EXPECT_CONFIG(c.size = 0, "MOK_LAYER_CONFIG_INIT");
-  EXPECT_CONFIG(c.world = 0, "config.world");
-  EXPECT_CONFIG(c.world = 73, "config.world");
-  EXPECT_CONFIG(c.rank = 1, "config.rank");  // rank >= world
-  EXPECT_CONFIG(c.rank = -1, "config.rank");
-  EXPECT_CONFIG(c.experts_per_rank = 0, "config.experts_per_rank");
-  EXPECT_CONFIG(c.hidden = 0, "config.hidden");
-  EXPECT_CONFIG(c.intermediate = 0, "config.intermediate");
-  EXPECT_CONFIG(c.top_k = 0, "config.top_k");
-  EXPECT_CONFIG(c.max_tokens = 0, "config.max_tokens");
-  EXPECT_CONFIG(c.shared_intermediate = -1, "config.shared_intermediate");
-  EXPECT_CONFIG(c.precision = static_cast<mokPrecision_t>(7), "config.precision");
-  EXPECT_CONFIG(c.swiglu_limit = -1.0f, "config.swiglu_limit");
-  EXPECT_CONFIG(c.swiglu_limit = NAN, "config.swiglu_limit");
-  EXPECT_CONFIG(c.expert_padding = 0, "config.expert_padding");
-  EXPECT_CONFIG(c.precision = mokPrecisionMXFP8, "config.expert_padding");  // 8 is not a multiple of 32
-  EXPECT_CONFIG(c.minibatch = 12, "config.minibatch");                      // not a multiple of padding 8
-  EXPECT_CONFIG(c.macrobatch = 8, "config.macrobatch");                     // smaller than minibatch 16
-  EXPECT_CONFIG(c.macrobatch = 40, "config.macrobatch");                    // not a multiple of minibatch
-  EXPECT_CONFIG(c.comm_workers = 0, "config.comm_workers");
-  EXPECT_CONFIG(c.compute_workers = 0, "config.compute_workers");
-  EXPECT_CONFIG(c.timeout_ms = 0, "config.timeout_ms");
-  EXPECT_CONFIG((c.world = 72, c.max_tokens = 1 << 24, c.top_k = 64), "'config'");  // not addressable
-  EXPECT_CONFIG(c.executor = static_cast<mokExecutor_t>(9), "config.executor");
+  EXPECT_CONFIG(store_int(&c.precision, 7), "'config.precision' (7)", "mokPrecisionBF16 (0) or mokPrecisionMXFP8 (1)");
+  EXPECT_CONFIG(store_int(&c.precision, -1), "'config.precision' (-1)");
+  EXPECT_CONFIG(c.precision = mokPrecisionMXFP8, "config.expert_padding", "(8)", "multiple of 32");
+  ACCEPT_CONFIG((c.precision = mokPrecisionMXFP8, c.expert_padding = 32, c.minibatch = 32));
+  EXPECT_CONFIG(c.minibatch = 12, "config.minibatch", "(12)", "multiple of config.expert_padding");
+  EXPECT_CONFIG(c.macrobatch = 8, "config.macrobatch", "(8)", "not be smaller than config.minibatch");
+  EXPECT_CONFIG(c.macrobatch = 40, "config.macrobatch", "(40)", "multiple of config.minibatch");
+  ACCEPT_CONFIG(c.macrobatch = c.minibatch);
+  store_int(&c.executor, 9);
+  EXPECT(mokLayerGetSizes(&c, &sizes), mokInvalidArgument, "'config.executor' (9)", "mokExecutorHost (0)");
   c = good_config();
   c.executor = mokExecutorSm100;
-  EXPECT(mokLayerGetSizes(&c, &sizes), mokUnsupported, "config.executor");
+  EXPECT(mokLayerGetSizes(&c, &sizes), mokUnsupported, "config.executor", "sm100");
+}
+
+// The clamp: 0 (no clamp) and every positive value are accepted, the first negative one is not.
+TEST(swiglu_limit_boundary) {
+  ACCEPT_CONFIG(c.swiglu_limit = 0.0f);
+  ACCEPT_CONFIG(c.swiglu_limit = std::numeric_limits<float>::denorm_min());
+  ACCEPT_CONFIG(c.swiglu_limit = INFINITY);
+  EXPECT_CONFIG(c.swiglu_limit = -std::numeric_limits<float>::denorm_min(), "config.swiglu_limit", "must be > 0");
+  EXPECT_CONFIG(c.swiglu_limit = -1.0f, "config.swiglu_limit", "(-1)", "must be > 0, or 0 for no clamp");
+  EXPECT_CONFIG(c.swiglu_limit = NAN, "config.swiglu_limit", "(nan)");
+}
+
+// Each field at both ends of its range is accepted; one past either end is rejected with the field,
+// its value and the range (the numbers docs/c-api.md and mok.h state).
+TEST(config_field_limits) {
+  ACCEPT_CONFIG(c.world = 1);
+  ACCEPT_CONFIG(c.world = 72);
+  EXPECT_CONFIG(c.world = 0, "'config.world' (0)", "[1, 72]");
+  EXPECT_CONFIG(c.world = 73, "'config.world' (73)", "[1, 72]");
+  ACCEPT_CONFIG((c.world = 72, c.rank = 71));
+  EXPECT_CONFIG((c.world = 72, c.rank = 72), "'config.rank' (72)", "[0, 71]");
+  EXPECT_CONFIG(c.rank = -1, "'config.rank' (-1)", "[0, 0]");
+  ACCEPT_CONFIG(c.experts_per_rank = 1);
+  ACCEPT_CONFIG(c.experts_per_rank = 1 << 20);
+  EXPECT_CONFIG(c.experts_per_rank = 0, "'config.experts_per_rank' (0)", "[1, 1048576]");
+  EXPECT_CONFIG(c.experts_per_rank = (1 << 20) + 1, "'config.experts_per_rank' (1048577)", "[1, 1048576]");
+  ACCEPT_CONFIG(c.hidden = 1);
+  ACCEPT_CONFIG(c.hidden = 1 << 20);
+  EXPECT_CONFIG(c.hidden = 0, "'config.hidden' (0)", "[1, 1048576]");
+  EXPECT_CONFIG(c.hidden = (1 << 20) + 1, "'config.hidden' (1048577)", "[1, 1048576]");
+  ACCEPT_CONFIG(c.intermediate = 1);
+  ACCEPT_CONFIG(c.intermediate = 1 << 20);
+  EXPECT_CONFIG(c.intermediate = 0, "'config.intermediate' (0)", "[1, 1048576]");
+  EXPECT_CONFIG(c.intermediate = (1 << 20) + 1, "'config.intermediate' (1048577)", "[1, 1048576]");
+  ACCEPT_CONFIG(c.top_k = 1);
+  ACCEPT_CONFIG(c.top_k = 1024);
+  EXPECT_CONFIG(c.top_k = 0, "'config.top_k' (0)", "[1, 1024]");
+  EXPECT_CONFIG(c.top_k = 1025, "'config.top_k' (1025)", "[1, 1024]");
+  ACCEPT_CONFIG(c.max_tokens = 1);
+  ACCEPT_CONFIG(c.max_tokens = 1 << 24);
+  EXPECT_CONFIG(c.max_tokens = 0, "'config.max_tokens' (0)", "[1, 16777216]");
+  EXPECT_CONFIG(c.max_tokens = (1 << 24) + 1, "'config.max_tokens' (16777217)", "[1, 16777216]");
+  ACCEPT_CONFIG(c.shared_intermediate = 0);
+  ACCEPT_CONFIG(c.shared_intermediate = 1 << 20);
+  EXPECT_CONFIG(c.shared_intermediate = -1, "'config.shared_intermediate' (-1)", "[0, 1048576]");
+  EXPECT_CONFIG(c.shared_intermediate = (1 << 20) + 1, "'config.shared_intermediate' (1048577)", "[0, 1048576]");
+  ACCEPT_CONFIG((c.expert_padding = 1, c.minibatch = 1, c.macrobatch = 1));
+  ACCEPT_CONFIG((c.expert_padding = 1 << 16, c.minibatch = 1 << 16, c.macrobatch = 1 << 16));
+  EXPECT_CONFIG(c.expert_padding = 0, "'config.expert_padding' (0)", "[1, 65536]");
+  EXPECT_CONFIG((c.expert_padding = (1 << 16) + 1, c.minibatch = c.macrobatch = (1 << 16) + 1),
+                "'config.expert_padding' (65537)", "[1, 65536]");
+  ACCEPT_CONFIG((c.minibatch = 1 << 24, c.macrobatch = 1 << 24));
+  EXPECT_CONFIG(c.minibatch = 0, "'config.minibatch' (0)", "[1, 16777216]");
+  EXPECT_CONFIG((c.minibatch = c.macrobatch = (1 << 24) + 8), "'config.minibatch' (16777224)", "[1, 16777216]");
+  ACCEPT_CONFIG(c.macrobatch = 1 << 26);
+  EXPECT_CONFIG(c.macrobatch = 0, "'config.macrobatch' (0)", "[1, 67108864]");
+  EXPECT_CONFIG(c.macrobatch = (1 << 26) + 16, "'config.macrobatch' (67108880)", "[1, 67108864]");
+  ACCEPT_CONFIG(c.comm_workers = 64);
+  EXPECT_CONFIG(c.comm_workers = 0, "'config.comm_workers' (0)", "[1, 64]");
+  EXPECT_CONFIG(c.comm_workers = 65, "'config.comm_workers' (65)", "[1, 64]");
+  ACCEPT_CONFIG(c.compute_workers = 256);
+  EXPECT_CONFIG(c.compute_workers = 0, "'config.compute_workers' (0)", "[1, 256]");
+  EXPECT_CONFIG(c.compute_workers = 257, "'config.compute_workers' (257)", "[1, 256]");
+  ACCEPT_CONFIG(c.timeout_ms = 1);
+  ACCEPT_CONFIG(c.timeout_ms = 24 * 3600 * 1000);
+  EXPECT_CONFIG(c.timeout_ms = 0, "'config.timeout_ms' (0)", "[1, 86400000]");
+  EXPECT_CONFIG(c.timeout_ms = 24 * 3600 * 1000 + 1, "'config.timeout_ms' (86400001)", "[1, 86400000]");
+}
+
+// The products that size the buffers, in exact integers: at the limit accepted, just past it (the
+// next product these factors reach) rejected with the product, its value and the limit.
+TEST(config_product_limits) {
+  // world x max_tokens x top_k + experts_per_rank x expert_padding = 23 x 89 x 2^20 + (2^20 - 1) x 1 = 2^31 - 1.
+  ACCEPT_CONFIG(
+      (c.world = 23, c.top_k = 89, c.max_tokens = 1 << 20, c.experts_per_rank = (1 << 20) - 1, c.expert_padding = 1));
+  EXPECT_CONFIG(
+      (c.world = 23, c.top_k = 89, c.max_tokens = 1 << 20, c.experts_per_rank = 1 << 20, c.expert_padding = 1),
+      "'config'", "world x max_tokens x top_k + experts_per_rank x expert_padding = 2147483648", "at most 2147483647");
+  // max_tokens x top_k x hidden (the y_slots tensor) = 2^14 x 64 x 2^20 = 2^40.
+  ACCEPT_CONFIG((c.max_tokens = 1 << 14, c.top_k = 64, c.hidden = 1 << 20));
+  EXPECT_CONFIG((c.max_tokens = (1 << 14) + 1, c.top_k = 64, c.hidden = 1 << 20),
+                "max_tokens x top_k x hidden = 1099578736640", "at most 1099511627776");
+  // experts_per_rank x intermediate x hidden = 2^20 x 2^10 x 2^10 = 2^40.
+  ACCEPT_CONFIG((c.experts_per_rank = 1 << 20, c.intermediate = 1 << 10, c.hidden = 1 << 10));
+  EXPECT_CONFIG((c.experts_per_rank = 1 << 20, c.intermediate = (1 << 10) + 1, c.hidden = 1 << 10),
+                "experts_per_rank x intermediate x hidden = 1100585369600", "at most 1099511627776");
+  // macrobatch x hidden and macrobatch x intermediate (the ring buffers) = 2^26 x 2^14 = 2^40.
+  ACCEPT_CONFIG((c.macrobatch = 1 << 26, c.hidden = 1 << 14));
+  EXPECT_CONFIG((c.macrobatch = 1 << 26, c.hidden = (1 << 14) + 1), "macrobatch x hidden = 1099578736640",
+                "at most 1099511627776");
+  ACCEPT_CONFIG((c.macrobatch = 1 << 26, c.intermediate = 1 << 14));
+  EXPECT_CONFIG((c.macrobatch = 1 << 26, c.intermediate = (1 << 14) + 1), "macrobatch x intermediate = 1099578736640",
+                "at most 1099511627776");
+  // Every field at its max: the products are far past their limits and still exact (no overflow).
+  EXPECT_CONFIG(
+      (c.world = 72, c.experts_per_rank = c.hidden = c.intermediate = c.shared_intermediate = 1 << 20, c.top_k = 1024,
+       c.max_tokens = 1 << 24, c.expert_padding = 1 << 16, c.minibatch = 1 << 24, c.macrobatch = 1 << 26),
+      "world x max_tokens x top_k + experts_per_rank x expert_padding = 1305670057984");
 }
 
 TEST(memory_rules) {
@@ -115,6 +234,15 @@ TEST(memory_rules) {
   m.peer_bases = nullptr;
   m.shm_name = "no/slashes";
   EXPECT(mokLayerCreate(&s.config, &m, &out), mokInvalidArgument, "memory.shm_name");
+  std::string longest(200, 'n');  // passes the name rule: the next rule (no workspace) rejects it
+  m.shm_name = longest.c_str();
+  m.workspace = nullptr;
+  EXPECT(mokLayerCreate(&s.config, &m, &out), mokInvalidArgument, "'memory.workspace'");
+  std::string too_long(201, 'n');
+  m.shm_name = too_long.c_str();
+  EXPECT(mokLayerCreate(&s.config, &m, &out), mokInvalidArgument, "'memory.shm_name' (201 characters)", "1-200");
+  m.shm_name = "";
+  EXPECT(mokLayerCreate(&s.config, &m, &out), mokInvalidArgument, "'memory.shm_name' (0 characters)", "1-200");
   void* null_base[1] = {nullptr};
   m = s.memory;
   m.peer_bases = null_base;
@@ -141,17 +269,22 @@ TEST(schedule_rules) {
   s.create();
   int32_t ids[8] = {0, 1, 1, 0, 0, 0, 1, 1};
   EXPECT(mokLayerBuildSchedule(nullptr, ids, mokIndexInt32, 4), mokInvalidArgument, "'layer'");
-  EXPECT(mokLayerBuildSchedule(s.layer, ids, static_cast<mokIndexType_t>(5), 4), mokInvalidArgument, "index_type");
-  EXPECT(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, -1), mokInvalidArgument, "num_tokens");
-  EXPECT(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 5), mokInvalidArgument, "num_tokens");  // > max_tokens
+  // An out-of-range index_type can only come from C (test_enum_args.c): a C++ cast to it is undefined.
+  EXPECT(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, -1), mokInvalidArgument, "'num_tokens' (-1)",
+         "[0, config.max_tokens = 4]");
+  EXPECT(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 5), mokInvalidArgument, "'num_tokens' (5)",
+         "[0, config.max_tokens = 4]");
   EXPECT(mokLayerBuildSchedule(s.layer, nullptr, mokIndexInt32, 4), mokInvalidArgument, "topk_ids");
   int64_t wide[8] = {0, 1, 1, 0, 0, 0, 1, 1};
   EXPECT(mokLayerBuildSchedule(s.layer, reinterpret_cast<char*>(wide) + 4, mokIndexInt64, 3), mokInvalidArgument,
          "topk_ids");  // misaligned
   ids[5] = 2;          // world * experts_per_rank = 2
-  EXPECT(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 4), mokInvalidArgument, "topk_ids");
+  EXPECT(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 4), mokInvalidArgument, "'topk_ids' [2][1] = 2",
+         "-1 or in [0, 2)");
   ids[5] = -2;
-  EXPECT(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 4), mokInvalidArgument, "topk_ids");
+  EXPECT(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 4), mokInvalidArgument, "'topk_ids' [2][1] = -2");
+  ids[5] = 1;  // the largest expert id
+  CHECK(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 4) == mokSuccess);
   ids[5] = -1;
   CHECK(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 4) == mokSuccess);
   CHECK(mokLayerBuildSchedule(s.layer, nullptr, mokIndexInt32, 0) == mokSuccess);  // no tokens, no ids
@@ -205,7 +338,9 @@ TEST(pass_rules) {
   EXPECT(mokLayerBackward(s.layer, &w, tw, dout.data(), nullptr), mokInvalidArgument, "'grads'");
   mokLayerGrads_t bg = g;
   bg.accumulate = 2;
-  EXPECT(mokLayerBackward(s.layer, &w, tw, dout.data(), &bg), mokInvalidArgument, "grads.accumulate");
+  EXPECT(mokLayerBackward(s.layer, &w, tw, dout.data(), &bg), mokInvalidArgument, "'grads.accumulate' (2)", "0 or 1");
+  bg.accumulate = -1;
+  EXPECT(mokLayerBackward(s.layer, &w, tw, dout.data(), &bg), mokInvalidArgument, "'grads.accumulate' (-1)");
   bg = g;
   bg.dx = nullptr;
   EXPECT(mokLayerBackward(s.layer, &w, tw, dout.data(), &bg), mokInvalidArgument, "grads.dx");
@@ -233,14 +368,20 @@ TEST(mxfp8_weights_required) {
 }
 
 TEST(quantize_rules) {
+  std::mt19937_64 rng(seed());
+  std::uniform_real_distribution<float> value(-30.0f, 30.0f);
   float v[64];
-  for (int i = 0; i < 64; ++i) v[i] = static_cast<float>(i) - 30.5f;
+  for (float& x : v) x = value(rng);
   uint8_t d[64], sc[2], dc[64], scc[2];
   std::memset(d, 0x5a, sizeof(d));
   EXPECT(mokMxfp8Quantize(nullptr, mokDataFloat32, 1, 2, 32, d, sc, nullptr, nullptr), mokInvalidArgument, "'src'");
-  EXPECT(mokMxfp8Quantize(v, static_cast<mokDataType_t>(9), 1, 2, 32, d, sc, nullptr, nullptr), mokInvalidArgument,
-         "'dtype'");
-  EXPECT(mokMxfp8Quantize(v, mokDataFloat32, 1, 0, 32, d, sc, nullptr, nullptr), mokInvalidArgument, "'rows'");
+  // An out-of-range dtype can only come from C (test_enum_args.c): a C++ cast to it is undefined.
+  EXPECT(mokMxfp8Quantize(v, mokDataFloat32, 0, 2, 32, d, sc, nullptr, nullptr), mokInvalidArgument, "'batch' (0)",
+         ">= 1");
+  EXPECT(mokMxfp8Quantize(v, mokDataFloat32, 1, 0, 32, d, sc, nullptr, nullptr), mokInvalidArgument, "'rows' (0)",
+         ">= 1");
+  EXPECT(mokMxfp8Quantize(v, mokDataFloat32, 1, 2, -1, d, sc, nullptr, nullptr), mokInvalidArgument, "'cols' (-1)",
+         ">= 1");
   EXPECT(mokMxfp8Quantize(v, mokDataFloat32, 1, 2, 32, d, nullptr, nullptr, nullptr), mokInvalidArgument, "_scales");
   EXPECT(mokMxfp8Quantize(v, mokDataFloat32, 1, 2, 32, nullptr, nullptr, nullptr, nullptr), mokInvalidArgument,
          "rowwise_data");
@@ -249,6 +390,28 @@ TEST(quantize_rules) {
   v[40] = INFINITY;
   EXPECT(mokMxfp8Quantize(v, mokDataFloat32, 1, 2, 32, d, sc, dc, scc), mokInvalidArgument, "element 40");
   for (uint8_t b : d) CHECK(b == 0x5a);  // nothing written
+  v[40] = value(rng);
+  CHECK(mokMxfp8Quantize(v, mokDataFloat32, 1, 2, 32, d, sc, nullptr, nullptr) == mokSuccess);
+  uint8_t want[64];  // valid arguments: each row is one block, as core's block quantiser writes it
+  for (int r = 0; r < 2; ++r) CHECK(sc[r] == mok::core::mx_quantize_block(v + 32 * r, 32, 1, want + 32 * r, 1));
+  CHECK(std::memcmp(d, want, sizeof(want)) == 0);
+}
+
+// batch x rows x cols at most 2^40: exactly 2^40 passes the size rule (src = NULL then fails the
+// next rule, so nothing is read), 2^40 + 1 = 257 x 4278255361 x 1 does not; no product overflows.
+TEST(quantize_size_limit) {
+  uint8_t d[64], sc[2];
+  EXPECT(mokMxfp8Quantize(nullptr, mokDataBF16, 1, 1 << 20, 1 << 20, d, sc, nullptr, nullptr), mokInvalidArgument,
+         "'src' must not be NULL");
+  EXPECT(mokMxfp8Quantize(nullptr, mokDataBF16, 1 << 10, 1 << 20, 1 << 10, d, sc, nullptr, nullptr), mokInvalidArgument,
+         "'src' must not be NULL");
+  EXPECT(mokMxfp8Quantize(nullptr, mokDataBF16, 257, 4278255361ll, 1, d, sc, nullptr, nullptr), mokInvalidArgument,
+         "'batch' x 'rows' x 'cols' (257 x 4278255361 x 1)", "at most 2^40 = 1099511627776");
+  EXPECT(mokMxfp8Quantize(nullptr, mokDataBF16, 1, 1 << 20, (1 << 20) + 1, d, sc, nullptr, nullptr), mokInvalidArgument,
+         "(1 x 1048576 x 1048577)");
+  int64_t huge = std::numeric_limits<int64_t>::max();
+  EXPECT(mokMxfp8Quantize(nullptr, mokDataBF16, huge, huge, huge, d, sc, nullptr, nullptr), mokInvalidArgument,
+         "at most 2^40");
 }
 
 TEST(error_query_rules) {

@@ -1,5 +1,6 @@
 // C ABI: version, executors, devices.
 #include "api/build_config.hpp"
+#include "api/c_enum.hpp"
 #include "api/error.hpp"
 
 #if MOK_WITH_CUDA
@@ -18,10 +19,14 @@ bool executor_compiled(mokExecutor_t executor) {
   }
 }
 
-mokStatus_t check_executor(mokExecutor_t executor, const char* func) {
-  if (executor < 0 || executor >= mokNumExecutors)
-    return fail(mokInvalidArgument, "%s: argument 'executor' (%d) must be in [0, %d)", func, static_cast<int>(executor),
-                static_cast<int>(mokNumExecutors));
+// The caller's `executor` (by reference: read as an int before any enum-typed load), checked.
+mokStatus_t check_executor(const mokExecutor_t& executor, const char* func) {
+  int32_t bits = mok::api::enum_bits(executor);
+  if (!mok::api::enum_in_range(bits, mokNumExecutors))
+    return fail(mokInvalidArgument,
+                "%s: argument 'executor' (%d) must be mokExecutorHost (0), mokExecutorSm100 (1) or "
+                "mokExecutorPortable (2)",
+                func, bits);
   return mokSuccess;
 }
 
@@ -37,7 +42,9 @@ MOK_API mokStatus_t mokGetVersion(int* version) {
 }
 
 MOK_API const char* mokExecutorName(mokExecutor_t executor) {
-  switch (executor) {
+  int32_t bits = mok::api::enum_bits(executor);
+  if (!mok::api::enum_in_range(bits, mokNumExecutors)) return nullptr;
+  switch (static_cast<mokExecutor_t>(bits)) {
     case mokExecutorHost: return "host";
     case mokExecutorSm100: return "sm100";
     case mokExecutorPortable: return "portable";

@@ -4,8 +4,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 
+#include "api/c_enum.hpp"
 #include "api/error.hpp"
+#include "api/limits.hpp"
 #include "core/mxfp8.hpp"
 
 namespace mok::api {
@@ -15,8 +18,104 @@ mokStatus_t invalid(const char* func, const char* fmt_rule, const char* name, lo
   return fail(mokInvalidArgument, "%s: argument '%s' (%lld) %s", func, name, value, fmt_rule);
 }
 
-// The buffers must stay addressable: every dimension product is kept far from overflow.
-constexpr double kMaxBytes = 1ull << 46;
+// a x b x ..., or INT64_MAX when that overflows (then above every limit); factors are >= 0.
+int64_t product(std::initializer_list<int64_t> factors) {
+  int64_t p = 1;
+  for (int64_t f : factors)
+    if (__builtin_mul_overflow(p, f, &p)) return INT64_MAX;
+  return p;
+}
+
+// The integer fields, each in [lo, hi].
+mokStatus_t check_ranges(const mokLayerConfig_t* c, const char* func) {
+  struct Rule {
+    const char* name;
+    long long value, lo, hi;
+  };
+  const Rule rules[] = {
+      {"config.world", c->world, 1, limits::kMaxWorld},
+      {"config.rank", c->rank, 0, static_cast<long long>(c->world) - 1},
+      {"config.experts_per_rank", c->experts_per_rank, 1, limits::kMaxExpertsPerRank},
+      {"config.hidden", c->hidden, 1, limits::kMaxHidden},
+      {"config.intermediate", c->intermediate, 1, limits::kMaxIntermediate},
+      {"config.top_k", c->top_k, 1, limits::kMaxTopK},
+      {"config.max_tokens", c->max_tokens, 1, limits::kMaxTokens},
+      {"config.shared_intermediate", c->shared_intermediate, 0, limits::kMaxSharedIntermediate},
+      {"config.expert_padding", c->expert_padding, 1, limits::kMaxExpertPadding},
+      {"config.minibatch", c->minibatch, 1, limits::kMaxMinibatch},
+      {"config.macrobatch", c->macrobatch, 1, limits::kMaxMacrobatch},
+      {"config.comm_workers", c->comm_workers, 1, limits::kMaxCommWorkers},
+      {"config.compute_workers", c->compute_workers, 1, limits::kMaxComputeWorkers},
+      {"config.timeout_ms", c->timeout_ms, 1, limits::kMaxTimeoutMs},
+  };
+  for (const Rule& r : rules)
+    if (r.value < r.lo || r.value > r.hi)
+      return fail(mokInvalidArgument, "%s: argument '%s' (%lld) must be in [%lld, %lld]", func, r.name, r.value, r.lo,
+                  r.hi);
+  return mokSuccess;
+}
+
+// precision and executor, read as the ints a C caller may have stored in them.
+mokStatus_t check_enums(const mokLayerConfig_t* c, const char* func, mokPrecision_t* precision) {
+  int32_t p = enum_bits(c->precision), e = enum_bits(c->executor);
+  if (!enum_in_range(p, mokNumPrecisions))
+    return invalid(func, "must be mokPrecisionBF16 (0) or mokPrecisionMXFP8 (1)", "config.precision", p);
+  if (!enum_in_range(e, mokNumExecutors))
+    return invalid(func, "must be mokExecutorHost (0), mokExecutorSm100 (1) or mokExecutorPortable (2)",
+                   "config.executor", e);
+  if (e != mokExecutorHost)
+    return fail(mokUnsupported, "%s: argument 'config.executor' (%s): only the host executor runs the layer so far",
+                func, mokExecutorName(static_cast<mokExecutor_t>(e)));
+  *precision = static_cast<mokPrecision_t>(p);
+  return mokSuccess;
+}
+
+// The rules between fields: the clamp, and the tile, minibatch and macrobatch granularities.
+mokStatus_t check_relations(const mokLayerConfig_t* c, mokPrecision_t precision, const char* func) {
+  if (!(c->swiglu_limit >= 0.0f))
+    return fail(mokInvalidArgument, "%s: argument 'config.swiglu_limit' (%g) must be > 0, or 0 for no clamp", func,
+                static_cast<double>(c->swiglu_limit));
+  if (precision == mokPrecisionMXFP8 && c->expert_padding % core::kMxBlock != 0)
+    return invalid(func, "must be a multiple of 32 with MXFP8 precision (token-dim blocks start on tiles)",
+                   "config.expert_padding", c->expert_padding);
+  if (c->minibatch % c->expert_padding != 0)
+    return invalid(func, "must be a multiple of config.expert_padding", "config.minibatch", c->minibatch);
+  if (c->macrobatch < c->minibatch)
+    return invalid(func, "must not be smaller than config.minibatch", "config.macrobatch", c->macrobatch);
+  if (c->macrobatch % c->minibatch != 0)
+    return invalid(func, "must be a multiple of config.minibatch", "config.macrobatch", c->macrobatch);
+  return mokSuccess;
+}
+
+// The products that size the buffers, in exact integers: the receive rows fit int32 indices and
+// no tensor exceeds limits::kMaxTensorElements, so every byte count of the layouts fits size_t.
+mokStatus_t check_products(const mokLayerConfig_t* c, const char* func) {
+  struct Rule {
+    const char* what;
+    int64_t value, max;
+    const char* why;
+  };
+  int64_t rows = product({c->world, c->max_tokens, c->top_k}),
+          padding = product({c->experts_per_rank, c->expert_padding});
+  if (__builtin_add_overflow(rows, padding, &rows)) rows = INT64_MAX;
+  const Rule rules[] = {
+      {"world x max_tokens x top_k + experts_per_rank x expert_padding", rows, limits::kMaxReceiveRows,
+       "receive rows, indexed by int32"},
+      {"max_tokens x top_k x hidden", product({c->max_tokens, c->top_k, c->hidden}), limits::kMaxTensorElements,
+       "elements of the peer buffer's y_slots"},
+      {"experts_per_rank x intermediate x hidden", product({c->experts_per_rank, c->intermediate, c->hidden}),
+       limits::kMaxTensorElements, "elements of each expert weight"},
+      {"macrobatch x hidden", product({c->macrobatch, c->hidden}), limits::kMaxTensorElements,
+       "elements of a ring buffer"},
+      {"macrobatch x intermediate", product({c->macrobatch, c->intermediate}), limits::kMaxTensorElements,
+       "elements of a ring buffer"},
+  };
+  for (const Rule& r : rules)
+    if (r.value > r.max)
+      return fail(mokInvalidArgument, "%s: argument 'config' gives %s = %lld (%s); it must be at most %lld", func,
+                  r.what, static_cast<long long>(r.value), r.why, static_cast<long long>(r.max));
+  return mokSuccess;
+}
 
 }  // namespace
 
@@ -33,58 +132,11 @@ mokStatus_t check_config(const mokLayerConfig_t* c, const char* func, core::Laye
   if (c->size < sizeof(mokLayerConfig_t))
     return fail(mokInvalidArgument, "%s: argument 'config' has size %zu; initialise it with MOK_LAYER_CONFIG_INIT",
                 func, c->size);
-  struct Rule {
-    const char* name;
-    long long value, lo, hi;
-  };
-  const Rule rules[] = {
-      {"config.world", c->world, 1, core::kMaxWorld},
-      {"config.rank", c->rank, 0, static_cast<long long>(c->world) - 1},
-      {"config.experts_per_rank", c->experts_per_rank, 1, 1 << 20},
-      {"config.hidden", c->hidden, 1, 1 << 20},
-      {"config.intermediate", c->intermediate, 1, 1 << 20},
-      {"config.top_k", c->top_k, 1, 1 << 10},
-      {"config.max_tokens", c->max_tokens, 1, 1 << 24},
-      {"config.shared_intermediate", c->shared_intermediate, 0, 1 << 20},
-      {"config.precision", c->precision, 0, mokNumPrecisions - 1},
-      {"config.expert_padding", c->expert_padding, 1, 1 << 16},
-      {"config.minibatch", c->minibatch, 1, 1 << 24},
-      {"config.macrobatch", c->macrobatch, 1, 1 << 26},
-      {"config.comm_workers", c->comm_workers, 1, 64},
-      {"config.compute_workers", c->compute_workers, 1, 256},
-      {"config.timeout_ms", c->timeout_ms, 1, 24ll * 3600 * 1000},
-  };
-  for (const Rule& r : rules)
-    if (r.value < r.lo || r.value > r.hi)
-      return fail(mokInvalidArgument, "%s: argument '%s' (%lld) must be in [%lld, %lld]", func, r.name, r.value, r.lo,
-                  r.hi);
-  if (c->executor < 0 || c->executor >= mokNumExecutors)
-    return invalid(func, "must be a mokExecutor_t value", "config.executor", c->executor);
-  if (c->executor != mokExecutorHost)
-    return fail(mokUnsupported, "%s: argument 'config.executor' (%s): only the host executor runs the layer so far",
-                func, mokExecutorName(c->executor));
-  if (!(c->swiglu_limit >= 0.0f))
-    return fail(mokInvalidArgument, "%s: argument 'config.swiglu_limit' (%g) must be > 0, or 0 for no clamp", func,
-                static_cast<double>(c->swiglu_limit));
-  if (c->precision == mokPrecisionMXFP8 && c->expert_padding % core::kMxBlock != 0)
-    return invalid(func, "must be a multiple of 32 with MXFP8 precision (token-dim blocks start on tiles)",
-                   "config.expert_padding", c->expert_padding);
-  if (c->minibatch % c->expert_padding != 0)
-    return invalid(func, "must be a multiple of config.expert_padding", "config.minibatch", c->minibatch);
-  if (c->macrobatch < c->minibatch)
-    return invalid(func, "must not be smaller than config.minibatch", "config.macrobatch", c->macrobatch);
-  if (c->macrobatch % c->minibatch != 0)
-    return invalid(func, "must be a multiple of config.minibatch", "config.macrobatch", c->macrobatch);
-  double rows = static_cast<double>(c->world) * c->max_tokens * c->top_k;
-  double peer = rows * c->hidden * 4,
-         ring = static_cast<double>(c->macrobatch) * (3.0 * c->hidden + 3.0 * c->intermediate) * 4;
-  double weights = 9.0 * c->experts_per_rank * c->intermediate * c->hidden * 4;
-  if (rows + static_cast<double>(c->experts_per_rank) * c->expert_padding > 2e9 || peer > kMaxBytes ||
-      ring + weights > kMaxBytes)
-    return fail(mokInvalidArgument,
-                "%s: argument 'config' describes buffers too large to address (world x max_tokens x "
-                "top_k rows must stay below 2^31, buffers below 64 TiB)",
-                func);
+  mokPrecision_t precision = mokPrecisionBF16;
+  if (mokStatus_t s = check_ranges(c, func); s != mokSuccess) return s;
+  if (mokStatus_t s = check_enums(c, func, &precision); s != mokSuccess) return s;
+  if (mokStatus_t s = check_relations(c, precision, func); s != mokSuccess) return s;
+  if (mokStatus_t s = check_products(c, func); s != mokSuccess) return s;
   *shape = core::LayerShape{c->world,
                             c->rank,
                             c->experts_per_rank,
@@ -93,7 +145,7 @@ mokStatus_t check_config(const mokLayerConfig_t* c, const char* func, core::Laye
                             c->top_k,
                             c->max_tokens,
                             c->shared_intermediate,
-                            c->precision == mokPrecisionMXFP8 ? 1 : 0,
+                            precision == mokPrecisionMXFP8 ? 1 : 0,
                             c->swiglu_limit > 0.0f ? c->swiglu_limit : INFINITY,
                             c->expert_padding,
                             c->minibatch,
@@ -118,10 +170,11 @@ mokStatus_t check_memory(const mokLayerMemory_t* m, const core::LayerShape& shap
     }
   } else {
     size_t n = std::strlen(m->shm_name);
-    if (n == 0 || n > 200 ||
+    if (n == 0 || n > limits::kMaxShmName ||
         std::strspn(m->shm_name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") != n)
-      return fail(mokInvalidArgument, "%s: argument 'memory.shm_name' must be 1-200 letters, digits, '_', '-' or '.'",
-                  func);
+      return fail(mokInvalidArgument,
+                  "%s: argument 'memory.shm_name' (%zu characters) must be 1-%zu letters, digits, '_', '-' or '.'",
+                  func, n, limits::kMaxShmName);
   }
   if (mokStatus_t s = check_array(m->workspace, "memory.workspace", 1, core::kAlign, func); s != mokSuccess) return s;
   size_t need = core::local_layout(shape).bytes;
@@ -133,18 +186,20 @@ mokStatus_t check_memory(const mokLayerMemory_t* m, const core::LayerShape& shap
   return mokSuccess;
 }
 
-mokStatus_t check_topk_ids(const void* ids, mokIndexType_t type, int tokens, const core::LayerShape& shape,
+mokStatus_t check_topk_ids(const void* ids, const mokIndexType_t& type, int tokens, const core::LayerShape& shape,
                            const char* func) {
-  if (type != mokIndexInt32 && type != mokIndexInt64)
-    return invalid(func, "must be mokIndexInt32 or mokIndexInt64", "index_type", type);
+  int32_t bits = enum_bits(type);
+  if (bits != mokIndexInt32 && bits != mokIndexInt64)
+    return invalid(func, "must be mokIndexInt32 (0) or mokIndexInt64 (1)", "index_type", bits);
+  bool wide = bits == mokIndexInt64;
   if (tokens < 0 || tokens > shape.max_tokens)
     return fail(mokInvalidArgument, "%s: argument 'num_tokens' (%d) must be in [0, config.max_tokens = %d]", func,
                 tokens, shape.max_tokens);
   int64_t n = static_cast<int64_t>(tokens) * shape.top_k;
-  if (mokStatus_t s = check_array(ids, "topk_ids", n, type == mokIndexInt64 ? 8 : 4, func); s != mokSuccess) return s;
+  if (mokStatus_t s = check_array(ids, "topk_ids", n, wide ? 8 : 4, func); s != mokSuccess) return s;
   int64_t experts = static_cast<int64_t>(shape.world) * shape.experts_per_rank;
   for (int64_t i = 0; i < n; ++i) {
-    int64_t id = type == mokIndexInt64 ? static_cast<const int64_t*>(ids)[i] : static_cast<const int32_t*>(ids)[i];
+    int64_t id = wide ? static_cast<const int64_t*>(ids)[i] : static_cast<const int32_t*>(ids)[i];
     if (id < -1 || id >= experts)
       return fail(mokInvalidArgument, "%s: argument 'topk_ids' [%lld][%lld] = %lld must be -1 or in [0, %lld)", func,
                   static_cast<long long>(i / shape.top_k), static_cast<long long>(i % shape.top_k),

@@ -12,7 +12,9 @@ namespace mok::api {
 // The config as a core shape; fails on a broken rule.
 mokStatus_t check_config(const mokLayerConfig_t* config, const char* func, core::LayerShape* shape);
 mokStatus_t check_memory(const mokLayerMemory_t* memory, const core::LayerShape& shape, const char* func);
-mokStatus_t check_topk_ids(const void* ids, mokIndexType_t type, int tokens, const core::LayerShape& shape,
+// `type` by reference: the caller's parameter is read as the int a C caller passed, without an
+// enum-typed load, before its range is checked (see api/c_enum.hpp).
+mokStatus_t check_topk_ids(const void* ids, const mokIndexType_t& type, int tokens, const core::LayerShape& shape,
                            const char* func);
 mokStatus_t check_weights(const mokLayerWeights_t* w, const core::LayerShape& shape, const char* func);
 mokStatus_t check_grads(const mokLayerGrads_t* g, const core::LayerShape& shape, int tokens, const char* func);

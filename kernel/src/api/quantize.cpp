@@ -1,8 +1,10 @@
 // C ABI: MXFP8 quantisation of a [batch, rows, cols] tensor, rowwise and/or colwise (transposed).
 #include <cmath>
 
+#include "api/c_enum.hpp"
 #include "api/error.hpp"
 #include "api/layer_checks.hpp"
+#include "api/limits.hpp"
 #include "core/mxfp8.hpp"
 #include "core/numeric.hpp"
 
@@ -30,6 +32,24 @@ void quantize_view(const void* src, mokDataType_t dtype, int64_t at, int64_t row
     }
 }
 
+// Each dimension >= 1, and their product at most limits::kMaxQuantizeElements (computed without overflow).
+mokStatus_t check_dims(int64_t batch, int64_t rows, int64_t cols, const char* func) {
+  const char* names[3] = {"batch", "rows", "cols"};
+  int64_t dims[3] = {batch, rows, cols};
+  for (int i = 0; i < 3; ++i)
+    if (dims[i] < 1)
+      return fail(mokInvalidArgument, "%s: argument '%s' (%lld) must be >= 1", func, names[i],
+                  static_cast<long long>(dims[i]));
+  int64_t n;
+  bool overflow = __builtin_mul_overflow(batch, rows, &n) || __builtin_mul_overflow(n, cols, &n);
+  if (overflow || n > mok::api::limits::kMaxQuantizeElements)
+    return fail(mokInvalidArgument,
+                "%s: arguments 'batch' x 'rows' x 'cols' (%lld x %lld x %lld) must be at most 2^40 = %lld elements",
+                func, static_cast<long long>(batch), static_cast<long long>(rows), static_cast<long long>(cols),
+                static_cast<long long>(mok::api::limits::kMaxQuantizeElements));
+  return mokSuccess;
+}
+
 }  // namespace
 
 extern "C" MOK_API mokStatus_t mokMxfp8Quantize(const void* src, mokDataType_t dtype, int64_t batch, int64_t rows,
@@ -37,22 +57,21 @@ extern "C" MOK_API mokStatus_t mokMxfp8Quantize(const void* src, mokDataType_t d
                                                 uint8_t* colwise_data, uint8_t* colwise_scales) {
   mok::api::clear_error();
   const char* func = "mokMxfp8Quantize";
-  if (dtype != mokDataBF16 && dtype != mokDataFloat32)
-    return fail(mokInvalidArgument, "%s: argument 'dtype' (%d) must be mokDataBF16 or mokDataFloat32", func, dtype);
-  if (batch < 1 || rows < 1 || cols < 1 || batch > (1ll << 40) / rows / cols)
-    return fail(mokInvalidArgument,
-                "%s: arguments 'batch', 'rows', 'cols' (%lld, %lld, %lld) must be >= 1 with a "
-                "product below 2^40",
-                func, static_cast<long long>(batch), static_cast<long long>(rows), static_cast<long long>(cols));
+  int32_t type = mok::api::enum_bits(dtype);
+  if (type != mokDataBF16 && type != mokDataFloat32)
+    return fail(mokInvalidArgument, "%s: argument 'dtype' (%d) must be mokDataBF16 (0) or mokDataFloat32 (1)", func,
+                type);
+  mokDataType_t checked = static_cast<mokDataType_t>(type);  // now in range: safe to load as the enum
+  if (mokStatus_t s = check_dims(batch, rows, cols, func); s != mokSuccess) return s;
   int64_t n = batch * rows * cols;
-  if (mokStatus_t s = mok::api::check_array(src, "src", n, dtype == mokDataBF16 ? 2 : 4, func); s != mokSuccess)
+  if (mokStatus_t s = mok::api::check_array(src, "src", n, checked == mokDataBF16 ? 2 : 4, func); s != mokSuccess)
     return s;
   if (!rowwise_data != !rowwise_scales || !colwise_data != !colwise_scales)
     return fail(mokInvalidArgument, "%s: arguments '*_data' and '*_scales' are given together or not at all", func);
   if (!rowwise_data && !colwise_data)
     return fail(mokInvalidArgument, "%s: at least one of 'rowwise_data' and 'colwise_data' must be given", func);
   for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(load(src, dtype, i)))
+    if (!std::isfinite(load(src, checked, i)))
       return fail(mokInvalidArgument, "%s: argument 'src' holds a NaN or Inf at element %lld", func,
                   static_cast<long long>(i));
   }
@@ -60,9 +79,9 @@ extern "C" MOK_API mokStatus_t mokMxfp8Quantize(const void* src, mokDataType_t d
   for (int64_t b = 0; b < batch; ++b) {
     int64_t at = b * rows * cols;
     if (rowwise_data)
-      quantize_view(src, dtype, at, rows, cols, cols, 1, rowwise_data + at, rowwise_scales + b * rows * row_blocks);
+      quantize_view(src, checked, at, rows, cols, cols, 1, rowwise_data + at, rowwise_scales + b * rows * row_blocks);
     if (colwise_data)
-      quantize_view(src, dtype, at, cols, rows, 1, cols, colwise_data + at, colwise_scales + b * cols * col_blocks);
+      quantize_view(src, checked, at, cols, rows, 1, cols, colwise_data + at, colwise_scales + b * cols * col_blocks);
   }
   return mokSuccess;
 }

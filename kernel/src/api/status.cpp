@@ -1,6 +1,7 @@
 // Status strings and the thread-local error detail.
 #include <cstdio>
 
+#include "api/c_enum.hpp"
 #include "api/error.hpp"
 
 namespace mok::api {
@@ -29,7 +30,9 @@ const char* last_error_message() {
 extern "C" {
 
 MOK_API const char* mokGetStatusString(mokStatus_t status) {
-  switch (status) {
+  int32_t bits = mok::api::enum_bits(status);  // any int from a C caller; no enum-typed load before the check
+  if (!mok::api::enum_in_range(bits, mokNumStatus)) return "unknown mokStatus_t value";
+  switch (static_cast<mokStatus_t>(bits)) {
     case mokSuccess: return "mokSuccess: no error";
     case mokInvalidArgument: return "mokInvalidArgument: an argument breaks a documented rule";
     case mokInvalidUsage: return "mokInvalidUsage: call made in the wrong order or state";
