@@ -211,6 +211,22 @@ TEST(config_product_limits) {
   ACCEPT_CONFIG((c.macrobatch = 1 << 26, c.intermediate = 1 << 14));
   EXPECT_CONFIG((c.macrobatch = 1 << 26, c.intermediate = (1 << 14) + 1), "macrobatch x intermediate = 1099578736640",
                 "at most 1099511627776");
+  // Three products at 2^40 together, MXFP8 (the most staged weights) and the widest shared expert:
+  // the byte counts stay below the 2^47 that docs/c-api.md promises.
+  mokLayerConfig_t big = good_config();
+  big.precision = mokPrecisionMXFP8;
+  big.experts_per_rank = 1 << 12;
+  big.hidden = big.intermediate = 1 << 14;
+  big.max_tokens = 1 << 24;
+  big.top_k = 4;
+  big.shared_intermediate = 1 << 20;
+  big.expert_padding = big.minibatch = 32;
+  big.macrobatch = 1 << 26;
+  mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
+  CHECK_MSG(mokLayerGetSizes(&big, &sizes) == mokSuccess, "%s", mokGetLastError());
+  CHECK_MSG(sizes.workspace_bytes > (size_t{1} << 45) && sizes.workspace_bytes < (size_t{1} << 47) &&
+                sizes.peer_bytes < (size_t{1} << 47),
+            "peer %zu, workspace %zu", sizes.peer_bytes, sizes.workspace_bytes);
   // Every field at its max: the products are far past their limits and still exact (no overflow).
   EXPECT_CONFIG(
       (c.world = 72, c.experts_per_rank = c.hidden = c.intermediate = c.shared_intermediate = 1 << 20, c.top_k = 1024,

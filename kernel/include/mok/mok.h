@@ -106,24 +106,32 @@ typedef enum { mokPrecisionBF16 = 0, mokPrecisionMXFP8 = 1, mokNumPrecisions = 2
 typedef enum { mokIndexInt32 = 0, mokIndexInt64 = 1 } mokIndexType_t;
 typedef enum { mokDataBF16 = 0, mokDataFloat32 = 1 } mokDataType_t;
 
+/*
+ * The layer's shapes and knobs. Every range a..b includes both ends. The products that size the
+ * buffers are bounded too (exact integers, both bounds included):
+ *   world * max_tokens * top_k + experts_per_rank * expert_padding <= 2^31 - 1 (receive rows, int32 indices);
+ *   max_tokens * top_k * hidden, experts_per_rank * intermediate * hidden, macrobatch * hidden and
+ *   macrobatch * intermediate <= 2^40 (elements of the largest tensors).
+ * A field or product outside its rule: mokInvalidArgument, the detail naming it, its value and the rule.
+ */
 typedef struct {
   size_t size;              /* sizeof(mokLayerConfig_t), set by MOK_LAYER_CONFIG_INIT */
   int world;                /* ranks in the group, 1..72 */
   int rank;                 /* this rank, 0..world-1 */
-  int experts_per_rank;     /* E_local; global expert e lives on rank e / E_local */
-  int hidden;               /* H */
-  int intermediate;         /* I of the routed experts */
-  int top_k;                /* K */
-  int max_tokens;           /* the most tokens any rank passes to one call (sizes the buffers) */
-  int shared_intermediate;  /* I_s of the shared expert; 0 = no shared expert */
-  mokPrecision_t precision; /* GEMM operands: bf16, or MXFP8 (then expert_padding % 32 == 0) */
-  float swiglu_limit;       /* SwiGLU clamp L > 0; 0 = no clamp */
-  int expert_padding;       /* each expert's rows are padded to a multiple of this (tile height) */
-  int minibatch;            /* rows per readiness counter; a multiple of expert_padding */
-  int macrobatch;           /* rows of the receive ring buffer; a multiple of minibatch */
-  int comm_workers;         /* host threads moving rows, >= 1 */
-  int compute_workers;      /* host threads computing tiles, >= 1 */
-  int timeout_ms;           /* every wait on another worker or rank gives up after this, >= 1 */
+  int experts_per_rank;     /* E_local, 1..2^20; global expert e lives on rank e / E_local */
+  int hidden;               /* H, 1..2^20 */
+  int intermediate;         /* I of the routed experts, 1..2^20 */
+  int top_k;                /* K, 1..1024 */
+  int max_tokens;           /* 1..2^24: the most tokens any rank passes to one call (sizes the buffers) */
+  int shared_intermediate;  /* I_s of the shared expert, 0..2^20; 0 = no shared expert */
+  mokPrecision_t precision; /* GEMM operands: bf16, or MXFP8 (then expert_padding % 32 == 0); no other value */
+  float swiglu_limit;       /* SwiGLU clamp L > 0 (+inf allowed); 0 = no clamp; not negative, not NaN */
+  int expert_padding;       /* 1..2^16: each expert's rows are padded to a multiple of this (tile height) */
+  int minibatch;            /* 1..2^24: rows per readiness counter; a multiple of expert_padding */
+  int macrobatch;           /* 1..2^26: rows of the receive ring buffer; >= minibatch and a multiple of it */
+  int comm_workers;         /* host threads moving rows, 1..64 */
+  int compute_workers;      /* host threads computing tiles, 1..256 */
+  int timeout_ms;           /* 1..86400000 (24 h): every wait on another worker or rank gives up after this */
   mokExecutor_t executor;   /* mokExecutorHost: the only executor that runs the layer so far */
 } mokLayerConfig_t;
 #define MOK_LAYER_CONFIG_INIT                                     \
@@ -145,7 +153,7 @@ typedef struct {
   /* Either: every rank's peer buffer (world pointers, this rank's at [rank]; peer_bytes each,
      64-byte aligned, zero-filled before the group's first mokLayerCreate) ... */
   void* const* peer_bases;
-  /* ... or a POSIX shared-memory rendezvous name (ranks as processes on one host; letters,
+  /* ... or a POSIX shared-memory rendezvous name (ranks as processes on one host; 1..200 letters,
      digits, '_', '-', '.'); the segments are unlinked as soon as every rank has mapped them. */
   const char* shm_name;
   void* workspace; /* private, workspace_bytes, 64-byte aligned; owned by the caller */
@@ -241,7 +249,9 @@ MOK_API mokStatus_t mokLayerAbort(mokLayer_t layer);
  * MXFP8 quantisation (contracts "MXFP8"): src [batch, rows, cols] bf16 or fp32. rowwise: data
  * [batch, rows, cols], scales [batch, rows, ceil(cols/32)]; colwise (blocks along rows, stored
  * transposed): data [batch, cols, rows], scales [batch, cols, ceil(rows/32)]. Either pair may be
- * NULL, not both. NaN or Inf in src: mokInvalidArgument, nothing written.
+ * NULL, not both. dtype: mokDataBF16 or mokDataFloat32; batch, rows, cols >= 1 each and
+ * batch * rows * cols <= 2^40 (2^40 itself accepted). A broken rule, or NaN or Inf in src:
+ * mokInvalidArgument, nothing written.
  */
 MOK_API mokStatus_t mokMxfp8Quantize(const void* src, mokDataType_t dtype, int64_t batch, int64_t rows, int64_t cols,
                                      uint8_t* rowwise_data, uint8_t* rowwise_scales, uint8_t* colwise_data,

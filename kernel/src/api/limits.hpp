@@ -32,7 +32,7 @@ constexpr int64_t kMaxReceiveRows = INT32_MAX;
 // The largest tensors the layer keeps, in elements: the peer buffer's y_slots and dx_slots
 // [max_tokens, top_k, hidden], the staged expert weights [experts_per_rank, intermediate, hidden],
 // the ring buffers [macrobatch, hidden] and [macrobatch, intermediate]. With every field within its
-// max, these bounds keep mokLayerGetSizes' byte counts far below 2^64 (about 2^47 at worst).
+// max, these bounds keep mokLayerGetSizes' byte counts below 2^47 (docs/c-api.md), far from a size_t overflow.
 constexpr int64_t kMaxTensorElements = int64_t{1} << 40;
 
 // mokLayerMemory_t::shm_name: 1 to this many characters ("/<name>-<rank>" fits a 256-byte path).
