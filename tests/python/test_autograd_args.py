@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from backends import BACKENDS
 from dist_utils import run_group
 from test_layer import NAMES, make_inputs
 
@@ -17,7 +18,6 @@ from mok import functional
 from mok.experts import RoutedExperts, SharedExpert
 from mok.functional import MoKConfig
 
-BACKENDS = ["reference", "host"]
 # Every field away from its default; small rows per segment and ring so the host executor's ring wraps.
 CONFIG = MoKConfig(fwd_num_comm_sms=8, bwd_num_comm_sms=4, minibatch_size=64, macrobatch_size=128, expert_padding=32,
                    wait_timeout_s=30.5)

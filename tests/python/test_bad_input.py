@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+from backends import BACKENDS, needs_host
 from dist_utils import run_group
 from test_layer import make_inputs
 
@@ -164,9 +165,6 @@ def test_every_rank_raises_the_same_error(seed):
 # Layout: libmok reads and writes every tensor through its data pointer as a dense row-major array, so a strided
 # or expanded view is an error on every backend (the same error, whichever backend the user picks).
 
-BACKENDS = ["reference", "host"]
-
-
 def expanded(t):
     """t's first entry repeated along dim 0 by a stride-0 view: t's shape, a single entry of memory."""
     return t[:1].expand(t.shape)
@@ -316,7 +314,7 @@ def test_expert_limits(backend):
 def test_workspace_limits(field, value):
     args = dict(max_tokens=64, hidden=64, topk=2, num_local_experts=4, intermediate=48, shared_intermediate=40)
     with pytest.raises(ValueError, match=fr"^{field} must be an int in \[\d, \d+\] \(libmok's limit\), got {value}$"):
-        functional.create_workspace(**{**args, field: value}, backend="host")
+        functional.create_workspace(**{**args, field: value})
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -332,6 +330,7 @@ def test_mxfp8_needs_padding_of_32(seed, backend):
                                     mxfp8=True, config=config, backend=backend)
 
 
+@needs_host
 def test_binding_names_a_config_int_that_does_not_fit():
     """mok._mok's config dict: an int beyond 32 bits is a ValueError naming the key (was: std::bad_cast)."""
     from mok import _mok
@@ -342,6 +341,7 @@ def test_binding_names_a_config_int_that_does_not_fit():
         _mok.layer_sizes({"hidden": 1.5})
 
 
+@needs_host
 def test_libmok_messages_name_the_python_argument():
     """What libmok still rejects on its own is reported under the Python name (the backstop behind validate)."""
     from mok import _mok, host

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from backends import BACKENDS
 from dist_utils import run_group
 from test_layer import NAMES, layer_with_autograd, make_inputs
 
@@ -81,7 +82,7 @@ def test_compiled_module_in_a_group(seed):
         assert same and all(has_grad)
 
 
-@pytest.mark.parametrize("backend", ["reference", "host"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_compiled_moe_with_every_argument(seed, backend):
     """torch.compile(fullgraph) of mok.moe with config, backend and swiglu_limit set, int32 ids and MXFP8
     experts: bitwise the eager result and gradients (the config reaches the op as a list of floats)."""
@@ -103,10 +104,11 @@ def test_compiled_moe_with_every_argument(seed, backend):
     assert all(torch.equal(a, b) for a, b in zip(grads_e, grads_c, strict=True))
 
 
-def test_compiled_module_with_config_trains_like_eager(seed):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compiled_module_with_config_trains_like_eager(seed, backend):
     torch._dynamo.reset()
     config = MoKConfig(minibatch_size=64, macrobatch_size=128, expert_padding=32, wait_timeout_s=30.0)
-    module = mok.nn.MoE(64, 32, 4, 2, shared_intermediate=16, swiglu_limit=0.5, backend="host", config=config)
+    module = mok.nn.MoE(64, 32, 4, 2, shared_intermediate=16, swiglu_limit=0.5, backend=backend, config=config)
     x = torch.randn(2, 9, 64).to(torch.bfloat16)
     results = []
     for run in (module, torch.compile(module, fullgraph=True, backend="aot_eager")):
