@@ -289,8 +289,12 @@ def build_schedule(topk_ids: torch.Tensor, num_local_experts: int, *, group=None
     error = None
     try:
         validate._check_tensor(topk_ids, "topk_ids", (torch.int32, torch.int64), ndim=2)
-        if isinstance(num_local_experts, bool) or not isinstance(num_local_experts, int) or num_local_experts < 1:
-            raise ValueError(f"num_local_experts must be an int >= 1, got {num_local_experts!r}")
+        top = validate.MAX_EXPERTS_PER_RANK
+        if isinstance(num_local_experts, bool) or not isinstance(num_local_experts, int) or \
+                not 1 <= num_local_experts <= top:
+            raise ValueError(f"num_local_experts must be an int in [1, {top}] (libmok's limit), got "
+                             f"{num_local_experts!r}")
+        validate.check_routing_limits(topk_ids, world)
         validate.check_expert_ids(topk_ids, world * num_local_experts)
         executor = select_backend(backend, topk_ids.device)
     except (TypeError, ValueError) as e:

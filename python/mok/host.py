@@ -250,7 +250,7 @@ class HostExecutor:
 
 
 def _schedule(layer, ids: torch.Tensor) -> None:
-    address = _pointer(ids, "topk_ids", ids.dtype if ids.dtype in (torch.int32, torch.int64) else torch.int64)
+    address = _pointer(ids, "topk_ids", torch.int32 if ids.dtype == torch.int32 else torch.int64)
     with _python_names():
         layer.build_schedule(address, ids.dtype == torch.int64, ids.shape[0])
 

@@ -60,8 +60,7 @@ def check_layer_args(x, topk_ids, topk_weights, routed, shared, swiglu_limit, wo
     topk = topk_ids.shape[1]
     _check_at_most(tokens, MAX_TOKENS, "x must have at most 2^24 tokens (rows) per rank")
     _check_at_most(hidden, MAX_HIDDEN, "x.shape[1] (the hidden size) must be at most 2^20")
-    _check_at_most(topk, MAX_TOPK, "topk_ids must have at most 1024 columns (K <= 1024)")
-    _check_at_most(world, MAX_WORLD, "the group must have at most 72 ranks")
+    check_routing_limits(topk_ids, world)
     if topk_ids.shape[0] != tokens:
         raise ValueError(f"topk_ids must have one row per token of x ({tokens}), got shape {tuple(topk_ids.shape)}")
     if topk < 1:
@@ -83,6 +82,13 @@ def check_layer_args(x, topk_ids, topk_weights, routed, shared, swiglu_limit, wo
     return LayerShape(hidden, topk, num_local, routed.intermediate_size,
                       0 if shared is None else shared.intermediate_size,
                       isinstance(routed, RoutedExpertsMXFP8), limit)
+
+
+def check_routing_limits(topk_ids: torch.Tensor, world: int) -> None:
+    """libmok's limits on what topk_ids [T, K] and the group describe (T <= 2^24, K <= 1024, W <= 72)."""
+    _check_at_most(topk_ids.shape[0], MAX_TOKENS, "topk_ids must have at most 2^24 rows (tokens) per rank")
+    _check_at_most(topk_ids.shape[1], MAX_TOPK, "topk_ids must have at most 1024 columns (K <= 1024)")
+    _check_at_most(world, MAX_WORLD, "the group must have at most 72 ranks")
 
 
 def check_expert_ids(topk_ids: torch.Tensor, num_experts: int) -> None:

@@ -11,6 +11,7 @@ from dist_utils import run_group
 from test_layer import make_inputs
 
 import mok.layer
+import mok.validate
 from mok import functional
 from mok.experts import RoutedExperts, SharedExpert
 from mok.functional import MainGrads, MoKConfig
@@ -350,3 +351,22 @@ def test_libmok_messages_name_the_python_argument():
     with pytest.raises(ValueError, match=r"argument 'x.shape\[1\] \(hidden\)' \(2097152\) must be in \[1, 1048576\]"):
         with host._python_names():
             _mok.layer_sizes(config)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_build_schedule_limits(backend):
+    with pytest.raises(ValueError, match=r"topk_ids must have at most 1024 columns \(K <= 1024\) .*got 1025"):
+        functional.build_schedule(torch.zeros(1, 1025, dtype=torch.int64), 4, backend=backend)
+    with pytest.raises(ValueError, match=r"num_local_experts must be an int in \[1, 1048576\] .*got 1048577"):
+        functional.build_schedule(torch.zeros(1, 2, dtype=torch.int64), 2**20 + 1, backend=backend)
+
+
+def test_implicit_workspace_never_rounds_past_libmok_limits():
+    """An implicit workspace rounds the most tokens on a rank up to a power of two, except where that would pass
+    libmok's routed-rows limit (which the tokens themselves meet): there it stops at the limit."""
+    shape = mok.validate.LayerShape(64, 1024, 4, 48, 0, False, None, 256)
+    tokens = 1_500_000  # x 1024 routes: 1.54e9 rows, under 2e9; its power of two, 2^21, would be 2.15e9
+    got = functional._workspace_tokens(tokens, 1, shape, 256)
+    assert tokens <= got < 2**21 and got * 1024 + 4 * 256 <= mok.validate.MAX_ROWS
+    assert functional._workspace_tokens(1000, 2, shape, 256) == 1024  # far from the limit: the power of two
+    assert functional._workspace_tokens(2**24, 1, shape._replace(topk=1), 256) == 2**24
