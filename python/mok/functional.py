@@ -327,7 +327,7 @@ def recompute_forward_context(x, topk_ids, topk_weights, routed, shared=None, *,
     """The context forward(need_context=True) would have returned, for a forward run with need_context=False
     (activation recompute). Same arguments as that forward; bitwise the same context."""
     call = _prepare(x, topk_ids, topk_weights, routed, shared, group, config, workspace, schedule, backend,
-                    swiglu_limit)
+                    swiglu_limit, y_slots)
     inner = call.executor.recompute_forward_context(x, topk_ids, topk_weights, routed, shared,
                                                     schedule=call.schedule, workspace=call.workspace,
                                                     swiglu_limit=swiglu_limit, y_slots=y_slots)
@@ -368,13 +368,14 @@ class _Call:
 
 
 def _prepare(x, topk_ids, topk_weights, routed, shared, group, config, workspace, schedule, backend,
-             swiglu_limit) -> _Call:
+             swiglu_limit, y_slots=None) -> _Call:
     """Check everything on every rank (one small all_gather), then find the executor, workspace and schedule."""
     rank, world = ep.group_rank_and_size(group)
     error, shape = None, None
     try:
         config = _config(config)
         shape = validate.check_layer_args(x, topk_ids, topk_weights, routed, shared, swiglu_limit, world)
+        validate.check_y_slots(y_slots, (*topk_ids.shape, shape.hidden), x.device)
         executor = select_backend(backend, x.device)
         padding = (workspace.config if isinstance(workspace, Workspace) else config).expert_padding
         shape = shape._replace(expert_padding=padding)  # part of the layout every rank must agree on

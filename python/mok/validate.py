@@ -143,6 +143,15 @@ def check_dout(dout, x_shape: tuple, device) -> None:
         raise ValueError(f"dout must have the output's shape {tuple(x_shape)}, got {tuple(dout.shape)}")
 
 
+def check_y_slots(y_slots, shape: tuple, device) -> None:
+    """The forward's y_slots handed back to a recompute: None, or bf16 [T, K, H] on x's device, contiguous."""
+    if y_slots is None:
+        return
+    _check_tensor(y_slots, "y_slots", (torch.bfloat16,), ndim=3, device=device)
+    if tuple(y_slots.shape) != tuple(shape):
+        raise ValueError(f"y_slots must be the forward's [T, K, H] = {tuple(shape)}, got {tuple(y_slots.shape)}")
+
+
 def check_main_grads(main_grads, routed, shared) -> None:
     """Each buffer given is float32, shaped like its weight, on its weight's device, contiguous, and shares no
     memory with another buffer (None = not given). Executors add into the buffers through their data (libmok

@@ -370,3 +370,15 @@ def test_implicit_workspace_never_rounds_past_libmok_limits():
     assert tokens <= got < 2**21 and got * 1024 + 4 * 256 <= mok.validate.MAX_ROWS
     assert functional._workspace_tokens(1000, 2, shape, 256) == 1024  # far from the limit: the power of two
     assert functional._workspace_tokens(2**24, 1, shape._replace(topk=1), 256) == 2**24
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_recompute_checks_y_slots(seed, backend):
+    args = good()
+    _, ctx = functional.forward(*args.values(), backend=backend)
+    for bad, error, rule in [(ctx.y_slots.float(), TypeError, "y_slots must be bfloat16, got float32"),
+                             (ctx.y_slots[:, :1].contiguous(), ValueError,
+                              r"y_slots must be the forward's \[T, K, H\] = \(12, 2, 64\), got \(12, 1, 64\)"),
+                             (expanded(ctx.y_slots), ValueError, "y_slots must be contiguous .*stride 0")]:
+        with pytest.raises(error, match=rule):
+            functional.recompute_forward_context(*args.values(), backend=backend, y_slots=bad)
