@@ -109,7 +109,14 @@ def check_swiglu_limit(limit) -> float | None:
         raise TypeError(f"swiglu_limit must be None or a positive float, got {type(limit).__name__}")
     if not (math.isfinite(limit) and limit > 0):
         raise ValueError(f"swiglu_limit must be None or a finite float > 0, got {limit}")
+    if not _FLOAT32.tiny <= limit <= _FLOAT32.max:
+        # libmok takes the clamp as a float: 1e-50 would become 0 there, which means "no clamp".
+        raise ValueError(f"swiglu_limit must be None or a normal float32 > 0 (between {_FLOAT32.tiny:.4g} and "
+                         f"{_FLOAT32.max:.4g}; libmok's config.swiglu_limit is a float), got {limit}")
     return float(limit)
+
+
+_FLOAT32 = torch.finfo(torch.float32)
 
 
 def agree_across_group(group, world: int, error: Exception | None, shape: LayerShape | None = None,

@@ -382,3 +382,14 @@ def test_recompute_checks_y_slots(seed, backend):
                              (expanded(ctx.y_slots), ValueError, "y_slots must be contiguous .*stride 0")]:
         with pytest.raises(error, match=rule):
             functional.recompute_forward_context(*args.values(), backend=backend, y_slots=bad)
+
+
+@pytest.mark.parametrize("entry", ["moe", "functional"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("limit", [1e-50, 1e39])
+def test_swiglu_limit_must_be_a_normal_float32(seed, entry, backend, limit):
+    """libmok takes the clamp as a C float, where 1e-50 becomes 0 ("no clamp") while "reference" would clamp."""
+    call = mok.layer.moe if entry == "moe" else functional.forward
+    rule = fr"swiglu_limit must be None or a normal float32 > 0 .*got {re.escape(str(limit))}"
+    with pytest.raises(ValueError, match=rule):
+        call(*good().values(), backend=backend, swiglu_limit=limit)
