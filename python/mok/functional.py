@@ -53,25 +53,31 @@ class MoKConfig:
     wait_timeout_s: float = 60.0
 
     def __post_init__(self):
+        # The upper limits are libmok's (validate.py mirrors them from its C ABI), checked here so that the error
+        # names the MoKConfig field and the value given, never the C field it becomes.
         for name in ("fwd_num_comm_sms", "bwd_num_comm_sms"):
             _check_int(self, name, 1, 256, "between 1 and 256 (a GPU has at most a few hundred SMs)")
         _check_int(self, "expert_padding", 1, 1024, "a power of two between 1 and 1024")
         if self.expert_padding & (self.expert_padding - 1):
             raise ValueError(f"MoKConfig.expert_padding must be a power of two between 1 and 1024, "
                              f"got {self.expert_padding}")
-        _check_int(self, "minibatch_size", self.expert_padding, 1 << 24,
+        _check_int(self, "minibatch_size", self.expert_padding, validate.MAX_MINIBATCH,
                    f"a multiple of expert_padding ({self.expert_padding}), at most 2^24")
         if self.minibatch_size % self.expert_padding:
             raise ValueError(f"MoKConfig.minibatch_size must be a multiple of expert_padding "
                              f"({self.expert_padding}), got {self.minibatch_size}")
-        _check_int(self, "macrobatch_size", self.minibatch_size, 1 << 30,
-                   f"a multiple of minibatch_size ({self.minibatch_size}), at most 2^30")
+        _check_int(self, "macrobatch_size", self.minibatch_size, validate.MAX_MACROBATCH,
+                   f"a multiple of minibatch_size ({self.minibatch_size}), at most 2^26")
         if self.macrobatch_size % self.minibatch_size:
             raise ValueError(f"MoKConfig.macrobatch_size must be a multiple of minibatch_size "
                              f"({self.minibatch_size}), got {self.macrobatch_size}")
         t = self.wait_timeout_s
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t > 0):
-            raise ValueError(f"MoKConfig.wait_timeout_s must be a finite number of seconds > 0, got {t!r}")
+        low, high = validate.MIN_TIMEOUT_MS / 1000, validate.MAX_TIMEOUT_MS / 1000
+        rule = f"a number of seconds between {low:g} (1 ms) and {high:g} (24 h)"
+        if isinstance(t, bool) or not isinstance(t, (int, float)):
+            raise TypeError(f"MoKConfig.wait_timeout_s must be {rule}, got {type(t).__name__}")
+        if not (math.isfinite(t) and low <= t <= high):
+            raise ValueError(f"MoKConfig.wait_timeout_s must be {rule}, got {t!r}")
 
 
 def _check_int(config, name: str, low: int, high: int, rule: str) -> None:
@@ -226,11 +232,16 @@ def _workspace_key(max_tokens, hidden, topk, num_local_experts, intermediate, sh
                    device, config, backend) -> tuple[WorkspaceKey, MoKConfig]:
     device = torch.device(device if device is not None else "cpu")
     config = _config(config)
-    for name, value, low in (("max_tokens", max_tokens, 0), ("hidden", hidden, 1), ("topk", topk, 1),
-                             ("num_local_experts", num_local_experts, 1), ("intermediate", intermediate, 1),
-                             ("shared_intermediate", shared_intermediate, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    for name, value, low, high in (("max_tokens", max_tokens, 0, validate.MAX_TOKENS),
+                                   ("hidden", hidden, 1, validate.MAX_HIDDEN), ("topk", topk, 1, validate.MAX_TOPK),
+                                   ("num_local_experts", num_local_experts, 1, validate.MAX_EXPERTS_PER_RANK),
+                                   ("intermediate", intermediate, 1, validate.MAX_INTERMEDIATE),
+                                   ("shared_intermediate", shared_intermediate, 0, validate.MAX_INTERMEDIATE)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"{name} must be an int in [{low}, {high}] (libmok's limit), got {value!r}")
+    if mxfp8 and config.expert_padding % validate.MXFP8_PADDING:
+        raise ValueError(f"MoKConfig.expert_padding must be a multiple of 32 with MXFP8 experts (token blocks "
+                         f"start on tiles), got {config.expert_padding}")
     executor = select_backend(backend, device)
     # id(group): the cache holds the group object in the Workspace, so the id cannot be reused while cached.
     key = WorkspaceKey(id(group), device, max_tokens, hidden, topk, num_local_experts, intermediate,
@@ -278,8 +289,12 @@ def build_schedule(topk_ids: torch.Tensor, num_local_experts: int, *, group=None
     error = None
     try:
         validate._check_tensor(topk_ids, "topk_ids", (torch.int32, torch.int64), ndim=2)
-        if isinstance(num_local_experts, bool) or not isinstance(num_local_experts, int) or num_local_experts < 1:
-            raise ValueError(f"num_local_experts must be an int >= 1, got {num_local_experts!r}")
+        top = validate.MAX_EXPERTS_PER_RANK
+        if isinstance(num_local_experts, bool) or not isinstance(num_local_experts, int) or \
+                not 1 <= num_local_experts <= top:
+            raise ValueError(f"num_local_experts must be an int in [1, {top}] (libmok's limit), got "
+                             f"{num_local_experts!r}")
+        validate.check_routing_limits(topk_ids, world)
         validate.check_expert_ids(topk_ids, world * num_local_experts)
         executor = select_backend(backend, topk_ids.device)
     except (TypeError, ValueError) as e:
@@ -312,7 +327,7 @@ def recompute_forward_context(x, topk_ids, topk_weights, routed, shared=None, *,
     """The context forward(need_context=True) would have returned, for a forward run with need_context=False
     (activation recompute). Same arguments as that forward; bitwise the same context."""
     call = _prepare(x, topk_ids, topk_weights, routed, shared, group, config, workspace, schedule, backend,
-                    swiglu_limit)
+                    swiglu_limit, y_slots)
     inner = call.executor.recompute_forward_context(x, topk_ids, topk_weights, routed, shared,
                                                     schedule=call.schedule, workspace=call.workspace,
                                                     swiglu_limit=swiglu_limit, y_slots=y_slots)
@@ -353,22 +368,34 @@ class _Call:
 
 
 def _prepare(x, topk_ids, topk_weights, routed, shared, group, config, workspace, schedule, backend,
-             swiglu_limit) -> _Call:
+             swiglu_limit, y_slots=None) -> _Call:
     """Check everything on every rank (one small all_gather), then find the executor, workspace and schedule."""
     rank, world = ep.group_rank_and_size(group)
     error, shape = None, None
     try:
         config = _config(config)
         shape = validate.check_layer_args(x, topk_ids, topk_weights, routed, shared, swiglu_limit, world)
+        validate.check_y_slots(y_slots, (*topk_ids.shape, shape.hidden), x.device)
         executor = select_backend(backend, x.device)
+        padding = (workspace.config if isinstance(workspace, Workspace) else config).expert_padding
+        shape = shape._replace(expert_padding=padding)  # part of the layout every rank must agree on
+        if shape.mxfp8 and padding % validate.MXFP8_PADDING:
+            raise ValueError(f"MoKConfig.expert_padding must be a multiple of 32 with MXFP8 experts (token blocks "
+                             f"start on tiles), got {padding}")
         _check_workspace(workspace, shape, executor, x, group)
         _check_schedule(schedule, x, shape)
     except (TypeError, ValueError) as e:
         error = e
     tokens = validate.agree_across_group(group, world, error, shape, x.shape[0] if shape else 0)
+    padding = shape.expert_padding
+    rows = _routed_rows(world, max(tokens), shape, padding)
+    if rows > validate.MAX_ROWS:
+        raise ValueError(f"group size ({world}) x the most tokens on a rank ({max(tokens)}) x topk ({shape.topk}) "
+                         f"+ E_local x expert_padding must be at most 2e9 routed rows (libmok's limit), got {rows}")
     if workspace is None:
-        workspace = get_workspace(max_tokens=_round_up_pow2(max(tokens)), hidden=shape.hidden, topk=shape.topk,
-                                  num_local_experts=shape.num_local_experts, intermediate=shape.intermediate,
+        workspace = get_workspace(max_tokens=_workspace_tokens(max(tokens), world, shape, padding),
+                                  hidden=shape.hidden, topk=shape.topk, num_local_experts=shape.num_local_experts,
+                                  intermediate=shape.intermediate,
                                   shared_intermediate=shape.shared_intermediate, mxfp8=shape.mxfp8, group=group,
                                   device=x.device, config=config, backend=executor.name)
     elif max(tokens) > workspace.key.max_tokens:
@@ -404,6 +431,17 @@ def _check_schedule(schedule, x, shape) -> None:
     wanted = (x.shape[0], shape.topk, shape.num_local_experts)
     if made != wanted:
         raise ValueError(f"schedule must be built from this call's topk_ids (T, K, E_local) = {wanted}, got {made}")
+
+
+def _routed_rows(world: int, max_tokens: int, shape, padding: int) -> int:
+    return world * max_tokens * shape.topk + shape.num_local_experts * padding
+
+
+def _workspace_tokens(tokens: int, world: int, shape, padding: int) -> int:
+    """The max_tokens of an implicit workspace: `tokens` rounded up to a power of two (so that a few workspaces
+    serve calls of any size), but never past libmok's limits, which `tokens` itself is known to meet."""
+    fits = int((validate.MAX_ROWS - shape.num_local_experts * padding) // (world * shape.topk))
+    return max(tokens, min(_round_up_pow2(tokens), validate.MAX_TOKENS, fits))
 
 
 def _round_up_pow2(n: int) -> int:

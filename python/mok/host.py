@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mok import _mok, ep, functional
+from mok import _mok, ep, functional, validate
 from mok.ep import MainGrads
 from mok.experts import RoutedExpertsMXFP8
 from mok.reference import Gradients
@@ -95,13 +95,59 @@ def _layer(state: _Layers, group, swiglu_limit: float | None):
                shared_intermediate=shape.shared_intermediate, mxfp8=shape.mxfp8,
                swiglu_limit=0.0 if swiglu_limit is None else float(swiglu_limit),
                expert_padding=config.expert_padding, minibatch=minibatch, macrobatch=macrobatch,
-               timeout_ms=max(1, int(config.wait_timeout_s * 1000)), **_WORKERS)
-    _, workspace_bytes = _mok.layer_sizes(cfg)
+               timeout_ms=validate.timeout_ms(config.wait_timeout_s), **_WORKERS)
+    with _python_names():
+        _, workspace_bytes = _mok.layer_sizes(cfg)
     workspace = torch.empty(workspace_bytes + 64, dtype=torch.uint8)
     offset = -workspace.data_ptr() % 64  # libmok wants 64-byte alignment
-    layer = _mok.Layer(cfg, _shm_name(group), workspace.data_ptr() + offset, workspace_bytes)
+    with _python_names():
+        layer = _mok.Layer(cfg, _shm_name(group), workspace.data_ptr() + offset, workspace_bytes)
     state.layers[key], state.memory[key] = layer, workspace
     return layer
+
+
+# libmok's names for what the user passed to mok (validate.py checks every rule first; this is for any libmok
+# still has on its own, so that its message names the Python argument, not the C field).
+_NAMES = {
+    "config.world": "the group's size", "config.rank": "the group rank",
+    "config.experts_per_rank": "routed E_local (gate.shape[0])", "config.hidden": "x.shape[1] (hidden)",
+    "config.intermediate": "routed I (gate.shape[1])", "config.top_k": "topk_ids.shape[1] (topk)",
+    "config.max_tokens": "the workspace's max_tokens (at least the most tokens on a rank)",
+    "config.shared_intermediate": "shared I_s (shared.gate.shape[0])", "config.swiglu_limit": "swiglu_limit",
+    "config.expert_padding": "MoKConfig.expert_padding", "config.minibatch": "MoKConfig.minibatch_size",
+    "config.macrobatch": "MoKConfig.macrobatch_size (capped at the rows a rank can receive)",
+    "config.timeout_ms": "MoKConfig.wait_timeout_s (in ms)", "'config'": "'the layer's shapes'",
+    "'num_tokens'": "'x.shape[0] (tokens)'", "weights.shared_": "shared.", "weights.": "routed.",
+    "grads.dtopk_weights": "the topk_weights gradient", "grads.dx": "the x gradient",
+    "grads.dshared_": "main_grads.shared_", "grads.d": "main_grads.",
+}
+
+
+class _python_names:
+    """Re-raise libmok's ValueError with the Python names of the arguments it names."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        if kind is not ValueError:
+            return False
+        message = str(error)
+        for c_name, python_name in _NAMES.items():
+            message = message.replace(c_name, python_name)
+        raise ValueError(message) from error
+
+
+def _pointer(t: torch.Tensor, name: str, dtype: torch.dtype, shape: tuple | None = None) -> int:
+    """t's data pointer for libmok, which reads (or writes) it as a dense row-major `dtype` array of `shape`.
+    functional's checks have already held; this is the last line before a raw pointer leaves Python."""
+    if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.device.type != "cpu":
+        raise ValueError(f"{name} must be a {dtype} CPU tensor for libmok, got {getattr(t, 'dtype', type(t))} on "
+                         f"{getattr(t, 'device', '-')}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)} for libmok, got {tuple(t.shape)}")
+    validate.check_layout(t, name)
+    return t.data_ptr()
 
 
 def _masters(routed, shared) -> dict[str, torch.Tensor]:
@@ -114,18 +160,20 @@ def _masters(routed, shared) -> dict[str, torch.Tensor]:
 
 
 def _weights(routed, shared) -> dict:
+    """The weights' pointers as libmok's mokLayerWeights_t fields."""
     w = {}
     if isinstance(routed, RoutedExpertsMXFP8):
         for name in ("gate", "up", "down"):
             pair = getattr(routed, name)
             for form in ("rowwise", "colwise"):
-                q = getattr(pair, form)
-                w[f"{name}_{form}"] = (q.data.data_ptr(), q.scales.data_ptr())
+                q, where = getattr(pair, form), f"routed.{name}.{form}"
+                w[f"{name}_{form}"] = (_pointer(q.data, f"{where}.data", torch.float8_e4m3fn),
+                                       _pointer(q.scales, f"{where}.scales", torch.uint8))
         routed = routed.master
     for name in ("gate", "up", "down"):
-        w[name] = getattr(routed, name).data_ptr()
+        w[name] = _pointer(getattr(routed, name), f"routed.{name}", torch.bfloat16)
         if shared is not None:
-            w[f"shared_{name}"] = getattr(shared, name).data_ptr()
+            w[f"shared_{name}"] = _pointer(getattr(shared, name), f"shared.{name}", torch.bfloat16)
     return w
 
 
@@ -157,13 +205,18 @@ class HostExecutor:
             self._load(ctx)
         main = main_grads or MainGrads()
         # libmok adds fp32 weight gradients into these: the caller's main_grad buffers, or fresh zeros.
+        masters = _masters(ctx.routed, ctx.shared)
         fp32 = {n: getattr(main, n) if getattr(main, n) is not None else torch.zeros(w.shape)
-                for n, w in _masters(ctx.routed, ctx.shared).items()}
-        dout = dout.contiguous()  # bound to a name: libmok reads it through a raw pointer
+                for n, w in masters.items()}
         dx, dw = torch.empty_like(ctx.x), torch.empty(ctx.topk_weights.shape, dtype=torch.float32)
-        grads = {"dx": dx.data_ptr(), "dtopk_weights": dw.data_ptr(), "accumulate": 1,
-                 **{n: g.data_ptr() for n, g in fp32.items()}}
-        ctx.layer.backward(_weights(ctx.routed, ctx.shared), ctx.topk_weights.data_ptr(), dout.data_ptr(), grads)
+        grads = {"dx": _pointer(dx, "dx", torch.bfloat16), "accumulate": 1,
+                 "dtopk_weights": _pointer(dw, "dtopk_weights", torch.float32),
+                 **{n: _pointer(g, f"main_grads.{n}", torch.float32, masters[n].shape) for n, g in fp32.items()}}
+        weights = _weights(ctx.routed, ctx.shared)
+        topk_weights = _pointer(ctx.topk_weights, "topk_weights", torch.float32)
+        dout_address = _pointer(dout, "dout", torch.bfloat16, ctx.x.shape)
+        with _python_names():
+            ctx.layer.backward(weights, topk_weights, dout_address, grads)
         bf16 = {n: None if getattr(main, n) is not None else g.to(torch.bfloat16) for n, g in fp32.items()}
         return Gradients(dx, dw, *(bf16.get(n) for n in MainGrads._fields))
 
@@ -173,25 +226,33 @@ class HostExecutor:
         layer = _layer(state, schedule.group, swiglu_limit)
         ctx = _Context(state, layer, schedule, x.contiguous(), topk_weights.contiguous(), routed, shared, swiglu_limit,
                        next(_tokens))
-        ids = schedule.topk_ids
-        layer.build_schedule(ids.data_ptr(), ids.dtype == torch.int64, ids.shape[0])
-        out, (t, k), h = None, ids.shape, ctx.x.shape[1]
-        if want_output:
-            out = torch.empty_like(ctx.x)
-            layer.forward(_weights(routed, shared), ctx.x.data_ptr(), ctx.topk_weights.data_ptr(), out.data_ptr())
-        else:
-            layer.recompute(_weights(routed, shared), ctx.x.data_ptr())
-        ctx.y_slots = torch.empty(t, k, h, dtype=torch.bfloat16)
-        layer.slots(ctx.y_slots.data_ptr())
+        _schedule(layer, schedule.topk_ids)
+        out, (t, k), h = None, schedule.topk_ids.shape, ctx.x.shape[1]
+        weights, x_address = _weights(routed, shared), _pointer(ctx.x, "x", torch.bfloat16)
+        with _python_names():
+            if want_output:
+                out = torch.empty_like(ctx.x)
+                layer.forward(weights, x_address, _pointer(ctx.topk_weights, "topk_weights", torch.float32, (t, k)),
+                              _pointer(out, "out", torch.bfloat16))
+            else:
+                layer.recompute(weights, x_address)
+            ctx.y_slots = torch.empty(t, k, h, dtype=torch.bfloat16)
+            layer.slots(_pointer(ctx.y_slots, "y_slots", torch.bfloat16))
         state.latest[layer] = ctx.token
         return ctx, out
 
     def _load(self, ctx: _Context) -> None:
         """Make `ctx` the layer's current schedule and context again (bitwise what it was)."""
-        ids = ctx.schedule.topk_ids
-        ctx.layer.build_schedule(ids.data_ptr(), ids.dtype == torch.int64, ids.shape[0])
-        ctx.layer.recompute(_weights(ctx.routed, ctx.shared), ctx.x.data_ptr())
+        _schedule(ctx.layer, ctx.schedule.topk_ids)
+        with _python_names():
+            ctx.layer.recompute(_weights(ctx.routed, ctx.shared), _pointer(ctx.x, "x", torch.bfloat16))
         ctx.state.latest[ctx.layer] = ctx.token
+
+
+def _schedule(layer, ids: torch.Tensor) -> None:
+    address = _pointer(ids, "topk_ids", torch.int32 if ids.dtype == torch.int32 else torch.int64)
+    with _python_names():
+        layer.build_schedule(address, ids.dtype == torch.int64, ids.shape[0])
 
 
 # The default on CPU tensors: libmok's own executor, ahead of the pure-PyTorch "reference".

@@ -23,8 +23,13 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, rou
     out, _ = torch.ops.mok.moe_forward(
         x, topk_ids, topk_weights, ops.flatten_routed(routed), ops.flatten_shared(shared),
         None if swiglu_limit is None else float(swiglu_limit), ops.group_name(group), backend or "",
-        ops.config_to_ints(config))
+        ops.config_to_floats(config))
     return out
+
+
+# ops.flatten_routed's order: the bf16 masters, then each weight's MXFP8 forms.
+_FLAT_NAMES = ("gate", "up", "down", *(f"{p}.{form}.{kind}" for p in ("gate", "up", "down")
+                                       for form in ("rowwise", "colwise") for kind in ("data", "scales")))
 
 
 def _check_before_op(x, topk_ids, topk_weights, routed, shared, config, group, swiglu_limit, backend) -> None:
@@ -43,9 +48,8 @@ def _check_before_op(x, topk_ids, topk_weights, routed, shared, config, group, s
         if shared is not None and not isinstance(shared, SharedExpert):
             raise TypeError(f"shared must be a SharedExpert or None, got {type(shared).__name__}")
         for name, tensors in (("routed", ops.flatten_routed(routed)), ("shared", ops.flatten_shared(shared))):
-            for i, w in enumerate(tensors):
+            for part, w in zip(_FLAT_NAMES, tensors, strict=False):
                 if w.device != x.device:
-                    part = ("gate", "up", "down")[i] if i < 3 else f"MXFP8 form {i - 3}"
                     raise ValueError(f"{name}.{part} must be on x's device {x.device}, got {w.device}")
         if config is not None and not isinstance(config, MoKConfig):
             raise TypeError(f"config must be a MoKConfig or None, got {type(config).__name__}")

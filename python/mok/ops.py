@@ -13,6 +13,8 @@ mok.functional serves these ops; `backend` "" means the default for the device.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 
@@ -65,19 +67,19 @@ def _group(name: str):
     return None if name == "" else dist.distributed_c10d._resolve_process_group(name)
 
 
-def config_to_ints(config: functional.MoKConfig | None) -> list[int]:
-    """A MoKConfig as ints (the timeout in milliseconds); [] for None (the executor's default)."""
+def config_to_floats(config: functional.MoKConfig | None) -> list[float]:
+    """A MoKConfig as floats, its fields in order (every int field is far below 2^53, so exact); [] for None
+    (the executor's default). The op rebuilds the very same MoKConfig from them."""
     if config is None:
         return []
-    return [config.fwd_num_comm_sms, config.bwd_num_comm_sms, config.minibatch_size, config.macrobatch_size,
-            config.expert_padding, round(config.wait_timeout_s * 1000)]
+    return [float(getattr(config, f.name)) for f in dataclasses.fields(config)]
 
 
-def _config(ints: list[int]):
-    if not ints:
+def _config(values: list[float]):
+    if not values:
         return None
-    *sizes, timeout_ms = ints
-    return functional.MoKConfig(*sizes, wait_timeout_s=timeout_ms / 1000)
+    *sizes, timeout_s = values
+    return functional.MoKConfig(*(int(v) for v in sizes), wait_timeout_s=timeout_s)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -87,7 +89,7 @@ def _config(ints: list[int]):
 @torch.library.custom_op("mok::moe_forward", mutates_args=())
 def moe_forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, routed: list[torch.Tensor],
                 shared: list[torch.Tensor], swiglu_limit: float | None, group: str, backend: str,
-                config: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+                config: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [T, H] bf16, y_slots [T, K, H] bf16: each route's expert output, kept for the backward)."""
     out, ctx = functional.forward(x, topk_ids, topk_weights, unflatten_routed(routed), unflatten_shared(shared),
                                   group=_group(group), config=_config(config), backend=backend or None,
@@ -104,7 +106,7 @@ def _(x, topk_ids, topk_weights, routed, shared, swiglu_limit, group, backend, c
 @torch.library.custom_op("mok::moe_backward", mutates_args=())
 def moe_backward(dout: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                  routed: list[torch.Tensor], shared: list[torch.Tensor], y_slots: torch.Tensor,
-                 swiglu_limit: float | None, group: str, backend: str, config: list[int]) -> list[torch.Tensor]:
+                 swiglu_limit: float | None, group: str, backend: str, config: list[float]) -> list[torch.Tensor]:
     """[dx, d topk_weights, d gate, d up, d down] + [d shared gate, up, down] with a shared expert; weight
     gradients bf16, of the bf16 masters. Recomputes the expert-side context from the inputs, then runs the
     backward (bitwise what a kept context gives)."""
@@ -136,8 +138,10 @@ def _backward(ctx, dout, _dy_slots):
     dx, dw, *dweights = grads
     # Gradients reach the bf16 masters only; MXFP8 forms are derived data.
     routed_grads = dweights[:3] + [None] * (ctx.num_routed - 3)
-    config = ctx.args[3]
-    return dx, None, dw, routed_grads, dweights[3:], None, None, None, [None] * len(config)
+    # One entry per input, shaped like it: a list for a list of tensors and None for any other value. An empty
+    # list counts as a (vacuous) tensor list, a non-empty config list as one value.
+    config_grad = None if ctx.args[3] else []
+    return dx, None, dw, routed_grads, dweights[3:], None, None, None, config_grad
 
 
 torch.library.register_autograd("mok::moe_forward", _backward, setup_context=_setup_context)

@@ -16,6 +16,26 @@ import torch.distributed as dist
 
 from mok.experts import RoutedExperts, RoutedExpertsMXFP8, SharedExpert
 
+# libmok's limits, mirrored from its C ABI (kernel/src/api/layer_checks.cpp, check_config; docs/c-api.md "Config
+# rules") so that Python rejects a value before it reaches libmok, naming what the user passed. Every backend
+# applies them: a call that works on one backend works on all.
+MAX_WORLD = 72  # config.world: the group's size
+MAX_HIDDEN = 1 << 20  # config.hidden: x.shape[1]
+MAX_INTERMEDIATE = 1 << 20  # config.intermediate, config.shared_intermediate: routed I, shared I_s
+MAX_EXPERTS_PER_RANK = 1 << 20  # config.experts_per_rank: routed E_local
+MAX_TOPK = 1 << 10  # config.top_k: topk_ids.shape[1]
+MAX_TOKENS = 1 << 24  # config.max_tokens: tokens (rows of x) per rank
+MAX_MINIBATCH = 1 << 24  # config.minibatch: MoKConfig.minibatch_size
+MAX_MACROBATCH = 1 << 26  # config.macrobatch: MoKConfig.macrobatch_size
+MIN_TIMEOUT_MS, MAX_TIMEOUT_MS = 1, 24 * 3600 * 1000  # config.timeout_ms: MoKConfig.wait_timeout_s
+MXFP8_PADDING = 32  # config.expert_padding is a multiple of this in MXFP8 precision
+MAX_ROWS = 2e9  # world x max_tokens x top_k + E_local x expert_padding (the routed rows a rank can receive)
+
+
+def timeout_ms(seconds: float) -> int:
+    """MoKConfig.wait_timeout_s as libmok's config.timeout_ms: whole milliseconds, rounded to nearest."""
+    return max(MIN_TIMEOUT_MS, round(seconds * 1000))
+
 
 class LayerShape(NamedTuple):
     """What every rank of the group must agree on (token counts may differ)."""
@@ -27,6 +47,7 @@ class LayerShape(NamedTuple):
     shared_intermediate: int  # 0 without a shared expert
     mxfp8: bool
     swiglu_limit: float | None
+    expert_padding: int = 0  # MoKConfig.expert_padding (the call's, or its workspace's); set by the caller
 
 
 def check_layer_args(x, topk_ids, topk_weights, routed, shared, swiglu_limit, world: int) -> LayerShape:
@@ -37,6 +58,9 @@ def check_layer_args(x, topk_ids, topk_weights, routed, shared, swiglu_limit, wo
     _check_tensor(topk_weights, "topk_weights", (torch.float32,), ndim=2, device=x.device)
     tokens, hidden = x.shape
     topk = topk_ids.shape[1]
+    _check_at_most(tokens, MAX_TOKENS, "x must have at most 2^24 tokens (rows) per rank")
+    _check_at_most(hidden, MAX_HIDDEN, "x.shape[1] (the hidden size) must be at most 2^20")
+    check_routing_limits(topk_ids, world)
     if topk_ids.shape[0] != tokens:
         raise ValueError(f"topk_ids must have one row per token of x ({tokens}), got shape {tuple(topk_ids.shape)}")
     if topk < 1:
@@ -46,12 +70,25 @@ def check_layer_args(x, topk_ids, topk_weights, routed, shared, swiglu_limit, wo
                          f"got {tuple(topk_weights.shape)}")
     _check_routed(routed, hidden, x.device)
     _check_shared(shared, hidden, x.device)
+    _check_at_most(routed.num_experts, MAX_EXPERTS_PER_RANK, "routed experts' E_local (gate.shape[0]) must be at most "
+                   "2^20")
+    _check_at_most(routed.intermediate_size, MAX_INTERMEDIATE, "routed experts' I (gate.shape[1]) must be at most 2^20")
+    if shared is not None:
+        _check_at_most(shared.intermediate_size, MAX_INTERMEDIATE, "shared expert's I_s (gate.shape[0]) must be at "
+                       "most 2^20")
     limit = check_swiglu_limit(swiglu_limit)
     num_local = routed.num_experts
     check_expert_ids(topk_ids, world * num_local)
     return LayerShape(hidden, topk, num_local, routed.intermediate_size,
                       0 if shared is None else shared.intermediate_size,
                       isinstance(routed, RoutedExpertsMXFP8), limit)
+
+
+def check_routing_limits(topk_ids: torch.Tensor, world: int) -> None:
+    """libmok's limits on what topk_ids [T, K] and the group describe (T <= 2^24, K <= 1024, W <= 72)."""
+    _check_at_most(topk_ids.shape[0], MAX_TOKENS, "topk_ids must have at most 2^24 rows (tokens) per rank")
+    _check_at_most(topk_ids.shape[1], MAX_TOPK, "topk_ids must have at most 1024 columns (K <= 1024)")
+    _check_at_most(world, MAX_WORLD, "the group must have at most 72 ranks")
 
 
 def check_expert_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
@@ -72,7 +109,14 @@ def check_swiglu_limit(limit) -> float | None:
         raise TypeError(f"swiglu_limit must be None or a positive float, got {type(limit).__name__}")
     if not (math.isfinite(limit) and limit > 0):
         raise ValueError(f"swiglu_limit must be None or a finite float > 0, got {limit}")
+    if not _FLOAT32.tiny <= limit <= _FLOAT32.max:
+        # libmok takes the clamp as a float: 1e-50 would become 0 there, which means "no clamp".
+        raise ValueError(f"swiglu_limit must be None or a normal float32 > 0 (between {_FLOAT32.tiny:.4g} and "
+                         f"{_FLOAT32.max:.4g}; libmok's config.swiglu_limit is a float), got {limit}")
     return float(limit)
+
+
+_FLOAT32 = torch.finfo(torch.float32)
 
 
 def agree_across_group(group, world: int, error: Exception | None, shape: LayerShape | None = None,
@@ -106,8 +150,20 @@ def check_dout(dout, x_shape: tuple, device) -> None:
         raise ValueError(f"dout must have the output's shape {tuple(x_shape)}, got {tuple(dout.shape)}")
 
 
+def check_y_slots(y_slots, shape: tuple, device) -> None:
+    """The forward's y_slots handed back to a recompute: None, or bf16 [T, K, H] on x's device, contiguous."""
+    if y_slots is None:
+        return
+    _check_tensor(y_slots, "y_slots", (torch.bfloat16,), ndim=3, device=device)
+    if tuple(y_slots.shape) != tuple(shape):
+        raise ValueError(f"y_slots must be the forward's [T, K, H] = {tuple(shape)}, got {tuple(y_slots.shape)}")
+
+
 def check_main_grads(main_grads, routed, shared) -> None:
-    """Each buffer given is float32, shaped like its weight, on its weight's device (None = not given)."""
+    """Each buffer given is float32, shaped like its weight, on its weight's device, contiguous, and shares no
+    memory with another buffer (None = not given). Executors add into the buffers through their data (libmok
+    through a raw pointer), so a strided view would get the wrong elements and an expanded one (stride 0) would
+    be written past its end."""
     if main_grads is None:
         return
     master = routed.master if isinstance(routed, RoutedExpertsMXFP8) else routed
@@ -126,6 +182,8 @@ def check_main_grads(main_grads, routed, shared) -> None:
         if buf.shape != weight.shape or buf.device != weight.device:
             raise ValueError(f"main_grads.{name} must have its weight's shape {tuple(weight.shape)} on "
                              f"{weight.device}, got {tuple(buf.shape)} on {buf.device}")
+        check_layout(buf, f"main_grads.{name}")
+    _check_disjoint({n: getattr(main_grads, n) for n in weights if getattr(main_grads, n) is not None}, "main_grads")
 
 
 _FIELD_SOURCE = {
@@ -136,6 +194,7 @@ _FIELD_SOURCE = {
     "shared_intermediate": "shared I_s, 0 without shared",
     "mxfp8": "routed is RoutedExpertsMXFP8",
     "swiglu_limit": "swiglu_limit",
+    "expert_padding": "MoKConfig.expert_padding",
 }
 
 
@@ -144,6 +203,31 @@ def _portable(error: Exception | None):
         return None
     kind = type(error) if isinstance(error, (TypeError, ValueError)) else RuntimeError
     return kind, str(error)
+
+
+def check_layout(t: torch.Tensor, name: str) -> None:
+    """t is dense and row-major (is_contiguous): executors read it, and libmok reads and writes it, as one flat
+    array from its data pointer. Strided views (t.t(), slices) and expanded ones (stride 0) are not."""
+    if t.is_contiguous():
+        return
+    zero = [d for d, (n, s) in enumerate(zip(t.shape, t.stride(), strict=True)) if n > 1 and s == 0]
+    why = f" (dim {zero[0]} has stride 0: an expand()ed view)" if zero else ""
+    raise ValueError(f"{name} must be contiguous (call .contiguous()), got shape {tuple(t.shape)} strides "
+                     f"{t.stride()}{why}")
+
+
+def _check_disjoint(tensors: dict, what: str) -> None:
+    """No two of `tensors` (contiguous) share memory: each is written as its own buffer."""
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), n) for n, t in tensors.items()
+                   if t.numel())
+    for (_, end, first), (start, _, second) in zip(spans, spans[1:], strict=False):
+        if start < end:
+            raise ValueError(f"{what}.{second} must not share memory with {what}.{first} (each is its own buffer)")
+
+
+def _check_at_most(value: int, limit: int, rule: str) -> None:
+    if value > limit:
+        raise ValueError(f"{rule} (libmok's limit), got {value}")
 
 
 def _check_tensor(t, name: str, dtypes: tuple, ndim: int, device=None) -> None:
@@ -156,8 +240,7 @@ def _check_tensor(t, name: str, dtypes: tuple, ndim: int, device=None) -> None:
         raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
     if device is not None and t.device != device:
         raise ValueError(f"{name} must be on x's device {device}, got {t.device}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (call .contiguous()), got strides {t.stride()}")
+    check_layout(t, name)
 
 
 def _check_routed(routed, hidden: int, device) -> None:
@@ -167,6 +250,21 @@ def _check_routed(routed, hidden: int, device) -> None:
         raise ValueError(f"routed experts' hidden size must equal x.shape[1] ({hidden}), got {routed.hidden_size}")
     master = routed.master if isinstance(routed, RoutedExpertsMXFP8) else routed
     _check_weights(master, "routed", device)
+    if isinstance(routed, RoutedExpertsMXFP8):
+        _check_mxfp8_forms(routed, device)
+
+
+def _check_mxfp8_forms(routed, device) -> None:
+    """Each MXFP8 form's data and scales: on x's device and contiguous (libmok reads them through pointers as
+    the dense arrays mxfp8_quantize writes; a strided copy with the same values would be read wrongly)."""
+    for part in ("gate", "up", "down"):
+        for form in ("rowwise", "colwise"):
+            q = getattr(getattr(routed, part), form)
+            for kind in ("data", "scales"):
+                t, name = getattr(q, kind), f"routed.{part}.{form}.{kind}"
+                if t.device != device:
+                    raise ValueError(f"{name} must be on x's device {device}, got {t.device}")
+                check_layout(t, name)
 
 
 def _check_shared(shared, hidden: int, device) -> None:
@@ -184,5 +282,4 @@ def _check_weights(experts, name: str, device) -> None:
         w = getattr(experts, part)
         if w.device != device:
             raise ValueError(f"{name}.{part} must be on x's device {device}, got {w.device}")
-        if not w.is_contiguous():
-            raise ValueError(f"{name}.{part} must be contiguous (call .contiguous()), got strides {w.stride()}")
+        check_layout(w, f"{name}.{part}")

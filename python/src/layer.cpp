@@ -1,5 +1,6 @@
 // mok._mok's layer part: the C ABI's mokLayer* calls over raw pointers (torch's data_ptr()).
-// Python (mok/host.py) owns the tensors and checks their dtypes and shapes; libmok checks everything again.
+// Python (mok/host.py) owns the tensors and checks each one's dtype, shape, device and layout (contiguous, no
+// stride 0) before its address comes here; libmok checks pointers and values again.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -24,6 +25,21 @@ T* ptr(uintptr_t address) {
   return reinterpret_cast<T*>(address);
 }
 
+// An int config field. A value that is no int, or does not fit one, is a ValueError naming the field (nanobind's
+// own cast would raise an unnamed std::bad_cast); libmok then checks the field's range.
+int config_int(const nb::dict& d, const char* name) {
+  nb::handle value = d[name];
+  if (!PyLong_Check(value.ptr()) || PyBool_Check(value.ptr()))
+    throw nb::value_error((std::string("config: '") + name + "' must be an int").c_str());
+  int overflow = 0;
+  long long v = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+  if (overflow != 0 || v < INT32_MIN || v > INT32_MAX)
+    throw nb::value_error((std::string("config: '") + name + "' (" + nb::str(value).c_str() +
+                           ") must fit a 32-bit int (see mokLayerConfig_t in mok.h)")
+                              .c_str());
+  return static_cast<int>(v);
+}
+
 mokLayerConfig_t make_config(const nb::dict& d) {
   mokLayerConfig_t c = MOK_LAYER_CONFIG_INIT;
   int* const ints[] = {&c.world,      &c.rank,         &c.experts_per_rank,    &c.hidden,         &c.intermediate,
@@ -34,7 +50,7 @@ mokLayerConfig_t make_config(const nb::dict& d) {
                                "macrobatch", "comm_workers", "compute_workers",     "timeout_ms"};
   size_t known = 0;
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); ++i) {
-    if (d.contains(names[i])) *ints[i] = nb::cast<int>(d[names[i]]), ++known;
+    if (d.contains(names[i])) *ints[i] = config_int(d, names[i]), ++known;
   }
   if (d.contains("mxfp8")) c.precision = nb::cast<bool>(d["mxfp8"]) ? mokPrecisionMXFP8 : mokPrecisionBF16, ++known;
   if (d.contains("swiglu_limit")) c.swiglu_limit = nb::cast<float>(d["swiglu_limit"]), ++known;

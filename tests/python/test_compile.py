@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from backends import BACKENDS
 from dist_utils import run_group
 from test_layer import NAMES, layer_with_autograd, make_inputs
 
@@ -12,6 +13,7 @@ import mok.layer
 import mok.nn
 from mok import ops
 from mok.experts import RoutedExperts, SharedExpert
+from mok.functional import MoKConfig
 
 
 def compiled_layer(backend, x, ids, weights, routed, shared, dout, *, mxfp8=False):
@@ -78,3 +80,41 @@ def compiled_module_in_group(rank, world, seed):
 def test_compiled_module_in_a_group(seed):
     for same, has_grad in run_group(2, compiled_module_in_group, seed):
         assert same and all(has_grad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compiled_moe_with_every_argument(seed, backend):
+    """torch.compile(fullgraph) of mok.moe with config, backend and swiglu_limit set, int32 ids and MXFP8
+    experts: bitwise the eager result and gradients (the config reaches the op as a list of floats)."""
+    torch._dynamo.reset()
+    config = MoKConfig(fwd_num_comm_sms=8, minibatch_size=64, macrobatch_size=128, expert_padding=32,
+                       wait_timeout_s=12.5)
+    x, ids, weights, routed, shared, dout = make_inputs(18, 4, 2)
+    ids = ids.to(torch.int32)
+    results = []
+    for fn in (mok.layer.moe, torch.compile(mok.layer.moe, fullgraph=True, backend="aot_eager")):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (x, weights, routed.gate, routed.up, routed.down,
+                                                                     shared.gate, shared.up, shared.down)]
+        r, s = ops.quantize_routed(RoutedExperts(*leaves[2:5])), SharedExpert(*leaves[5:])
+        out = fn(leaves[0], ids, leaves[1], r, s, config=config, backend=backend, swiglu_limit=0.5)
+        out.backward(dout)
+        results.append((out.detach(), [t.grad for t in leaves]))
+    (out_e, grads_e), (out_c, grads_c) = results
+    assert torch.equal(out_e, out_c)
+    assert all(torch.equal(a, b) for a, b in zip(grads_e, grads_c, strict=True))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compiled_module_with_config_trains_like_eager(seed, backend):
+    torch._dynamo.reset()
+    config = MoKConfig(minibatch_size=64, macrobatch_size=128, expert_padding=32, wait_timeout_s=30.0)
+    module = mok.nn.MoE(64, 32, 4, 2, shared_intermediate=16, swiglu_limit=0.5, backend=backend, config=config)
+    x = torch.randn(2, 9, 64).to(torch.bfloat16)
+    results = []
+    for run in (module, torch.compile(module, fullgraph=True, backend="aot_eager")):
+        module.zero_grad()
+        out = run(x)
+        out.float().square().mean().backward()
+        results.append((out.detach(), [p.grad.clone() for p in module.parameters()]))
+    (out_e, grads_e), (out_c, grads_c) = results
+    assert torch.equal(out_e, out_c) and all(torch.equal(a, b) for a, b in zip(grads_e, grads_c, strict=True))
