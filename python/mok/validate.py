@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from mok.experts import RoutedExperts, RoutedExpertsMXFP8, SharedExpert
 
-# libmok's limits, mirrored from its C ABI (kernel/src/api/layer_checks.cpp, check_config; docs/c-api.md "Config
+# libmok's limits, mirrored from its C ABI (kernel/src/api/limits.hpp; docs/c-api.md "Config
 # rules") so that Python rejects a value before it reaches libmok, naming what the user passed. Every backend
 # applies them: a call that works on one backend works on all.
 MAX_WORLD = 72  # config.world: the group's size
@@ -29,7 +29,7 @@ MAX_MINIBATCH = 1 << 24  # config.minibatch: MoKConfig.minibatch_size
 MAX_MACROBATCH = 1 << 26  # config.macrobatch: MoKConfig.macrobatch_size
 MIN_TIMEOUT_MS, MAX_TIMEOUT_MS = 1, 24 * 3600 * 1000  # config.timeout_ms: MoKConfig.wait_timeout_s
 MXFP8_PADDING = 32  # config.expert_padding is a multiple of this in MXFP8 precision
-MAX_ROWS = 2e9  # world x max_tokens x top_k + E_local x expert_padding (the routed rows a rank can receive)
+MAX_ROWS = 2**31 - 1  # world x max_tokens x top_k + E_local x expert_padding (the routed rows a rank can receive)
 
 
 def timeout_ms(seconds: float) -> int:
