@@ -365,7 +365,7 @@ def test_implicit_workspace_never_rounds_past_libmok_limits():
     """An implicit workspace rounds the most tokens on a rank up to a power of two, except where that would pass
     libmok's routed-rows limit (which the tokens themselves meet): there it stops at the limit."""
     shape = mok.validate.LayerShape(64, 1024, 4, 48, 0, False, None, 256)
-    tokens = 1_500_000  # x 1024 routes: 1.54e9 rows, under 2e9; its power of two, 2^21, would be 2.15e9
+    tokens = 1_500_000  # x 1024 routes: 1.54e9 rows, under 2^31 - 1; its power of two, 2^21, would be 2^31
     got = functional._workspace_tokens(tokens, 1, shape, 256)
     assert tokens <= got < 2**21 and got * 1024 + 4 * 256 <= mok.validate.MAX_ROWS
     assert functional._workspace_tokens(1000, 2, shape, 256) == 1024  # far from the limit: the power of two
