@@ -88,12 +88,14 @@ def mxfp8_quantize(t: torch.Tensor, rowwise: bool = True, colwise: bool = True, 
 
 
 def mxfp8_dequantize(q: MXFP8Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """float(q) * 2^e, in the orientation `q` is stored in (a colwise form comes back transposed)."""
+    """float(q) * 2^e, in the orientation `q` is stored in (a colwise form comes back transposed). The scale byte 255
+    (e8m0's NaN) makes its block NaN, as e4m3fn's NaN codes make their element NaN."""
     if not isinstance(q, MXFP8Tensor):
         raise TypeError(f"q must be an MXFP8Tensor, got {type(q).__name__}")
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"dtype must be torch.float32 or torch.float64 (exact results), got {dtype}")
-    scale = _pow2(q.scales.to(torch.int32) - E8M0_BIAS).to(dtype)
+    scale = _pow2(q.scales.to(torch.int32).clamp(max=254) - E8M0_BIAS).to(dtype)
+    scale = torch.where(q.scales == 255, torch.nan, scale)  # e8m0's NaN: the whole block is NaN
     return _unblocked(_blocked(q.data.to(dtype)) * scale[..., None], q.data.shape[-1])
 
 

@@ -162,7 +162,8 @@ TEST(mxfp8_block_with_nan_or_inf_is_nan) {
     uint8_t q[32];
     CHECK(mok::core::mx_quantize_block(row.data() + 32, 32, 1, q, 1) == 0xff);
     for (uint8_t c : q) CHECK(c == 0x7f);
-    CHECK(std::isnan(mok::core::e8m0_decode(0xff)));
+    CHECK(std::isnan(mok::core::e8m0_decode(0xff)));  // e8m0's NaN, and e4m3fn's two NaN codes
+    CHECK(std::isnan(mok::core::e4m3_decode(0x7f)) && std::isnan(mok::core::e4m3_decode(0xff)));
   }
 }
 

@@ -14,7 +14,7 @@ import torch
 from mok import functional
 from mok import reference as ref
 from mok.experts import RoutedExperts, SharedExpert
-from mok.quant import mxfp8_fake_quantize
+from mok.quant import MXFP8Tensor, mxfp8_dequantize, mxfp8_fake_quantize, mxfp8_quantize
 
 H, INTER, I_SHARED, E, T, K = 64, 40, 48, 8, 40, 2
 GRADS = ("x", "topk_weights", "gate", "up", "down", "shared_gate", "shared_up", "shared_down")
@@ -84,6 +84,19 @@ def test_mxfp8_block_with_nan_or_inf_is_nan_in_layer(seed):
     assert torch.equal(got[~bad], want[~bad])  # every other block exactly as without the bad element
     with pytest.raises(ValueError, match="t contains NaN or Inf"):  # the default, as for weights
         mxfp8_fake_quantize(t)
+
+
+def test_dequantized_nan_scale_is_a_nan_block(seed):
+    # A caller's MXFP8 data may carry e8m0's NaN scale 255: the block decodes to NaN (2^128 would give inf, or
+    # NaN only where the code is 0), as the core's e8m0_decode does; other blocks are unchanged.
+    q = mxfp8_quantize(torch.randn(4, 70), colwise=False).rowwise
+    scales = q.scales.clone()
+    scales[2, 1] = 255
+    got = mxfp8_dequantize(MXFP8Tensor(q.data, scales, q.transposed))
+    bad = torch.zeros(4, 70, dtype=torch.bool)
+    bad[2, 32:64] = True
+    assert torch.equal(got.isnan(), bad)
+    assert torch.equal(got[~bad], q.dequantize()[~bad])
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -76,6 +76,7 @@ MOK_HD inline uint8_t e4m3_encode(float v) {
 }
 
 MOK_HD inline float e4m3_decode(uint8_t q) {
+  if ((q & 0x7f) == kE4m3Nan) return quiet_nan();  // e4m3fn has no infinities: S.1111.111 is NaN
   int exponent = (q >> 3) & 0xf;
   int mantissa = q & 0x7;
   float a = exponent == 0 ? ldexpf(static_cast<float>(mantissa), -9)
