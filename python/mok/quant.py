@@ -88,19 +88,34 @@ def mxfp8_quantize(t: torch.Tensor, rowwise: bool = True, colwise: bool = True, 
 
 
 def mxfp8_dequantize(q: MXFP8Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """float(q) * 2^e, in the orientation `q` is stored in (a colwise form comes back transposed)."""
+    """float(q) * 2^e, in the orientation `q` is stored in (a colwise form comes back transposed). The scale byte 255
+    (e8m0's NaN) makes its block NaN, as e4m3fn's NaN codes make their element NaN."""
     if not isinstance(q, MXFP8Tensor):
         raise TypeError(f"q must be an MXFP8Tensor, got {type(q).__name__}")
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"dtype must be torch.float32 or torch.float64 (exact results), got {dtype}")
-    scale = _pow2(q.scales.to(torch.int32) - E8M0_BIAS).to(dtype)
+    scale = _pow2(q.scales.to(torch.int32).clamp(max=254) - E8M0_BIAS).to(dtype)
+    scale = torch.where(q.scales == 255, torch.nan, scale)  # e8m0's NaN: the whole block is NaN
     return _unblocked(_blocked(q.data.to(dtype)) * scale[..., None], q.data.shape[-1])
 
 
-def mxfp8_fake_quantize(t: torch.Tensor, *, name: str = "t") -> torch.Tensor:
-    """Quantise along the last dim and dequantise to float32: the values an MXFP8 GEMM multiplies."""
+def mxfp8_fake_quantize(t: torch.Tensor, *, name: str = "t", nonfinite: str = "raise") -> torch.Tensor:
+    """Quantise along the last dim and dequantise to float32: the values an MXFP8 GEMM multiplies.
+
+    nonfinite="raise": NaN or Inf in `t` is a ValueError naming `name`, as in mxfp8_quantize. nonfinite="nan" (the
+    layer's activations): a block holding a NaN or an Inf takes e8m0's NaN scale (0xFF) and comes back NaN in every
+    element; the other blocks are quantised as usual. This is what libmok's core does inside the layer.
+    """
     _check_source(t, name, ndims=None)
-    return _quantize_last_dim(t, name, transposed=False).dequantize()
+    if nonfinite not in ("raise", "nan"):
+        raise ValueError(f"nonfinite must be 'raise' or 'nan', got {nonfinite!r}")
+    if nonfinite == "raise":
+        return _quantize_last_dim(t, name, transposed=False).dequantize()
+    x = _blocked(t.float())
+    bad = ~torch.isfinite(x).all(dim=-1, keepdim=True)  # [..., blocks, 1]
+    clean = _unblocked(torch.where(bad, 0.0, x), t.shape[-1])
+    values = _blocked(_quantize_last_dim(clean, name, transposed=False).dequantize())
+    return _unblocked(torch.where(bad, torch.nan, values), t.shape[-1])
 
 
 def e8m0_exponent(amax: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,8 @@ docs/semantics.md states the math, the rounding points and the row order. In sho
   stays bf16.
 - precision="float64": the same formulas with everything in float64 and no rounding (on the bf16 master weights
   in MXFP8 mode): the oracle tests compare against.
+- NaN propagates (IEEE): a NaN in x or dout gives NaN wherever it enters the math; an MXFP8 block that holds a NaN
+  or an infinity becomes NaN as a whole.
 
 The per-expert building blocks (swiglu, swiglu_backward, expert_forward, expert_backward, combine) are public and
 stable: the expert-parallel path calls them on the rows each rank owns, so the algorithm lives here once.
@@ -77,8 +79,9 @@ def swiglu(g: torch.Tensor, u: torch.Tensor, limit: float | None = None) -> torc
 def swiglu_backward(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor, limit: float | None = None):
     """(dg, du) of swiglu from the stored g, u and the incoming dh, unrounded, in swiglu's compute dtype.
 
-    With s = sigmoid(a): dg = (dh * b) * (s * (1 + a * (1 - s))) where g <= L, else 0;
-    du = dh * (a * s) where -L <= u <= L, else 0 (the masks torch.clamp's autograd uses).
+    With s = sigmoid(a): dg = (dh * b) * (s * (1 + a * (1 - s))), except 0 where g > L;
+    du = dh * (a * s), except 0 where |u| > L. For numbers these are torch.clamp's autograd masks (inclusive at
+    +-L); a NaN g or u is not clamped, so its gradient passes as NaN (torch.clamp's would be 0: docs/semantics.md).
     """
     a, b = _clamped(g, u, limit)
     dh = dh.to(a.dtype)
@@ -89,8 +92,8 @@ def swiglu_backward(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor, limit: f
         # Masks compare in the compute dtype: a bf16 comparison would round L to bf16.
         gc, uc = g.to(a.dtype), u.to(a.dtype)
         zero = torch.zeros((), dtype=a.dtype, device=a.device)
-        dg = torch.where(gc <= limit, dg, zero)
-        du = torch.where((uc >= -limit) & (uc <= limit), du, zero)
+        dg = torch.where(gc > limit, zero, dg)
+        du = torch.where((uc > limit) | (uc < -limit), zero, du)
     return dg, du
 
 
@@ -324,7 +327,7 @@ class _Precision:
 
     def act(self, t: torch.Tensor) -> torch.Tensor:
         """An activation operand [M, K] blocked along its last dim, in the accumulation dtype."""
-        return mxfp8_fake_quantize(t) if self.mxfp8 else t.to(self.acc_dtype)
+        return mxfp8_fake_quantize(t, nonfinite="nan") if self.mxfp8 else t.to(self.acc_dtype)
 
     def weight(self, w, orientation: str) -> torch.Tensor:
         """A weight as the [N, K] operand of a GEMM: 'rowwise' = as stored, 'colwise' = transposed."""

@@ -80,11 +80,16 @@ inline MxBlock mx_quantize(const Vec& v) {
   return b;
 }
 
-// The values a GEMM sees after quantising v in blocks of 32 from its start.
+// The values a GEMM sees after quantising v in blocks of 32 from its start. A block holding a NaN
+// or an infinity has e8m0's NaN scale: all of it is NaN.
 inline Vec mx_round_trip(const Vec& v) {
   Vec out(v.size());
   for (size_t b = 0; b < v.size(); b += 32) {
     Vec block(v.begin() + b, v.begin() + std::min(v.size(), b + 32));
+    if (!std::all_of(block.begin(), block.end(), [](double x) { return std::isfinite(x); })) {
+      std::fill(out.begin() + b, out.begin() + b + block.size(), NAN);
+      continue;
+    }
     MxBlock q = mx_quantize(block);
     for (size_t i = 0; i < block.size(); ++i) out[b + i] = std::ldexp(e4m3_value(q.codes[i]), q.exponent);
   }
@@ -139,6 +144,14 @@ inline double silu(double z) {
   return z / (1.0 + std::exp(-z));
 }
 
+// The clamps min(v, L) and clamp(v, -L, L), a NaN kept as NaN.
+inline double clamp_max(double v, double L) {
+  return v > L ? L : v;
+}
+inline double clamp_abs(double v, double L) {
+  return v > L ? L : (v < -L ? -L : v);
+}
+
 class Layer {
  public:
   explicit Layer(const Problem& p) : p_(p), L_(p.limit > 0 ? p.limit : INFINITY) {
@@ -179,7 +192,7 @@ class Layer {
       }
       g[i] = bf16(sg);
       u[i] = bf16(su);
-      h[i] = bf16(silu(std::fmin(g[i], L_)) * std::fmin(std::fmax(u[i], -L_), L_));
+      h[i] = bf16(silu(clamp_max(g[i], L_)) * clamp_abs(u[i], L_));
     }
   }
 
@@ -207,10 +220,11 @@ class Layer {
     dg.assign(g.size(), 0);
     du.assign(g.size(), 0);
     for (size_t i = 0; i < g.size(); ++i) {
-      double gc = std::fmin(g[i], L_), uc = std::fmin(std::fmax(u[i], -L_), L_);
+      double gc = clamp_max(g[i], L_), uc = clamp_abs(u[i], L_);
       double s = 1.0 / (1.0 + std::exp(-gc));
-      dg[i] = g[i] <= L_ ? bf16(dh[i] * uc * s * (1.0 + gc * (1.0 - s))) : 0.0;
-      du[i] = (u[i] >= -L_ && u[i] <= L_) ? bf16(dh[i] * gc * s) : 0.0;
+      // The gradient stops where the clamp moved the value (never at a NaN, which passes as NaN).
+      dg[i] = g[i] > L_ ? 0.0 : bf16(dh[i] * uc * s * (1.0 + gc * (1.0 - s)));
+      du[i] = (u[i] > L_ || u[i] < -L_) ? 0.0 : bf16(dh[i] * gc * s);
     }
   }
 

@@ -1,9 +1,12 @@
 // core/'s scalar pieces against the independent reference: bf16 rounding, the e4m3 codec and e8m0
-// scale, mokMxfp8Quantize bit for bit, and the schedule's canonical row order.
+// scale, mokMxfp8Quantize bit for bit, NaN through SwiGLU and an MXFP8 block, and the schedule's
+// canonical row order.
+#include <limits>
 #include <map>
 #include <tuple>
 
 #include "core/mxfp8.hpp"
+#include "core/numeric.hpp"
 #include "core/schedule.hpp"
 #include "group.hpp"
 
@@ -110,6 +113,58 @@ TEST(quantize_bf16_bitwise) {
 }
 TEST(quantize_fp32_bitwise) {
   check_quantize(mokDataFloat32);
+}
+
+// NaN in g, u or dh comes out as NaN wherever the formula uses it, with or without a clamp; a
+// gradient the clamp stops (g > L, |u| > L) is 0 whatever dh is, as torch.where gives.
+TEST(swiglu_propagates_nan) {
+  std::mt19937_64 rng(seed());
+  std::uniform_real_distribution<float> d(-3, 3);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (float limit : {INFINITY, 0.5f, 2.0f})
+    for (int i = 0; i < 3000; ++i) {
+      mok::core::Swiglu sw{limit};
+      float g = d(rng), u = d(rng), dh = d(rng);
+      int which = i % 3;  // NaN in g, u or dh
+      (which == 0 ? g : which == 1 ? u : dh) = nan;
+      float h = sw.forward(g, u), dg, du;
+      sw.backward(g, u, dh, &dg, &du);
+      bool g_stopped = g > limit, u_stopped = u > limit || u < -limit;
+      if (which < 2) CHECK_MSG(std::isnan(h), "L %g: h(%g, %g) = %g", limit, g, u, h);
+      if (which == 2) CHECK(!std::isnan(h));
+      CHECK_MSG(g_stopped ? dg == 0 : std::isnan(dg), "L %g: dg(%g, %g, %g) = %g", limit, g, u, dh, dg);
+      bool du_nan = which != 1 && !u_stopped;  // du = dh * silu(g): no u in it
+      CHECK_MSG(u_stopped ? du == 0 : std::isnan(du) == du_nan, "L %g: du(%g, %g, %g) = %g", limit, g, u, dh, du);
+    }
+}
+
+// A block holding a NaN or an infinity round-trips to NaN in every element and quantises to the NaN
+// scale 0xff with NaN codes; the other blocks of the row are untouched.
+TEST(mxfp8_block_with_nan_or_inf_is_nan) {
+  std::mt19937_64 rng(seed());
+  std::uniform_real_distribution<float> d(-2, 2);
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), INFINITY, -INFINITY}) {
+    std::vector<float> row(70);
+    for (float& v : row) v = d(rng);
+    int at = std::uniform_int_distribution<int>(32, 63)(rng);  // the second block
+    row[at] = bad;
+    std::vector<float> clean(row);
+    clean[at] = 0;
+    std::vector<float> want(clean);
+    mok::core::mx_round_trip_row(want.data(), 70);
+    std::vector<float> got(row);
+    mok::core::mx_round_trip_row(got.data(), 70);
+    for (int i = 0; i < 70; ++i) {
+      bool in_block = i >= 32 && i < 64;
+      CHECK_MSG(in_block ? std::isnan(got[i]) : got[i] == want[i], "element %d of a row with %g at %d: %g", i, bad, at,
+                got[i]);
+    }
+    uint8_t q[32];
+    CHECK(mok::core::mx_quantize_block(row.data() + 32, 32, 1, q, 1) == 0xff);
+    for (uint8_t c : q) CHECK(c == 0x7f);
+    CHECK(std::isnan(mok::core::e8m0_decode(0xff)));  // e8m0's NaN, and e4m3fn's two NaN codes
+    CHECK(std::isnan(mok::core::e4m3_decode(0x7f)) && std::isnan(mok::core::e4m3_decode(0xff)));
+  }
 }
 
 TEST(schedule_canonical_order_and_padding) {

@@ -1,6 +1,7 @@
 """backend="host" (libmok's CPU executor through the C ABI, ranks as processes over shared memory) against
 backend="reference", on test_ep's scenarios: ragged tokens (a rank with none), MXFP8, all rows to one expert,
-unrouted tokens, K = 1 and K = 8, SwiGLU clamps, shared expert or not.
+unrouted tokens, K = 1 and K = 8, SwiGLU clamps, shared expert or not; and, on one process, intermediate sizes
+below, at and above the hidden size.
 
 The two executors store the same values at the same rounding points (docs/semantics.md) but sum fp32 products
 in different orders, so a stored bf16 value may differ by one rounding step: compared at bf16's resolution.
@@ -14,9 +15,10 @@ import random
 import pytest
 import torch
 from dist_utils import run_group
-from test_ep import E_LOCAL, GRAD_NAMES, global_inputs, local_part, scenarios, token_counts
+from test_ep import E_LOCAL, GRAD_NAMES, H, Scenario, global_inputs, local_part, scenarios, token_counts
 
 from mok import functional
+from mok.experts import RoutedExperts, SharedExpert
 
 # Small rows per expert segment and ring, so the host executor's ring wraps and several minibatches run.
 CONFIG = functional.MoKConfig(expert_padding=32, minibatch_size=64, macrobatch_size=128, wait_timeout_s=60.0)
@@ -81,3 +83,29 @@ def test_host_matches_reference_and_is_world_invariant(world):
                 for name, part in (("x", tokens), ("topk_weights", tokens), ("gate", experts), ("up", experts),
                                    ("down", experts)):
                     assert torch.equal(host[1][name], alone[1][name][part]), f"{what}: gradient {name} differs"
+
+
+def shaped_inputs(T: int, inter: int, shared_inter: int, E: int = 4, K: int = 2):
+    """Fresh random inputs with g, u and y of order 1, for one process."""
+
+    def bf16(*shape, scale=1.0):
+        return (torch.randn(*shape) * scale).to(torch.bfloat16)
+
+    routed = RoutedExperts(bf16(E, inter, H, scale=H ** -0.5), bf16(E, inter, H, scale=H ** -0.5),
+                           bf16(E, H, inter, scale=inter ** -0.5))
+    shared = SharedExpert(bf16(shared_inter, H, scale=H ** -0.5), bf16(shared_inter, H, scale=H ** -0.5),
+                          bf16(H, shared_inter, scale=shared_inter ** -0.5))
+    ids = torch.randint(0, E, (T, K), dtype=torch.int32)
+    return bf16(T, H), ids, torch.rand(T, K), routed, shared, bf16(T, H)
+
+
+# Widths against H = 64 on both sides: the core's worker scratch holds rows of H and of I or I_s side by side, so
+# a region sized by one and used with the other shows only when the other is the larger (Qwen1.5-MoE: I_s = 2.75 H).
+@pytest.mark.parametrize(("inter", "shared_inter"), [(32, 32), (64, 64), (96, 65), (40, 176)],
+                         ids=["narrower", "equal", "one_wider", "much_wider"])
+@pytest.mark.parametrize("mxfp8", [False, True], ids=["bf16", "mxfp8"])
+def test_host_matches_reference_for_widths_below_at_and_above_hidden(seed, inter, shared_inter, mxfp8):
+    s = Scenario("widths", seed, mxfp8=mxfp8, swiglu_limit=1.5)
+    inputs = shaped_inputs(40, inter, shared_inter)
+    host, reference = (run(b, s, *inputs) for b in ("host", "reference"))
+    assert_close_bf16(host, reference, f"seed {seed}, I {inter}, I_s {shared_inter}")

@@ -194,7 +194,9 @@ MOK_HD inline Failure run_shared(const PassView& v, int64_t chunk, float* scratc
     Failure f = wait_local(v, v.c.shared, static_cast<uint32_t>(chunk), WaitId::shared_order);
     if (!f.ok()) return f;
   }
-  float *x = scratch, *d = x + h, *acc = d + h, *g = acc + h, *u = g + is, *hr = u + is, *dh = hr + is;
+  // Rows of width h (x, d) and is (g, u, hr, dh), then acc, which holds dh (is) and then dx (h):
+  // 2h + 4is + max(h, is) floats, within shape.hpp's scratch_floats.
+  float *x = scratch, *d = x + h, *g = d + h, *u = g + is, *hr = u + is, *dh = hr + is, *acc = dh + is;
   Swiglu sw{v.s.swiglu_limit};
   int64_t end = (chunk + 1) * v.s.expert_padding < v.tokens ? (chunk + 1) * v.s.expert_padding : v.tokens;
   for (int64_t t = chunk * v.s.expert_padding; t < end; ++t) {

@@ -1,5 +1,7 @@
 // The MXFP8 codec (DESIGN 1.2, contracts "MXFP8"): blocks of up to 32 values share an e8m0 scale
 // 2^e, the smallest power of two with amax / 2^e <= 448; values are e4m3fn, nearest even, saturated.
+// A block holding a NaN or an infinity has no such scale: it gets e8m0's NaN scale 0xFF and decodes
+// to NaN in every element (docs/mxfp8.md), so a NaN activation stays NaN through an MXFP8 GEMM.
 #pragma once
 
 #include <cmath>
@@ -11,6 +13,24 @@ namespace mok::core {
 
 constexpr int kMxBlock = 32;
 constexpr float kE4m3Max = 448.0f;
+constexpr uint8_t kE8m0Nan = 0xff;
+constexpr uint8_t kE4m3Nan = 0x7f;
+constexpr float kFloatMax = 3.40282347e38f;
+
+MOK_HD inline float quiet_nan() {
+  return bits_float(0x7fc00000u);
+}
+
+// The largest |v| of a block, or NaN when the block holds a NaN or an infinity (fmaxf would skip a NaN).
+MOK_HD inline float mx_block_amax(const float* v, int n, int stride) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    float a = fabsf(v[i * stride]);
+    if (!(a <= kFloatMax)) return quiet_nan();
+    amax = a > amax ? a : amax;
+  }
+  return amax;
+}
 
 // The scale exponent e for a block whose largest magnitude is `amax` (finite, >= 0). Exact: from
 // amax = m * 2^x with m in [0.5, 1), and 448 = 0.875 * 2^9, the answer is x - 9 when m <= 0.875.
@@ -26,7 +46,7 @@ MOK_HD inline uint8_t e8m0_encode(int e) {
   return static_cast<uint8_t>(e + 127);
 }
 MOK_HD inline float e8m0_decode(uint8_t s) {
-  return ldexpf(1.0f, static_cast<int>(s) - 127);
+  return s == kE8m0Nan ? quiet_nan() : ldexpf(1.0f, static_cast<int>(s) - 127);
 }
 
 MOK_HD inline float round_half_even(float v) {
@@ -56,6 +76,7 @@ MOK_HD inline uint8_t e4m3_encode(float v) {
 }
 
 MOK_HD inline float e4m3_decode(uint8_t q) {
+  if ((q & 0x7f) == kE4m3Nan) return quiet_nan();  // e4m3fn has no infinities: S.1111.111 is NaN
   int exponent = (q >> 3) & 0xf;
   int mantissa = q & 0x7;
   float a = exponent == 0 ? ldexpf(static_cast<float>(mantissa), -9)
@@ -64,10 +85,13 @@ MOK_HD inline float e4m3_decode(uint8_t q) {
 }
 
 // One block of n <= 32 values read with `stride`: writes n codes (stride `qstride`) and returns the
-// e8m0 scale. Values must be finite.
+// e8m0 scale; a non-finite block gets the NaN scale and NaN codes.
 MOK_HD inline uint8_t mx_quantize_block(const float* v, int n, int stride, uint8_t* q, int qstride) {
-  float amax = 0.0f;
-  for (int i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(v[i * stride]));
+  float amax = mx_block_amax(v, n, stride);
+  if (amax != amax) {
+    for (int i = 0; i < n; ++i) q[i * qstride] = kE4m3Nan;
+    return kE8m0Nan;
+  }
   int e = mx_scale_exponent(amax);
   for (int i = 0; i < n; ++i) {
     float scaled = ldexpf(v[i * stride], -e);  // exact: a power-of-two scale
@@ -79,8 +103,11 @@ MOK_HD inline uint8_t mx_quantize_block(const float* v, int n, int stride, uint8
 
 // What a block becomes after an MXFP8 round trip, in place (the operand a GEMM actually sees).
 MOK_HD inline void mx_round_trip_block(float* v, int n, int stride) {
-  float amax = 0.0f;
-  for (int i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(v[i * stride]));
+  float amax = mx_block_amax(v, n, stride);
+  if (amax != amax) {
+    for (int i = 0; i < n; ++i) v[i * stride] = quiet_nan();
+    return;
+  }
   int e = mx_scale_exponent(amax);
   for (int i = 0; i < n; ++i) {
     float scaled = fminf(fmaxf(ldexpf(v[i * stride], -e), -kE4m3Max), kE4m3Max);

@@ -61,26 +61,29 @@ MOK_HD inline float sigmoid(float z) {
   return 1.0f / (1.0f + expf(-z));
 }
 
-// The SwiGLU clamp L; no clamp is L = +inf.
+// The SwiGLU clamp L; no clamp is L = +inf. NaN propagates (docs/semantics.md, "NaN"): the clamps
+// are written as comparisons that keep a NaN (fminf / fmaxf would replace it by the other argument),
+// and a gradient is masked only where the clamp moved the value, which a NaN never is.
 struct Swiglu {
   float limit;
 
+  MOK_HD float clamp_g(float g) const { return g > limit ? limit : g; }
+  MOK_HD float clamp_u(float u) const { return u > limit ? limit : (u < -limit ? -limit : u); }
+
   // h = silu(min(g, L)) * clamp(u, -L, L), in fp32.
   MOK_HD float forward(float g, float u) const {
-    float gc = fminf(g, limit);
-    float uc = fminf(fmaxf(u, -limit), limit);
-    return mul_rn(mul_rn(gc, sigmoid(gc)), uc);
+    float gc = clamp_g(g);
+    return mul_rn(mul_rn(gc, sigmoid(gc)), clamp_u(u));
   }
 
-  // dg, du from the stored g, u and the incoming dh; the clamp masks are torch.clamp's
-  // (gradient passes where g <= L, and where -L <= u <= L).
+  // dg, du from the stored g, u and the incoming dh. The gradient is 0 where g > L, and where
+  // |u| > L: torch.clamp's masks for every number (inclusive at +-L); a NaN passes as NaN.
   MOK_HD void backward(float g, float u, float dh, float* dg, float* du) const {
-    float gc = fminf(g, limit);
-    float uc = fminf(fmaxf(u, -limit), limit);
+    float gc = clamp_g(g), uc = clamp_u(u);
     float s = sigmoid(gc);
     float dsilu = mul_rn(s, add_rn(1.0f, mul_rn(gc, add_rn(1.0f, -s))));
-    *dg = g <= limit ? mul_rn(mul_rn(dh, uc), dsilu) : 0.0f;
-    *du = (u >= -limit && u <= limit) ? mul_rn(dh, mul_rn(gc, s)) : 0.0f;
+    *dg = g > limit ? 0.0f : mul_rn(mul_rn(dh, uc), dsilu);
+    *du = (u > limit || u < -limit) ? 0.0f : mul_rn(dh, mul_rn(gc, s));
   }
 };
 

@@ -148,8 +148,8 @@ MOK_HD inline LocalLayout local_layout(const LayerShape& s) {
   l.shared_w = c.take(3 * is * h * f);
   l.shared_acc = c.take(3 * is * h * f);
   l.shared_out = c.take(static_cast<size_t>(s.max_tokens) * h * f);
-  // A worker holds a few rows (x, dy, dh and the shared expert's g, u, h, dg, du) or a 32-row
-  // MXFP8 block of each wgrad operand.
+  // A worker holds a few rows of width H, I or I_s (at most 7 of the widest: the shared expert's
+  // x, dout, g, u, h, dh and an accumulator for dh then dx) or a 32-row MXFP8 block of each wgrad operand.
   size_t widest = max_value(max_value(h, i), is);
   l.scratch_floats = max_value(8 * widest, static_cast<size_t>(s.mxfp8 ? 32 * (2 * h + 3 * i) : 0));
   l.scratch = c.take(static_cast<size_t>(s.comm_workers + s.compute_workers) * l.scratch_floats * f);
