@@ -7,8 +7,9 @@
 // Random inputs (test_layer) cannot see these: with values of one magnitude, a sum's order moves only its
 // last fp32 bits and a block's orientation barely changes its scale. Here tokens carry scales 2^[-16, 16] and
 // channels 2^[-4, 4] (together 2^+-20), router weights span 2^+-12 with both signs, and a third of the tokens
-// route twice to one expert with weights w and -w: big terms that cancel exactly, so what remains is the
-// rounding of the small ones, which depends on when they were added. Weight gradients are compared in fp32
+// route twice to one expert with weights w and -w, |w| in 2^[8, 20]: big terms that cancel exactly, so what
+// remains is the rounding of the small ones (the shared term, the third route), which depends on when they
+// were added. Weight gradients are compared in fp32
 // (main_grad starting at 0), not after a bf16 rounding.
 #include <cmath>
 
@@ -250,7 +251,8 @@ uint16_t scaled(uint16_t b, int exponent) {
 // make_problem's draw, then the dynamic range and the cancelling pairs that make orders observable.
 ref::Problem wide_problem(const Spec& s, std::mt19937_64& rng) {
   ref::Problem p = make_problem(s, rng);
-  std::uniform_int_distribution<int> token_exp(-16, 16), channel_exp(-4, 4), weight_exp(-12, 12), third(0, 2);
+  std::uniform_int_distribution<int> token_exp(-16, 16), channel_exp(-4, 4), weight_exp(-12, 12), pair_exp(8, 20),
+      third(0, 2);
   std::uniform_real_distribution<float> mantissa(0.5f, 1.0f);
   std::vector<int> channel(s.hidden);
   for (int& c : channel) c = channel_exp(rng);
@@ -270,7 +272,9 @@ ref::Problem wide_problem(const Spec& s, std::mt19937_64& rng) {
       if (s.top_k >= 3 && third(rng) == 0) {  // k = 0 and k = 1: one expert, weights w and -w
         p.ids[r][t * s.top_k + 1] = p.ids[r][t * s.top_k];
         if (p.ids[r][t * s.top_k] < 0) p.ids[r][t * s.top_k] = p.ids[r][t * s.top_k + 1] = 0;
-        p.topk_weights[r][t * s.top_k + 1] = -p.topk_weights[r][t * s.top_k];
+        float big = std::ldexp(mantissa(rng), pair_exp(rng)) * (rng() & 1 ? -1.0f : 1.0f);
+        p.topk_weights[r][t * s.top_k] = big;
+        p.topk_weights[r][t * s.top_k + 1] = -big;
       }
     }
   }
