@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from mok import _mok
-from mok.quant import mxfp8_quantize
+from mok.quant import mxfp8_fake_quantize, mxfp8_quantize
 
 
 def libmok_quantize(t: torch.Tensor):
@@ -134,3 +134,18 @@ def test_subnormals_zeros_and_extremes(dtype):
         [1.0] + [2.0 ** -k for k in range(8, 39)],            # values below e4m3's smallest step: to zero or not
     ]
     assert_same_bytes(torch.tensor(rows, dtype=torch.float64).to(dtype), "subnormals, zeros, extremes")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reference_emulation_is_libmoks_round_trip(seed, dtype):
+    # mok.reference's MXFP8 operands are mxfp8_fake_quantize(t): the values libmok's bytes decode to, bit for bit
+    # (core's in-layer round trips equal that decode: tests/cpp/test_codec_agreement.cpp).
+    wide = torch.randn(45, 70, dtype=torch.float64)
+    wide = wide * 2.0 ** torch.randint(-20, 21, (45, 1)).double() * 2.0 ** torch.randint(-20, 21, (1, 70)).double()
+    for t in (wide.to(dtype), blocks_at_scale(grid(), -3, dtype), blocks_at_scale(grid(), -127, dtype)):
+        data, scales, _, _ = libmok_quantize(t)
+        scale = torch.pow(2.0, scales.double() - 127).repeat_interleave(32, dim=1)[:, :t.shape[1]]
+        decoded = (data.view(torch.float8_e4m3fn).double() * scale).float()
+        got = mxfp8_fake_quantize(t)
+        same = torch.equal(got.view(torch.int32), decoded.view(torch.int32))
+        assert same, f"{int((got.view(torch.int32) != decoded.view(torch.int32)).sum())} values differ"
