@@ -90,8 +90,9 @@ struct Knobs {
   int comm_workers = 1, compute_workers = 2;
   int timeout_ms = 60000;
   bool int64_ids = false;
-  bool accumulate = false;  // weight gradients into fp32 main_grad buffers
-  bool recompute = false;   // recompute the context before the backward
+  bool accumulate = false;       // weight gradients into fp32 main_grad buffers
+  float main_grad_start = 0.5f;  // what main_grad holds before the call adds to it
+  bool recompute = false;        // recompute the context before the backward
   bool backward = true;
   const char* shm_name = nullptr;                // peer memory by shared-memory rendezvous instead of heap bases
   int absent_rank = -1;                          // this rank builds the schedule, then makes no further call
@@ -108,7 +109,7 @@ struct Outputs {
   std::vector<double> forward_ms, backward_ms;  // per rank, wall time of the call
   std::vector<std::vector<uint16_t>> out, dx, dgate, dup, ddown, dsgate, dsup, dsdown;
   std::vector<std::vector<uint16_t>> slots;  // mokLayerGetSlots after the forward
-  std::vector<std::vector<float>> dw, main_gate, main_up, main_down;
+  std::vector<std::vector<float>> dw, main_gate, main_up, main_down, main_sgate, main_sup, main_sdown;
 };
 
 inline mokLayerConfig_t config_for(const ref::Problem& p, const Knobs& k, int rank) {
@@ -238,9 +239,9 @@ inline void run_rank(const ref::Problem& p, const Knobs& k, int r, void* const* 
     g.dtopk_weights = o.dw[r].data();
     g.accumulate = k.accumulate;
     if (k.accumulate) {
-      o.main_gate[r].assign(eih, 0.5f);  // main_grad already holds something: the call adds to it
-      o.main_up[r].assign(eih, 0.5f);
-      o.main_down[r].assign(eih, 0.5f);
+      o.main_gate[r].assign(eih, k.main_grad_start);  // main_grad already holds something: the call adds to it
+      o.main_up[r].assign(eih, k.main_grad_start);
+      o.main_down[r].assign(eih, k.main_grad_start);
       g.dgate = o.main_gate[r].data();
       g.dup = o.main_up[r].data();
       g.ddown = o.main_down[r].data();
@@ -250,7 +251,12 @@ inline void run_rank(const ref::Problem& p, const Knobs& k, int r, void* const* 
       g.dup = o.dup[r].data();
       g.ddown = o.ddown[r].data();
     }
-    if (sih) {
+    if (sih && k.accumulate) {  // accumulate covers the shared expert's gradients too: fp32 buffers
+      for (auto* v : {&o.main_sgate, &o.main_sup, &o.main_sdown}) (*v)[r].assign(sih, k.main_grad_start);
+      g.dshared_gate = o.main_sgate[r].data();
+      g.dshared_up = o.main_sup[r].data();
+      g.dshared_down = o.main_sdown[r].data();
+    } else if (sih) {
       for (auto* v : {&o.dsgate, &o.dsup, &o.dsdown}) (*v)[r].assign(sih, 0);
       g.dshared_gate = o.dsgate[r].data();
       g.dshared_up = o.dsup[r].data();
@@ -273,7 +279,8 @@ inline Outputs empty_outputs(int world) {
   o.forward_ms.assign(world, 0);
   o.backward_ms.assign(world, 0);
   for (auto* v : {&o.out, &o.dx, &o.dgate, &o.dup, &o.ddown, &o.dsgate, &o.dsup, &o.dsdown, &o.slots}) v->resize(world);
-  for (auto* v : {&o.dw, &o.main_gate, &o.main_up, &o.main_down}) v->resize(world);
+  for (auto* v : {&o.dw, &o.main_gate, &o.main_up, &o.main_down, &o.main_sgate, &o.main_sup, &o.main_sdown})
+    v->resize(world);
   return o;
 }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-from buildutil import run
+from buildutil import ROOT, run
 
 
 def test_cubins_for_every_blackwell_target(libmok, cuda_bin):
@@ -27,6 +27,12 @@ def resource_usage(libmok, cuda_bin) -> dict[str, dict[str, dict[str, int]]]:
     return usage
 
 
+def max_world() -> int:
+    """core/shape.hpp's kMaxWorld: the size of run_dispatch's per-source cursor array."""
+    text = (ROOT / "kernel" / "src" / "core" / "shape.hpp").read_text()
+    return int(re.search(r"constexpr int kMaxWorld = (\d+);", text).group(1))
+
+
 def test_device_kernels_and_their_resources(libmok, cuda_bin):
     usage = resource_usage(libmok, cuda_bin)
     assert {"sm_100a", "sm_103a"} <= set(usage), usage.keys()
@@ -38,6 +44,12 @@ def test_device_kernels_and_their_resources(libmok, cuda_bin):
             # GEMM needs (65536 per SM = 128 per thread for a 512-thread CTA). Raise it deliberately, not silently.
             assert r["REG"] <= 128, f"{arch} {kernel}: {r['REG']} registers"
             assert r["LOCAL"] == 0, f"{arch} {kernel}: {r['LOCAL']} bytes of local memory"
+            # The per-thread stack lives in local memory too. The only stack in the device code is the comm
+            # task's int64_t cursor[kMaxWorld] (core/comm_tasks.hpp run_dispatch: indexed by source rank, so
+            # it cannot be kept in registers): 8 * 72 = 576 bytes in run_workers, nothing anywhere else. More
+            # means register spills or a new per-thread array: raise this deliberately, not silently.
+            budget = 8 * max_world() if "run_workers" in kernel else 0
+            assert r["STACK"] <= budget, f"{arch} {kernel}: {r['STACK']} bytes of stack, budget {budget}"
 
 
 def test_protocol_uses_system_scope_release_acquire(libmok, cuda_bin):

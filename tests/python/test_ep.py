@@ -3,6 +3,12 @@
 One process group per world size runs every scenario; the parent recomputes each scenario in one process on the
 concatenated tokens and compares bit for bit (docs/python.md, "Row order": the canonical order makes the result
 independent of how tokens are spread over ranks). Inputs are drawn fresh from a seed chosen per run.
+
+Every CPU backend runs explicitly: "host" (libmok's executor, which lays out rows itself) and "reference" (mok.ep's
+all_to_all row order with reference.py's math); the default alone would leave one of them untested. The "wide"
+scenarios make row order observable: tokens scaled by 2^[-16, 16] and channels by 2^[-4, 4], router weights of
+both signs over 2^+-12, and a third of the tokens routed twice to one expert with weights w and -w (|w| up to
+2^20), so weight-gradient sums cancel and MXFP8 token blocks mix magnitudes; rows in another order give other bits.
 """
 
 from __future__ import annotations
@@ -19,6 +25,21 @@ import mok.layer
 from mok import functional
 from mok.experts import RoutedExperts, SharedExpert
 
+
+def cpu_backends() -> list[str]:
+    """Every registered backend that runs on CPU tensors."""
+    found = []
+    for name in functional.backends():
+        try:
+            functional.select_backend(name, torch.device("cpu"))
+        except ValueError:
+            continue
+        found.append(name)
+    return found
+
+
+BACKENDS = cpu_backends()
+
 H, INTER, I_SHARED, E_LOCAL = 64, 32, 48, 2
 GRAD_NAMES = ("x", "topk_weights", "gate", "up", "down", "shared_gate", "shared_up", "shared_down")
 
@@ -32,6 +53,7 @@ class Scenario:
     mxfp8: bool = False
     shared: bool = True
     swiglu_limit: float | None = None
+    wide: bool = False  # the dynamic range and cancelling routes that make row order observable
 
 
 def scenarios(seed: int) -> list[Scenario]:
@@ -42,6 +64,8 @@ def scenarios(seed: int) -> list[Scenario]:
         Scenario("unrouted_tokens", seed + 3, routing="unrouted_tokens", shared=False),
         Scenario("k1", seed + 4, topk=1),
         Scenario("k8", seed + 5, topk=8, mxfp8=True, swiglu_limit=1.5),
+        Scenario("wide", seed + 6, wide=True),
+        Scenario("wide_mxfp8", seed + 7, mxfp8=True, wide=True),
     ]
 
 
@@ -71,15 +95,38 @@ def global_inputs(s: Scenario, world: int):
     if s.routing == "unrouted_tokens":
         ids[::3] = -1  # tokens with no route at all
     weights = torch.rand(T, s.topk, generator=g)
+    dout = bf16(T, H)
+    if s.wide:
+        x, dout, ids, weights = widened(g, x, dout, ids, weights)
     routed = RoutedExperts(bf16(E, INTER, H, scale=H ** -0.5), bf16(E, INTER, H, scale=H ** -0.5),
                            bf16(E, H, INTER, scale=INTER ** -0.5))
     shared = SharedExpert(bf16(I_SHARED, H, scale=H ** -0.5), bf16(I_SHARED, H, scale=H ** -0.5),
                           bf16(H, I_SHARED, scale=I_SHARED ** -0.5)) if s.shared else None
-    dout = bf16(T, H)
     return x, ids.to(torch.int32), weights, routed, shared, dout
 
 
-def run_layer(s: Scenario, x, ids, weights, routed, shared, dout, group=None):
+def widened(g: torch.Generator, x, dout, ids, weights):
+    """Per-token and per-channel power-of-two scales (exact in bf16), signed router weights over 2^+-12, and
+    cancelling pairs: k = 0 and k = 1 on one expert with weights w and -w."""
+    T, K = ids.shape
+
+    def exponents(*shape, low, high):
+        return 2.0 ** torch.randint(low, high + 1, shape, generator=g).float()
+
+    x = (x.float() * exponents(T, 1, low=-16, high=16) * exponents(1, H, low=-4, high=4)).to(torch.bfloat16)
+    dout = (dout.float() * exponents(T, 1, low=-12, high=12)).to(torch.bfloat16)
+    sign = torch.where(torch.rand(T, K, generator=g) < 0.5, -1.0, 1.0)
+    weights = sign * (weights + 0.5) * exponents(T, K, low=-12, high=12)
+    pairs = torch.rand(T, generator=g) < 1 / 3
+    if K >= 2:
+        ids[pairs, 0] = ids[pairs, 0].clamp(min=0)
+        ids[pairs, 1] = ids[pairs, 0]
+        big = (torch.rand(T, generator=g) + 0.5) * exponents(T, low=8, high=20)
+        weights[pairs, 0], weights[pairs, 1] = big[pairs], -big[pairs]
+    return x, dout, ids, weights
+
+
+def run_layer(s: Scenario, x, ids, weights, routed, shared, dout, group=None, *, backend: str):
     """mok.moe forward + autograd backward; returns (out, {gradient name: tensor})."""
     leaves = [t.detach().clone().requires_grad_(True) for t in (x, weights, routed.gate, routed.up, routed.down)]
     x, weights, *routed_w = leaves
@@ -89,7 +136,7 @@ def run_layer(s: Scenario, x, ids, weights, routed, shared, dout, group=None):
                                                                                    shared.down)))
         leaves += [shared.gate, shared.up, shared.down]
     out = mok.layer.moe(x, ids, weights, routed.to_mxfp8() if s.mxfp8 else routed, shared, group=group,
-                        swiglu_limit=s.swiglu_limit)
+                        swiglu_limit=s.swiglu_limit, backend=backend)
     out.backward(dout)
     return out.detach(), dict(zip(GRAD_NAMES, (t.grad for t in leaves), strict=False))  # 5 without shared
 
@@ -103,27 +150,27 @@ def local_part(rank: int, world: int, s: Scenario, inputs):
     return x[tokens], ids[tokens].contiguous(), weights[tokens], mine, shared, dout[tokens]
 
 
-def ep_worker(rank: int, world: int, seed: int):
+def ep_worker(rank: int, world: int, seed: int, backend: str):
     """Every scenario on this rank, twice (the two runs must agree bitwise), plus the functional API with
     main_grad buffers and an inference-mode forward followed by a context recompute."""
     results = {}
     for s in scenarios(seed):
         part = local_part(rank, world, s, global_inputs(s, world))
-        first, second = run_layer(s, *part), run_layer(s, *part)
+        first, second = run_layer(s, *part, backend=backend), run_layer(s, *part, backend=backend)
         assert_bitwise(first, second, f"rank {rank} {s.name}: run twice")
         results[s.name] = first
-    results["functional"] = functional_path(scenarios(seed)[0], *local_part(rank, world, scenarios(seed)[0],
-                                                                            global_inputs(scenarios(seed)[0],
-                                                                                          world)))
+    first = scenarios(seed)[0]
+    results["functional"] = functional_path(first, *local_part(rank, world, first, global_inputs(first, world)),
+                                            backend=backend)
     return results
 
 
-def functional_path(s: Scenario, x, ids, weights, routed, shared, dout):
+def functional_path(s: Scenario, x, ids, weights, routed, shared, dout, *, backend: str):
     """Inference forward, then recompute_forward_context and backward into fp32 main_grad buffers."""
     args = (x, ids, weights, routed, shared)
-    out, ctx = functional.forward(*args, swiglu_limit=s.swiglu_limit, need_context=False)
+    out, ctx = functional.forward(*args, swiglu_limit=s.swiglu_limit, need_context=False, backend=backend)
     assert ctx is None
-    ctx = functional.recompute_forward_context(*args, swiglu_limit=s.swiglu_limit)
+    ctx = functional.recompute_forward_context(*args, swiglu_limit=s.swiglu_limit, backend=backend)
     main = functional.MainGrads(*(torch.full(w.shape, 0.5) for w in (routed.gate, routed.up, routed.down,
                                                                       shared.gate, shared.up, shared.down)))
     grads = functional.backward(ctx, dout, main_grads=main)
@@ -134,18 +181,21 @@ def functional_path(s: Scenario, x, ids, weights, routed, shared, dout):
 def assert_bitwise(a, b, what: str):
     out_a, grads_a = a
     out_b, grads_b = b
-    assert torch.equal(out_a, out_b), f"{what}: out differs"
+    if not torch.equal(out_a, out_b):
+        pytest.fail(f"{what}: out differs in {int((out_a != out_b).sum())} of {out_a.numel()} elements")
     for name in sorted(set(grads_a) | set(grads_b)):
         ga, gb = grads_a.get(name), grads_b.get(name)
         assert (ga is None) == (gb is None), f"{what}: {name} present in one only"
-        assert ga is None or torch.equal(ga, gb), f"{what}: gradient {name} differs"
+        if ga is not None and not torch.equal(ga, gb):
+            differ = int((ga != gb).sum())
+            pytest.fail(f"{what}: gradient {name} differs in {differ} of {ga.numel()} elements")
 
 
-def single_process_expectation(s: Scenario, world: int):
+def single_process_expectation(s: Scenario, world: int, backend: str):
     """Recompute in this process on all tokens. Shared-expert gradients are over each rank's own tokens (like
     any data-parallel weight's): they come from the single-process layer on that rank's tokens."""
     inputs = global_inputs(s, world)
-    out, grads = run_layer(s, *inputs)
+    out, grads = run_layer(s, *inputs, backend=backend)
     counts = token_counts(world, s.seed)
     expected = []
     for rank in range(world):
@@ -155,7 +205,8 @@ def single_process_expectation(s: Scenario, world: int):
         mine.update({n: grads[n][experts] for n in ("gate", "up", "down")})
         if s.shared:
             x, ids, weights, routed, shared, dout = inputs
-            _, alone = run_layer(s, x[tokens], ids[tokens], weights[tokens], routed, shared, dout[tokens])
+            _, alone = run_layer(s, x[tokens], ids[tokens], weights[tokens], routed, shared, dout[tokens],
+                                 backend=backend)
             mine.update({n: alone[n] for n in GRAD_NAMES[5:]})
         else:
             mine.update({n: None for n in GRAD_NAMES[5:]})
@@ -163,14 +214,23 @@ def single_process_expectation(s: Scenario, world: int):
     return expected
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
-def test_ep_equals_single_process_bitwise(seed, world):
-    results = run_group(world, ep_worker, seed)
+def test_both_cpu_backends_are_tested():
+    assert {"host", "reference"} <= set(BACKENDS), BACKENDS
+
+
+# The reference path stops at 4 ranks: 8 gloo processes of it take ~45 s on CI's 2 shared cores, and row order
+# across sources is observable from 3 (with 2, rank 1 has no tokens: token_counts).
+WORLDS = {"host": [1, 2, 3, 4, 8], "reference": [1, 2, 3, 4]}
+
+
+@pytest.mark.parametrize(("world", "backend"), [(w, b) for b in BACKENDS for w in WORLDS.get(b, [1, 2, 3])])
+def test_ep_equals_single_process_bitwise(seed, world, backend):
+    results = run_group(world, ep_worker, seed, backend)
     for s in scenarios(seed):
-        expected = single_process_expectation(s, world)
+        expected = single_process_expectation(s, world, backend)
         for rank in range(world):
             assert_bitwise(results[rank][s.name], expected[rank],
-                           f"seed {seed}, world {world}, rank {rank}, scenario {s.name}")
+                           f"backend {backend}, seed {seed}, world {world}, rank {rank}, scenario {s.name}")
     check_functional_path(seed, world, results)
 
 
@@ -200,16 +260,17 @@ def test_demo_passes_and_reports(capfd):
     assert "3 processes" in printed and "result: PASS" in printed and "time per step" in printed
 
 
-def one_scenario_worker(rank: int, world: int, seed: int):
+def one_scenario_worker(rank: int, world: int, seed: int, backend: str):
     s = scenarios(seed)[0]
-    return run_layer(s, *local_part(rank, world, s, global_inputs(s, world)))
+    return run_layer(s, *local_part(rank, world, s, global_inputs(s, world)), backend=backend)
 
 
 @pytest.mark.skipif("MOK_TEST_EP_WORLD" not in os.environ,
                     reason="a large group (e.g. MOK_TEST_EP_WORLD=72) takes minutes on a small machine; opt-in")
-def test_large_world_bitwise(seed):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_large_world_bitwise(seed, backend):
     world = int(os.environ.get("MOK_TEST_EP_WORLD", "1"))
-    results = run_group(world, one_scenario_worker, seed)
-    expected = single_process_expectation(scenarios(seed)[0], world)
+    results = run_group(world, one_scenario_worker, seed, backend)
+    expected = single_process_expectation(scenarios(seed)[0], world, backend)
     for rank in range(world):
         assert_bitwise(results[rank], expected[rank], f"seed {seed}, world {world}, rank {rank}")
