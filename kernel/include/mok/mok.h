@@ -227,9 +227,12 @@ typedef struct {
   int rank;           /* the rank that recorded it (this one) */
   char task[32];      /* the task that failed ("dispatch", "wgrad", ...), "" outside a task */
   int task_index;     /* its minibatch, tile or chunk; -1 outside a task */
-  char wait[48];      /* the wait that gave up ("closing barrier", ...) */
+  char wait[48];      /* the wait that gave up ("closing barrier", "group formation", ...) */
+  /* The message, where there is one: a differing config field or call, a wait's missing rank, or the
+     reason the rank that aborted the group gave ("rank 1 rejected its arguments: ..."); "" otherwise. */
+  char detail[256];
 } mokLayerError_t;
-#define MOK_LAYER_ERROR_INIT {sizeof(mokLayerError_t), mokSuccess, -1, {0}, -1, {0}}
+#define MOK_LAYER_ERROR_INIT {sizeof(mokLayerError_t), mokSuccess, -1, {0}, -1, {0}, {0}}
 
 /* The first failure this rank recorded (readable from any thread, also while a pass runs). */
 MOK_API mokStatus_t mokLayerGetError(mokLayer_t layer, mokLayerError_t* error);
