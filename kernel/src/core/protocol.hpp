@@ -343,14 +343,15 @@ MOK_HD inline uint64_t arrival_word(uint64_t epoch, CallKind call) {
 // before it are visible to every rank after it. Arrivals are single-writer: each rank stores its
 // own epoch, so no rank ever resets a word a peer writes. A peer at the same epoch from another call
 // fails the barrier at once (call_mismatch; Failure::peer names it); a timeout names a peer that
-// did not arrive.
+// did not arrive. Unlike other waits, a barrier every rank has reached completes even when an abort
+// was raised since (a failed rank never arrives): a rank that passed it and then aborted the group
+// (it rejected its next call) does not fail a call its peers completed too.
 MOK_HD inline Failure barrier(PeerHeader* const* headers, int world, int rank, uint64_t epoch, CallKind call,
                               uint64_t timeout_ns, WaitId what) {
   SystemAtomic<uint64_t>(headers[rank]->arrival).store(arrival_word(epoch, call), cuda::std::memory_order_release);
   uint64_t start = now_ns();
   Backoff backoff;
   for (int next = 0;;) {  // peers before `next` have arrived
-    if (abort_seen(headers[rank])) return Failure{Outcome::peer_abort, what, -1};
     for (; next < world; ++next) {
       uint64_t a = SystemAtomic<uint64_t>(headers[next]->arrival).load(cuda::std::memory_order_acquire);
       if (a >> 8 < epoch) break;
@@ -359,6 +360,7 @@ MOK_HD inline Failure barrier(PeerHeader* const* headers, int world, int rank, u
         return Failure{Outcome::call_mismatch, what, next};
     }
     if (next == world) return kNoFailure;
+    if (abort_seen(headers[rank])) return Failure{Outcome::peer_abort, what, -1};
     if (now_ns() - start > timeout_ns) return Failure{Outcome::timeout, what, next};
     backoff.pause();
   }

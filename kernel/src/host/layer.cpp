@@ -193,8 +193,8 @@ void describe(Layer& l, Failure f, core::CallKind call, char* out, size_t n) {
     case core::Outcome::timeout:
       if (f.wait == WaitId::group_formation)
         std::snprintf(out, n,
-                      "rank %d: wait 'group formation' ran out: rank %d did not acknowledge this rank (not created, "
-                      "or created over other peer buffers)",
+                      "rank %d: wait 'group formation' ran out: rank %d did not acknowledge this rank (no collective "
+                      "call of its context yet, or other peer buffers)",
                       me, q);
       else
         std::snprintf(out, n, "rank %d: wait '%s' ran out: rank %d did not arrive", me, wait, q);
@@ -341,8 +341,8 @@ mokStatus_t build_schedule(Layer& l, const void* topk_ids, bool int64_ids, int t
 mokStatus_t forward(Layer& l, const mokLayerWeights_t& weights, const uint16_t* x, const float* topk_weights,
                     uint16_t* out, bool with_output) {
   const char* func = with_output ? "mokLayerForward" : "mokLayerRecompute";
-  if (!l.has_schedule) return refuse(l, api::fail(mokInvalidUsage, "%s: call mokLayerBuildSchedule first", func));
   if (group_aborted(l)) return aborted_earlier(l, func);
+  if (!l.has_schedule) return refuse(l, api::fail(mokInvalidUsage, "%s: call mokLayerBuildSchedule first", func));
   size_t th = static_cast<size_t>(l.tokens) * l.shape.hidden;
   copy_rows(x, th * 2, own_at<uint16_t>(l, l.peer.x));
   core::PassView v = view_of(l, with_output ? PassKind::forward : PassKind::recompute);
@@ -358,10 +358,10 @@ mokStatus_t forward(Layer& l, const mokLayerWeights_t& weights, const uint16_t* 
 mokStatus_t backward(Layer& l, const mokLayerWeights_t& weights, const float* topk_weights, const uint16_t* dout,
                      const mokLayerGrads_t& grads) {
   const char* func = "mokLayerBackward";
+  if (group_aborted(l)) return aborted_earlier(l, func);
   if (!l.has_context)
     return refuse(l, api::fail(mokInvalidUsage,
                                "%s: needs a mokLayerForward or mokLayerRecompute since the last schedule", func));
-  if (group_aborted(l)) return aborted_earlier(l, func);
   size_t tk = static_cast<size_t>(l.tokens) * l.shape.top_k, th = static_cast<size_t>(l.tokens) * l.shape.hidden;
   copy_rows(dout, th * 2, own_at<uint16_t>(l, l.peer.dout));
   copy_rows(topk_weights, tk * 4, own_at<float>(l, l.peer.topk_weights));
