@@ -337,6 +337,19 @@ TEST(rejected_arguments_reach_every_rank) {
   }
 }
 
+// mokLayerAbort before a rank's first collective call still reaches its peers, through that call.
+TEST(abort_before_the_first_call_reaches_peers) {
+  ref::Problem p = problem(3, 61);
+  Group g(p, kLongTimeoutMs);
+  double ms = g.run([](Rank& r) {
+    if (r.r == 2) CHECK(mokLayerAbort(r.layer) == mokSuccess);
+    r.schedule();
+  });
+  CHECK_MSG(ms < kFastMs, "took %.0f ms", ms);
+  for (auto& r : g.ranks)
+    CHECK_MSG(r->status == mokPeerAbort, "rank %d: %s: %s", r->r, mokGetStatusString(r->status), r->detail.c_str());
+}
+
 // A rank that never creates its context: the first collective call runs out, naming the formation
 // wait and the missing rank.
 TEST(missing_rank_names_the_formation_wait) {

@@ -97,8 +97,12 @@ MOK_API mokStatus_t mokExecutorSupportsDevice(mokExecutor_t executor, int device
  * One MoE layer of an expert-parallel group of `world` ranks. Every rank creates its own context
  * and makes the same sequence of collective calls (mokLayerBuildSchedule, mokLayerForward,
  * mokLayerRecompute, mokLayerBackward); each returns when this rank's part is done, or with the
- * status of the first failure of the group (mokTimeout, mokPeerAbort). Tensors are row-major and
- * contiguous; bf16 tensors are passed as raw 16-bit words.
+ * status of the first failure of the group (mokTimeout, mokPeerAbort). Ranks whose configs differ
+ * fail with mokInvalidArgument, ranks making different calls with mokInvalidUsage, both naming the
+ * field or the calls. A collective call whose arguments (or order) this rank rejects returns
+ * mokInvalidArgument (mokInvalidUsage) and, with world > 1, aborts the group: its peers return
+ * mokPeerAbort with its reason. Tensors are row-major and contiguous; bf16 tensors are passed as raw
+ * 16-bit words.
  */
 typedef struct mokLayer* mokLayer_t;
 
@@ -143,7 +147,7 @@ MOK_API mokStatus_t mokLayerGetSizes(const mokLayerConfig_t* config, mokLayerSiz
 typedef struct {
   size_t size; /* sizeof(mokLayerMemory_t), set by MOK_LAYER_MEMORY_INIT */
   /* Either: every rank's peer buffer (world pointers, this rank's at [rank]; peer_bytes each,
-     64-byte aligned, zero-filled before the group's first mokLayerCreate) ... */
+     64-byte aligned, any contents: an earlier group's buffers may be reused as they are) ... */
   void* const* peer_bases;
   /* ... or a POSIX shared-memory rendezvous name (ranks as processes on one host; letters,
      digits, '_', '-', '.'); the segments are unlinked as soon as every rank has mapped them. */

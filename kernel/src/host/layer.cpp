@@ -148,8 +148,17 @@ mokStatus_t status_of(Layer& l, const char* func) {
                    e.task_index, core::wait_name(static_cast<WaitId>(e.wait)));
 }
 
+// Before the group has formed, peers cannot trust this header yet: wait (bounded) until each has
+// joined, then abort them too, so that none waits for this rank.
+void tell_unformed_peers(Layer& l) {
+  if (l.formed || l.shape.world == 1) return;
+  if (core::await_joined(l.headers, l.shape.world, l.shape.rank, l.timeout_ns) < 0) l.formed = true;
+  core::raise_abort(l.headers, l.shape.world, l.shape.rank);
+}
+
 mokStatus_t aborted_earlier(Layer& l, const char* func) {
   core::record_failure(&l.error, Failure{core::Outcome::peer_abort, WaitId::earlier_abort}, l.shape.rank, -1, -1);
+  if (core::abort_seen(l.headers[l.shape.rank])) tell_unformed_peers(l);  // e.g. mokLayerAbort before any call
   if (const char* reason = peer_reason(l))
     return api::fail(mokPeerAbort, "%s: the group was aborted: %s; create new contexts", func, reason);
   return api::fail(mokPeerAbort, "%s: the group was aborted (this or an earlier call); create new contexts", func);
@@ -415,12 +424,7 @@ void reject(Layer& l, mokStatus_t status, const char* detail) {
   auto outcome = usage ? core::Outcome::rejected_order : core::Outcome::rejected_arguments;
   core::record_failure(&l.error, Failure{outcome, WaitId::rejected_call}, me, -1, -1, detail);
   core::raise_abort(l.headers, l.shape.world, me);
-  // Before the group has formed, peers cannot trust this header yet: wait (bounded) until each has
-  // joined and so sees the abort and its reason.
-  if (!l.formed && core::await_joined(l.headers, l.shape.world, me, l.timeout_ns) < 0) {
-    l.formed = true;
-    core::raise_abort(l.headers, l.shape.world, me);
-  }
+  tell_unformed_peers(l);
 }
 
 const char* peer_reason(Layer& l) {
