@@ -291,20 +291,28 @@ inline mokLayerSizes_t sizes_for(const ref::Problem& p, const Knobs& k) {
   return sizes;
 }
 
+// Every rank on its own thread over caller buffers: peer buffers (heap mode) and workspaces, each at
+// least as large as mokLayerGetSizes asks for p.
+inline Outputs run_layer_over(const ref::Problem& p, const Knobs& k, void* const* bases, void* const* workspaces,
+                              size_t workspace_bytes) {
+  Outputs o = empty_outputs(p.world);
+  each_rank(p.world, [&](int r) { run_rank(p, k, r, bases, workspaces[r], workspace_bytes, o); });
+  return o;
+}
+
 // Every rank on its own thread, peer buffers from the heap (or shared memory with k.shm_name).
 inline Outputs run_layer(const ref::Problem& p, const Knobs& k) {
   int W = p.world;
-  Outputs o = empty_outputs(W);
   mokLayerSizes_t sizes = sizes_for(p, k);
   std::vector<std::unique_ptr<AlignedBuffer>> peers, work;
-  std::vector<void*> bases;
+  std::vector<void*> bases, workspaces;
   for (int r = 0; r < W; ++r) {
     peers.emplace_back(new AlignedBuffer(k.shm_name ? 0 : sizes.peer_bytes));
     work.emplace_back(new AlignedBuffer(sizes.workspace_bytes));
     bases.push_back(peers.back()->p);
+    workspaces.push_back(work.back()->p);
   }
-  each_rank(W, [&](int r) { run_rank(p, k, r, bases.data(), work[r]->p, sizes.workspace_bytes, o); });
-  return o;
+  return run_layer_over(p, k, bases.data(), workspaces.data(), sizes.workspace_bytes);
 }
 
 inline bool all_ok(const Outputs& o) {

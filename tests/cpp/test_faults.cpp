@@ -70,6 +70,11 @@ TEST(rank_never_enters_the_pass) {
   for (int r : {0, 2}) {
     CHECK(o.status[r] == mokTimeout || o.status[r] == mokPeerAbort);
     CHECK_MSG(std::string(o.error[r].wait) == "entry barrier", "rank %d waited in '%s'", r, o.error[r].wait);
+    // The rank whose wait ran out names the one it waited for.
+    if (o.status[r] == mokTimeout)
+      CHECK_MSG(o.detail[r].find("rank 1 did not arrive") != std::string::npos &&
+                    std::string(o.error[r].detail).find("rank 1 did not arrive") != std::string::npos,
+                "rank %d: '%s'", r, o.detail[r].c_str());
   }
 }
 

@@ -97,8 +97,12 @@ MOK_API mokStatus_t mokExecutorSupportsDevice(mokExecutor_t executor, int device
  * One MoE layer of an expert-parallel group of `world` ranks. Every rank creates its own context
  * and makes the same sequence of collective calls (mokLayerBuildSchedule, mokLayerForward,
  * mokLayerRecompute, mokLayerBackward); each returns when this rank's part is done, or with the
- * status of the first failure of the group (mokTimeout, mokPeerAbort). Tensors are row-major and
- * contiguous; bf16 tensors are passed as raw 16-bit words.
+ * status of the first failure of the group (mokTimeout, mokPeerAbort). Ranks whose configs differ
+ * fail with mokInvalidArgument, ranks making different calls with mokInvalidUsage, both naming the
+ * field or the calls. A collective call whose arguments (or order) this rank rejects returns
+ * mokInvalidArgument (mokInvalidUsage) and, with world > 1, aborts the group: its peers return
+ * mokPeerAbort with its reason. Tensors are row-major and contiguous; bf16 tensors are passed as raw
+ * 16-bit words.
  */
 typedef struct mokLayer* mokLayer_t;
 
@@ -151,7 +155,7 @@ MOK_API mokStatus_t mokLayerGetSizes(const mokLayerConfig_t* config, mokLayerSiz
 typedef struct {
   size_t size; /* sizeof(mokLayerMemory_t), set by MOK_LAYER_MEMORY_INIT */
   /* Either: every rank's peer buffer (world pointers, this rank's at [rank]; peer_bytes each,
-     64-byte aligned, zero-filled before the group's first mokLayerCreate) ... */
+     64-byte aligned, any contents: an earlier group's buffers may be reused as they are) ... */
   void* const* peer_bases;
   /* ... or a POSIX shared-memory rendezvous name (ranks as processes on one host; 1..200 letters,
      digits, '_', '-', '.'); the segments are unlinked as soon as every rank has mapped them. */
@@ -235,9 +239,12 @@ typedef struct {
   int rank;           /* the rank that recorded it (this one) */
   char task[32];      /* the task that failed ("dispatch", "wgrad", ...), "" outside a task */
   int task_index;     /* its minibatch, tile or chunk; -1 outside a task */
-  char wait[48];      /* the wait that gave up ("closing barrier", ...) */
+  char wait[48];      /* the wait that gave up ("closing barrier", "group formation", ...) */
+  /* The message, where there is one: a differing config field or call, a wait's missing rank, or the
+     reason the rank that aborted the group gave ("rank 1 rejected its arguments: ..."); "" otherwise. */
+  char detail[256];
 } mokLayerError_t;
-#define MOK_LAYER_ERROR_INIT {sizeof(mokLayerError_t), mokSuccess, -1, {0}, -1, {0}}
+#define MOK_LAYER_ERROR_INIT {sizeof(mokLayerError_t), mokSuccess, -1, {0}, -1, {0}, {0}}
 
 /* The first failure this rank recorded (readable from any thread, also while a pass runs). */
 MOK_API mokStatus_t mokLayerGetError(mokLayer_t layer, mokLayerError_t* error);

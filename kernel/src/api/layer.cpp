@@ -32,9 +32,16 @@ int64_t per_token(mokLayer_t layer, int64_t width) {
   return static_cast<int64_t>(tokens_of(layer)) * width;
 }
 
-// What every pass checks first: a live context, and weights that fit its shape.
+// A collective call with a live context whose arguments break a rule: the group is told why (its
+// peers return mokPeerAbort with this message instead of waiting for this rank), nothing is written,
+// and this rank returns `status`.
+mokStatus_t rejected(mokLayer_t layer, mokStatus_t status) {
+  mok::host::reject(*layer->impl, status, mok::api::last_error_message());
+  return status;
+}
+
+// What every pass checks after the context: weights that fit its shape.
 mokStatus_t check_pass(mokLayer_t layer, const mokLayerWeights_t* weights, const char* func) {
-  if (mokStatus_t s = check_layer(layer, func); s != mokSuccess) return s;
   return mok::api::check_weights(weights, layer->impl->shape, func);
 }
 
@@ -85,39 +92,45 @@ MOK_API mokStatus_t mokLayerBuildSchedule(mokLayer_t layer, const void* topk_ids
   if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
   if (mokStatus_t s = mok::api::check_topk_ids(topk_ids, index_type, num_tokens, layer->impl->shape, __func__);
       s != mokSuccess)
-    return s;
+    return rejected(layer, s);
   return mok::host::build_schedule(*layer->impl, topk_ids, index_type == mokIndexInt64, num_tokens);
 }
 
 MOK_API mokStatus_t mokLayerForward(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x,
                                     const float* topk_weights, void* out) {
   mok::api::clear_error();
-  if (mokStatus_t s = check_pass(layer, weights, __func__); s != mokSuccess) return s;
+  if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
+  if (mokStatus_t s = check_pass(layer, weights, __func__); s != mokSuccess) return rejected(layer, s);
   int64_t th = per_token(layer, layer->impl->shape.hidden), tk = per_token(layer, layer->impl->shape.top_k);
-  if (mokStatus_t s = check_array(x, "x", th, 2, __func__); s != mokSuccess) return s;
-  if (mokStatus_t s = check_array(topk_weights, "topk_weights", tk, 4, __func__); s != mokSuccess) return s;
-  if (mokStatus_t s = check_array(out, "out", th, 2, __func__); s != mokSuccess) return s;
+  if (mokStatus_t s = check_array(x, "x", th, 2, __func__); s != mokSuccess) return rejected(layer, s);
+  if (mokStatus_t s = check_array(topk_weights, "topk_weights", tk, 4, __func__); s != mokSuccess)
+    return rejected(layer, s);
+  if (mokStatus_t s = check_array(out, "out", th, 2, __func__); s != mokSuccess) return rejected(layer, s);
   return mok::host::forward(*layer->impl, *weights, static_cast<const uint16_t*>(x), topk_weights,
                             static_cast<uint16_t*>(out), true);
 }
 
 MOK_API mokStatus_t mokLayerRecompute(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x) {
   mok::api::clear_error();
-  if (mokStatus_t s = check_pass(layer, weights, __func__); s != mokSuccess) return s;
+  if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
+  if (mokStatus_t s = check_pass(layer, weights, __func__); s != mokSuccess) return rejected(layer, s);
   if (mokStatus_t s = check_array(x, "x", per_token(layer, layer->impl->shape.hidden), 2, __func__); s != mokSuccess)
-    return s;
+    return rejected(layer, s);
   return mok::host::forward(*layer->impl, *weights, static_cast<const uint16_t*>(x), nullptr, nullptr, false);
 }
 
 MOK_API mokStatus_t mokLayerBackward(mokLayer_t layer, const mokLayerWeights_t* weights, const float* topk_weights,
                                      const void* dout, mokLayerGrads_t* grads) {
   mok::api::clear_error();
-  if (mokStatus_t s = check_pass(layer, weights, __func__); s != mokSuccess) return s;
+  if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
+  if (mokStatus_t s = check_pass(layer, weights, __func__); s != mokSuccess) return rejected(layer, s);
   const mok::core::LayerShape& shape = layer->impl->shape;
   int64_t th = per_token(layer, shape.hidden), tk = per_token(layer, shape.top_k);
-  if (mokStatus_t s = check_array(topk_weights, "topk_weights", tk, 4, __func__); s != mokSuccess) return s;
-  if (mokStatus_t s = check_array(dout, "dout", th, 2, __func__); s != mokSuccess) return s;
-  if (mokStatus_t s = mok::api::check_grads(grads, shape, tokens_of(layer), __func__); s != mokSuccess) return s;
+  if (mokStatus_t s = check_array(topk_weights, "topk_weights", tk, 4, __func__); s != mokSuccess)
+    return rejected(layer, s);
+  if (mokStatus_t s = check_array(dout, "dout", th, 2, __func__); s != mokSuccess) return rejected(layer, s);
+  if (mokStatus_t s = mok::api::check_grads(grads, shape, tokens_of(layer), __func__); s != mokSuccess)
+    return rejected(layer, s);
   return mok::host::backward(*layer->impl, *weights, topk_weights, static_cast<const uint16_t*>(dout), *grads);
 }
 
@@ -144,14 +157,14 @@ MOK_API mokStatus_t mokLayerGetError(mokLayer_t layer, mokLayerError_t* error) {
     *error = mokLayerError_t MOK_LAYER_ERROR_INIT;
     return mokSuccess;
   }
-  bool timeout = rec.outcome == static_cast<int32_t>(mok::core::Outcome::timeout);
-  error->status = timeout ? mokTimeout : mokPeerAbort;
+  error->status = mok::host::status_for(rec);
   error->rank = rec.rank;
   std::snprintf(error->task, sizeof(error->task), "%s", rec.task_kind < 0 ? "" : mok::core::task_name(rec.task_kind));
   error->task_index = rec.task_index;
   std::snprintf(
       error->wait, sizeof(error->wait), "%s",
       rec.wait == 0 ? "aborted by mokLayerAbort" : mok::core::wait_name(static_cast<mok::core::WaitId>(rec.wait)));
+  mok::host::error_detail(*layer->impl, rec, error->detail, sizeof(error->detail));
   return mokSuccess;
 }
 

@@ -40,7 +40,7 @@ MOK_HD inline const Task* take_task(const PassView& v, WorkerClass cls) {
 // A failed wait: recorded (first failure of this rank only), and every rank told to wind down.
 MOK_HD inline void fail_pass(const PassView& v, Failure f, const Task* task) {
   record_failure(v.error, f, v.s.rank, task ? static_cast<int>(task->kind) : -1, task ? task->index : -1);
-  raise_abort(v.headers, v.s.world);
+  raise_abort(v.headers, v.s.world, v.s.rank);
 }
 
 }  // namespace mok::core

@@ -1,11 +1,19 @@
 // How workers and ranks hand work to each other: counters with release/acquire at explicit scopes,
-// bounded waits with backoff that also watch an abort flag, barriers, and the error record.
+// bounded waits with backoff that also watch an abort flag, the group's formation, barriers, and the
+// error record.
 //
-// Counter rules (one producer class and one meaning each):
-//   peer header `barrier`  every rank adds 1 on every rank per barrier; monotonic for the life of the
-//                          group (a barrier's target is epoch * world), never reset;
-//   peer header `abort`    set to 1 by the first failing worker of any rank, on every rank; sticky;
-//   peer header `mapped`   shared-memory setup: each rank adds 1 once it has mapped this rank's buffer.
+// Peer-header words (the buffer may hold an earlier group's data or garbage: nothing in it is read
+// as this group's until its owner has shown, by acknowledging the reader's incarnation, that it
+// reset it):
+//   `incarnation`  the owner's fresh random 64-bit id, published at creation after the reset;
+//   `seen[r]`      the owner's copy of rank r's incarnation: r's acknowledgement test (single writer);
+//   `arrival`      the owner's latest barrier epoch and the call it entered from (single writer,
+//                  monotonic for the life of the group); a barrier waits until every peer's epoch
+//                  reaches its own;
+//   `abort`        any rank writes the owner's incarnation into it once the group is aborting; sticky;
+//   `reason`       why the owner aborted the group (e.g. the arguments it rejected), valid once
+//                  `reason_stamp` holds the owner's incarnation;
+//   `mapped`       shared-memory setup: each rank adds 1 once it has mapped this rank's buffer.
 //   The pass-local counters (ready, done, freed, stage, wgrad chain, queue heads) live in the rank's
 //   private workspace and are zeroed by the rank before its entry barrier; see core/pass.hpp.
 #pragma once
@@ -44,17 +52,49 @@ MOK_HD inline void group_shape(const LayerShape& s, int32_t* out) {
   for (int i = 0; i < kGroupShapeFields; ++i) out[i] = v[i];
 }
 
-// The start of every rank's peer buffer; one cache line per field so writers do not contend.
-struct PeerHeader {
-  alignas(64) uint64_t barrier;
-  alignas(64) uint32_t abort;
-  alignas(64) uint32_t mapped;
-  alignas(64) int32_t tokens;                    // this rank's token count, staged with its topk ids
-  alignas(64) int32_t shape[kGroupShapeFields];  // what every rank of the group must agree on
-};
-static_assert(sizeof(PeerHeader) <= 512, "the peer layout reserves 512 bytes for the header");
+// The calls that enter a barrier; every rank of the group makes the same sequence of them.
+enum class CallKind : uint32_t { none = 0, build_schedule, forward, recompute, backward, count };
 
-enum class Outcome : int32_t { ok = 0, timeout = 1, peer_abort = 2 };
+MOK_HD inline const char* call_name(uint32_t call) {
+  switch (static_cast<CallKind>(call)) {
+    case CallKind::build_schedule: return "mokLayerBuildSchedule";
+    case CallKind::forward: return "mokLayerForward";
+    case CallKind::recompute: return "mokLayerRecompute";
+    case CallKind::backward: return "mokLayerBackward";
+    default: break;
+  }
+  return "no call";
+}
+
+constexpr int kReasonBytes = 192;
+
+// The start of every rank's peer buffer; one cache line per polled word so writers do not contend.
+// The owner resets the group fields at creation (the buffer may hold an earlier group's data or
+// garbage), then publishes a fresh random incarnation. A peer trusts this header only once it shows
+// that peer's own incarnation in `seen`, which stale memory never does.
+struct PeerHeader {
+  alignas(64) uint64_t incarnation;       // owner: random and non-zero, published last at creation
+  alignas(64) uint64_t arrival;           // owner: (epoch << 8) | CallKind of the last barrier it entered
+  alignas(64) uint64_t abort;             // any rank: the owner's incarnation once the group is aborting
+  alignas(64) uint64_t reason_stamp;      // owner: its incarnation once `reason` says why it aborted the group
+  alignas(64) int32_t tokens;             // owner: its token count, staged with its topk ids
+  int32_t shape[kGroupShapeFields];       // owner: what every rank of the group must agree on
+  alignas(64) char reason[kReasonBytes];  // owner: e.g. the detail of the arguments it rejected
+  alignas(64) uint64_t seen[kMaxWorld];   // owner: seen[r] = rank r's incarnation as the owner last read it
+  // shared-memory setup (peer_memory.cpp): not reset by the owner at creation
+  alignas(64) uint32_t mapped;  // each rank adds 1 once it has mapped this rank's buffer
+};
+static_assert(sizeof(PeerHeader) <= kPeerHeaderBytes, "the peer layout reserves kPeerHeaderBytes for the header");
+
+enum class Outcome : int32_t {
+  ok = 0,
+  timeout = 1,
+  peer_abort = 2,
+  shape_mismatch = 3,      // a peer's published shape differs from this rank's (mokInvalidArgument)
+  call_mismatch = 4,       // a peer entered the same barrier from a different call (mokInvalidUsage)
+  rejected_arguments = 5,  // this rank rejected its call's arguments and aborted the group (mokInvalidArgument)
+  rejected_order = 6,      // this rank refused its call in this state and aborted the group (mokInvalidUsage)
+};
 
 // Which wait gave up: named in the error record.
 enum class WaitId : int32_t {
@@ -70,6 +110,8 @@ enum class WaitId : int32_t {
   shared_order,     // the shared expert's weight-gradient chunks run in token order
   stalled_worker,   // fault injection: a worker that stopped taking tasks
   earlier_abort,    // the group was already aborting when the call began
+  group_formation,  // the first collective call waits for every peer to acknowledge this rank
+  rejected_call,    // not a wait: the call's arguments or order were rejected
   count
 };
 
@@ -87,17 +129,21 @@ MOK_HD inline const char* wait_name(WaitId w) {
     case WaitId::shared_order: return "shared expert order";
     case WaitId::stalled_worker: return "stalled worker (fault injection)";
     case WaitId::earlier_abort: return "none: the group was aborted before this call";
+    case WaitId::group_formation: return "group formation";
+    case WaitId::rejected_call: return "none: the call was rejected";
     case WaitId::count: break;
   }
   return "unknown";
 }
 
+// `peer`: the rank a barrier or the formation waited for, or the one that differed (-1: none).
 struct Failure {
   Outcome outcome;
   WaitId wait;
+  int32_t peer = -1;
   MOK_HD bool ok() const { return outcome == Outcome::ok; }
 };
-constexpr Failure kNoFailure{Outcome::ok, WaitId::none};
+constexpr Failure kNoFailure{Outcome::ok, WaitId::none, -1};
 
 // Written once, by the first failure on this rank; the host reads it after the pass.
 struct ErrorRecord {
@@ -108,9 +154,12 @@ struct ErrorRecord {
   int32_t task_kind;   // TaskKind, -1 outside a task (barriers)
   int32_t task_index;  // the task's minibatch, tile or chunk
   int32_t wait;        // WaitId
+  int32_t peer;        // Failure::peer
+  char detail[256];    // the message, where the host wrote one ("" otherwise)
 };
 
-MOK_HD inline void record_failure(ErrorRecord* rec, Failure f, int rank, int task_kind, int task_index) {
+MOK_HD inline void record_failure(ErrorRecord* rec, Failure f, int rank, int task_kind, int task_index,
+                                  const char* detail = nullptr) {
   int32_t expected = 0;
   if (!DeviceAtomic<int32_t>(rec->claimed).compare_exchange_strong(expected, 1)) return;
   rec->outcome = static_cast<int32_t>(f.outcome);
@@ -118,6 +167,10 @@ MOK_HD inline void record_failure(ErrorRecord* rec, Failure f, int rank, int tas
   rec->task_kind = task_kind;
   rec->task_index = task_index;
   rec->wait = static_cast<int32_t>(f.wait);
+  rec->peer = f.peer;
+  int n = 0;
+  for (; detail && detail[n] && n + 1 < static_cast<int>(sizeof(rec->detail)); ++n) rec->detail[n] = detail[n];
+  rec->detail[n] = '\0';
   DeviceAtomic<int32_t>(rec->published).store(1, cuda::std::memory_order_release);
 }
 
@@ -130,13 +183,126 @@ MOK_HD inline bool read_record(ErrorRecord* rec, ErrorRecord* copy) {
   return true;
 }
 
-MOK_HD inline bool abort_seen(PeerHeader* own) {
-  return SystemAtomic<uint32_t>(own->abort).load(cuda::std::memory_order_acquire) != 0;
+// ---- the group: incarnations, acknowledgements, abort -------------------------------------------
+// Formation and abort use sequentially consistent accesses: a rank that acknowledges a peer and
+// then looks at the peer's abort word, and a peer that raises its abort and then looks for that
+// acknowledgement, must not both miss the other's store.
+
+MOK_HD inline uint64_t load_word(uint64_t& w) {
+  return SystemAtomic<uint64_t>(w).load(cuda::std::memory_order_seq_cst);
+}
+MOK_HD inline void store_word(uint64_t& w, uint64_t v) {
+  SystemAtomic<uint64_t>(w).store(v, cuda::std::memory_order_seq_cst);
 }
 
-// Tell every rank (this one included) to wind down.
-MOK_HD inline void raise_abort(PeerHeader* const* headers, int world) {
-  for (int r = 0; r < world; ++r) SystemAtomic<uint32_t>(headers[r]->abort).store(1, cuda::std::memory_order_release);
+// The owner, at creation: reset every group field, publish the shape, then the incarnation.
+MOK_HD inline void reset_header(PeerHeader* own, const int32_t* shape, uint64_t incarnation) {
+  store_word(own->incarnation, 0);
+  store_word(own->arrival, 0);
+  store_word(own->abort, 0);
+  store_word(own->reason_stamp, 0);
+  for (int r = 0; r < kMaxWorld; ++r) store_word(own->seen[r], 0);
+  own->tokens = 0;
+  for (int i = 0; i < kGroupShapeFields; ++i) own->shape[i] = shape[i];
+  own->reason[0] = '\0';
+  store_word(own->incarnation, incarnation);
+}
+
+// Peer q's header belongs to this group: q reset it and acknowledged this rank's incarnation.
+MOK_HD inline bool joined(PeerHeader* const* headers, int rank, int q) {
+  return q == rank || load_word(headers[q]->seen[rank]) == load_word(headers[rank]->incarnation);
+}
+
+// Copy every peer's published incarnation into the own `seen` (a stale one is harmless: its owner
+// finds no acknowledgement in it).
+MOK_HD inline void acknowledge(PeerHeader* const* headers, int world, int rank) {
+  PeerHeader* own = headers[rank];
+  for (int q = 0; q < world; ++q) {
+    uint64_t inc = load_word(headers[q]->incarnation);
+    if (load_word(own->seen[q]) != inc) store_word(own->seen[q], inc);
+  }
+}
+
+// Peer q (of this group) is aborting: its own abort word carries its incarnation.
+MOK_HD inline bool peer_aborting(PeerHeader* const* headers, int q) {
+  uint64_t inc = load_word(headers[q]->incarnation);
+  return inc != 0 && load_word(headers[q]->abort) == inc;
+}
+
+MOK_HD inline bool abort_seen(PeerHeader* own) {
+  uint64_t inc = SystemAtomic<uint64_t>(own->incarnation).load(cuda::std::memory_order_relaxed);
+  return SystemAtomic<uint64_t>(own->abort).load(cuda::std::memory_order_acquire) == inc && inc != 0;
+}
+
+// Tell every rank (this one included) to wind down. A peer that has not acknowledged this rank yet
+// is not written (its header may still be stale and about to be reset); it sees this rank's own
+// abort word when it acknowledges.
+MOK_HD inline void raise_abort(PeerHeader* const* headers, int world, int rank) {
+  store_word(headers[rank]->abort, load_word(headers[rank]->incarnation));
+  for (int q = 0; q < world; ++q)
+    if (q != rank && joined(headers, rank, q)) store_word(headers[q]->abort, load_word(headers[q]->incarnation));
+}
+
+// The first shape field in which peer q differs from this rank, or -1.
+MOK_HD inline int differing_field(PeerHeader* const* headers, int rank, int q) {
+  for (int i = 0; i < kGroupShapeFields; ++i)
+    if (headers[q]->shape[i] != headers[rank]->shape[i]) return i;
+  return -1;
+}
+
+// Every peer this rank waits for has joined: peers below `need`, or -1 when all have.
+MOK_HD inline int first_missing(PeerHeader* const* headers, int need, int rank) {
+  for (int q = 0; q < need; ++q)
+    if (!joined(headers, rank, q)) return q;
+  return -1;
+}
+
+// Wait (bounded) until every peer has joined, acknowledging them meanwhile; then acknowledge once
+// more, so that every peer trusts this header too. A rank that leaves the formation early (it
+// rejected its call) does this first, so that no peer misses its verdict. Returns the peer that
+// never joined, or -1.
+MOK_HD inline int await_joined(PeerHeader* const* headers, int world, int rank, uint64_t timeout_ns) {
+  uint64_t start = now_ns();
+  Backoff backoff;
+  for (;;) {
+    acknowledge(headers, world, rank);
+    int missing = first_missing(headers, world, rank);
+    if (missing < 0 || now_ns() - start > timeout_ns) return acknowledge(headers, world, rank), missing;
+    backoff.pause();
+  }
+}
+
+// The agreement wait of a rank's first collective call: every peer has reset its header and
+// acknowledged this rank, and every peer's shape equals this rank's (Failure::peer names one that
+// differs). An aborting peer fails it at once. A differing shape is reported once every peer has
+// joined, so that each sees this rank's verdict, or at once for ranks that a peer with a smaller
+// `world` does not count; a missing peer runs out the timeout.
+MOK_HD inline Failure form_group(PeerHeader* const* headers, int world, int rank, uint64_t timeout_ns) {
+  const WaitId what = WaitId::group_formation;
+  uint64_t start = now_ns();
+  Backoff backoff;
+  for (;;) {
+    acknowledge(headers, world, rank);
+    if (abort_seen(headers[rank])) return Failure{Outcome::peer_abort, what, rank};
+    int need = world, differs = -1;
+    for (int q = 0; q < world; ++q) {
+      if (!joined(headers, rank, q)) continue;
+      if (peer_aborting(headers, q)) return Failure{Outcome::peer_abort, what, q};
+      if (differing_field(headers, rank, q) < 0) continue;
+      differs = differs < 0 ? q : differs;
+      need = headers[q]->shape[0] < need ? headers[q]->shape[0] : need;  // shape[0]: world, 1..72
+    }
+    int missing = first_missing(headers, need, rank);
+    if (missing < 0) {
+      acknowledge(headers, world, rank);
+      for (int q = 0; q < world; ++q)
+        if (joined(headers, rank, q) && peer_aborting(headers, q)) return Failure{Outcome::peer_abort, what, q};
+      return differs < 0 ? kNoFailure : Failure{Outcome::shape_mismatch, what, differs};
+    }
+    if (now_ns() - start > timeout_ns)
+      return differs < 0 ? Failure{Outcome::timeout, what, missing} : Failure{Outcome::shape_mismatch, what, differs};
+    backoff.pause();
+  }
 }
 
 // Wait until `ready()` holds, the abort flag is seen, or `timeout_ns` passes. `ready` must do its own
@@ -169,16 +335,41 @@ MOK_HD inline void bump(uint32_t* counter) {
   DeviceAtomic<uint32_t>(*counter).fetch_add(1, cuda::std::memory_order_acq_rel);
 }
 
-// Barrier number `epoch` (1, 2, ...) of the group: every rank's writes before it are visible to
-// every rank after it.
-MOK_HD inline Failure barrier(PeerHeader* const* headers, int world, int rank, uint64_t epoch, uint64_t timeout_ns,
-                              WaitId what) {
-  for (int r = 0; r < world; ++r)
-    SystemAtomic<uint64_t>(headers[r]->barrier).fetch_add(1, cuda::std::memory_order_release);
-  SystemAtomic<uint64_t> mine(headers[rank]->barrier);
-  uint64_t target = epoch * static_cast<uint64_t>(world);
-  return wait_for([&] { return mine.load(cuda::std::memory_order_acquire) >= target; }, headers[rank], timeout_ns,
-                  what);
+MOK_HD inline uint64_t arrival_word(uint64_t epoch, CallKind call) {
+  return epoch << 8 | static_cast<uint64_t>(call);
+}
+
+// Barrier number `epoch` (1, 2, ...) of a formed group, entered from `call`: every rank's writes
+// before it are visible to every rank after it. Arrivals are single-writer: each rank stores its
+// own epoch, so no rank ever resets a word a peer writes. A peer at the same epoch from another call
+// fails the barrier at once (call_mismatch; Failure::peer names it); a timeout names a peer that
+// did not arrive. Unlike other waits, a barrier every rank has reached completes even when an abort
+// was raised since (a failed rank never arrives): a rank that passed it and then aborted the group
+// (it rejected its next call) does not fail a call its peers completed too.
+MOK_HD inline Failure barrier(PeerHeader* const* headers, int world, int rank, uint64_t epoch, CallKind call,
+                              uint64_t timeout_ns, WaitId what) {
+  SystemAtomic<uint64_t>(headers[rank]->arrival).store(arrival_word(epoch, call), cuda::std::memory_order_release);
+  uint64_t start = now_ns();
+  Backoff backoff;
+  for (int next = 0;;) {  // peers before `next` have arrived
+    for (; next < world; ++next) {
+      uint64_t a = SystemAtomic<uint64_t>(headers[next]->arrival).load(cuda::std::memory_order_acquire);
+      if (a >> 8 < epoch) break;
+      // Past this epoch, the peer completed this barrier, so it entered it from this call too.
+      if (a >> 8 == epoch && (a & 0xff) != static_cast<uint64_t>(call))
+        return Failure{Outcome::call_mismatch, what, next};
+    }
+    if (next == world) return kNoFailure;
+    if (abort_seen(headers[rank])) return Failure{Outcome::peer_abort, what, -1};
+    if (now_ns() - start > timeout_ns) return Failure{Outcome::timeout, what, next};
+    backoff.pause();
+  }
+}
+
+// The call peer q entered its latest barrier from.
+MOK_HD inline uint32_t arrival_call(PeerHeader* const* headers, int q) {
+  return static_cast<uint32_t>(SystemAtomic<uint64_t>(headers[q]->arrival).load(cuda::std::memory_order_acquire) &
+                               0xff);
 }
 
 }  // namespace mok::core

@@ -11,6 +11,7 @@ namespace mok::core {
 
 constexpr int kMaxWorld = 72;
 constexpr size_t kAlign = 64;
+constexpr size_t kPeerHeaderBytes = 4096;  // room for core::PeerHeader (protocol.hpp)
 
 struct LayerShape {
   int world, rank;
@@ -57,7 +58,10 @@ struct Carver {
   MOK_HD size_t total() const { return align_up(used, kAlign); }
 };
 
-// The peer-visible buffer of one rank. Peers read its inputs and write its slots.
+// The peer-visible buffer of one rank. Peers read its inputs and write its slots. Nothing in it needs
+// to be zero when a group is created: the owner resets its header, and every other range is written
+// (inputs by the owner before the barrier that publishes them, slots by the combine of every routed
+// (token, k)) before it is read.
 struct PeerLayout {
   size_t header;        // PeerHeader
   size_t topk_ids;      // int32 [max_tokens, K], staged by schedule builds
@@ -73,7 +77,7 @@ MOK_HD inline PeerLayout peer_layout(const LayerShape& s) {
   Carver c;
   PeerLayout p{};
   size_t t = static_cast<size_t>(s.max_tokens), k = static_cast<size_t>(s.top_k), h = static_cast<size_t>(s.hidden);
-  p.header = c.take(512);
+  p.header = c.take(kPeerHeaderBytes);
   p.topk_ids = c.take(t * k * 4);
   p.topk_weights = c.take(t * k * 4);
   p.x = c.take(t * h * 2);

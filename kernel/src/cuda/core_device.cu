@@ -55,12 +55,23 @@ __global__ void run_workers(core::PassView view, int comm_ctas) {
 
 // The group barrier over peer memory (system-scope release/acquire).
 __global__ void group_barrier(core::PeerHeader* const* headers, int world, int rank, uint64_t epoch,
-                              uint64_t timeout_ns, core::ErrorRecord* error) {
+                              core::CallKind call, uint64_t timeout_ns, core::ErrorRecord* error) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  core::Failure f = core::barrier(headers, world, rank, epoch, timeout_ns, core::WaitId::entry_barrier);
+  core::Failure f = core::barrier(headers, world, rank, epoch, call, timeout_ns, core::WaitId::entry_barrier);
   if (!f.ok()) {
     core::record_failure(error, f, rank, -1, -1);
-    core::raise_abort(headers, world);
+    if (f.outcome != core::Outcome::call_mismatch) core::raise_abort(headers, world, rank);
+  }
+}
+
+// The agreement wait of a group's first collective call (once per context).
+__global__ void form_group(core::PeerHeader* const* headers, int world, int rank, uint64_t timeout_ns,
+                           core::ErrorRecord* error) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  core::Failure f = core::form_group(headers, world, rank, timeout_ns);
+  if (!f.ok()) {
+    core::record_failure(error, f, rank, -1, -1);
+    if (f.outcome != core::Outcome::shape_mismatch) core::raise_abort(headers, world, rank);
   }
 }
 

@@ -3,6 +3,8 @@
 #include "host/layer.hpp"
 
 #include <pthread.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -10,6 +12,7 @@
 #include <new>
 
 #include "api/error.hpp"
+#include "core/protocol.hpp"
 
 namespace mok::host {
 namespace {
@@ -123,15 +126,6 @@ void run_workers(Layer& l, const core::PassView& v) {
     if (started[i]) pthread_join(workers[i].thread, nullptr);
 }
 
-mokStatus_t status_of(Layer& l, const char* func) {
-  core::ErrorRecord e{};
-  core::read_record(&l.error, &e);
-  mokStatus_t s = e.outcome == static_cast<int32_t>(core::Outcome::timeout) ? mokTimeout : mokPeerAbort;
-  return api::fail(s, "%s: rank %d: %s (task %s %d, wait '%s')", func, e.rank,
-                   s == mokTimeout ? "a wait ran out" : "the pass was aborted", core::task_name(e.task_kind),
-                   e.task_index, core::wait_name(static_cast<WaitId>(e.wait)));
-}
-
 bool failed(Layer& l) {
   core::ErrorRecord e;
   return core::read_record(&l.error, &e);
@@ -141,14 +135,119 @@ bool group_aborted(Layer& l) {
   return failed(l) || core::abort_seen(l.headers[l.shape.rank]);
 }
 
+// How a rank's call fails: its own record, and the reason a peer left in its header, if any.
+mokStatus_t status_of(Layer& l, const char* func) {
+  core::ErrorRecord e{};
+  core::read_record(&l.error, &e);
+  char detail[512];
+  error_detail(l, e, detail, sizeof(detail));
+  mokStatus_t s = status_for(e);
+  if (detail[0] != '\0') return api::fail(s, "%s: %s", func, detail);
+  return api::fail(s, "%s: rank %d: %s (task %s %d, wait '%s')", func, e.rank,
+                   s == mokTimeout ? "a wait ran out" : "the pass was aborted", core::task_name(e.task_kind),
+                   e.task_index, core::wait_name(static_cast<WaitId>(e.wait)));
+}
+
+// Before the group has formed, peers cannot trust this header yet: wait (bounded) until each has
+// joined, then abort them too, so that none waits for this rank.
+void tell_unformed_peers(Layer& l) {
+  if (l.formed || l.shape.world == 1) return;
+  if (core::await_joined(l.headers, l.shape.world, l.shape.rank, l.timeout_ns) < 0) l.formed = true;
+  core::raise_abort(l.headers, l.shape.world, l.shape.rank);
+}
+
 mokStatus_t aborted_earlier(Layer& l, const char* func) {
   core::record_failure(&l.error, Failure{core::Outcome::peer_abort, WaitId::earlier_abort}, l.shape.rank, -1, -1);
+  if (core::abort_seen(l.headers[l.shape.rank])) tell_unformed_peers(l);  // e.g. mokLayerAbort before any call
+  if (const char* reason = peer_reason(l))
+    return api::fail(mokPeerAbort, "%s: the group was aborted: %s; create new contexts", func, reason);
   return api::fail(mokPeerAbort, "%s: the group was aborted (this or an earlier call); create new contexts", func);
 }
 
-// Collective step shared by every call: enter, (work), leave.
-Failure group_barrier(Layer& l, WaitId what) {
-  return core::barrier(l.headers, l.shape.world, l.shape.rank, ++l.epoch, l.timeout_ns, what);
+// A group shape field as its config value: swiglu_limit is compared as float bits.
+void field_value(int field, int32_t bits, char* out, size_t n) {
+  if (field != core::kGroupShapeFields - 1) {
+    std::snprintf(out, n, "%d", bits);
+    return;
+  }
+  float limit;
+  std::memcpy(&limit, &bits, 4);
+  std::snprintf(out, n, "%g", static_cast<double>(limit));
+}
+
+// The message of a failure outside the workers (formation, barriers), as every rank can word it.
+void describe(Layer& l, Failure f, core::CallKind call, char* out, size_t n) {
+  int me = l.shape.rank, q = f.peer;
+  const char* wait = core::wait_name(f.wait);
+  switch (f.outcome) {
+    case core::Outcome::shape_mismatch: {
+      int i = core::differing_field(l.headers, me, q);
+      int32_t mine = l.headers[me]->shape[i], theirs = l.headers[q]->shape[i];
+      char a[32], b[32];
+      field_value(i, mine, a, sizeof(a));
+      field_value(i, theirs, b, sizeof(b));
+      std::snprintf(out, n,
+                    "argument 'config.%s' differs between rank %d (%s) and rank %d (%s); every rank of a group "
+                    "needs the same value",
+                    core::group_shape_field(i), me, a, q, b);
+      return;
+    }
+    case core::Outcome::call_mismatch:
+      std::snprintf(out, n,
+                    "rank %d called %s while rank %d called %s (%s); every rank must make the same sequence of "
+                    "collective calls",
+                    me, core::call_name(static_cast<uint32_t>(call)), q,
+                    core::call_name(core::arrival_call(l.headers, q)), wait);
+      return;
+    case core::Outcome::timeout:
+      if (f.wait == WaitId::group_formation)
+        std::snprintf(out, n,
+                      "rank %d: wait 'group formation' ran out: rank %d did not acknowledge this rank (no collective "
+                      "call of its context yet, or other peer buffers)",
+                      me, q);
+      else
+        std::snprintf(out, n, "rank %d: wait '%s' ran out: rank %d did not arrive", me, wait, q);
+      return;
+    default: out[0] = '\0'; return;
+  }
+}
+
+// A failure of the group outside the workers: recorded with its message. A timeout or an abort is
+// passed on to every rank; a mismatch is not: every rank finds it itself, and an abort could reach a
+// peer before it sees the mismatch and hide the message.
+mokStatus_t fail_group(Layer& l, Failure f, core::CallKind call, const char* func) {
+  char detail[256];
+  describe(l, f, call, detail, sizeof(detail));
+  core::record_failure(&l.error, f, l.shape.rank, -1, -1, detail);
+  if (f.outcome == core::Outcome::timeout || f.outcome == core::Outcome::peer_abort)
+    core::raise_abort(l.headers, l.shape.world, l.shape.rank);
+  return status_of(l, func);
+}
+
+// The first collective call's agreement wait (once per context), then the barrier of `call`.
+Failure group_barrier(Layer& l, WaitId what, core::CallKind call) {
+  if (!l.formed) {
+    Failure f = core::form_group(l.headers, l.shape.world, l.shape.rank, l.timeout_ns);
+    if (!f.ok()) return f;
+    l.formed = true;
+  }
+  return core::barrier(l.headers, l.shape.world, l.shape.rank, ++l.epoch, call, l.timeout_ns, what);
+}
+
+uint64_t fresh_incarnation(int rank) {
+  uint64_t v = 0;
+  if (getrandom(&v, sizeof(v), 0) != static_cast<ssize_t>(sizeof(v))) v = 0;
+  // Mixed with the clock, process and rank, so that even a failed getrandom gives distinct values.
+  uint64_t z = v ^ core::now_ns() ^ (static_cast<uint64_t>(getpid()) << 32) ^ static_cast<uint64_t>(rank);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return z ? z : 1;
+}
+
+core::CallKind call_of(PassKind kind) {
+  if (kind == PassKind::backward) return core::CallKind::backward;
+  return kind == PassKind::recompute ? core::CallKind::recompute : core::CallKind::forward;
 }
 
 // The pass proper: counters zeroed, task graph laid out, barrier, workers, barrier.
@@ -160,16 +259,14 @@ mokStatus_t run_pass(Layer& l, const core::PassView& v, const char* func) {
   pv.graph = g;
   // A rank that failed does not arrive at later barriers: an arrival could complete a barrier its
   // peers are still waiting in. They see the abort flag instead.
-  Failure f = group_barrier(l, WaitId::entry_barrier);
-  if (f.ok())
-    run_workers(l, pv);
-  else
-    core::fail_pass(pv, f, nullptr);
-  if (!failed(l)) {
-    f = group_barrier(l, WaitId::closing_barrier);
-    if (!f.ok()) core::fail_pass(pv, f, nullptr);
-  }
-  return failed(l) ? status_of(l, func) : mokSuccess;
+  core::CallKind call = call_of(v.kind);
+  Failure f = group_barrier(l, WaitId::entry_barrier, call);
+  if (!f.ok()) return fail_group(l, f, call, func);
+  run_workers(l, pv);
+  if (failed(l)) return status_of(l, func);
+  f = group_barrier(l, WaitId::closing_barrier, call);
+  if (!f.ok()) return fail_group(l, f, call, func);
+  return mokSuccess;
 }
 
 void copy_rows(const void* src, size_t bytes, void* dst) {
@@ -187,22 +284,10 @@ void write_grad(const float* acc, size_t n, int accumulate, void* dst) {
   }
 }
 
-// Every rank published its shape at creation; after the first schedule barrier all are visible.
-// A mismatch is seen by every rank (each differs from someone), so all fail alike and stop here,
-// without an abort (which could overtake a peer still in the barrier). Until a schedule is built,
-// no pass can run.
-mokStatus_t check_group_shape(Layer& l, const char* func) {
-  int32_t mine[core::kGroupShapeFields];
-  core::group_shape(l.shape, mine);
-  for (int r = 0; r < l.shape.world; ++r)
-    for (int i = 0; i < core::kGroupShapeFields; ++i)
-      if (l.headers[r]->shape[i] != mine[i]) {
-        return api::fail(mokInvalidArgument,
-                         "%s: argument 'config.%s' differs between rank %d and rank %d; every "
-                         "rank of a group needs the same value",
-                         func, core::group_shape_field(i), l.shape.rank, r);
-      }
-  return mokSuccess;
+// A call refused on this rank (wrong order): the peers are told, as for rejected arguments.
+mokStatus_t refuse(Layer& l, mokStatus_t status) {
+  reject(l, status, api::last_error_message());
+  return status;
 }
 
 }  // namespace
@@ -224,7 +309,9 @@ mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mok
     return s;
   }
   for (int r = 0; r < shape.world; ++r) l->headers[r] = reinterpret_cast<core::PeerHeader*>(l->memory.base(r));
-  core::group_shape(shape, l->headers[shape.rank]->shape);
+  int32_t group_shape[core::kGroupShapeFields];
+  core::group_shape(shape, group_shape);
+  core::reset_header(l->headers[shape.rank], group_shape, fresh_incarnation(shape.rank));
   *out = l;
   return mokSuccess;
 }
@@ -242,25 +329,20 @@ mokStatus_t build_schedule(Layer& l, const void* topk_ids, bool int64_ids, int t
   l.tokens = tokens;
   l.has_schedule = l.has_context = false;
   core::PassView v = view_of(l, PassKind::forward);
-  Failure f = group_barrier(l, WaitId::schedule_barrier);
-  if (f.ok())
-    if (mokStatus_t s = check_group_shape(l, func); s != mokSuccess) return s;
-  if (f.ok()) {
-    const int32_t* all_ids[core::kMaxWorld];
-    int32_t all_tokens[core::kMaxWorld];
-    for (int r = 0; r < l.shape.world; ++r) {
-      all_ids[r] = reinterpret_cast<const int32_t*>(l.memory.base(r) + l.peer.topk_ids);
-      all_tokens[r] = l.headers[r]->tokens;
-    }
-    core::Schedule s = v.sched;
-    core::build_schedule(l.shape, core::Routing{all_ids, all_tokens}, s);
-    l.total_rows = s.total_rows;
-    f = group_barrier(l, WaitId::schedule_barrier);
+  const core::CallKind call = core::CallKind::build_schedule;
+  Failure f = group_barrier(l, WaitId::schedule_barrier, call);
+  if (!f.ok()) return fail_group(l, f, call, func);
+  const int32_t* all_ids[core::kMaxWorld];
+  int32_t all_tokens[core::kMaxWorld];
+  for (int r = 0; r < l.shape.world; ++r) {
+    all_ids[r] = reinterpret_cast<const int32_t*>(l.memory.base(r) + l.peer.topk_ids);
+    all_tokens[r] = l.headers[r]->tokens;
   }
-  if (!f.ok()) {
-    core::fail_pass(v, f, nullptr);
-    return status_of(l, func);
-  }
+  core::Schedule s = v.sched;
+  core::build_schedule(l.shape, core::Routing{all_ids, all_tokens}, s);
+  l.total_rows = s.total_rows;
+  f = group_barrier(l, WaitId::schedule_barrier, call);
+  if (!f.ok()) return fail_group(l, f, call, func);
   l.has_schedule = true;
   return mokSuccess;
 }
@@ -268,8 +350,8 @@ mokStatus_t build_schedule(Layer& l, const void* topk_ids, bool int64_ids, int t
 mokStatus_t forward(Layer& l, const mokLayerWeights_t& weights, const uint16_t* x, const float* topk_weights,
                     uint16_t* out, bool with_output) {
   const char* func = with_output ? "mokLayerForward" : "mokLayerRecompute";
-  if (!l.has_schedule) return api::fail(mokInvalidUsage, "%s: call mokLayerBuildSchedule first", func);
   if (group_aborted(l)) return aborted_earlier(l, func);
+  if (!l.has_schedule) return refuse(l, api::fail(mokInvalidUsage, "%s: call mokLayerBuildSchedule first", func));
   size_t th = static_cast<size_t>(l.tokens) * l.shape.hidden;
   copy_rows(x, th * 2, own_at<uint16_t>(l, l.peer.x));
   core::PassView v = view_of(l, with_output ? PassKind::forward : PassKind::recompute);
@@ -285,9 +367,10 @@ mokStatus_t forward(Layer& l, const mokLayerWeights_t& weights, const uint16_t* 
 mokStatus_t backward(Layer& l, const mokLayerWeights_t& weights, const float* topk_weights, const uint16_t* dout,
                      const mokLayerGrads_t& grads) {
   const char* func = "mokLayerBackward";
-  if (!l.has_context)
-    return api::fail(mokInvalidUsage, "%s: needs a mokLayerForward or mokLayerRecompute since the last schedule", func);
   if (group_aborted(l)) return aborted_earlier(l, func);
+  if (!l.has_context)
+    return refuse(l, api::fail(mokInvalidUsage,
+                               "%s: needs a mokLayerForward or mokLayerRecompute since the last schedule", func));
   size_t tk = static_cast<size_t>(l.tokens) * l.shape.top_k, th = static_cast<size_t>(l.tokens) * l.shape.hidden;
   copy_rows(dout, th * 2, own_at<uint16_t>(l, l.peer.dout));
   copy_rows(topk_weights, tk * 4, own_at<float>(l, l.peer.topk_weights));
@@ -324,7 +407,54 @@ mokStatus_t get_slots(Layer& l, uint16_t* y_slots) {
 
 void abort(Layer& l) {
   core::record_failure(&l.error, core::Failure{core::Outcome::peer_abort, WaitId::none}, l.shape.rank, -1, -1);
-  core::raise_abort(l.headers, l.shape.world);
+  core::raise_abort(l.headers, l.shape.world, l.shape.rank);
+}
+
+// The reason is written before the abort is raised, so a peer that sees the abort finds it.
+void reject(Layer& l, mokStatus_t status, const char* detail) {
+  // A group of one has no peer to tell, so its context stays usable; and in an aborting group the
+  // first reason stands.
+  if (l.shape.world == 1 || group_aborted(l)) return;
+  int me = l.shape.rank;
+  core::PeerHeader* own = l.headers[me];
+  bool usage = status == mokInvalidUsage;
+  std::snprintf(own->reason, sizeof(own->reason), "rank %d rejected its %s: %s", me, usage ? "call" : "arguments",
+                detail);
+  core::store_word(own->reason_stamp, core::load_word(own->incarnation));
+  auto outcome = usage ? core::Outcome::rejected_order : core::Outcome::rejected_arguments;
+  core::record_failure(&l.error, Failure{outcome, WaitId::rejected_call}, me, -1, -1, detail);
+  core::raise_abort(l.headers, l.shape.world, me);
+  tell_unformed_peers(l);
+}
+
+const char* peer_reason(Layer& l) {
+  for (int q = 0; q < l.shape.world; ++q) {
+    core::PeerHeader* h = l.headers[q];
+    if (q != l.shape.rank && core::joined(l.headers, l.shape.rank, q) &&
+        core::load_word(h->reason_stamp) == core::load_word(h->incarnation))
+      return h->reason;
+  }
+  return nullptr;
+}
+
+mokStatus_t status_for(const core::ErrorRecord& e) {
+  switch (static_cast<core::Outcome>(e.outcome)) {
+    case core::Outcome::ok: return mokSuccess;
+    case core::Outcome::timeout: return mokTimeout;
+    case core::Outcome::shape_mismatch: return mokInvalidArgument;
+    case core::Outcome::call_mismatch: return mokInvalidUsage;
+    case core::Outcome::rejected_arguments: return mokInvalidArgument;
+    case core::Outcome::rejected_order: return mokInvalidUsage;
+    default: return mokPeerAbort;
+  }
+}
+
+void error_detail(Layer& l, const core::ErrorRecord& e, char* out, size_t n) {
+  const char* reason = e.outcome == static_cast<int32_t>(core::Outcome::peer_abort) ? peer_reason(l) : nullptr;
+  if (e.detail[0] != '\0' && reason)
+    std::snprintf(out, n, "%s; %s", reason, e.detail);
+  else
+    std::snprintf(out, n, "%s", e.detail[0] != '\0' ? e.detail : (reason ? reason : ""));
 }
 
 }  // namespace mok::host

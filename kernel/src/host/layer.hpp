@@ -1,6 +1,7 @@
 // The host executor: one rank's layer context, running core/'s task graph with CPU threads.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "core/pass.hpp"
@@ -24,6 +25,7 @@ struct Layer {
   int64_t total_rows = 0;  // rows this rank receives in the current schedule, padding included
   bool has_schedule = false;
   bool has_context = false;  // a forward or recompute ran on the current schedule
+  bool formed = false;       // every peer acknowledged this context (the first collective call's wait)
   core::ErrorRecord error{};
   int64_t stall_after_tasks = -1;  // fault injection (MOK_HOST_FAULT_STALL), -1 = off
 };
@@ -41,6 +43,17 @@ mokStatus_t backward(Layer& layer, const mokLayerWeights_t& weights, const float
 // This rank's y slots [tokens, K, H] of the current context (zeros for -1 routes).
 mokStatus_t get_slots(Layer& layer, uint16_t* y_slots);
 void abort(Layer& layer);
+
+// A collective call this rank refuses (its arguments, or its order): `detail` becomes the reason
+// every peer reads, and the group is aborted so that no peer waits for this rank. Nothing else is
+// written; the caller returns `status` with its own message.
+void reject(Layer& layer, mokStatus_t status, const char* detail);
+
+// The status a recorded failure stands for, and its message: the record's own, and the reason a
+// peer that aborted the group left in its header (nullptr from peer_reason when none did).
+mokStatus_t status_for(const core::ErrorRecord& record);
+void error_detail(Layer& layer, const core::ErrorRecord& record, char* out, size_t n);
+const char* peer_reason(Layer& layer);
 
 // fp32 GEMM operands from the caller's weights (bf16, or MXFP8 rowwise and colwise).
 core::StagedWeights stage_weights(const Layer& layer, const mokLayerWeights_t& weights);
