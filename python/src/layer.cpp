@@ -150,6 +150,7 @@ class Layer {
     d["task"] = std::string(e.task);
     d["task_index"] = e.task_index;
     d["wait"] = std::string(e.wait);
+    d["detail"] = std::string(e.detail);
     return d;
   }
 
