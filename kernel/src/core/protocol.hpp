@@ -51,6 +51,17 @@ struct PeerHeader {
   alignas(64) uint32_t mapped;
   alignas(64) int32_t tokens;                    // this rank's token count, staged with its topk ids
   alignas(64) int32_t shape[kGroupShapeFields];  // what every rank of the group must agree on
+
+  // shared-memory setup (host/peer_memory.cpp): written by the segment's creator before the segment
+  // gets its name, then changed only through atomics. Unused with caller-given peer bases.
+  alignas(64) uint32_t setup_magic;  // host::kSegmentMagic: a libmok segment with this header
+  uint32_t setup_state;              // host::SegmentState: open, sealed, poisoned or failed
+  int32_t setup_owner;               // pid of the creator
+  int32_t setup_collider;            // pid of a process that met this segment's name in use
+  uint32_t setup_seen;               // peers that have inspected this header
+  uint64_t setup_bytes;              // the segment's size
+  uint64_t setup_nonce;              // random: this incarnation of the name
+  uint64_t setup_group;              // hash of the nonces its creator mapped, rank by rank; 0 before
 };
 static_assert(sizeof(PeerHeader) <= 512, "the peer layout reserves 512 bytes for the header");
 

@@ -218,8 +218,7 @@ mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mok
   l->stall_after_tasks = stall_from_env(shape.rank);
   if (memory.peer_bases) {
     l->memory.adopt(memory.peer_bases, shape.world);
-  } else if (mokStatus_t s = l->memory.rendezvous(memory.shm_name, shape.world, shape.rank, l->peer.bytes, timeout_ns);
-             s != mokSuccess) {
+  } else if (mokStatus_t s = l->memory.rendezvous(memory.shm_name, shape, l->peer.bytes, timeout_ns); s != mokSuccess) {
     delete l;
     return s;
   }
