@@ -316,6 +316,7 @@ class Setup {
   bool find_peer(int p) {
     SegmentPath path(name_, p);
     Segment& s = seg_[p];
+    if (!ok() && s.counted != 0) return true;  // failed, and already counted in its setup_seen: nothing left to do
     core::PeerHeader* h = nullptr;
     struct stat st{};
     int fd = open_named(path.text, &h, &st);
