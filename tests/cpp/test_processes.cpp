@@ -33,6 +33,7 @@ TEST(forked_ranks_match_threads_bitwise) {
   for (int r = 0; r < p.world; ++r) {
     pid_t pid = fork();
     if (pid == 0) {  // the child: one rank, then exit with 0 when it matched
+      alarm(60);     // bounded even if the rendezvous hangs: the parent's waitpid then returns
       AlignedBuffer work(sizes.workspace_bytes);
       Outputs o = empty_outputs(p.world);
       run_rank(p, k, r, nullptr, work.p, sizes.workspace_bytes, o);

@@ -158,7 +158,11 @@ typedef struct {
      64-byte aligned, any contents: an earlier group's buffers may be reused as they are) ... */
   void* const* peer_bases;
   /* ... or a POSIX shared-memory rendezvous name (ranks as processes on one host; 1..200 letters,
-     digits, '_', '-', '.'); the segments are unlinked as soon as every rank has mapped them. */
+     digits, '_', '-', '.'): rank r's buffer is /dev/shm/<name>-<r>, its space reserved at creation
+     (mokOutOfMemory when /dev/shm lacks it); mokLayerCreate is then collective and unlinks every
+     segment before it returns. Every group running at the same time needs a name of its own: a
+     second group met during setup fails both (mokInvalidUsage); a crashed rank's segment is removed
+     by the next group using the name. docs/c-api.md, "Shared memory", says what is guaranteed. */
   const char* shm_name;
   void* workspace; /* private, workspace_bytes, 64-byte aligned; owned by the caller */
   size_t workspace_bytes;

@@ -81,8 +81,18 @@ struct PeerHeader {
   int32_t shape[kGroupShapeFields];       // owner: what every rank of the group must agree on
   alignas(64) char reason[kReasonBytes];  // owner: e.g. the detail of the arguments it rejected
   alignas(64) uint64_t seen[kMaxWorld];   // owner: seen[r] = rank r's incarnation as the owner last read it
-  // shared-memory setup (peer_memory.cpp): not reset by the owner at creation
+  // shared-memory setup (host/peer_memory.cpp): not reset by the owner at creation
   alignas(64) uint32_t mapped;  // each rank adds 1 once it has mapped this rank's buffer
+  // Written by the segment's creator by the segment's creator before the segment
+  // gets its name, then changed only through atomics. Unused with caller-given peer bases.
+  alignas(64) uint32_t setup_magic;  // host::kSegmentMagic: a libmok segment with this header
+  uint32_t setup_state;              // host::SegmentState: open, sealed, poisoned or failed
+  int32_t setup_owner;               // pid of the creator
+  int32_t setup_collider;            // pid of a process that met this segment's name in use
+  uint32_t setup_seen;               // peers that have inspected this header
+  uint64_t setup_bytes;              // the segment's size
+  uint64_t setup_nonce;              // random: this incarnation of the name
+  uint64_t setup_group;              // hash of the nonces its creator mapped, rank by rank; 0 before
 };
 static_assert(sizeof(PeerHeader) <= kPeerHeaderBytes, "the peer layout reserves kPeerHeaderBytes for the header");
 
@@ -236,11 +246,16 @@ MOK_HD inline bool abort_seen(PeerHeader* own) {
 
 // Tell every rank (this one included) to wind down. A peer that has not acknowledged this rank yet
 // is not written (its header may still be stale and about to be reset); it sees this rank's own
-// abort word when it acknowledges.
+// abort word when it acknowledges. A peer that is written is acknowledged first, so that once it
+// sees the abort it also trusts this header (and finds the reason written before it).
 MOK_HD inline void raise_abort(PeerHeader* const* headers, int world, int rank) {
   store_word(headers[rank]->abort, load_word(headers[rank]->incarnation));
-  for (int q = 0; q < world; ++q)
-    if (q != rank && joined(headers, rank, q)) store_word(headers[q]->abort, load_word(headers[q]->incarnation));
+  for (int q = 0; q < world; ++q) {
+    if (q == rank || !joined(headers, rank, q)) continue;
+    uint64_t inc = load_word(headers[q]->incarnation);
+    store_word(headers[rank]->seen[q], inc);
+    store_word(headers[q]->abort, inc);
+  }
 }
 
 // The first shape field in which peer q differs from this rank, or -1.
@@ -294,9 +309,13 @@ MOK_HD inline Failure form_group(PeerHeader* const* headers, int world, int rank
     }
     int missing = first_missing(headers, need, rank);
     if (missing < 0) {
+      // Peers may have joined since the scan above: look at every joined peer's shape again.
       acknowledge(headers, world, rank);
-      for (int q = 0; q < world; ++q)
-        if (joined(headers, rank, q) && peer_aborting(headers, q)) return Failure{Outcome::peer_abort, what, q};
+      for (int q = 0; q < world; ++q) {
+        if (!joined(headers, rank, q)) continue;
+        if (peer_aborting(headers, q)) return Failure{Outcome::peer_abort, what, q};
+        if (differs < 0 && differing_field(headers, rank, q) >= 0) differs = q;
+      }
       return differs < 0 ? kNoFailure : Failure{Outcome::shape_mismatch, what, differs};
     }
     if (now_ns() - start > timeout_ns)

@@ -219,6 +219,9 @@ mokStatus_t fail_group(Layer& l, Failure f, core::CallKind call, const char* fun
   char detail[256];
   describe(l, f, call, detail, sizeof(detail));
   core::record_failure(&l.error, f, l.shape.rank, -1, -1, detail);
+  // Before the group has formed, the peer that aborted it may not trust this rank's header yet, so
+  // its reason is not readable: wait (bounded) until every peer has joined.
+  if (f.outcome == core::Outcome::peer_abort) tell_unformed_peers(l);
   if (f.outcome == core::Outcome::timeout || f.outcome == core::Outcome::peer_abort)
     core::raise_abort(l.headers, l.shape.world, l.shape.rank);
   return status_of(l, func);
@@ -303,8 +306,7 @@ mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mok
   l->stall_after_tasks = stall_from_env(shape.rank);
   if (memory.peer_bases) {
     l->memory.adopt(memory.peer_bases, shape.world);
-  } else if (mokStatus_t s = l->memory.rendezvous(memory.shm_name, shape.world, shape.rank, l->peer.bytes, timeout_ns);
-             s != mokSuccess) {
+  } else if (mokStatus_t s = l->memory.rendezvous(memory.shm_name, shape, l->peer.bytes, timeout_ns); s != mokSuccess) {
     delete l;
     return s;
   }

@@ -11,6 +11,16 @@
 
 namespace mok::host {
 
+// Shared-memory segments: "/dev/shm/<name>-<rank>", a core::PeerHeader at the start whose setup_*
+// fields say whose it is and how far its setup got.
+constexpr uint32_t kSegmentMagic = 0x6d6f6b31;  // "mok1"
+enum SegmentState : uint32_t {
+  kSegmentOpen = 1,      // linked, its creator is setting up
+  kSegmentSealed = 2,    // its creator's group agreed on every segment; it is unlinked next
+  kSegmentPoisoned = 3,  // a second process claimed the name: the creator's group fails
+  kSegmentFailed = 4,    // its creator gave up; it is unlinked next
+};
+
 class PeerMemory {
  public:
   PeerMemory() = default;
@@ -21,9 +31,12 @@ class PeerMemory {
   // Adopt caller-given bases (not owned).
   void adopt(void* const* bases, int world);
 
-  // Create this rank's segment "/<name>-<rank>", map every rank's, and unlink this rank's as soon as
-  // every rank has mapped it, so a crash leaves nothing behind. Waits for peers up to timeout_ns.
-  mokStatus_t rendezvous(const char* name, int world, int rank, size_t bytes, uint64_t timeout_ns);
+  // Create this rank's segment "/dev/shm/<name>-<rank>" (space reserved, header written before it
+  // gets its name), map every rank's, agree with every rank on exactly which segments form the
+  // group, and unlink this rank's own before returning. Detects a second group using the name, a
+  // config that differs between ranks and leftovers of crashed ranks (docs/c-api.md, "Shared
+  // memory"). Every wait ends by timeout_ns.
+  mokStatus_t rendezvous(const char* name, const core::LayerShape& shape, size_t bytes, uint64_t timeout_ns);
 
   char* base(int rank) const { return bases_[rank]; }
   char* const* bases() const { return bases_; }
