@@ -90,9 +90,22 @@ def lint(session: nox.Session) -> None:
     """ruff over Python, clang-format over C/C++/CUDA."""
     session.install("ruff==0.14.6", "clang-format==21.1.6")
     session.run("ruff", "check", "python", "tests", "tools", "noxfile.py")
-    sources = [str(p) for d in ("kernel", "python/src", "examples", "tests/cpp")
+    sources = [str(p) for d in ("kernel", "python/src", "examples", "tests/cpp", "tests/fuzz")
                for p in sorted((ROOT / d).rglob("*")) if p.suffix in {".c", ".h", ".hpp", ".cpp", ".cu", ".cuh"}]
     session.run("clang-format", "--dry-run", "--Werror", *sources)
+
+
+@nox.session(python="3.11")
+def fuzz(session: nox.Session) -> None:
+    """The libFuzzer target over the C ABI for longer than the test suite's minute: 15 minutes, or posargs seconds.
+
+    Needs clang-14 with libFuzzer (Debian: clang-14 libclang-rt-14-dev llvm-14); docs/testing.md says more.
+    """
+    session.install(*BUILD_DEPS, *TEST_DEPS)
+    session.env.update(cuda_env(session))
+    seconds = session.posargs[0] if session.posargs else "900"
+    session.env.update({"MOK_FUZZ_SECONDS": seconds, "MOK_REQUIRE_FUZZ": "1"})
+    session.run("pytest", "-ra", "-s", "tests/library/test_fuzz.py")
 
 
 @nox.session(python="3.11")

@@ -1,7 +1,9 @@
-"""The C++ suite (tests/cpp, CTest): once as built by `nox -s tests`, once under ThreadSanitizer.
+"""The C++ suite (tests/cpp, CTest): once as built by `nox -s tests`, once under ThreadSanitizer, once under
+AddressSanitizer + LeakSanitizer + UndefinedBehaviorSanitizer.
 
 The plain run uses MOK_BUILD_DIR when nox built it; run alone it builds a host-only copy under build/pytest/.
-The TSan run is always a host-only build (device code is not instrumented) with halt_on_error, so any report fails.
+The sanitizer runs are always host-only builds (device code is not instrumented) that stop at the first report with
+a distinct exit code, so any error or leak fails the test.
 """
 
 from __future__ import annotations
@@ -40,3 +42,18 @@ def test_cpp_suite():
 def test_cpp_suite_under_thread_sanitizer():
     build = build_tests("tsan", "-DMOK_SANITIZE=thread")
     run_ctest(build, {"TSAN_OPTIONS": "halt_on_error=1 abort_on_error=0 exitcode=66 second_deadlock_stack=1"})
+
+
+# ASan's own exit code for errors and leaks, UBSan's through halt_on_error: a report cannot pass as a test failure
+# the suite expected. fork-based tests (test_processes, test_kill) are covered too: the children inherit these.
+ASAN_ENV = {
+    "ASAN_OPTIONS": "detect_leaks=1 halt_on_error=1 abort_on_error=0 exitcode=67 detect_stack_use_after_return=1 "
+                    "strict_init_order=1 check_initialization_order=1 detect_invalid_pointer_pairs=0",
+    "LSAN_OPTIONS": "exitcode=67",
+    "UBSAN_OPTIONS": "halt_on_error=1 print_stacktrace=1 exitcode=68",
+}
+
+
+def test_cpp_suite_under_address_sanitizer():
+    build = build_tests("asan", "-DMOK_SANITIZE=address")
+    run_ctest(build, ASAN_ENV)
