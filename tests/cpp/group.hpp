@@ -102,6 +102,15 @@ struct Knobs {
   std::function<void(int, mokLayerConfig_t&)> edit_config;  // a rank's config, changed before creation
 };
 
+// MXFP8 needs tiles of whole 32-row token blocks (expert_padding % 32 == 0); the ring holds two minibatches.
+inline Knobs mxfp8_knobs() {
+  Knobs k;
+  k.padding = 32;
+  k.minibatch = 32;
+  k.macrobatch = 64;
+  return k;
+}
+
 struct Outputs {
   std::vector<mokStatus_t> status;  // per rank: the first failing call's status
   std::vector<std::string> detail;

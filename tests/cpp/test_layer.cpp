@@ -142,11 +142,7 @@ TEST(world3_mxfp8_partial_blocks) {
   s.inter = 24;   // a partial block along I
   s.max_tokens = 24;
   s.shared_inter = 8;
-  Knobs k;
-  k.padding = 32;
-  k.minibatch = 32;
-  k.macrobatch = 64;
-  check_against_reference(s, k);
+  check_against_reference(s, mxfp8_knobs());
 }
 
 TEST(world2_mxfp8_one_expert_many_token_blocks) {

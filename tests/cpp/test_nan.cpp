@@ -62,12 +62,7 @@ void check_nan(bool mxfp8, double limit, int shared_inter, Plant plant) {
     int c = std::uniform_int_distribution<int>(0, p.hidden - 1)(rng);
     (plant.in_x ? p.x : p.dout)[r][static_cast<size_t>(t) * p.hidden + c] = kBf16Nan;
   }
-  Knobs k;
-  if (mxfp8) {
-    k.padding = 32;
-    k.minibatch = 32;
-    k.macrobatch = 64;
-  }
+  Knobs k = mxfp8 ? mxfp8_knobs() : Knobs{};
   Outputs o = run_layer(p, k);
   if (!all_ok(o)) {
     CHECK(false);

@@ -350,11 +350,7 @@ TEST(bf16_orders_bitwise) {
 }
 
 TEST(mxfp8_orders_and_token_blocks_bitwise) {
-  Knobs k;
-  k.padding = 32;  // MXFP8 token blocks need tiles of whole 32-row blocks
-  k.minibatch = 32;
-  k.macrobatch = 64;
-  check_bitwise(orders_spec(true), k);
+  check_bitwise(orders_spec(true), mxfp8_knobs());
 }
 
 TEST(swiglu_clamp_bitwise) {

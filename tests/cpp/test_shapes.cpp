@@ -31,12 +31,7 @@ void check_shape(int hidden, int inter, int shared_inter, bool mxfp8) {
   s.max_tokens = 12;
   std::mt19937_64 rng(seed() + hidden * 1009 + inter * 31 + shared_inter);
   ref::Problem p = make_problem(s, rng);
-  Knobs k;
-  if (mxfp8) {  // MXFP8 tiles are whole 32-row token blocks
-    k.padding = 32;
-    k.minibatch = 32;
-    k.macrobatch = 64;
-  }
+  Knobs k = mxfp8 ? mxfp8_knobs() : Knobs{};
   Outputs o = run_layer(p, k);
   if (!all_ok(o)) {
     CHECK(false);
