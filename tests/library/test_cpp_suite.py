@@ -12,6 +12,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 from buildutil import ROOT, cccl_include_dir
 
 
@@ -57,3 +58,19 @@ ASAN_ENV = {
 def test_cpp_suite_under_address_sanitizer():
     build = build_tests("asan", "-DMOK_SANITIZE=address")
     run_ctest(build, ASAN_ENV)
+
+
+def test_orders_hold_when_the_compiler_may_fuse():
+    """Every rounding of the layer is part of its contract (docs/semantics.md): an FMA-capable -march with
+    -ffp-contract=fast must not fuse the combine's w_k * y_k + acc (libmok builds its core with -ffp-contract=off).
+    test_orders compares the host executor bit for bit with an emulation of the documented order."""
+    if "fma" not in Path("/proc/cpuinfo").read_text().split():
+        pytest.skip("this CPU has no FMA instructions: nothing for the compiler to fuse")
+    build = ROOT / "build" / "pytest" / "fma"
+    for cmd in (["cmake", "-S", ROOT, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DMOK_ENABLE_CUDA=OFF",
+                 f"-DMOK_CCCL_INCLUDE_DIR={cccl_include_dir()}", "-DMOK_BUILD_TESTS=ON",
+                 "-DCMAKE_CXX_FLAGS=-march=haswell -ffp-contract=fast"],
+                ["cmake", "--build", build, "--target", "test_orders"],
+                [build / "tests" / "cpp" / "test_orders"]):
+        proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{' '.join(map(str, cmd))}:\n{proc.stdout[-8000:]}\n{proc.stderr[-8000:]}"
