@@ -391,7 +391,8 @@ def _prepare(x, topk_ids, topk_weights, routed, shared, group, config, workspace
     rows = _routed_rows(world, max(tokens), shape, padding)
     if rows > validate.MAX_ROWS:
         raise ValueError(f"group size ({world}) x the most tokens on a rank ({max(tokens)}) x topk ({shape.topk}) "
-                         f"+ E_local x expert_padding must be at most 2^31 - 1 routed rows (libmok's limit), got {rows}")
+                         f"+ E_local x expert_padding must be at most 2^31 - 1 routed rows (libmok's limit), "
+                         f"got {rows}")
     if workspace is None:
         workspace = get_workspace(max_tokens=_workspace_tokens(max(tokens), world, shape, padding),
                                   hidden=shape.hidden, topk=shape.topk, num_local_experts=shape.num_local_experts,

@@ -369,6 +369,31 @@ TEST(pass_rules) {
   CHECK_MSG(mokLayerBackward(s.layer, &w, tw, dout.data(), &g) == mokSuccess, "%s", mokGetLastError());
 }
 
+// A schedule call that fails leaves no schedule: a caller sizes its buffers by the token count it passed,
+// so the context of the older schedule (4 tokens here) must not be read or written through them.
+TEST(failed_schedule_leaves_no_context) {
+  Solo s;
+  s.config.shared_intermediate = 0;
+  s.create();
+  std::mt19937_64 rng(seed());
+  auto gate = random_bf16(2 * 8 * 16, 0.25, rng), up = random_bf16(2 * 8 * 16, 0.25, rng),
+       down = random_bf16(2 * 16 * 8, 0.25, rng), x = random_bf16(4 * 16, 1, rng);
+  float tw[8] = {0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f};
+  std::vector<uint16_t> out(4 * 16);
+  mokLayerWeights_t w = MOK_LAYER_WEIGHTS_INIT;
+  w.gate = gate.data();
+  w.up = up.data();
+  w.down = down.data();
+  int32_t ids[8] = {0, 1, 1, 0, 0, -1, 1, 1}, bad_ids[2] = {0, 7};
+  CHECK(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 4) == mokSuccess);
+  CHECK(mokLayerForward(s.layer, &w, x.data(), tw, out.data()) == mokSuccess);
+  EXPECT(mokLayerBuildSchedule(s.layer, bad_ids, mokIndexInt32, 1), mokInvalidArgument, "'topk_ids' [0][1] = 7");
+  std::vector<uint16_t> slots(2 * 16, 0xbeef);  // [1 token, K, H]: what the failed call's caller allocated
+  EXPECT(mokLayerGetSlots(s.layer, slots.data()), mokInvalidUsage, "mokLayerForward or mokLayerRecompute");
+  EXPECT(mokLayerForward(s.layer, &w, x.data(), tw, out.data()), mokInvalidUsage, "mokLayerBuildSchedule first");
+  for (uint16_t v : slots) CHECK(v == 0xbeef);
+}
+
 TEST(mxfp8_weights_required) {
   Solo s(mokPrecisionMXFP8);
   s.create();

@@ -90,6 +90,7 @@ MOK_API mokStatus_t mokLayerBuildSchedule(mokLayer_t layer, const void* topk_ids
                                           int num_tokens) {
   mok::api::clear_error();
   if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
+  mok::host::drop_schedule(*layer->impl);
   if (mokStatus_t s = mok::api::check_topk_ids(topk_ids, index_type, num_tokens, layer->impl->shape, __func__);
       s != mokSuccess)
     return rejected(layer, s);

@@ -318,8 +318,13 @@ mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mok
   return mokSuccess;
 }
 
+void drop_schedule(Layer& l) {
+  l.has_schedule = l.has_context = false;
+}
+
 mokStatus_t build_schedule(Layer& l, const void* topk_ids, bool int64_ids, int tokens) {
   const char* func = "mokLayerBuildSchedule";
+  drop_schedule(l);
   if (group_aborted(l)) return aborted_earlier(l, func);
   // Safe to overwrite: the closing barrier of the previous build ended every peer's reads.
   auto* ids = own_at<int32_t>(l, l.peer.topk_ids);
@@ -329,7 +334,6 @@ mokStatus_t build_schedule(Layer& l, const void* topk_ids, bool int64_ids, int t
                        : static_cast<const int32_t*>(topk_ids)[i];
   l.headers[l.shape.rank]->tokens = tokens;
   l.tokens = tokens;
-  l.has_schedule = l.has_context = false;
   core::PassView v = view_of(l, PassKind::forward);
   const core::CallKind call = core::CallKind::build_schedule;
   Failure f = group_barrier(l, WaitId::schedule_barrier, call);
