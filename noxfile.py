@@ -117,5 +117,14 @@ def demo(session: nox.Session) -> None:
     session.run("python", "-m", "mok.demo", *session.posargs)
 
 
+@nox.session(python="3.11")
+def bench(session: nox.Session) -> None:
+    """The layer's forward and backward per CPU backend, side by side (docs/performance.md); posargs go to it."""
+    session.install(*BUILD_DEPS, TORCH, "numpy==2.3.5")
+    session.env.update(cuda_env(session))
+    session.install("--no-build-isolation", "--no-deps", str(ROOT / "python"))
+    session.run("python", "-m", "mok.bench", *session.posargs)
+
+
 if (ROOT / "tools" / "nox_packaging.py").exists():  # the packaging sessions: conda, nix, repro
     import tools.nox_packaging  # noqa: F401

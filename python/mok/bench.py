@@ -1,0 +1,407 @@
+"""python -m mok.bench: the MoE layer's forward and backward per CPU backend, side by side.
+
+Each run starts --world processes as one gloo group (every rank draws the same problem from the seed and takes its
+tokens and experts) and times, per rank and iteration, after --warmup untimed iterations:
+
+  host         mok.functional.forward / backward with backend="host" (libmok's host executor)
+  reference    the same calls with backend="reference" (pure PyTorch, mok.ep)
+  composed     the layer written the way a user would: gather rows per expert, per-expert torch.matmul GEMMs and
+               SwiGLU, index_add back, bf16 storage, autograd for the backward (all_to_all when W > 1)
+  matmul-fp32  torch.matmul alone, fp32, at the experts' GEMM shapes on this rank (the same FLOPs, no layer)
+
+An iteration's time is the slowest rank's (the layer is collective). FLOPs per rank: 6 * T*K * H * I per forward
+(gate, up, down: three GEMMs of 2 * rows * H * I), plus 6 * T * H * I_s for the shared expert; the backward is
+twice that. "x ref" and "x matmul" are throughput ratios (that line's median time over this line's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import multiprocessing
+import os
+import pickle
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from dataclasses import asdict, dataclass, replace
+
+import torch
+import torch._dynamo  # noqa: F401 - a custom op's first call imports it: once here, not once per forked rank
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_nn
+import torch.nn.functional as F
+
+import mok
+from mok import functional
+from mok.experts import RoutedExperts, SharedExpert
+
+CASES = ("host", "reference", "composed", "matmul-fp32")
+# torch.distributed.nn.functional.all_to_all_single (the public autograd all_to_all) warns on every call that a
+# private module replaces it; the composed baseline keeps the public one.
+warnings.filterwarnings("ignore", message=".*all_to_all_single is deprecated", category=FutureWarning)
+RANK_TIMEOUT_S = 1800  # the longest a whole run may take on one rank before the parent gives up on it
+
+
+@dataclass(frozen=True)
+class Problem:
+    tokens: int  # per rank
+    hidden: int
+    intermediate: int
+    experts: int  # global
+    topk: int
+    shared: int  # I_s, 0 for none
+    mxfp8: bool = False
+
+
+PRESETS = {
+    "tiny": (Problem(64, 64, 32, 4, 2, 64), [1]),
+    "issue9-small": (Problem(1024, 512, 256, 16, 4, 512), [1]),
+    "issue9-large": (Problem(2048, 1024, 512, 32, 4, 0), [1, 2]),
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m mok.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), default="issue9-small",
+                   help="sizes and world sizes from issue #9 (tiny: for CI); the options below override them")
+    p.add_argument("--tokens", type=int, help="tokens per rank")
+    p.add_argument("--hidden", type=int)
+    p.add_argument("--intermediate", type=int)
+    p.add_argument("--experts", type=int, help="global routed experts, a multiple of --world")
+    p.add_argument("--topk", type=int)
+    p.add_argument("--shared", type=int, help="the shared expert's intermediate size I_s, 0 for none")
+    p.add_argument("--mxfp8", action="store_true", help="routed experts in MXFP8 for host and reference")
+    p.add_argument("--world", type=int, action="append", help="ranks (processes over gloo); repeat for several runs")
+    p.add_argument("--iters", type=int, default=10, help="timed iterations")
+    p.add_argument("--warmup", type=int, default=2, help="untimed iterations first")
+    p.add_argument("--threads", type=int, help="torch threads per rank (default: the CPUs / the world size)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="PATH", help="also write the results here")
+    args = p.parse_args(argv)
+    problem, worlds = PRESETS[args.preset]
+    overrides = {name: getattr(args, name) for name in ("tokens", "hidden", "intermediate", "experts", "topk",
+                                                        "shared") if getattr(args, name) is not None}
+    args.problem = replace(problem, mxfp8=args.mxfp8 or problem.mxfp8, **overrides)
+    args.worlds = args.world or worlds
+    for name, value in asdict(args.problem).items():
+        if name != "mxfp8" and (value < 0 or (value == 0 and name != "shared")):
+            p.error(f"--{name} must be positive, got {value}")
+    for world in args.worlds:
+        if not 1 <= world <= 72:
+            p.error(f"--world must be between 1 and 72, got {world}")
+        if args.problem.experts % world:
+            p.error(f"--experts ({args.problem.experts}) must be a multiple of --world ({world})")
+    if args.problem.topk > args.problem.experts:
+        p.error(f"--topk ({args.problem.topk}) must be at most --experts ({args.problem.experts})")
+    if args.iters < 1 or args.warmup < 0:
+        p.error("--iters must be at least 1 and --warmup at least 0")
+    if args.threads is not None and args.threads < 1:
+        p.error("--threads must be at least 1")
+    return args
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The problem
+
+
+def flops(problem: Problem) -> tuple[float, float]:
+    """(forward, backward) FLOPs per rank, by the formula in the module docstring."""
+    forward = 6.0 * problem.tokens * problem.topk * problem.hidden * problem.intermediate
+    forward += 6.0 * problem.tokens * problem.hidden * problem.shared
+    return forward, 2 * forward
+
+
+def draw(problem: Problem, world: int, seed: int):
+    """The whole group's inputs (every rank draws the same): x, topk ids and weights, experts, shared, dout."""
+    g = torch.Generator().manual_seed(seed)
+    T, H, I, E, K, Is = (problem.tokens * world, problem.hidden, problem.intermediate, problem.experts,
+                         problem.topk, problem.shared)
+
+    def bf16(*shape, fan_in=1):
+        return (torch.randn(*shape, generator=g) / fan_in ** 0.5).to(torch.bfloat16)
+
+    x = bf16(T, H)
+    router = torch.randn(E, H, generator=g) / H ** 0.5
+    weights, ids = (x.float() @ router.t()).softmax(-1).topk(K, dim=-1)  # softmax top-k routing
+    routed = RoutedExperts(bf16(E, I, H, fan_in=H), bf16(E, I, H, fan_in=H), bf16(E, H, I, fan_in=I))
+    shared = SharedExpert(bf16(Is, H, fan_in=H), bf16(Is, H, fan_in=H), bf16(H, Is, fan_in=Is)) if Is else None
+    return x, ids.to(torch.int32), weights.contiguous(), routed, shared, bf16(T, H)
+
+
+def rank_share(problem: Problem, world: int, rank: int, seed: int):
+    """This rank's tokens and experts of the group's problem, and the rows each of its experts receives."""
+    x, ids, weights, routed, shared, dout = draw(problem, world, seed)
+    tokens = slice(rank * problem.tokens, (rank + 1) * problem.tokens)
+    local = problem.experts // world
+    experts = slice(rank * local, (rank + 1) * local)
+    rows = [int((ids == e).sum()) for e in range(experts.start, experts.stop)]  # from every rank's tokens
+    mine = RoutedExperts(*(w[experts].contiguous() for w in (routed.gate, routed.up, routed.down)))
+    return (x[tokens].contiguous(), ids[tokens].contiguous(), weights[tokens].contiguous(), mine, shared,
+            dout[tokens].contiguous(), rows)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What is timed: each case gives (forward, backward) callables; backward() uses what the latest forward() made.
+
+
+def layer_case(backend: str, x, ids, weights, routed, shared, dout, mxfp8: bool):
+    routed = routed.to_mxfp8() if mxfp8 else routed
+    state = {}
+
+    def forward():
+        state["out"], state["ctx"] = functional.forward(x, ids, weights, routed, shared, backend=backend)
+
+    def backward():
+        state["grads"] = functional.backward(state.pop("ctx"), dout)
+
+    return forward, backward
+
+
+def composed_case(x, ids, weights, routed, shared, dout, world: int):
+    """The layer as a user composes it from torch ops, with autograd for the backward."""
+    leaves = [t.clone().requires_grad_(True) for t in (x, weights, routed.gate, routed.up, routed.down)]
+    shared_leaves = [w.clone().requires_grad_(True) for w in (shared.gate, shared.up, shared.down)] if shared else []
+    state = {}
+
+    def forward():
+        for t in leaves + shared_leaves:
+            t.grad = None
+        state["out"] = composed_forward(*leaves, ids, shared_leaves, world)
+
+    def backward():
+        state.pop("out").backward(dout)
+
+    return forward, backward
+
+
+def composed_forward(x, weights, gate, up, down, ids, shared, world: int):
+    T, K = ids.shape
+    local = gate.shape[0]
+    flat = ids.flatten().long()
+    order = torch.argsort(flat, stable=True)  # routes grouped by expert, so by destination rank too
+    token = order // K
+    rows = x[token]
+    expert = flat[order]
+    if world > 1:  # send each route's row to its expert's rank, with the expert id
+        send = torch.bincount(expert // local, minlength=world)
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send)
+        send_splits, recv_splits = send.tolist(), recv.tolist()
+        rows = dist_nn.all_to_all_single(rows.new_empty(sum(recv_splits), rows.shape[1]), rows, recv_splits,
+                                         send_splits)
+        got = expert.new_empty(sum(recv_splits))
+        dist.all_to_all_single(got, expert, recv_splits, send_splits)
+        expert = got % local
+    y = []
+    for e in range(local):
+        mine = rows[expert == e]
+        h = F.silu(mine @ gate[e].t()) * (mine @ up[e].t())
+        y.append(h @ down[e].t())
+    y = torch.cat(y)
+    if world > 1:  # rows arrived grouped by source rank: put them in that order again and send them back
+        y = y[torch.argsort(torch.argsort(expert, stable=True))]
+        y = dist_nn.all_to_all_single(y.new_empty(sum(send_splits), y.shape[1]), y, send_splits, recv_splits)
+    weighted = y.float() * weights.flatten()[order][:, None]
+    out = torch.zeros(T, x.shape[1], dtype=torch.float32).index_add(0, token, weighted)
+    if shared:
+        s_gate, s_up, s_down = shared
+        out = out + (F.silu(x @ s_gate.t()) * (x @ s_up.t())) @ s_down.t()
+    return out.to(torch.bfloat16)
+
+
+def matmul_case(problem: Problem, rows: list[int]):
+    """fp32 torch.matmul at the GEMM shapes of this rank's experts (and the shared expert): the same FLOPs."""
+    H, I, Is, T = problem.hidden, problem.intermediate, problem.shared, problem.tokens
+    shapes = [(r, I) for r in rows if r] + ([(T, Is)] if Is else [])
+
+    rand = torch.randn
+    # Per GEMM shape: X [r, H], W [H, n], A [r, n], D [n, H], dY [r, H], X^T [H, r], A^T [n, r].
+    operands = [(rand(r, H), rand(H, n), rand(r, n), rand(n, H), rand(r, H), rand(H, r), rand(n, r))
+                for r, n in shapes]
+
+    def forward():
+        for x, w, a, wt, _, _, _ in operands:
+            torch.matmul(x, w)  # gate
+            torch.matmul(x, w)  # up
+            torch.matmul(a, wt)  # down
+
+    def backward():
+        for _, w, a, wt, dy, xt, at in operands:
+            for _ in range(2):  # gate and up: dX = dA W^T, dW = X^T dA
+                torch.matmul(a, wt)
+                torch.matmul(xt, a)
+            torch.matmul(dy, w)  # down: dA = dY D^T, dD = A^T dY
+            torch.matmul(at, dy)
+
+    return forward, backward
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# One rank
+
+
+def rank_run(rank: int, world: int, args) -> dict:
+    problem = args.problem
+    x, ids, weights, routed, shared, dout, rows = rank_share(problem, world, rank, args.seed)
+    cases = {
+        "host": layer_case("host", x, ids, weights, routed, shared, dout, problem.mxfp8),
+        "reference": layer_case("reference", x, ids, weights, routed, shared, dout, problem.mxfp8),
+        "composed": composed_case(x, ids, weights, routed, shared, dout, world),
+        "matmul-fp32": matmul_case(problem, rows),
+    }
+    times = {}
+    for name, (forward, backward) in cases.items():
+        fwd, bwd = [], []
+        for _ in range(args.warmup + args.iters):
+            fwd.append(timed(forward, world))
+            bwd.append(timed(backward, world))
+        times[name] = {"forward": fwd[args.warmup:], "backward": bwd[args.warmup:]}
+    return times
+
+
+def timed(fn, world: int) -> float:
+    if world > 1:
+        dist.barrier()  # every rank starts together; gloo's barrier is bounded by the group's timeout
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def run_world(world: int, args) -> list[dict]:
+    """Every rank's times, from `world` forked processes in one gloo group."""
+    ctx = multiprocessing.get_context("fork")  # the ranks inherit the imported torch and mok
+    with tempfile.TemporaryDirectory(prefix="mok-bench-") as tmp:
+        procs = [ctx.Process(target=_worker, args=(rank, world, tmp, args)) for rank in range(world)]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + RANK_TIMEOUT_S
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for rank, p in enumerate(procs):
+            if p.is_alive():
+                p.kill()
+                p.join()
+                raise RuntimeError(f"waiting for bench rank {rank} to finish ran out after {RANK_TIMEOUT_S} s")
+        return [_load(tmp, rank, p.exitcode) for rank, p in enumerate(procs)]
+
+
+def _worker(rank: int, world: int, tmp: str, args):
+    torch.set_num_threads(threads(args, world))
+    try:
+        store = dist.FileStore(os.path.join(tmp, "store"), world)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=RANK_TIMEOUT_S))
+        try:
+            result = ("ok", rank_run(rank, world, args))
+        finally:
+            dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001 - every failure must reach the parent
+        result = ("error", f"rank {rank}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+    with open(os.path.join(tmp, f"result{rank}"), "wb") as f:
+        pickle.dump(result, f)
+    sys.stdout.flush()
+    os._exit(0)  # skip atexit handlers inherited from the parent
+
+
+def _load(tmp: str, rank: int, exitcode):
+    path = os.path.join(tmp, f"result{rank}")
+    if not os.path.exists(path):
+        raise RuntimeError(f"bench rank {rank} died without a result (exit code {exitcode})")
+    with open(path, "rb") as f:
+        status, value = pickle.load(f)
+    if status == "error":
+        raise RuntimeError(value)
+    return value
+
+
+def threads(args, world: int) -> int:
+    return args.threads or max(1, (os.cpu_count() or 1) // world)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Report
+
+
+def summarise(per_rank: list[dict], problem: Problem) -> list[dict]:
+    """One line per pass and case: the slowest rank's time per iteration, then median, min, max, ratios."""
+    work = dict(zip(("forward", "backward"), flops(problem), strict=True))
+    lines = []
+    for phase in ("forward", "backward"):
+        medians = {}
+        for case in CASES:
+            slowest = [max(ranks) for ranks in zip(*(r[case][phase] for r in per_rank), strict=True)]
+            medians[case] = statistics.median(slowest)
+            lines.append({"pass": phase, "case": case, "median_ms": medians[case] * 1e3,
+                          "min_ms": min(slowest) * 1e3, "max_ms": max(slowest) * 1e3,
+                          "gflops": work[phase] / medians[case] / 1e9})
+        for line in lines[-len(CASES):]:
+            line["x_reference"] = medians["reference"] / medians[line["case"]]
+            line["x_matmul"] = medians["matmul-fp32"] / medians[line["case"]]
+    return lines
+
+
+def machine_facts(args) -> dict:
+    model = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    host_workers = getattr(mok.host, "_WORKERS", {})
+    return {"cpu": model, "logical_cpus": os.cpu_count(), "torch": torch.__version__,
+            "torch_threads_per_rank": {str(w): threads(args, w) for w in args.worlds},
+            "libmok": mok.libmok_version, "mok_backends": {b.name: "available" if b.available else b.reason
+                                                          for b in mok.backends()},
+            "functional_backends": functional.backends(), "host_workers_per_rank": host_workers}
+
+
+def print_run(problem: Problem, world: int, args, lines: list[dict]) -> None:
+    fwd, bwd = flops(problem)
+    shared = f"I_s={problem.shared}" if problem.shared else "none"
+    print(f"\nW={world}: T={problem.tokens} per rank, H={problem.hidden}, I={problem.intermediate}, "
+          f"E={problem.experts} ({problem.experts // world} per rank), K={problem.topk}, shared expert {shared}, "
+          f"{'MXFP8' if problem.mxfp8 else 'BF16'} routed experts; torch threads per rank {threads(args, world)}")
+    print(f"  per rank: forward {fwd / 1e9:.3f} GFLOP, backward {bwd / 1e9:.3f} GFLOP; {args.iters} iterations "
+          f"after {args.warmup} warm-up, each timed as the slowest rank")
+    print(f"  {'pass':<9}{'case':<13}{'median ms':>10}{'min ms':>10}{'max ms':>10}{'GFLOP/s':>9}"
+          f"{'x ref':>8}{'x matmul':>10}")
+    for line in lines:
+        print(f"  {line['pass']:<9}{line['case']:<13}{line['median_ms']:>10.2f}{line['min_ms']:>10.2f}"
+              f"{line['max_ms']:>10.2f}{line['gflops']:>9.2f}{line['x_reference']:>8.2f}{line['x_matmul']:>10.2f}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    facts = machine_facts(args)
+    print(f"mok bench: preset {args.preset}, seed {args.seed}")
+    print(f"  CPU: {facts['cpu']} ({facts['logical_cpus']} logical CPUs); torch {facts['torch']}; "
+          f"libmok {facts['libmok']}")
+    print(f"  mok.backends(): {facts['mok_backends']}; mok.functional.backends(): {facts['functional_backends']}")
+    print(f"  host executor workers per rank: {facts['host_workers_per_rank']}; composed and matmul-fp32 run on "
+          "the torch threads")
+    print("  x ref / x matmul: throughput relative to the reference / matmul-fp32 line of the same pass"
+          + ("; composed and matmul-fp32 stay BF16 / fp32 under --mxfp8" if args.problem.mxfp8 else ""))
+    runs = []
+    for world in args.worlds:
+        lines = summarise(run_world(world, args), args.problem)
+        print_run(args.problem, world, args, lines)
+        sys.stdout.flush()
+        runs.append({"world": world, "threads": threads(args, world), "lines": lines})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"preset": args.preset, "problem": asdict(args.problem), "iters": args.iters,
+                       "warmup": args.warmup, "seed": args.seed, "machine": facts, "runs": runs}, f, indent=2)
+    bad = [line for run in runs for line in run["lines"] for value in line.values()
+           if isinstance(value, float) and not (math.isfinite(value) and value > 0)]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
