@@ -321,3 +321,55 @@ TEST(consecutive_groups_reuse_a_name) {
 }
 
 MOK_TEST_MAIN
+
+// Fills /dev/shm until it is full: a file of real pages (written, not sparse), removed by check_clean.
+void fill_shm(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) return;
+  static char chunk[1 << 16];
+  std::memset(chunk, 0x5a, sizeof(chunk));
+  while (std::fwrite(chunk, 1, sizeof(chunk), f) == sizeof(chunk)) {
+  }
+  std::fclose(f);
+}
+
+// The space of a segment is reserved when it is created, so /dev/shm filling up afterwards (another job, a
+// second group) cannot make a pass die with SIGBUS on a page it writes for the first time. Meaningful in a
+// small /dev/shm only: tests/library/test_cpp_suite.py runs it in a private 64 MiB tmpfs.
+TEST(reserved_segment_survives_a_full_shm) {
+  struct statvfs v{};
+  CHECK(statvfs("/dev/shm", &v) == 0);
+  uint64_t free_bytes = uint64_t(v.f_bavail) * v.f_frsize;
+  if (uint64_t(v.f_blocks) * v.f_frsize > (256ull << 20)) {
+    std::printf(
+        "  skipped: /dev/shm is larger than 256 MiB (run in a small private tmpfs, as test_cpp_suite.py does)\n");
+    return;
+  }
+  Spec s;
+  s.world = 1;
+  s.hidden = 256;
+  s.ragged = false;
+  s.max_tokens = static_cast<int>(free_bytes / 2 / (s.hidden * 2 * (2 + 2 * s.top_k)));  // about half of free
+  std::mt19937_64 rng(seed());
+  ref::Problem p = make_problem(s, rng);
+  std::string name = unique_name("full");
+  std::string filler = "/dev/shm/" + name + "-filler";
+  Knobs k;
+  k.shm_name = name.c_str();
+  k.created = [&](int, mokLayer_t) { fill_shm(filler); };  // after setup, before the first pass writes
+  mokLayerSizes_t sizes = sizes_for(p, k);
+  std::printf("  segment %zu bytes, /dev/shm %llu free\n", sizes.peer_bytes,
+              static_cast<unsigned long long>(free_bytes));
+  CHECK(sizes.peer_bytes < free_bytes);
+  pid_t child = spawn(60, [&] {
+    AlignedBuffer work(sizes.workspace_bytes);
+    Outputs o = empty_outputs(1);
+    run_rank(p, k, 0, nullptr, work.p, sizes.workspace_bytes, o);
+    if (o.status[0] != mokSuccess) std::printf("  rank 0: %s\n", o.detail[0].c_str());
+    return o.status[0] == mokSuccess ? 0 : 3;
+  });
+  int code = exit_code(reap(child, 60));
+  CHECK_MSG(code == 0, "the pass over a full /dev/shm exited with %d (%d + signal: %d is SIGBUS)", code, 100, SIGBUS);
+  unlink(filler.c_str());
+  check_clean(name);
+}

@@ -74,3 +74,19 @@ def test_orders_hold_when_the_compiler_may_fuse():
                 [build / "tests" / "cpp" / "test_orders"]):
         proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
         assert proc.returncode == 0, f"{' '.join(map(str, cmd))}:\n{proc.stdout[-8000:]}\n{proc.stderr[-8000:]}"
+
+
+def test_shared_memory_reserved_in_a_small_shm():
+    """test_shared_memory's reserved_segment_survives_a_full_shm in a private 64 MiB /dev/shm (a mount namespace of
+    its own, as Docker's default /dev/shm is): a segment created sparse dies with SIGBUS once /dev/shm is full."""
+    build = Path(os.environ["MOK_BUILD_DIR"]) if os.environ.get("MOK_BUILD_DIR") else build_tests("ctest")
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64m tmpfs /dev/shm"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a private tmpfs over /dev/shm here (needs root): {probe.stderr.strip()}")
+    test = build / "tests" / "cpp" / "test_shared_memory"
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$0" "$1"',
+                           str(test), "reserved_segment_survives_a_full_shm"], capture_output=True, text=True)
+    print(proc.stdout[-4000:])
+    assert proc.returncode == 0 and "[  OK  ] reserved_segment_survives_a_full_shm" in proc.stdout, (
+        f"{proc.stdout[-8000:]}\n{proc.stderr[-4000:]}")
