@@ -17,18 +17,13 @@ twice that. "x ref" and "x matmul" are throughput ratios (that line's median tim
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
-import multiprocessing
 import os
-import pickle
 import platform
 import statistics
 import sys
-import tempfile
 import time
-import traceback
 import warnings
 from dataclasses import asdict, dataclass, replace
 
@@ -40,7 +35,9 @@ import torch.nn.functional as F
 
 import mok
 from mok import functional
-from mok.experts import RoutedExperts, SharedExpert
+from mok._group import run_group
+from mok.demo import layer_inputs
+from mok.experts import RoutedExperts
 
 CASES = ("host", "reference", "composed", "matmul-fp32")
 # torch.distributed.nn.functional.all_to_all_single (the public autograd all_to_all) warns on every call that a
@@ -120,19 +117,8 @@ def flops(problem: Problem) -> tuple[float, float]:
 
 def draw(problem: Problem, world: int, seed: int):
     """The whole group's inputs (every rank draws the same): x, topk ids and weights, experts, shared, dout."""
-    g = torch.Generator().manual_seed(seed)
-    T, H, I, E, K, Is = (problem.tokens * world, problem.hidden, problem.intermediate, problem.experts,
-                         problem.topk, problem.shared)
-
-    def bf16(*shape, fan_in=1):
-        return (torch.randn(*shape, generator=g) / fan_in ** 0.5).to(torch.bfloat16)
-
-    x = bf16(T, H)
-    router = torch.randn(E, H, generator=g) / H ** 0.5
-    weights, ids = (x.float() @ router.t()).softmax(-1).topk(K, dim=-1)  # softmax top-k routing
-    routed = RoutedExperts(bf16(E, I, H, fan_in=H), bf16(E, I, H, fan_in=H), bf16(E, H, I, fan_in=I))
-    shared = SharedExpert(bf16(Is, H, fan_in=H), bf16(Is, H, fan_in=H), bf16(H, Is, fan_in=Is)) if Is else None
-    return x, ids.to(torch.int32), weights.contiguous(), routed, shared, bf16(T, H)
+    return layer_inputs(seed, problem.tokens * world, problem.hidden, problem.intermediate, problem.shared,
+                        problem.experts, problem.topk)
 
 
 def rank_share(problem: Problem, world: int, rank: int, seed: int):
@@ -275,50 +261,8 @@ def timed(fn, world: int) -> float:
 
 
 def run_world(world: int, args) -> list[dict]:
-    """Every rank's times, from `world` forked processes in one gloo group."""
-    ctx = multiprocessing.get_context("fork")  # the ranks inherit the imported torch and mok
-    with tempfile.TemporaryDirectory(prefix="mok-bench-") as tmp:
-        procs = [ctx.Process(target=_worker, args=(rank, world, tmp, args)) for rank in range(world)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + RANK_TIMEOUT_S
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for rank, p in enumerate(procs):
-            if p.is_alive():
-                p.kill()
-                p.join()
-                raise RuntimeError(f"waiting for bench rank {rank} to finish ran out after {RANK_TIMEOUT_S} s")
-        return [_load(tmp, rank, p.exitcode) for rank, p in enumerate(procs)]
-
-
-def _worker(rank: int, world: int, tmp: str, args):
-    torch.set_num_threads(threads(args, world))
-    try:
-        store = dist.FileStore(os.path.join(tmp, "store"), world)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=RANK_TIMEOUT_S))
-        try:
-            result = ("ok", rank_run(rank, world, args))
-        finally:
-            dist.destroy_process_group()
-    except BaseException as e:  # noqa: BLE001 - every failure must reach the parent
-        result = ("error", f"rank {rank}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
-    with open(os.path.join(tmp, f"result{rank}"), "wb") as f:
-        pickle.dump(result, f)
-    sys.stdout.flush()
-    os._exit(0)  # skip atexit handlers inherited from the parent
-
-
-def _load(tmp: str, rank: int, exitcode):
-    path = os.path.join(tmp, f"result{rank}")
-    if not os.path.exists(path):
-        raise RuntimeError(f"bench rank {rank} died without a result (exit code {exitcode})")
-    with open(path, "rb") as f:
-        status, value = pickle.load(f)
-    if status == "error":
-        raise RuntimeError(value)
-    return value
+    """Every rank's times, from `world` forked processes in one gloo group (they inherit the imported torch and mok)."""
+    return run_group(world, rank_run, args, timeout_s=RANK_TIMEOUT_S, threads=threads(args, world))
 
 
 def threads(args, world: int) -> int:

@@ -63,11 +63,11 @@ def token_counts(args) -> list[int]:
     return torch.randint(low, high, (args.world,), generator=g).tolist()
 
 
-def problem(args):
-    """The whole layer's inputs, drawn from the seed (every rank draws the same and takes its part)."""
-    g = torch.Generator().manual_seed(args.seed + 1)
-    T, H, Ie, Is, E, K = (sum(token_counts(args)), args.hidden, args.intermediate, args.shared_intermediate,
-                          args.experts, args.topk)
+def layer_inputs(seed: int, tokens: int, hidden: int, intermediate: int, shared: int, experts: int, topk: int):
+    """The whole layer's inputs drawn from `seed`: x, topk ids and weights (softmax top-k of a random router),
+    routed experts, the shared expert (None for shared = 0) and dout; bf16, weights scaled by 1/sqrt(fan-in)."""
+    g = torch.Generator().manual_seed(seed)
+    T, H, Ie, Is, E, K = tokens, hidden, intermediate, shared, experts, topk
 
     def bf16(*shape, fan_in=1):
         return (torch.randn(*shape, generator=g) / fan_in ** 0.5).to(torch.bfloat16)
@@ -78,6 +78,12 @@ def problem(args):
     routed = RoutedExperts(bf16(E, Ie, H, fan_in=H), bf16(E, Ie, H, fan_in=H), bf16(E, H, Ie, fan_in=Ie))
     shared = SharedExpert(bf16(Is, H, fan_in=H), bf16(Is, H, fan_in=H), bf16(H, Is, fan_in=Is)) if Is else None
     return x, ids.to(torch.int32), weights.contiguous(), routed, shared, bf16(T, H)
+
+
+def problem(args):
+    """The whole layer's inputs, drawn from the seed (every rank draws the same and takes its part)."""
+    return layer_inputs(args.seed + 1, sum(token_counts(args)), args.hidden, args.intermediate,
+                        args.shared_intermediate, args.experts, args.topk)
 
 
 def rank_main(rank: int, args, store_path: str):
