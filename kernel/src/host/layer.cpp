@@ -3,8 +3,6 @@
 #include "host/layer.hpp"
 
 #include <pthread.h>
-#include <sys/random.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +11,7 @@
 
 #include "api/error.hpp"
 #include "core/protocol.hpp"
+#include "host/random.hpp"
 
 namespace mok::host {
 namespace {
@@ -237,17 +236,6 @@ Failure group_barrier(Layer& l, WaitId what, core::CallKind call) {
   return core::barrier(l.headers, l.shape.world, l.shape.rank, ++l.epoch, call, l.timeout_ns, what);
 }
 
-uint64_t fresh_incarnation(int rank) {
-  uint64_t v = 0;
-  if (getrandom(&v, sizeof(v), 0) != static_cast<ssize_t>(sizeof(v))) v = 0;
-  // Mixed with the clock, process and rank, so that even a failed getrandom gives distinct values.
-  uint64_t z = v ^ core::now_ns() ^ (static_cast<uint64_t>(getpid()) << 32) ^ static_cast<uint64_t>(rank);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return z ? z : 1;
-}
-
 core::CallKind call_of(PassKind kind) {
   if (kind == PassKind::backward) return core::CallKind::backward;
   return kind == PassKind::recompute ? core::CallKind::recompute : core::CallKind::forward;
@@ -313,7 +301,7 @@ mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mok
   for (int r = 0; r < shape.world; ++r) l->headers[r] = reinterpret_cast<core::PeerHeader*>(l->memory.base(r));
   int32_t group_shape[core::kGroupShapeFields];
   core::group_shape(shape, group_shape);
-  core::reset_header(l->headers[shape.rank], group_shape, fresh_incarnation(shape.rank));
+  core::reset_header(l->headers[shape.rank], group_shape, random_word(static_cast<uint64_t>(shape.rank)));
   *out = l;
   return mokSuccess;
 }

@@ -23,7 +23,6 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -35,6 +34,7 @@
 
 #include "api/error.hpp"
 #include "core/protocol.hpp"
+#include "host/random.hpp"
 
 namespace mok::host {
 namespace {
@@ -82,19 +82,6 @@ uint64_t shm_free_bytes() {
 
 double gib(uint64_t bytes) {
   return static_cast<double>(bytes) / (1ull << 30);
-}
-
-uint64_t random_nonce() {
-  uint64_t n = 0;
-  if (getrandom(&n, sizeof(n), 0) != sizeof(n)) n = core::now_ns() ^ (static_cast<uint64_t>(getpid()) << 32);
-  return n ? n : 1;
-}
-
-uint64_t mix(uint64_t h, uint64_t v) {  // splitmix64's finaliser over h ^ v
-  h ^= v;
-  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
-  h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
-  return h ^ (h >> 31);
 }
 
 struct Segment {
@@ -208,7 +195,7 @@ class Setup {
     std::memcpy(h->shape, shape_, sizeof(shape_));
     h->setup_owner = getpid();
     h->setup_bytes = bytes_;
-    h->setup_nonce = random_nonce();
+    h->setup_nonce = random_word(static_cast<uint64_t>(rank_));
     h->setup_state = kSegmentOpen;
     core::SystemAtomic<uint32_t>(h->setup_magic).store(kSegmentMagic, cuda::std::memory_order_release);
     return claim_name(path);
