@@ -312,7 +312,6 @@ void drop_schedule(Layer& l) {
 
 mokStatus_t build_schedule(Layer& l, const void* topk_ids, bool int64_ids, int tokens) {
   const char* func = "mokLayerBuildSchedule";
-  drop_schedule(l);
   if (group_aborted(l)) return aborted_earlier(l, func);
   // Safe to overwrite: the closing barrier of the previous build ended every peer's reads.
   auto* ids = own_at<int32_t>(l, l.peer.topk_ids);

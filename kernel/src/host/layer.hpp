@@ -35,7 +35,8 @@ mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mok
 
 // The calls below assume validated arguments (api/layer.cpp checks them first).
 // A mokLayerBuildSchedule that fails, for any reason, leaves no schedule and no context: the buffers a caller
-// sized for its token count are never used with an older one.
+// sized for its token count are never used with an older one. mokLayerBuildSchedule calls it first, before its
+// checks; build_schedule sets the schedule only once it succeeded.
 void drop_schedule(Layer& layer);
 mokStatus_t build_schedule(Layer& layer, const void* topk_ids, bool int64_ids, int tokens);
 // with_output == false: a recompute (rebuilds the context only; topk_weights and out unused).
