@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <initializer_list>
 
 #include "api/c_enum.hpp"
 #include "api/error.hpp"
@@ -16,14 +15,6 @@ namespace {
 
 mokStatus_t invalid(const char* func, const char* fmt_rule, const char* name, long long value) {
   return fail(mokInvalidArgument, "%s: argument '%s' (%lld) %s", func, name, value, fmt_rule);
-}
-
-// a x b x ..., or INT64_MAX when that overflows (then above every limit); factors are >= 0.
-int64_t product(std::initializer_list<int64_t> factors) {
-  int64_t p = 1;
-  for (int64_t f : factors)
-    if (__builtin_mul_overflow(p, f, &p)) return INT64_MAX;
-  return p;
 }
 
 // The integer fields, each in [lo, hi].
@@ -95,19 +86,19 @@ mokStatus_t check_products(const mokLayerConfig_t* c, const char* func) {
     int64_t value, max;
     const char* why;
   };
-  int64_t rows = product({c->world, c->max_tokens, c->top_k}),
-          padding = product({c->experts_per_rank, c->expert_padding});
+  int64_t rows = limits::product({c->world, c->max_tokens, c->top_k}),
+          padding = limits::product({c->experts_per_rank, c->expert_padding});
   if (__builtin_add_overflow(rows, padding, &rows)) rows = INT64_MAX;
   const Rule rules[] = {
       {"world x max_tokens x top_k + experts_per_rank x expert_padding", rows, limits::kMaxReceiveRows,
        "receive rows, indexed by int32"},
-      {"max_tokens x top_k x hidden", product({c->max_tokens, c->top_k, c->hidden}), limits::kMaxTensorElements,
+      {"max_tokens x top_k x hidden", limits::product({c->max_tokens, c->top_k, c->hidden}), limits::kMaxTensorElements,
        "elements of the peer buffer's y_slots"},
-      {"experts_per_rank x intermediate x hidden", product({c->experts_per_rank, c->intermediate, c->hidden}),
+      {"experts_per_rank x intermediate x hidden", limits::product({c->experts_per_rank, c->intermediate, c->hidden}),
        limits::kMaxTensorElements, "elements of each expert weight"},
-      {"macrobatch x hidden", product({c->macrobatch, c->hidden}), limits::kMaxTensorElements,
+      {"macrobatch x hidden", limits::product({c->macrobatch, c->hidden}), limits::kMaxTensorElements,
        "elements of a ring buffer"},
-      {"macrobatch x intermediate", product({c->macrobatch, c->intermediate}), limits::kMaxTensorElements,
+      {"macrobatch x intermediate", limits::product({c->macrobatch, c->intermediate}), limits::kMaxTensorElements,
        "elements of a ring buffer"},
   };
   for (const Rule& r : rules)

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "core/shape.hpp"
 
@@ -40,6 +41,14 @@ constexpr size_t kMaxShmName = 200;
 
 // mokMxfp8Quantize: batch x rows x cols.
 constexpr int64_t kMaxQuantizeElements = int64_t{1} << 40;
+
+// a x b x ..., or INT64_MAX when that overflows (then above every limit); factors are >= 0.
+inline int64_t product(std::initializer_list<int64_t> factors) {
+  int64_t p = 1;
+  for (int64_t f : factors)
+    if (__builtin_mul_overflow(p, f, &p)) return INT64_MAX;
+  return p;
+}
 
 static_assert(sizeof(size_t) == 8, "the layouts count bytes in a 64-bit size_t");
 

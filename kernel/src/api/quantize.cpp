@@ -40,9 +40,7 @@ mokStatus_t check_dims(int64_t batch, int64_t rows, int64_t cols, const char* fu
     if (dims[i] < 1)
       return fail(mokInvalidArgument, "%s: argument '%s' (%lld) must be >= 1", func, names[i],
                   static_cast<long long>(dims[i]));
-  int64_t n;
-  bool overflow = __builtin_mul_overflow(batch, rows, &n) || __builtin_mul_overflow(n, cols, &n);
-  if (overflow || n > mok::api::limits::kMaxQuantizeElements)
+  if (mok::api::limits::product({batch, rows, cols}) > mok::api::limits::kMaxQuantizeElements)
     return fail(mokInvalidArgument,
                 "%s: arguments 'batch' x 'rows' x 'cols' (%lld x %lld x %lld) must be at most 2^40 = %lld elements",
                 func, static_cast<long long>(batch), static_cast<long long>(rows), static_cast<long long>(cols),
