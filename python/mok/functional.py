@@ -239,9 +239,7 @@ def _workspace_key(max_tokens, hidden, topk, num_local_experts, intermediate, sh
                                    ("shared_intermediate", shared_intermediate, 0, validate.MAX_INTERMEDIATE)):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise ValueError(f"{name} must be an int in [{low}, {high}] (libmok's limit), got {value!r}")
-    if mxfp8 and config.expert_padding % validate.MXFP8_PADDING:
-        raise ValueError(f"MoKConfig.expert_padding must be a multiple of 32 with MXFP8 experts (token blocks "
-                         f"start on tiles), got {config.expert_padding}")
+    validate.check_mxfp8_padding(mxfp8, config.expert_padding)
     executor = select_backend(backend, device)
     # id(group): the cache holds the group object in the Workspace, so the id cannot be reused while cached.
     key = WorkspaceKey(id(group), device, max_tokens, hidden, topk, num_local_experts, intermediate,
@@ -379,9 +377,7 @@ def _prepare(x, topk_ids, topk_weights, routed, shared, group, config, workspace
         executor = select_backend(backend, x.device)
         padding = (workspace.config if isinstance(workspace, Workspace) else config).expert_padding
         shape = shape._replace(expert_padding=padding)  # part of the layout every rank must agree on
-        if shape.mxfp8 and padding % validate.MXFP8_PADDING:
-            raise ValueError(f"MoKConfig.expert_padding must be a multiple of 32 with MXFP8 experts (token blocks "
-                             f"start on tiles), got {padding}")
+        validate.check_mxfp8_padding(shape.mxfp8, padding)
         _check_workspace(workspace, shape, executor, x, group)
         _check_schedule(schedule, x, shape)
     except (TypeError, ValueError) as e:

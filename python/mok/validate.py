@@ -91,6 +91,13 @@ def check_routing_limits(topk_ids: torch.Tensor, world: int) -> None:
     _check_at_most(world, MAX_WORLD, "the group must have at most 72 ranks")
 
 
+def check_mxfp8_padding(mxfp8: bool, expert_padding: int) -> None:
+    """MXFP8 experts need tiles of whole 32-row token blocks (libmok's config.expert_padding rule, on every backend)."""
+    if mxfp8 and expert_padding % MXFP8_PADDING:
+        raise ValueError(f"MoKConfig.expert_padding must be a multiple of 32 with MXFP8 experts (token blocks "
+                         f"start on tiles), got {expert_padding}")
+
+
 def check_expert_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
     """Every id is -1 (no route) or a global expert in [0, num_experts)."""
     if topk_ids.numel() == 0:
