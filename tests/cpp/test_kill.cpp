@@ -202,7 +202,12 @@ void check_survivors(const Group& g, const Board* board, int victim, int64_t hit
     if (rep.failed_in == kFinished) continue;
     CHECK_MSG(rep.status == mokTimeout || rep.status == mokPeerAbort, "rank %d: %s", r,
               mokGetStatusString(static_cast<mokStatus_t>(rep.status)));
-    if (rep.failed_in == kCreate)  // no context yet: the detail names the wait
+    // No context yet: the detail says what setup saw (docs/c-api.md, Shared memory): a peer that had mapped the
+    // victim's segment sees it exit (mokPeerAbort), one that had not runs out the wait for it (mokTimeout).
+    if (rep.failed_in == kCreate && rep.status == mokPeerAbort)
+      CHECK_MSG(std::strstr(rep.detail, "shared memory") && std::strstr(rep.detail, "exited during setup"),
+                "rank %d: creation abort names no dead rank: %s", r, rep.detail);
+    else if (rep.failed_in == kCreate)
       CHECK_MSG(std::strstr(rep.detail, "shared memory") && std::strstr(rep.detail, "timeout"),
                 "rank %d: creation detail names no wait: %s", r, rep.detail);
     else
