@@ -1,0 +1,119 @@
+// The one GEMM of the layer, as core describes it to an executor: c = a · bᵀ over a tile. Core decides
+// every address, orientation, operand encoding and the epilogue; the executor only computes it.
+//
+// The order of the sum is part of the contract on the host: element (i, j) starts from 0 (or from c,
+// when the epilogue accumulates) and adds the products a(i, k) · b(j, k) one at a time, k = 0, 1, ...,
+// part by part, each product rounded before it is added (no FMA). reference_gemm below is that order;
+// the host executor's micro-kernels give the same bits. A GPU executor's tensor cores keep their own
+// fixed order, the same on every run.
+#pragma once
+
+#include <cstdint>
+
+#include "core/mxfp8.hpp"
+#include "core/numeric.hpp"
+
+namespace mok::core {
+
+enum class Dtype : int8_t { f32, bf16, e4m3 };
+
+// A [rows, depth] operand: element (i, k) lives at data[i * row_stride + k * depth_stride], so one
+// type serves K-major (depth_stride 1) and MN-major (row_stride 1) storage.
+struct Operand {
+  const void* data;
+  Dtype dtype;
+  int64_t row_stride, depth_stride;
+  // e4m3 only: element (i, k)'s e8m0 scale is scales[i * scale_stride + k / 32].
+  const uint8_t* scales;
+  int64_t scale_stride;
+  // f32 / bf16 only: the GEMM reads the value's MXFP8 round trip, blocks of 32 along depth from k = 0
+  // (the last block may be shorter): an MXFP8 GEMM's activation operand (DESIGN 1.2).
+  bool quantize;
+};
+
+// One stretch of the reduction: a [rows, depth] times b [cols, depth].
+struct GemmPart {
+  Operand a, b;
+  int depth;
+};
+
+enum class Epilogue : int8_t {
+  store_bf16,      // c (bf16) = round_bf16(sum), the sum from 0
+  accumulate_f32,  // c (fp32) = sum started from c's value: a reduction continued across calls
+};
+
+struct Gemm {
+  int rows, cols;
+  GemmPart parts[2];  // the sum runs over parts[0], then parts[1]: one accumulator, K concatenated
+  int num_parts;
+  void* c;  // c(i, j) at c[i * c_stride + j]
+  int64_t c_stride;
+  Epilogue epilogue;
+};
+
+MOK_HD inline Operand bf16_operand(const bf16_t* data, int64_t row_stride, int64_t depth_stride, bool quantize) {
+  return Operand{data, Dtype::bf16, row_stride, depth_stride, nullptr, 0, quantize};
+}
+
+MOK_HD inline Operand e4m3_operand(const uint8_t* data, int64_t row_stride, const uint8_t* scales,
+                                   int64_t scale_stride) {
+  return Operand{data, Dtype::e4m3, row_stride, 1, scales, scale_stride, false};
+}
+
+// The value (i, k) holds as stored, before any quantisation on read.
+MOK_HD inline float stored_value(const Operand& o, int64_t i, int64_t k) {
+  int64_t at = i * o.row_stride + k * o.depth_stride;
+  switch (o.dtype) {
+    case Dtype::f32: return static_cast<const float*>(o.data)[at];
+    case Dtype::bf16: return bf16_to_float(static_cast<const bf16_t*>(o.data)[at]);
+    case Dtype::e4m3:
+      return e4m3_decode(static_cast<const uint8_t*>(o.data)[at]) *
+             e8m0_decode(o.scales[i * o.scale_stride + k / kMxBlock]);
+  }
+  return 0.0f;
+}
+
+// Row i of an operand as the GEMM reads it: depth values in fp32 (the MXFP8 round trip when asked).
+MOK_HD inline void load_operand_row(const Operand& o, int64_t i, int depth, float* out) {
+  for (int k = 0; k < depth; ++k) out[k] = stored_value(o, i, k);
+  if (o.quantize) mx_round_trip_row(out, depth);
+}
+
+// fp32 scratch reference_gemm needs for g: one part's a rows, one b row, and the accumulator when
+// the epilogue stores bf16.
+MOK_HD inline int64_t reference_scratch_floats(int rows, int cols, int depth) {
+  return static_cast<int64_t>(rows) * depth + depth + static_cast<int64_t>(rows) * cols;
+}
+
+// The contract's order, one element at a time. Reads every operand before it writes c, so c may not
+// alias an operand.
+MOK_HD inline void reference_gemm(const Gemm& g, float* scratch) {
+  float* acc = scratch;
+  int64_t n = static_cast<int64_t>(g.rows) * g.cols;
+  bool store = g.epilogue == Epilogue::store_bf16;
+  float* c32 = static_cast<float*>(g.c);
+  for (int64_t e = 0; e < n; ++e) acc[e] = store ? 0.0f : c32[(e / g.cols) * g.c_stride + e % g.cols];
+  for (int p = 0; p < g.num_parts; ++p) {
+    const GemmPart& part = g.parts[p];
+    float *a = acc + n, *b = a + static_cast<int64_t>(g.rows) * part.depth;
+    for (int i = 0; i < g.rows; ++i) load_operand_row(part.a, i, part.depth, a + static_cast<int64_t>(i) * part.depth);
+    for (int j = 0; j < g.cols; ++j) {
+      load_operand_row(part.b, j, part.depth, b);
+      for (int i = 0; i < g.rows; ++i) {
+        const float* ai = a + static_cast<int64_t>(i) * part.depth;
+        float sum = acc[static_cast<int64_t>(i) * g.cols + j];
+        for (int k = 0; k < part.depth; ++k) sum = add_rn(sum, mul_rn(ai[k], b[k]));
+        acc[static_cast<int64_t>(i) * g.cols + j] = sum;
+      }
+    }
+  }
+  for (int64_t e = 0; e < n; ++e) {
+    int64_t at = (e / g.cols) * g.c_stride + e % g.cols;
+    if (store)
+      static_cast<bf16_t*>(g.c)[at] = float_to_bf16(acc[e]);
+    else
+      c32[at] = acc[e];
+  }
+}
+
+}  // namespace mok::core
