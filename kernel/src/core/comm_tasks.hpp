@@ -13,13 +13,12 @@ MOK_HD inline void pull_row(const PassView& v, int64_t j) {
   RowRef ref = v.sched.rows[j];
   int h = v.s.hidden;
   int64_t slot = static_cast<int64_t>(ref.token) * v.s.top_k + ref.k;
-  bf16_row_to_float(peer_array<const bf16_t>(v, ref.rank, v.peer.x) + static_cast<int64_t>(ref.token) * h, h,
-                    ring_row(v, v.ring_x, j, h));
+  copy_row(peer_array<const bf16_t>(v, ref.rank, v.peer.x) + static_cast<int64_t>(ref.token) * h, h,
+           ring_row(v, v.ring_x, j, h));
   if (v.kind != PassKind::backward) return;
   float weight = peer_array<const float>(v, ref.rank, v.peer.topk_weights)[slot];
   const bf16_t* dout = peer_array<const bf16_t>(v, ref.rank, v.peer.dout) + static_cast<int64_t>(ref.token) * h;
-  float* dy = ring_row(v, v.ring_dy, j, h);
-  for (int i = 0; i < h; ++i) dy[i] = round_bf16(mul_rn(weight, bf16_to_float(dout[i])));
+  scaled_row(weight, dout, h, ring_row(v, v.ring_dy, j, h));
 }
 
 // Pull minibatch m's rows. Within the minibatch, sources are served round-robin, each rank starting
@@ -62,7 +61,7 @@ MOK_HD inline Failure run_combine(const PassView& v, int64_t m) {
     RowRef ref = v.sched.rows[j];
     if (ref.rank < 0) continue;
     int64_t slot = static_cast<int64_t>(ref.token) * v.s.top_k + ref.k;
-    float_row_to_bf16(ring_row(v, v.ring_y, j, h), h, peer_array<bf16_t>(v, ref.rank, slots) + slot * h);
+    copy_row(ring_row(v, v.ring_y, j, h), h, peer_array<bf16_t>(v, ref.rank, slots) + slot * h);
   }
   publish(&v.c.freed[m], 1);
   return kNoFailure;

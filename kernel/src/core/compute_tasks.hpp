@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "core/mxfp8.hpp"
+#include "core/gemm.hpp"
 #include "core/pass_view.hpp"
 #include "core/tile.hpp"
 
@@ -26,24 +26,75 @@ MOK_HD inline TileInfo tile_info(const PassView& v, int64_t tile) {
   return t;
 }
 
-// A GEMM operand row: the stored row itself, or in MXFP8 mode its round trip along the row.
-MOK_HD inline const float* operand(const PassView& v, const float* row, int n, float* scratch) {
-  if (!v.s.mxfp8) return row;
-  copy(row, n, scratch);
-  mx_round_trip_row(scratch, n);
-  return scratch;
+// ---- GEMM operands (core decides every address and orientation; the executor computes) ----------
+
+MOK_HD inline int blocks_of(int n) {
+  return (n + kMxBlock - 1) / kMxBlock;
 }
 
-MOK_HD inline Failure run_gate_up(const PassView& v, const TileInfo& t, float* scratch) {
+// Ring rows [row0, row0 + rows) of width `width` as a GEMM's a: K-major along the row, quantised along
+// it in MXFP8 mode.
+MOK_HD inline Operand ring_rows(const PassView& v, bf16_t* ring, int64_t row0, int width) {
+  return bf16_operand(ring_row(v, ring, row0, width), width, 1, v.s.mxfp8 != 0);
+}
+
+// The same rows read down their columns (rows of the operand = the ring's columns, depth = tokens): a
+// weight gradient's operand, quantised along the tokens in MXFP8 mode.
+MOK_HD inline Operand ring_columns(const PassView& v, bf16_t* ring, int64_t row0, int width) {
+  return bf16_operand(ring_row(v, ring, row0, width), 1, width, v.s.mxfp8 != 0);
+}
+
+// Expert e's [rows, cols] weight (rows the GEMM's output columns, cols its depth): bf16 in place, or
+// its MXFP8 form whose blocks run along cols.
+MOK_HD inline Operand weight_rows(const PassView& v, const bf16_t* bf16, const MxWeight& mx, int e, int rows,
+                                  int cols) {
+  int64_t at = static_cast<int64_t>(e) * rows * cols;
+  if (!v.s.mxfp8) return bf16_operand(bf16 + at, cols, 1, false);
+  return e4m3_operand(mx.data + at, cols, mx.scales + static_cast<int64_t>(e) * rows * blocks_of(cols),
+                      blocks_of(cols));
+}
+
+// Expert e's bf16 [cols, rows] weight read transposed (a dgrad's b over the weight's own rows), or the
+// MXFP8 colwise form, which stores that transpose as [rows, cols] with blocks along cols.
+MOK_HD inline Operand weight_columns(const PassView& v, const bf16_t* bf16, const MxWeight& colwise, int e, int rows,
+                                     int cols) {
+  int64_t at = static_cast<int64_t>(e) * rows * cols;
+  if (!v.s.mxfp8) return bf16_operand(bf16 + at, 1, rows, false);
+  return e4m3_operand(colwise.data + at, cols, colwise.scales + static_cast<int64_t>(e) * rows * blocks_of(cols),
+                      blocks_of(cols));
+}
+
+MOK_HD inline Gemm gemm_one(int rows, int cols, Operand a, Operand b, int depth, void* c, int64_t c_stride,
+                            Epilogue epilogue) {
+  Gemm g{};
+  g.rows = rows;
+  g.cols = cols;
+  g.parts[0] = GemmPart{a, b, depth};
+  g.num_parts = 1;
+  g.c = c;
+  g.c_stride = c_stride;
+  g.epilogue = epilogue;
+  return g;
+}
+
+// c = bf16(a1 · b1ᵀ + a2 · b2ᵀ), one accumulator over both (the K of the two parts concatenated).
+MOK_HD inline Gemm gemm_two(int rows, int cols, GemmPart first, GemmPart second, bf16_t* c, int64_t c_stride) {
+  Gemm g = gemm_one(rows, cols, first.a, first.b, first.depth, c, c_stride, Epilogue::store_bf16);
+  g.parts[1] = second;
+  g.num_parts = 2;
+  return g;
+}
+
+template <class Ops>
+MOK_HD Failure run_gate_up(const PassView& v, const TileInfo& t, Ops& ops) {
   Failure f = wait_local(v, &v.c.ready[t.minibatch], 1, WaitId::minibatch_ready);
   if (!f.ok()) return f;
   int h = v.s.hidden, in = v.s.intermediate;
-  int64_t wofs = static_cast<int64_t>(t.expert) * in * h;
-  for (int64_t j = t.row0; j < t.row0 + t.rows; ++j) {
-    const float* x = operand(v, ring_row(v, v.ring_x, j, h), h, scratch);
-    row_times_wt(x, v.w.gate + wofs, h, in, ring_row(v, v.ring_g, j, in));
-    row_times_wt(x, v.w.up + wofs, h, in, ring_row(v, v.ring_u, j, in));
-  }
+  Operand x = ring_rows(v, v.ring_x, t.row0, h);
+  ops.gemm(gemm_one(t.rows, in, x, weight_rows(v, v.w.gate, v.w.gate_rowwise, t.expert, in, h), h,
+                    ring_row(v, v.ring_g, t.row0, in), in, Epilogue::store_bf16));
+  ops.gemm(gemm_one(t.rows, in, x, weight_rows(v, v.w.up, v.w.up_rowwise, t.expert, in, h), h,
+                    ring_row(v, v.ring_u, t.row0, in), in, Epilogue::store_bf16));
   publish(&v.c.stage[t.tile], 1);
   return kNoFailure;
 }
@@ -54,40 +105,34 @@ MOK_HD inline Failure run_swiglu(const PassView& v, const TileInfo& t) {
   int in = v.s.intermediate;
   Swiglu sw{v.s.swiglu_limit};
   for (int64_t j = t.row0; j < t.row0 + t.rows; ++j) {
-    const float *g = ring_row(v, v.ring_g, j, in), *u = ring_row(v, v.ring_u, j, in);
-    float* hrow = ring_row(v, v.ring_h, j, in);
-    for (int i = 0; i < in; ++i) hrow[i] = round_bf16(sw.forward(g[i], u[i]));
+    swiglu_row(sw, ring_row(v, v.ring_g, j, in), ring_row(v, v.ring_u, j, in), in, ring_row(v, v.ring_h, j, in));
   }
   publish(&v.c.stage[t.tile], 2);
   return kNoFailure;
 }
 
-MOK_HD inline Failure run_down(const PassView& v, const TileInfo& t, float* scratch) {
+template <class Ops>
+MOK_HD Failure run_down(const PassView& v, const TileInfo& t, Ops& ops) {
   Failure f = wait_local(v, &v.c.stage[t.tile], 2, WaitId::tile_stage);
   if (!f.ok()) return f;
   int h = v.s.hidden, in = v.s.intermediate;
-  for (int64_t j = t.row0; j < t.row0 + t.rows; ++j) {
-    const float* a = operand(v, ring_row(v, v.ring_h, j, in), in, scratch);
-    row_times_wt(a, v.w.down + static_cast<int64_t>(t.expert) * h * in, in, h, ring_row(v, v.ring_y, j, h));
-  }
+  ops.gemm(gemm_one(t.rows, h, ring_rows(v, v.ring_h, t.row0, in),
+                    weight_rows(v, v.w.down, v.w.down_rowwise, t.expert, h, in), in, ring_row(v, v.ring_y, t.row0, h),
+                    h, Epilogue::store_bf16));
   publish(&v.c.stage[t.tile], 3);
   bump(&v.c.done[t.minibatch]);
   return kNoFailure;
 }
 
 // dh = dy W_down, kept in ring_h until swiglu_bwd replaces it with h.
-MOK_HD inline Failure run_dgrad_h(const PassView& v, const TileInfo& t, float* scratch) {
+template <class Ops>
+MOK_HD Failure run_dgrad_h(const PassView& v, const TileInfo& t, Ops& ops) {
   Failure f = wait_local(v, &v.c.stage[t.tile], 1, WaitId::tile_stage);
   if (!f.ok()) return f;
   int h = v.s.hidden, in = v.s.intermediate;
-  float* acc = scratch + h;
-  for (int64_t j = t.row0; j < t.row0 + t.rows; ++j) {
-    const float* dy = operand(v, ring_row(v, v.ring_dy, j, h), h, scratch);
-    fill(acc, in, 0.0f);
-    row_times_w_acc(dy, v.w.bdown + static_cast<int64_t>(t.expert) * h * in, h, in, acc);
-    float* dh = ring_row(v, v.ring_h, j, in);
-    for (int i = 0; i < in; ++i) dh[i] = round_bf16(acc[i]);
-  }
+  ops.gemm(gemm_one(t.rows, in, ring_rows(v, v.ring_dy, t.row0, h),
+                    weight_columns(v, v.w.down, v.w.down_colwise, t.expert, in, h), h,
+                    ring_row(v, v.ring_h, t.row0, in), in, Epilogue::store_bf16));
   publish(&v.c.stage[t.tile], 2);
   return kNoFailure;
 }
@@ -99,86 +144,54 @@ MOK_HD inline Failure run_swiglu_bwd(const PassView& v, const TileInfo& t) {
   int in = v.s.intermediate;
   Swiglu sw{v.s.swiglu_limit};
   for (int64_t j = t.row0; j < t.row0 + t.rows; ++j) {
-    float *g = ring_row(v, v.ring_g, j, in), *u = ring_row(v, v.ring_u, j, in), *hd = ring_row(v, v.ring_h, j, in);
-    for (int i = 0; i < in; ++i) {
-      float dg, du;
-      sw.backward(g[i], u[i], hd[i], &dg, &du);
-      hd[i] = round_bf16(sw.forward(g[i], u[i]));
-      g[i] = round_bf16(dg);
-      u[i] = round_bf16(du);
-    }
+    swiglu_backward_row(sw, ring_row(v, v.ring_g, j, in), ring_row(v, v.ring_u, j, in), ring_row(v, v.ring_h, j, in),
+                        in);
   }
   publish(&v.c.stage[t.tile], 3);
   return kNoFailure;
 }
 
 // dx_k = dg W_gate + du W_up, one fp32 accumulation over both.
-MOK_HD inline Failure run_dgrad_x(const PassView& v, const TileInfo& t, float* scratch) {
+template <class Ops>
+MOK_HD Failure run_dgrad_x(const PassView& v, const TileInfo& t, Ops& ops) {
   Failure f = wait_local(v, &v.c.stage[t.tile], 3, WaitId::tile_stage);
   if (!f.ok()) return f;
   int h = v.s.hidden, in = v.s.intermediate;
-  int64_t wofs = static_cast<int64_t>(t.expert) * in * h;
-  float *acc = scratch, *ops = scratch + h;
-  for (int64_t j = t.row0; j < t.row0 + t.rows; ++j) {
-    fill(acc, h, 0.0f);
-    row_times_w_acc(operand(v, ring_row(v, v.ring_g, j, in), in, ops), v.w.bgate + wofs, in, h, acc);
-    row_times_w_acc(operand(v, ring_row(v, v.ring_u, j, in), in, ops), v.w.bup + wofs, in, h, acc);
-    float* dx = ring_row(v, v.ring_y, j, h);
-    for (int i = 0; i < h; ++i) dx[i] = round_bf16(acc[i]);
-  }
+  GemmPart gate{ring_rows(v, v.ring_g, t.row0, in), weight_columns(v, v.w.gate, v.w.gate_colwise, t.expert, h, in),
+                in};
+  GemmPart up{ring_rows(v, v.ring_u, t.row0, in), weight_columns(v, v.w.up, v.w.up_colwise, t.expert, h, in), in};
+  ops.gemm(gemm_two(t.rows, h, gate, up, ring_row(v, v.ring_y, t.row0, h), h));
   publish(&v.c.stage[t.tile], 4);
   return kNoFailure;
 }
 
-// Rows' weight-gradient terms, rows in order: dW_down += dy^T h, dW_gate += dg^T x, dW_up += du^T x.
-// Operands are dense [rows, width] blocks.
-MOK_HD inline void wgrad_rows(const PassView& v, int e, int rows, const float* x, const float* dy, const float* hb,
-                              const float* dg, const float* du) {
+// The tile's rows added to expert e's weight gradients, rows in order (the depth of each GEMM):
+// dW_down += dyᵀ h, dW_gate += dgᵀ x, dW_up += duᵀ x. A tile's rows are contiguous in the ring: tiles
+// never straddle its end (macrobatch is a multiple of minibatch, itself a multiple of the tile height),
+// and in MXFP8 mode a tile starts a 32-row block of its segment (expert_padding % 32 == 0).
+template <class Ops>
+MOK_HD void wgrad_tile(const PassView& v, const TileInfo& t, Ops& ops) {
   int h = v.s.hidden, in = v.s.intermediate;
-  int64_t wofs = static_cast<int64_t>(e) * in * h;
-  outer_acc_rows(dy, hb, rows, h, in, v.acc.down + wofs);
-  outer_acc_rows(dg, x, rows, in, h, v.acc.gate + wofs);
-  outer_acc_rows(du, x, rows, in, h, v.acc.up + wofs);
-}
-
-// Copies `rows` ring rows starting at j into a dense block and quantises it along the rows (the
-// token dim): the MXFP8 wgrad operand. A tile starts a 32-row block (expert_padding % 32 == 0).
-MOK_HD inline void token_block(const PassView& v, float* ring, int64_t j, int rows, int width, float* block) {
-  for (int r = 0; r < rows; ++r) copy(ring_row(v, ring, j + r, width), width, block + static_cast<int64_t>(r) * width);
-  for (int c = 0; c < width; ++c) mx_round_trip_block(block + c, rows, width);
-}
-
-// A tile's rows are contiguous in the ring: tiles never straddle its end (macrobatch is a multiple
-// of minibatch, itself a multiple of the tile height).
-MOK_HD inline void wgrad_tile(const PassView& v, const TileInfo& t, float* scratch) {
-  int h = v.s.hidden, in = v.s.intermediate;
-  if (!v.s.mxfp8) {
-    wgrad_rows(v, t.expert, t.rows, ring_row(v, v.ring_x, t.row0, h), ring_row(v, v.ring_dy, t.row0, h),
-               ring_row(v, v.ring_h, t.row0, in), ring_row(v, v.ring_g, t.row0, in), ring_row(v, v.ring_u, t.row0, in));
-    return;
-  }
-  float *x = scratch, *dy = x + kMxBlock * h, *hb = dy + kMxBlock * h, *dg = hb + kMxBlock * in,
-        *du = dg + kMxBlock * in;
-  for (int b = 0; b < t.rows; b += kMxBlock) {
-    int n = t.rows - b < kMxBlock ? t.rows - b : kMxBlock;
-    token_block(v, v.ring_x, t.row0 + b, n, h, x);
-    token_block(v, v.ring_dy, t.row0 + b, n, h, dy);
-    token_block(v, v.ring_h, t.row0 + b, n, in, hb);
-    token_block(v, v.ring_g, t.row0 + b, n, in, dg);
-    token_block(v, v.ring_u, t.row0 + b, n, in, du);
-    wgrad_rows(v, t.expert, n, x, dy, hb, dg, du);
-  }
+  int64_t at = static_cast<int64_t>(t.expert) * in * h;
+  Operand x = ring_columns(v, v.ring_x, t.row0, h), dy = ring_columns(v, v.ring_dy, t.row0, h);
+  ops.gemm(gemm_one(h, in, dy, ring_columns(v, v.ring_h, t.row0, in), t.rows, v.acc.down + at, in,
+                    Epilogue::accumulate_f32));
+  ops.gemm(gemm_one(in, h, ring_columns(v, v.ring_g, t.row0, in), x, t.rows, v.acc.gate + at, h,
+                    Epilogue::accumulate_f32));
+  ops.gemm(gemm_one(in, h, ring_columns(v, v.ring_u, t.row0, in), x, t.rows, v.acc.up + at, h,
+                    Epilogue::accumulate_f32));
 }
 
 // Tiles of one expert add their rows in row order, so the sum never depends on the schedule's
 // batching or on which worker ran which tile.
-MOK_HD inline Failure run_wgrad(const PassView& v, const TileInfo& t, float* scratch) {
+template <class Ops>
+MOK_HD Failure run_wgrad(const PassView& v, const TileInfo& t, Ops& ops) {
   Failure f = wait_local(v, &v.c.stage[t.tile], 4, WaitId::tile_stage);
   if (!f.ok()) return f;
   uint32_t nth = static_cast<uint32_t>((t.row0 - expert_first(v.sched, t.expert)) / v.s.expert_padding);
   f = wait_local(v, &v.c.wchain[t.expert], nth, WaitId::wgrad_order);
   if (!f.ok()) return f;
-  wgrad_tile(v, t, scratch);
+  wgrad_tile(v, t, ops);
   publish(&v.c.wchain[t.expert], nth + 1);
   publish(&v.c.stage[t.tile], 5);
   bump(&v.c.done[t.minibatch]);
@@ -187,46 +200,47 @@ MOK_HD inline Failure run_wgrad(const PassView& v, const TileInfo& t, float* scr
 
 // ---- the shared expert (local tokens, no peers) -----------------------------------------------
 
-MOK_HD inline Failure run_shared(const PassView& v, int64_t chunk, float* scratch) {
+// Chunk c: the local tokens [c * P, min((c + 1) * P, tokens)), P = expert_padding. Per chunk: g, u,
+// h (and in backward dh, then dg, du in place of g, u) in the worker's chunk rows; the output (or dx)
+// in shared_out; in backward the weight gradients, chunks in order.
+template <class Ops>
+MOK_HD Failure run_shared(const PassView& v, int64_t chunk, Ops& ops) {
   int h = v.s.hidden, is = v.s.shared_intermediate;
   bool backward = v.kind == PassKind::backward;
   if (backward) {
     Failure f = wait_local(v, v.c.shared, static_cast<uint32_t>(chunk), WaitId::shared_order);
     if (!f.ok()) return f;
   }
-  // Rows of width h (x, d) and is (g, u, hr, dh), then acc, which holds dh (is) and then dx (h):
-  // 2h + 4is + max(h, is) floats, within shape.hpp's scratch_floats.
-  float *x = scratch, *d = x + h, *g = d + h, *u = g + is, *hr = u + is, *dh = hr + is, *acc = dh + is;
+  int64_t first = chunk * v.s.expert_padding;
+  int rows = static_cast<int>((first + v.s.expert_padding < v.tokens ? first + v.s.expert_padding : v.tokens) - first);
+  bf16_t *g = ops.chunk, *u = g + static_cast<int64_t>(v.s.expert_padding) * is,
+         *hr = u + static_cast<int64_t>(v.s.expert_padding) * is, *dh = hr + static_cast<int64_t>(v.s.expert_padding) * is;
+  const bf16_t* xs = peer_array<const bf16_t>(v, v.s.rank, v.peer.x) + first * h;
+  bf16_t* out = v.shared_out + first * h;
+  Operand x = bf16_operand(xs, h, 1, false);
+  Operand wgate = bf16_operand(v.w.shared_gate, h, 1, false), wup = bf16_operand(v.w.shared_up, h, 1, false);
+  ops.gemm(gemm_one(rows, is, x, wgate, h, g, is, Epilogue::store_bf16));
+  ops.gemm(gemm_one(rows, is, x, wup, h, u, is, Epilogue::store_bf16));
   Swiglu sw{v.s.swiglu_limit};
-  int64_t end = (chunk + 1) * v.s.expert_padding < v.tokens ? (chunk + 1) * v.s.expert_padding : v.tokens;
-  for (int64_t t = chunk * v.s.expert_padding; t < end; ++t) {
-    bf16_row_to_float(peer_array<const bf16_t>(v, v.s.rank, v.peer.x) + t * h, h, x);
-    row_times_wt(x, v.w.sgate, h, is, g);
-    row_times_wt(x, v.w.sup, h, is, u);
-    for (int i = 0; i < is; ++i) hr[i] = round_bf16(sw.forward(g[i], u[i]));
-    if (!backward) {
-      row_times_wt(hr, v.w.sdown, is, h, v.shared_out + t * h);
-      continue;
-    }
-    bf16_row_to_float(peer_array<const bf16_t>(v, v.s.rank, v.peer.dout) + t * h, h, d);
-    fill(acc, is, 0.0f);
-    row_times_w_acc(d, v.w.sdown, h, is, acc);
-    for (int i = 0; i < is; ++i) dh[i] = round_bf16(acc[i]);
-    for (int i = 0; i < is; ++i) {
-      float dg, du;
-      sw.backward(g[i], u[i], dh[i], &dg, &du);
-      g[i] = round_bf16(dg);
-      u[i] = round_bf16(du);
-    }
-    fill(acc, h, 0.0f);
-    row_times_w_acc(g, v.w.sgate, is, h, acc);
-    row_times_w_acc(u, v.w.sup, is, h, acc);
-    for (int i = 0; i < h; ++i) v.shared_out[t * h + i] = round_bf16(acc[i]);
-    outer_acc(d, hr, h, is, v.acc.sdown);
-    outer_acc(g, x, is, h, v.acc.sgate);
-    outer_acc(u, x, is, h, v.acc.sup);
+  for (int r = 0; r < rows; ++r) swiglu_row(sw, g + r * is, u + r * is, is, hr + r * is);
+  if (!backward) {
+    ops.gemm(gemm_one(rows, h, bf16_operand(hr, is, 1, false), bf16_operand(v.w.shared_down, is, 1, false), is, out,
+                      h, Epilogue::store_bf16));
+    return kNoFailure;
   }
-  if (backward) publish(v.c.shared, static_cast<uint32_t>(chunk + 1));
+  const bf16_t* dout = peer_array<const bf16_t>(v, v.s.rank, v.peer.dout) + first * h;
+  ops.gemm(gemm_one(rows, is, bf16_operand(dout, h, 1, false), bf16_operand(v.w.shared_down, 1, is, false), h, dh,
+                    is, Epilogue::store_bf16));
+  for (int r = 0; r < rows; ++r) swiglu_gradient_row(sw, g + r * is, u + r * is, dh + r * is, is);
+  GemmPart dgate{bf16_operand(g, is, 1, false), bf16_operand(v.w.shared_gate, 1, h, false), is};
+  GemmPart dup{bf16_operand(u, is, 1, false), bf16_operand(v.w.shared_up, 1, h, false), is};
+  ops.gemm(gemm_two(rows, h, dgate, dup, out, h));
+  Operand xt = bf16_operand(xs, 1, h, false);
+  ops.gemm(gemm_one(h, is, bf16_operand(dout, 1, h, false), bf16_operand(hr, 1, is, false), rows, v.acc.sdown, is,
+                    Epilogue::accumulate_f32));
+  ops.gemm(gemm_one(is, h, bf16_operand(g, 1, is, false), xt, rows, v.acc.sgate, h, Epilogue::accumulate_f32));
+  ops.gemm(gemm_one(is, h, bf16_operand(u, 1, is, false), xt, rows, v.acc.sup, h, Epilogue::accumulate_f32));
+  publish(v.c.shared, static_cast<uint32_t>(chunk + 1));
   return kNoFailure;
 }
 

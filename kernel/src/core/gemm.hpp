@@ -79,41 +79,42 @@ MOK_HD inline void load_operand_row(const Operand& o, int64_t i, int depth, floa
   if (o.quantize) mx_round_trip_row(out, depth);
 }
 
-// fp32 scratch reference_gemm needs for g: one part's a rows, one b row, and the accumulator when
-// the epilogue stores bf16.
-MOK_HD inline int64_t reference_scratch_floats(int rows, int cols, int depth) {
-  return static_cast<int64_t>(rows) * depth + depth + static_cast<int64_t>(rows) * cols;
+// Floats of scratch an executor may use for one GEMM of a [rows, depth] by b [cols, depth] (the widest
+// part): both operands in fp32 (decoded, or packed into panels of up to 8 rows and 16 columns) and, when
+// the epilogue stores, the tile's accumulator. Core sizes every worker's scratch with it.
+MOK_HD inline size_t gemm_scratch_floats(size_t rows, size_t cols, size_t depth, bool stores) {
+  return (rows + 8) * depth + (cols + 16) * depth + (stores ? (rows + 8) * (cols + 16) : 0);
 }
 
 // The contract's order, one element at a time. Reads every operand before it writes c, so c may not
 // alias an operand.
 MOK_HD inline void reference_gemm(const Gemm& g, float* scratch) {
-  float* acc = scratch;
-  int64_t n = static_cast<int64_t>(g.rows) * g.cols;
   bool store = g.epilogue == Epilogue::store_bf16;
-  float* c32 = static_cast<float*>(g.c);
-  for (int64_t e = 0; e < n; ++e) acc[e] = store ? 0.0f : c32[(e / g.cols) * g.c_stride + e % g.cols];
+  // The running sums: a dense scratch tile when the result is stored as bf16, c itself when it accumulates.
+  float* acc = store ? scratch : static_cast<float*>(g.c);
+  int64_t acc_stride = store ? g.cols : g.c_stride;
+  float* a = store ? scratch + static_cast<int64_t>(g.rows) * g.cols : scratch;
+  for (int i = 0; store && i < g.rows; ++i)
+    for (int j = 0; j < g.cols; ++j) acc[static_cast<int64_t>(i) * acc_stride + j] = 0.0f;
   for (int p = 0; p < g.num_parts; ++p) {
     const GemmPart& part = g.parts[p];
-    float *a = acc + n, *b = a + static_cast<int64_t>(g.rows) * part.depth;
+    float* b = a + static_cast<int64_t>(g.rows) * part.depth;
     for (int i = 0; i < g.rows; ++i) load_operand_row(part.a, i, part.depth, a + static_cast<int64_t>(i) * part.depth);
     for (int j = 0; j < g.cols; ++j) {
       load_operand_row(part.b, j, part.depth, b);
       for (int i = 0; i < g.rows; ++i) {
         const float* ai = a + static_cast<int64_t>(i) * part.depth;
-        float sum = acc[static_cast<int64_t>(i) * g.cols + j];
+        float& out = acc[static_cast<int64_t>(i) * acc_stride + j];
+        float sum = out;
         for (int k = 0; k < part.depth; ++k) sum = add_rn(sum, mul_rn(ai[k], b[k]));
-        acc[static_cast<int64_t>(i) * g.cols + j] = sum;
+        out = sum;
       }
     }
   }
-  for (int64_t e = 0; e < n; ++e) {
-    int64_t at = (e / g.cols) * g.c_stride + e % g.cols;
-    if (store)
-      static_cast<bf16_t*>(g.c)[at] = float_to_bf16(acc[e]);
-    else
-      c32[at] = acc[e];
-  }
+  for (int i = 0; store && i < g.rows; ++i)
+    for (int j = 0; j < g.cols; ++j)
+      static_cast<bf16_t*>(g.c)[static_cast<int64_t>(i) * g.c_stride + j] =
+          float_to_bf16(acc[static_cast<int64_t>(i) * acc_stride + j]);
 }
 
 }  // namespace mok::core

@@ -14,7 +14,7 @@ MOK_HD inline void combine_forward_token(const PassView& v, int64_t t, const flo
   const int32_t* ids = peer_array<const int32_t>(v, v.s.rank, v.peer.topk_ids) + t * k;
   const bf16_t* y = peer_array<const bf16_t>(v, v.s.rank, v.peer.y_slots) + t * k * h;
   for (int i = 0; i < h; ++i) {
-    float acc = v.s.shared_intermediate > 0 ? v.shared_out[t * h + i] : 0.0f;
+    float acc = v.s.shared_intermediate > 0 ? bf16_to_float(v.shared_out[t * h + i]) : 0.0f;
     for (int s = 0; s < k; ++s)
       if (ids[s] >= 0) acc = add_rn(acc, mul_rn(topk_weights[t * k + s], bf16_to_float(y[s * h + i])));
     out[t * h + i] = float_to_bf16(acc);
@@ -28,7 +28,7 @@ MOK_HD inline void combine_backward_token(const PassView& v, int64_t t, const bf
   const bf16_t* y = peer_array<const bf16_t>(v, v.s.rank, v.peer.y_slots) + t * k * h;
   const bf16_t* dxs = peer_array<const bf16_t>(v, v.s.rank, v.peer.dx_slots) + t * k * h;
   for (int i = 0; i < h; ++i) {
-    float acc = v.s.shared_intermediate > 0 ? v.shared_out[t * h + i] : 0.0f;
+    float acc = v.s.shared_intermediate > 0 ? bf16_to_float(v.shared_out[t * h + i]) : 0.0f;
     for (int s = 0; s < k; ++s)
       if (ids[s] >= 0) acc = add_rn(acc, bf16_to_float(dxs[s * h + i]));
     dx[t * h + i] = float_to_bf16(acc);

@@ -9,22 +9,32 @@
 
 namespace mok::core {
 
-MOK_HD inline Failure run_task(const PassView& v, Task task, float* scratch) {
+// Ops is the executor's tile interface (docs/core.md, "The executor seam"): ops.gemm(const Gemm&) computes
+// one tile GEMM, and ops.chunk is the worker's chunk_values bf16 rows for the shared expert.
+template <class Ops>
+MOK_HD Failure run_task(const PassView& v, Task task, Ops& ops) {
   if (task.kind == TaskKind::dispatch) return run_dispatch(v, task.index);
   if (task.kind == TaskKind::combine) return run_combine(v, task.index);
-  if (task.kind == TaskKind::shared) return run_shared(v, task.index, scratch);
+  if (task.kind == TaskKind::shared) return run_shared(v, task.index, ops);
   TileInfo t = tile_info(v, task.index);
   switch (task.kind) {
-    case TaskKind::gate_up: return run_gate_up(v, t, scratch);
+    case TaskKind::gate_up: return run_gate_up(v, t, ops);
     case TaskKind::swiglu: return run_swiglu(v, t);
-    case TaskKind::down: return run_down(v, t, scratch);
-    case TaskKind::dgrad_h: return run_dgrad_h(v, t, scratch);
+    case TaskKind::down: return run_down(v, t, ops);
+    case TaskKind::dgrad_h: return run_dgrad_h(v, t, ops);
     case TaskKind::swiglu_bwd: return run_swiglu_bwd(v, t);
-    case TaskKind::dgrad_x: return run_dgrad_x(v, t, scratch);
-    case TaskKind::wgrad: return run_wgrad(v, t, scratch);
+    case TaskKind::dgrad_x: return run_dgrad_x(v, t, ops);
+    case TaskKind::wgrad: return run_wgrad(v, t, ops);
     default: return kNoFailure;
   }
 }
+
+// The tile ops of an executor that has no faster GEMM: core's reference order, on the worker's scratch.
+struct ReferenceTiles {
+  float* scratch;
+  bf16_t* chunk;
+  MOK_HD void gemm(const Gemm& g) { reference_gemm(g, scratch); }
+};
 
 enum class WorkerClass : int { comm = 0, compute = 1 };
 

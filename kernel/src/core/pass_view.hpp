@@ -34,13 +34,22 @@ MOK_HD inline Counters counters_at(const LayerShape& s, uint32_t* base) {
   return c;
 }
 
-// fp32 GEMM operands, staged by the executor. bf16 mode: the bf16 values; MXFP8 mode: forward
-// operands quantised along their GEMM's reduction dim (rowwise), dgrad operands along the other
-// (colwise), both in the weights' own orientation.
-struct StagedWeights {
-  const float *gate, *up, *down;     // [E, I, H], [E, I, H], [E, H, I]
-  const float *bgate, *bup, *bdown;  // dgrad operands, same shapes
-  const float *sgate, *sup, *sdown;  // shared expert [I_s, H], [I_s, H], [H, I_s]
+// MXFP8 weights as the caller stores them (mokMxfp8Matrix_t): e4m3 data and one e8m0 scale per block of
+// 32 along the stored last dim, [E, rows, ceil(cols / 32)].
+struct MxWeight {
+  const uint8_t* data;
+  const uint8_t* scales;
+};
+
+// The caller's weights, read in place. bf16 mode: gate, up [E, I, H] and down [E, H, I]; MXFP8 mode:
+// the forward operands quantised along their GEMM's reduction dim (rowwise: gate, up along H, down
+// along I) and the dgrad operands along the other, stored transposed (colwise: gate, up [E, H, I]
+// along I; down [E, I, H] along H). The shared expert is bf16 in both modes.
+struct LayerWeights {
+  const bf16_t *gate, *up, *down;
+  MxWeight gate_rowwise, up_rowwise, down_rowwise;
+  MxWeight gate_colwise, up_colwise, down_colwise;
+  const bf16_t *shared_gate, *shared_up, *shared_down;
 };
 
 struct Accumulators {
@@ -56,12 +65,14 @@ struct PassView {
   Schedule sched;
   TaskGraph graph;
   Counters c;
-  float *ring_x, *ring_dy, *ring_g, *ring_u, *ring_h, *ring_y;  // ring_y: y (forward) or dx (backward)
-  StagedWeights w;
+  bf16_t *ring_x, *ring_dy, *ring_g, *ring_u, *ring_h, *ring_y;  // ring_y: y (forward) or dx (backward)
+  LayerWeights w;
   Accumulators acc;
-  float* shared_out;  // [tokens, H]: shared output (forward) or its input gradient (backward)
-  float* scratch;     // per worker, scratch_floats each
+  bf16_t* shared_out;  // [tokens, H]: shared output (forward) or its input gradient (backward)
+  float* scratch;      // per worker, scratch_floats each: the executor's tile-GEMM scratch
   size_t scratch_floats;
+  bf16_t* chunk;  // per worker, chunk_values each: the shared expert's rows of one chunk
+  size_t chunk_values;
   int tokens;  // this rank's tokens
   uint64_t timeout_ns;
   ErrorRecord* error;
@@ -76,7 +87,7 @@ MOK_HD T* peer_array(const PassView& v, int rank, size_t offset) {
   return reinterpret_cast<T*>(v.peers[rank] + offset);
 }
 
-MOK_HD inline float* ring_row(const PassView& v, float* ring, int64_t row, int width) {
+MOK_HD inline bf16_t* ring_row(const PassView& v, bf16_t* ring, int64_t row, int width) {
   return ring + (row % v.s.macrobatch) * width;
 }
 

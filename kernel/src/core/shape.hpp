@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/gemm.hpp"
 #include "core/platform.hpp"
 
 namespace mok::core {
@@ -88,22 +89,22 @@ MOK_HD inline PeerLayout peer_layout(const LayerShape& s) {
   return p;
 }
 
-// The private workspace of one rank: schedule, task graph, counters, ring buffers, staged weights,
-// weight-gradient accumulators, worker scratch.
+// The private workspace of one rank: schedule, task graph, counters, ring buffers, weight-gradient
+// accumulators, the shared expert's output, worker scratch. Weights are read in place from the caller's
+// tensors; rows are bf16 (every value a ring holds is a bf16 store of the layer, DESIGN 1).
 struct LocalLayout {
   size_t schedule_experts;                                 // int32 [E_local][2]: count, first row
   size_t rows;                                             // RowRef [max_recv_rows]
   size_t tasks;                                            // Task [max tasks]
   size_t counters;                                         // uint32 [num_counters]
-  size_t ring_x, ring_dy, ring_g, ring_u, ring_h, ring_y;  // fp32 [macrobatch, H or I]
-  size_t w_gate, w_up, w_down;                             // fp32 forward operands [E, I, H], [E, I, H], [E, H, I]
-  size_t wt_gate, wt_up, wt_down;                          // fp32 MXFP8 dgrad operands (colwise), same shapes as above
+  size_t ring_x, ring_dy, ring_g, ring_u, ring_h, ring_y;  // bf16 [macrobatch, H or I]
   size_t acc_gate, acc_up, acc_down;                       // fp32 weight-gradient accumulators
-  size_t shared_w;                                         // fp32 shared expert: gate, up [I_s, H], down [H, I_s]
   size_t shared_acc;                                       // fp32 shared weight-gradient accumulators (3 x I_s x H)
-  size_t shared_out;  // fp32 [max_tokens, H]: shared output (forward) or its dx (backward)
-  size_t scratch;     // fp32 per worker
+  size_t shared_out;     // bf16 [max_tokens, H]: shared output (forward) or its dx (backward)
+  size_t scratch;        // fp32 per worker: the executor's tile GEMM scratch
   size_t scratch_floats;
+  size_t chunk;          // bf16 per worker: the shared expert's g, u, h, dh over one chunk of tokens
+  size_t chunk_values;
   size_t bytes;
 };
 
@@ -128,35 +129,29 @@ MOK_HD inline LocalLayout local_layout(const LayerShape& s) {
   LocalLayout l{};
   size_t e = static_cast<size_t>(s.experts_per_rank), h = static_cast<size_t>(s.hidden);
   size_t i = static_cast<size_t>(s.intermediate), is = static_cast<size_t>(s.shared_intermediate);
-  size_t m = static_cast<size_t>(s.macrobatch), f = sizeof(float);
+  size_t m = static_cast<size_t>(s.macrobatch), p = static_cast<size_t>(s.expert_padding), f = sizeof(float);
   l.schedule_experts = c.take(e * 2 * 4);
   l.rows = c.take(static_cast<size_t>(max_recv_rows(s)) * 12);
   l.tasks = c.take(static_cast<size_t>(max_tasks(s)) * 8);
   l.counters = c.take(static_cast<size_t>(num_counters(s)) * 4);
-  l.ring_x = c.take(m * h * f);
-  l.ring_dy = c.take(m * h * f);
-  l.ring_g = c.take(m * i * f);
-  l.ring_u = c.take(m * i * f);
-  l.ring_h = c.take(m * i * f);
-  l.ring_y = c.take(m * h * f);  // y in forward, dx in backward
-  l.w_gate = c.take(e * i * h * f);
-  l.w_up = c.take(e * i * h * f);
-  l.w_down = c.take(e * h * i * f);
-  size_t mx = static_cast<size_t>(s.mxfp8);  // bf16 dgrad uses the forward operands themselves
-  l.wt_gate = c.take(mx * e * i * h * f);
-  l.wt_up = c.take(mx * e * i * h * f);
-  l.wt_down = c.take(mx * e * i * h * f);
+  l.ring_x = c.take(m * h * 2);
+  l.ring_dy = c.take(m * h * 2);
+  l.ring_g = c.take(m * i * 2);
+  l.ring_u = c.take(m * i * 2);
+  l.ring_h = c.take(m * i * 2);
+  l.ring_y = c.take(m * h * 2);  // y in forward, dx in backward
   l.acc_gate = c.take(e * i * h * f);
   l.acc_up = c.take(e * i * h * f);
   l.acc_down = c.take(e * i * h * f);
-  l.shared_w = c.take(3 * is * h * f);
   l.shared_acc = c.take(3 * is * h * f);
-  l.shared_out = c.take(static_cast<size_t>(s.max_tokens) * h * f);
-  // A worker holds a few rows of width H, I or I_s (at most 7 of the widest: the shared expert's
-  // x, dout, g, u, h, dh and an accumulator for dh then dx) or a 32-row MXFP8 block of each wgrad operand.
-  size_t widest = max_value(max_value(h, i), is);
-  l.scratch_floats = max_value(8 * widest, static_cast<size_t>(s.mxfp8 ? 32 * (2 * h + 3 * i) : 0));
+  l.shared_out = c.take(static_cast<size_t>(s.max_tokens) * h * 2);
+  // The widest GEMM of a pass: a tile of p rows against H or I (or I_s) columns over the other width, or
+  // a weight-gradient tile of H x I (or I_s x H) over p rows; an accumulator only for the stored ones.
+  size_t wide = max_value(max_value(h, i), is);
+  l.scratch_floats = max_value(gemm_scratch_floats(p, wide, wide, true), gemm_scratch_floats(wide, wide, p, false));
   l.scratch = c.take(static_cast<size_t>(s.comm_workers + s.compute_workers) * l.scratch_floats * f);
+  l.chunk_values = 4 * p * is;
+  l.chunk = c.take(static_cast<size_t>(s.comm_workers + s.compute_workers) * l.chunk_values * 2);
   l.bytes = c.total();
   return l;
 }

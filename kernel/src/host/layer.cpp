@@ -56,19 +56,21 @@ core::PassView view_of(Layer& l, PassKind kind) {
   v.graph.comm = local_at<core::Task>(l, ll.tasks);
   v.graph.compute = v.graph.comm + core::max_minibatches(l.shape) * 2;
   v.c = core::counters_at(l.shape, local_at<uint32_t>(l, ll.counters));
-  v.ring_x = local_at<float>(l, ll.ring_x);
-  v.ring_dy = local_at<float>(l, ll.ring_dy);
-  v.ring_g = local_at<float>(l, ll.ring_g);
-  v.ring_u = local_at<float>(l, ll.ring_u);
-  v.ring_h = local_at<float>(l, ll.ring_h);
-  v.ring_y = local_at<float>(l, ll.ring_y);
+  v.ring_x = local_at<core::bf16_t>(l, ll.ring_x);
+  v.ring_dy = local_at<core::bf16_t>(l, ll.ring_dy);
+  v.ring_g = local_at<core::bf16_t>(l, ll.ring_g);
+  v.ring_u = local_at<core::bf16_t>(l, ll.ring_u);
+  v.ring_h = local_at<core::bf16_t>(l, ll.ring_h);
+  v.ring_y = local_at<core::bf16_t>(l, ll.ring_y);
   size_t is_h = static_cast<size_t>(l.shape.shared_intermediate) * l.shape.hidden;
   v.acc = {local_at<float>(l, ll.acc_gate),          local_at<float>(l, ll.acc_up),
            local_at<float>(l, ll.acc_down),          local_at<float>(l, ll.shared_acc),
            local_at<float>(l, ll.shared_acc) + is_h, local_at<float>(l, ll.shared_acc) + 2 * is_h};
-  v.shared_out = local_at<float>(l, ll.shared_out);
+  v.shared_out = local_at<core::bf16_t>(l, ll.shared_out);
   v.scratch = local_at<float>(l, ll.scratch);
   v.scratch_floats = ll.scratch_floats;
+  v.chunk = local_at<core::bf16_t>(l, ll.chunk);
+  v.chunk_values = ll.chunk_values;
   v.tokens = l.tokens;
   v.timeout_ns = l.timeout_ns;
   v.error = &l.error;
@@ -82,12 +84,12 @@ void stall(const core::PassView& v, const core::Task* task) {
 
 // With fault injection, the worker stalls after `stall_after` tasks, or when its queue runs out
 // first: the rank hangs whatever the schedule gave it to do.
-void work(const core::PassView& v, core::WorkerClass cls, float* scratch, int64_t stall_after) {
+void work(const core::PassView& v, core::WorkerClass cls, core::ReferenceTiles tiles, int64_t stall_after) {
   for (int64_t taken = 0;; ++taken) {
     const core::Task* task = core::take_task(v, cls);
     if (stall_after >= 0 && (taken == stall_after || !task)) return stall(v, task);
     if (!task) return;
-    Failure f = core::run_task(v, *task, scratch);
+    Failure f = core::run_task(v, *task, tiles);
     if (!f.ok()) return core::fail_pass(v, f, task);
   }
 }
@@ -95,14 +97,14 @@ void work(const core::PassView& v, core::WorkerClass cls, float* scratch, int64_
 struct Worker {
   const core::PassView* view;
   core::WorkerClass cls;
-  float* scratch;
+  core::ReferenceTiles tiles;
   int64_t stall_after;
   pthread_t thread;
 };
 
 void* worker_main(void* arg) {
   auto* w = static_cast<Worker*>(arg);
-  work(*w->view, w->cls, w->scratch, w->stall_after);
+  work(*w->view, w->cls, w->tiles, w->stall_after);
   return nullptr;
 }
 
@@ -115,8 +117,9 @@ void run_workers(Layer& l, const core::PassView& v) {
   int n = l.shape.comm_workers + l.shape.compute_workers;
   for (int i = 0; i < n; ++i) {
     auto cls = i < l.shape.comm_workers ? core::WorkerClass::comm : core::WorkerClass::compute;
-    workers[i] = Worker{&v, cls, v.scratch + static_cast<size_t>(i) * v.scratch_floats,
-                        i == 0 ? l.stall_after_tasks : -1, pthread_t{}};
+    core::ReferenceTiles tiles{v.scratch + static_cast<size_t>(i) * v.scratch_floats,
+                               v.chunk + static_cast<size_t>(i) * v.chunk_values};
+    workers[i] = Worker{&v, cls, tiles, i == 0 ? l.stall_after_tasks : -1, pthread_t{}};
     started[i] = pthread_create(&workers[i].thread, nullptr, worker_main, &workers[i]) == 0;
   }
   for (int i = 0; i < n; ++i)
@@ -348,7 +351,7 @@ mokStatus_t forward(Layer& l, const mokLayerWeights_t& weights, const uint16_t* 
   size_t th = static_cast<size_t>(l.tokens) * l.shape.hidden;
   copy_rows(x, th * 2, own_at<uint16_t>(l, l.peer.x));
   core::PassView v = view_of(l, with_output ? PassKind::forward : PassKind::recompute);
-  v.w = stage_weights(l, weights);
+  v.w = weights_in_place(weights);
   l.has_context = false;
   if (mokStatus_t s = run_pass(l, v, func); s != mokSuccess) return s;
   l.has_context = true;
@@ -368,7 +371,7 @@ mokStatus_t backward(Layer& l, const mokLayerWeights_t& weights, const float* to
   copy_rows(dout, th * 2, own_at<uint16_t>(l, l.peer.dout));
   copy_rows(topk_weights, tk * 4, own_at<float>(l, l.peer.topk_weights));
   core::PassView v = view_of(l, PassKind::backward);
-  v.w = stage_weights(l, weights);
+  v.w = weights_in_place(weights);
   const core::LocalLayout& ll = l.local_layout;
   size_t e_ih = static_cast<size_t>(l.shape.experts_per_rank) * l.shape.intermediate * l.shape.hidden;
   size_t s_ih = static_cast<size_t>(l.shape.shared_intermediate) * l.shape.hidden;

@@ -59,7 +59,7 @@ mokStatus_t status_for(const core::ErrorRecord& record);
 void error_detail(Layer& layer, const core::ErrorRecord& record, char* out, size_t n);
 const char* peer_reason(Layer& layer);
 
-// fp32 GEMM operands from the caller's weights (bf16, or MXFP8 rowwise and colwise).
-core::StagedWeights stage_weights(const Layer& layer, const mokLayerWeights_t& weights);
+// The caller's weights (bf16, or MXFP8 rowwise and colwise), read in place by the pass.
+core::LayerWeights weights_in_place(const mokLayerWeights_t& weights);
 
 }  // namespace mok::host
