@@ -61,7 +61,7 @@ MOK_HD inline Failure run_combine(const PassView& v, int64_t m) {
     RowRef ref = v.sched.rows[j];
     if (ref.rank < 0) continue;
     int64_t slot = static_cast<int64_t>(ref.token) * v.s.top_k + ref.k;
-    copy_row(ring_row(v, v.ring_y, j, h), h, peer_array<bf16_t>(v, ref.rank, slots) + slot * h);
+    copy_row(out_row(v, j), h, peer_array<bf16_t>(v, ref.rank, slots) + slot * h);
   }
   publish(&v.c.freed[m], 1);
   return kNoFailure;

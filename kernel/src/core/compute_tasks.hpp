@@ -85,6 +85,15 @@ MOK_HD inline Gemm gemm_two(int rows, int cols, GemmPart first, GemmPart second,
   return g;
 }
 
+// The output ring holds out_ring_rows / minibatch minibatches: a tile's output rows are free once the
+// combine of the minibatch that last used them is done. That combine is numbered before this tile's
+// dispatch (tasks.hpp), so the wait never points forward.
+MOK_HD inline Failure wait_out_rows(const PassView& v, const TileInfo& t) {
+  int64_t held = out_ring_rows(v.s) / v.s.minibatch;
+  if (t.minibatch < held) return kNoFailure;
+  return wait_local(v, &v.c.freed[t.minibatch - held], 1, WaitId::out_rows_free);
+}
+
 template <class Ops>
 MOK_HD Failure run_gate_up(const PassView& v, const TileInfo& t, Ops& ops) {
   Failure f = wait_local(v, &v.c.ready[t.minibatch], 1, WaitId::minibatch_ready);
@@ -116,9 +125,11 @@ MOK_HD Failure run_down(const PassView& v, const TileInfo& t, Ops& ops) {
   Failure f = wait_local(v, &v.c.stage[t.tile], 2, WaitId::tile_stage);
   if (!f.ok()) return f;
   int h = v.s.hidden, in = v.s.intermediate;
+  f = wait_out_rows(v, t);
+  if (!f.ok()) return f;
   ops.gemm(gemm_one(t.rows, h, ring_rows(v, v.ring_h, t.row0, in),
-                    weight_rows(v, v.w.down, v.w.down_rowwise, t.expert, h, in), in, ring_row(v, v.ring_y, t.row0, h),
-                    h, Epilogue::store_bf16));
+                    weight_rows(v, v.w.down, v.w.down_rowwise, t.expert, h, in), in, out_row(v, t.row0), h,
+                    Epilogue::store_bf16));
   publish(&v.c.stage[t.tile], 3);
   bump(&v.c.done[t.minibatch]);
   return kNoFailure;
@@ -160,7 +171,9 @@ MOK_HD Failure run_dgrad_x(const PassView& v, const TileInfo& t, Ops& ops) {
   GemmPart gate{ring_rows(v, v.ring_g, t.row0, in), weight_columns(v, v.w.gate, v.w.gate_colwise, t.expert, h, in),
                 in};
   GemmPart up{ring_rows(v, v.ring_u, t.row0, in), weight_columns(v, v.w.up, v.w.up_colwise, t.expert, h, in), in};
-  ops.gemm(gemm_two(t.rows, h, gate, up, ring_row(v, v.ring_y, t.row0, h), h));
+  f = wait_out_rows(v, t);
+  if (!f.ok()) return f;
+  ops.gemm(gemm_two(t.rows, h, gate, up, out_row(v, t.row0), h));
   publish(&v.c.stage[t.tile], 4);
   return kNoFailure;
 }

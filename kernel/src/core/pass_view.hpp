@@ -91,6 +91,11 @@ MOK_HD inline bf16_t* ring_row(const PassView& v, bf16_t* ring, int64_t row, int
   return ring + (row % v.s.macrobatch) * width;
 }
 
+// Row `row` of the output ring (y or dx), width H.
+MOK_HD inline bf16_t* out_row(const PassView& v, int64_t row) {
+  return v.ring_y + (row % out_ring_rows(v.s)) * v.s.hidden;
+}
+
 MOK_HD inline Failure wait_local(const PassView& v, uint32_t* counter, uint32_t target, WaitId what) {
   return wait_counter(counter, target, own_header(v), v.timeout_ns, what);
 }

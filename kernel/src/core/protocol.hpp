@@ -118,6 +118,7 @@ enum class WaitId : int32_t {
   minibatch_done,   // combine waits for every tile of its minibatch
   wgrad_order,      // an expert's weight-gradient tiles run in row order
   shared_order,     // the shared expert's weight-gradient chunks run in token order
+  out_rows_free,    // down / dgrad_x wait for the combine that last pushed their output rows
   stalled_worker,   // fault injection: a worker that stopped taking tasks
   earlier_abort,    // the group was already aborting when the call began
   group_formation,  // the first collective call waits for every peer to acknowledge this rank
@@ -137,6 +138,7 @@ MOK_HD inline const char* wait_name(WaitId w) {
     case WaitId::minibatch_done: return "minibatch done";
     case WaitId::wgrad_order: return "wgrad order";
     case WaitId::shared_order: return "shared expert order";
+    case WaitId::out_rows_free: return "output rows free";
     case WaitId::stalled_worker: return "stalled worker (fault injection)";
     case WaitId::earlier_abort: return "none: the group was aborted before this call";
     case WaitId::group_formation: return "group formation";

@@ -44,6 +44,12 @@ MOK_HD inline int64_t max_tiles(const LayerShape& s) {
 MOK_HD inline int64_t max_minibatches(const LayerShape& s) {
   return (max_recv_rows(s) + s.minibatch - 1) / s.minibatch;
 }
+// Rows of the output ring (y in forward, dx in backward): two minibatches, so that one is pushed to its
+// home ranks while the next is computed (never more than the macrobatch).
+MOK_HD inline int64_t out_ring_rows(const LayerShape& s) {
+  int64_t two = 2 * static_cast<int64_t>(s.minibatch);
+  return two < s.macrobatch ? two : s.macrobatch;
+}
 MOK_HD inline int64_t shared_chunks(const LayerShape& s) {
   return s.shared_intermediate > 0 ? (s.max_tokens + s.expert_padding - 1) / s.expert_padding : 0;
 }
@@ -97,7 +103,8 @@ struct LocalLayout {
   size_t rows;                                             // RowRef [max_recv_rows]
   size_t tasks;                                            // Task [max tasks]
   size_t counters;                                         // uint32 [num_counters]
-  size_t ring_x, ring_dy, ring_g, ring_u, ring_h, ring_y;  // bf16 [macrobatch, H or I]
+  size_t ring_x, ring_dy, ring_g, ring_u, ring_h;  // bf16 [macrobatch, H or I]
+  size_t ring_y;                                   // bf16 [out_ring_rows, H]: y (forward) or dx (backward)
   size_t acc_gate, acc_up, acc_down;                       // fp32 weight-gradient accumulators
   size_t shared_acc;                                       // fp32 shared weight-gradient accumulators (3 x I_s x H)
   size_t shared_out;     // bf16 [max_tokens, H]: shared output (forward) or its dx (backward)
@@ -139,7 +146,7 @@ MOK_HD inline LocalLayout local_layout(const LayerShape& s) {
   l.ring_g = c.take(m * i * 2);
   l.ring_u = c.take(m * i * 2);
   l.ring_h = c.take(m * i * 2);
-  l.ring_y = c.take(m * h * 2);  // y in forward, dx in backward
+  l.ring_y = c.take(static_cast<size_t>(out_ring_rows(s)) * h * 2);
   l.acc_gate = c.take(e * i * h * f);
   l.acc_up = c.take(e * i * h * f);
   l.acc_down = c.take(e * i * h * f);

@@ -43,9 +43,10 @@ __global__ void build_task_graph(core::LayerShape shape, core::PassKind kind, in
 __global__ void run_workers(core::PassView view, int comm_ctas) {
   if (threadIdx.x != 0) return;
   auto cls = static_cast<int>(blockIdx.x) < comm_ctas ? core::WorkerClass::comm : core::WorkerClass::compute;
-  float* scratch = view.scratch + blockIdx.x * view.scratch_floats;
+  core::ReferenceTiles tiles{view.scratch + blockIdx.x * view.scratch_floats,
+                             view.chunk + blockIdx.x * view.chunk_values};
   while (const core::Task* task = core::take_task(view, cls)) {
-    core::Failure f = core::run_task(view, *task, scratch);
+    core::Failure f = core::run_task(view, *task, tiles);
     if (!f.ok()) {
       core::fail_pass(view, f, task);
       return;
