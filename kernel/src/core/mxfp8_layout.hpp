@@ -8,7 +8,7 @@
 // In words: rows go in tiles of 128, k blocks (32 values each) in tiles of 4; one 128 x 4 tile is 512
 // contiguous bytes, tiles of one row tile follow each other along k, then the next row tile. Inside a
 // tile, row r = 32 * r_hi + r_lo (r_lo < 32, r_hi < 4) and k block b (< 4) sit at 16 * r_lo + 4 * r_hi + b:
-// each 32-bit word holds the 4 scales of one row, as the MMA's tensor memory wants them.
+// each 32-bit word (tensor memory's word size) holds the 4 scales of one row.
 //
 // Padding: the layout covers rows rounded up to 128 and k blocks rounded up to 4. The MMA reads every
 // byte of a tile, so every padding byte must hold a finite scale: a NaN scale (0xFF) would make the
