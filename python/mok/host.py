@@ -204,20 +204,26 @@ class HostExecutor:
         if ctx.state.latest.get(ctx.layer) != ctx.token:
             self._load(ctx)
         main = main_grads or MainGrads()
-        # libmok adds fp32 weight gradients into these: the caller's main_grad buffers, or fresh zeros.
         masters = _masters(ctx.routed, ctx.shared)
-        fp32 = {n: getattr(main, n) if getattr(main, n) is not None else torch.zeros(w.shape)
-                for n, w in masters.items()}
+        accumulate = any(getattr(main, n) is not None for n in masters)
+        if accumulate:
+            # libmok adds fp32 weight gradients into every buffer at once (one mode per call): the caller's
+            # main_grad buffers, and zeros for the weights the caller gave none.
+            out = {n: getattr(main, n) if getattr(main, n) is not None else torch.zeros(w.shape)
+                   for n, w in masters.items()}
+        else:  # libmok writes the bf16 gradients itself
+            out = {n: torch.empty(w.shape, dtype=torch.bfloat16) for n, w in masters.items()}
+        dtype = torch.float32 if accumulate else torch.bfloat16
         dx, dw = torch.empty_like(ctx.x), torch.empty(ctx.topk_weights.shape, dtype=torch.float32)
-        grads = {"dx": _pointer(dx, "dx", torch.bfloat16), "accumulate": 1,
+        grads = {"dx": _pointer(dx, "dx", torch.bfloat16), "accumulate": int(accumulate),
                  "dtopk_weights": _pointer(dw, "dtopk_weights", torch.float32),
-                 **{n: _pointer(g, f"main_grads.{n}", torch.float32, masters[n].shape) for n, g in fp32.items()}}
+                 **{n: _pointer(g, f"main_grads.{n}", dtype, masters[n].shape) for n, g in out.items()}}
         weights = _weights(ctx.routed, ctx.shared)
         topk_weights = _pointer(ctx.topk_weights, "topk_weights", torch.float32)
         dout_address = _pointer(dout, "dout", torch.bfloat16, ctx.x.shape)
         with _python_names():
             ctx.layer.backward(weights, topk_weights, dout_address, grads)
-        bf16 = {n: None if getattr(main, n) is not None else g.to(torch.bfloat16) for n, g in fp32.items()}
+        bf16 = {n: None if getattr(main, n) is not None else g.to(torch.bfloat16) for n, g in out.items()}
         return Gradients(dx, dw, *(bf16.get(n) for n in MainGrads._fields))
 
     def _run(self, x, topk_weights, routed, shared, schedule: _Schedule, workspace, swiglu_limit, want_output):
