@@ -1,0 +1,228 @@
+// host::gemm: decode and pack the operands once per call, then run the micro-kernel tile by tile.
+// The bits are core::reference_gemm's because every element's sum is the same chain of roundings:
+// the packed values are the values load_operand_row gives (same decoders, same MXFP8 round trip,
+// same blocks), the kernel starts from the same value and multiplies, rounds, adds, rounds, k by k,
+// with the parts' depths laid end to end in the panels. Zero padding of edge panels only feeds rows
+// and columns that are never stored.
+#include "host/gemm.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/mxfp8.hpp"
+#include "core/numeric.hpp"
+
+namespace mok::host {
+namespace {
+
+using core::Dtype;
+using core::Operand;
+using detail::kPanelCols;
+using detail::kPanelRows;
+using Kernel = void (*)(int depth, const float* a, const float* b, float* tile);
+
+// core's e4m3 and e8m0 decoders, tabulated once: a code's value is then one load, the same float.
+struct Tables {
+  float e4m3[256], e8m0[256];
+  Tables() {
+    for (int q = 0; q < 256; ++q) {
+      e4m3[q] = core::e4m3_decode(static_cast<uint8_t>(q));
+      e8m0[q] = core::e8m0_decode(static_cast<uint8_t>(q));
+    }
+  }
+};
+
+const Tables& tables() {
+  static const Tables t;
+  return t;
+}
+
+int total_depth(const core::Gemm& g) {
+  int depth = 0;
+  for (int p = 0; p < g.num_parts; ++p) depth += g.parts[p].depth;
+  return depth;
+}
+
+// panel[k * width + r] = read(r, k) for rows r < n; rows n .. width - 1 are 0. Walks the operand's
+// contiguous direction innermost.
+template <class Read>
+void fill_panel(int n, int depth, int width, bool rows_outer, float* panel, Read read) {
+  if (rows_outer) {
+    for (int r = 0; r < n; ++r)
+      for (int k = 0; k < depth; ++k) panel[static_cast<int64_t>(k) * width + r] = read(r, k);
+  } else {
+    for (int k = 0; k < depth; ++k)
+      for (int r = 0; r < n; ++r) panel[static_cast<int64_t>(k) * width + r] = read(r, k);
+  }
+  for (int k = 0; k < depth; ++k)
+    for (int r = n; r < width; ++r) panel[static_cast<int64_t>(k) * width + r] = 0.0f;
+}
+
+// Rows row0 .. row0 + n - 1 of o over `depth` as the GEMM reads them (core::load_operand_row's
+// values), into a [depth][width] panel.
+void decode_panel(const Operand& o, int row0, int n, int depth, int width, float* panel) {
+  bool rows_outer = o.depth_stride == 1 || o.depth_stride == -1;
+  int64_t rs = o.row_stride, ds = o.depth_stride;
+  switch (o.dtype) {
+    case Dtype::f32: {
+      const float* d = static_cast<const float*>(o.data) + row0 * rs;
+      fill_panel(n, depth, width, rows_outer, panel, [&](int r, int k) { return d[r * rs + k * ds]; });
+      break;
+    }
+    case Dtype::bf16: {
+      const core::bf16_t* d = static_cast<const core::bf16_t*>(o.data) + row0 * rs;
+      fill_panel(n, depth, width, rows_outer, panel,
+                 [&](int r, int k) { return core::bf16_to_float(d[r * rs + k * ds]); });
+      break;
+    }
+    case Dtype::e4m3: {
+      const uint8_t* d = static_cast<const uint8_t*>(o.data) + row0 * rs;
+      const uint8_t* s = o.scales + row0 * o.scale_stride;
+      const Tables& t = tables();
+      fill_panel(n, depth, width, rows_outer, panel, [&](int r, int k) {
+        return t.e4m3[d[r * rs + k * ds]] * t.e8m0[s[r * o.scale_stride + k / core::kMxBlock]];
+      });
+      break;
+    }
+  }
+  if (!o.quantize) return;
+  // The round trip along depth, blocks of 32 from the part's k = 0, on each row where it lies (stride width).
+  for (int r = 0; r < n; ++r)
+    for (int k = 0; k < depth; k += core::kMxBlock)
+      core::mx_round_trip_block(panel + static_cast<int64_t>(k) * width + r, std::min(core::kMxBlock, depth - k),
+                                width);
+}
+
+// Rows i0 .. i0 + n - 1 of every part's a, as panels of 6 rows, [depth][6] each, parts end to end in k.
+void pack_a(const core::Gemm& g, int i0, int n, int depth, float* packed) {
+  for (int p = 0; p * kPanelRows < n; ++p) {
+    float* panel = packed + static_cast<int64_t>(p) * kPanelRows * depth;
+    int rows = std::min(kPanelRows, n - p * kPanelRows);
+    for (int q = 0, k0 = 0; q < g.num_parts; k0 += g.parts[q].depth, ++q)
+      decode_panel(g.parts[q].a, i0 + p * kPanelRows, rows, g.parts[q].depth, kPanelRows, panel + k0 * kPanelRows);
+  }
+}
+
+// Columns j0 .. j0 + n - 1 (n <= 16) of every part's b as one [depth][16] panel.
+void pack_b(const core::Gemm& g, int j0, int n, float* panel) {
+  for (int q = 0, k0 = 0; q < g.num_parts; k0 += g.parts[q].depth, ++q)
+    decode_panel(g.parts[q].b, j0, n, g.parts[q].depth, kPanelCols, panel + k0 * kPanelCols);
+}
+
+// One 6 x 16 tile of c (nr x nc of it inside c): start, run the kernel over the whole depth, store.
+void run_tile(const core::Gemm& g, int i0, int nr, int j0, int nc, int depth, const float* a, const float* b,
+              Kernel kernel) {
+  alignas(32) float tile[kPanelRows * kPanelCols] = {};
+  bool store = g.epilogue == core::Epilogue::store_bf16;
+  float* c32 = static_cast<float*>(g.c);
+  core::bf16_t* c16 = static_cast<core::bf16_t*>(g.c);
+  if (!store)
+    for (int r = 0; r < nr; ++r)
+      for (int j = 0; j < nc; ++j) tile[r * kPanelCols + j] = c32[(i0 + r) * g.c_stride + j0 + j];
+  kernel(depth, a, b, tile);
+  for (int r = 0; r < nr; ++r)
+    for (int j = 0; j < nc; ++j) {
+      int64_t at = (i0 + r) * g.c_stride + j0 + j;
+      if (store)
+        c16[at] = core::float_to_bf16(tile[r * kPanelCols + j]);
+      else
+        c32[at] = tile[r * kPanelCols + j];
+    }
+}
+
+Kernel kernel_for(GemmIsa isa) {
+#if defined(__x86_64__)
+  if (isa == GemmIsa::avx2) return detail::micro_kernel_avx2;
+#endif
+  (void)isa;
+  return detail::micro_kernel_scalar;
+}
+
+[[noreturn]] void misuse(const char* what) {
+  std::fprintf(stderr, "mok: host::gemm: %s\n", what);
+  std::abort();
+}
+
+}  // namespace
+
+size_t gemm_scratch_floats(int rows, int cols, int max_depth) {
+  (void)cols;  // b is packed one panel of 16 columns at a time
+  size_t row_panels = (static_cast<size_t>(rows) + kPanelRows - 1) / kPanelRows;
+  return (row_panels * kPanelRows + kPanelCols) * static_cast<size_t>(max_depth);
+}
+
+void gemm(const core::Gemm& g, float* scratch, size_t scratch_floats, GemmIsa isa) {
+  if (!gemm_isa_available(isa)) misuse("the ISA path asked for is not available on this CPU");
+  if (g.rows <= 0 || g.cols <= 0) return;
+  int depth = total_depth(g);
+  if (scratch_floats < gemm_scratch_floats(kPanelRows, g.cols, depth))
+    misuse("scratch smaller than gemm_scratch_floats(6, cols, depth)");
+  Kernel kernel = kernel_for(isa);
+  // The b panel first, then as many a panels as the scratch holds (all of them when sized for the tile).
+  size_t b_floats = static_cast<size_t>(kPanelCols) * depth;
+  float *b = scratch, *a = scratch + b_floats;
+  int chunk = g.rows;
+  if (depth > 0) {
+    size_t panels = (scratch_floats - b_floats) / (static_cast<size_t>(kPanelRows) * depth);
+    chunk = static_cast<int>(std::min<size_t>(static_cast<size_t>(g.rows), panels * kPanelRows));
+  }
+  for (int i0 = 0; i0 < g.rows; i0 += chunk) {
+    int rows = std::min(chunk, g.rows - i0);
+    pack_a(g, i0, rows, depth, a);
+    for (int j0 = 0; j0 < g.cols; j0 += kPanelCols) {
+      int cols = std::min(kPanelCols, g.cols - j0);
+      pack_b(g, j0, cols, b);
+      for (int p = 0; p * kPanelRows < rows; ++p)
+        run_tile(g, i0 + p * kPanelRows, std::min(kPanelRows, rows - p * kPanelRows), j0, cols, depth,
+                 a + static_cast<int64_t>(p) * kPanelRows * depth, b, kernel);
+    }
+  }
+}
+
+void gemm(const core::Gemm& g, float* scratch, size_t scratch_floats) {
+  gemm(g, scratch, scratch_floats, gemm_isa());
+}
+
+bool gemm_isa_available(GemmIsa isa) {
+  if (isa == GemmIsa::scalar) return true;
+#if defined(__x86_64__)
+  return isa == GemmIsa::avx2 && __builtin_cpu_supports("avx2");
+#else
+  return false;
+#endif
+}
+
+GemmIsa gemm_isa() {
+  static const GemmIsa chosen = [] {
+    const char* forced = std::getenv("MOK_HOST_ISA");
+    if (forced != nullptr && std::strcmp(forced, "scalar") == 0) return GemmIsa::scalar;
+    return gemm_isa_available(GemmIsa::avx2) ? GemmIsa::avx2 : GemmIsa::scalar;
+  }();
+  return chosen;
+}
+
+const char* gemm_isa_name(GemmIsa isa) {
+  return isa == GemmIsa::avx2 ? "avx2" : "scalar";
+}
+
+namespace detail {
+
+void micro_kernel_scalar(int depth, const float* a, const float* b, float* tile) {
+  float acc[kPanelRows * kPanelCols];  // a local copy: the compiler need not assume it aliases a or b
+  std::memcpy(acc, tile, sizeof(acc));
+  for (int k = 0; k < depth; ++k) {
+    const float* ak = a + k * kPanelRows;
+    const float* bk = b + k * kPanelCols;
+    for (int r = 0; r < kPanelRows; ++r)
+      for (int j = 0; j < kPanelCols; ++j)
+        acc[r * kPanelCols + j] = core::add_rn(acc[r * kPanelCols + j], core::mul_rn(ak[r], bk[j]));
+  }
+  std::memcpy(tile, acc, sizeof(acc));
+}
+
+}  // namespace detail
+
+}  // namespace mok::host

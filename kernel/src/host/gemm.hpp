@@ -1,0 +1,51 @@
+// The host executor's tile GEMM: core::Gemm computed with the bits of core::reference_gemm, fast.
+//
+// Each call decodes its operands once into fp32 (the MXFP8 round trip included), packs a into panels
+// of 6 rows and b into panels of 16 columns, both [depth][width] with the parts' depths concatenated,
+// and runs a 6 x 16 register-blocked micro-kernel: every element multiplies, rounds, then adds, in
+// k order, part 0 then part 1, from 0 or from c. The kernel is chosen at run time (AVX2 when the CPU
+// has it, portable scalar code otherwise); both give the same bits (docs/core.md, "The host GEMM").
+#pragma once
+
+#include <cstddef>
+
+#include "core/gemm.hpp"
+
+namespace mok::host {
+
+// scalar: portable C++ (the compiler may vectorise it; the bits stay those of one multiply and one add).
+enum class GemmIsa { scalar, avx2 };
+
+// The fp32 scratch a call needs for a tile of at most `rows` x `cols` whose parts' depths add up to at
+// most `max_depth` (parts[0].depth + parts[1].depth). Less (but at least gemm_scratch_floats(6, cols,
+// max_depth)) works too: the call then packs a in chunks of rows and decodes b once per chunk.
+size_t gemm_scratch_floats(int rows, int cols, int max_depth);
+
+// c = a · bᵀ as g describes, on the path gemm_isa() names. No heap allocation: every buffer lies in
+// scratch. c may not alias an operand. A scratch smaller than the minimum above is a programming error
+// of the executor: the call reports it on stderr and aborts.
+void gemm(const core::Gemm& g, float* scratch, size_t scratch_floats);
+
+// The same on a given path (tests compare the paths); `isa` must be available.
+void gemm(const core::Gemm& g, float* scratch, size_t scratch_floats, GemmIsa isa);
+
+// The path gemm takes in this process: avx2 when the CPU supports it, unless the environment variable
+// MOK_HOST_ISA is "scalar" (read once, at the first call); any other value chooses by the CPU.
+GemmIsa gemm_isa();
+bool gemm_isa_available(GemmIsa isa);
+const char* gemm_isa_name(GemmIsa isa);
+
+namespace detail {
+
+constexpr int kPanelRows = 6;   // rows of a per micro-kernel tile
+constexpr int kPanelCols = 16;  // columns of b per micro-kernel tile
+
+// tile[r * 16 + j] += Σ_k a[k * 6 + r] · b[k * 16 + j], one product and one add at a time, k = 0, 1, ...
+void micro_kernel_scalar(int depth, const float* a, const float* b, float* tile);
+#if defined(__x86_64__)
+void micro_kernel_avx2(int depth, const float* a, const float* b, float* tile);
+#endif
+
+}  // namespace detail
+
+}  // namespace mok::host

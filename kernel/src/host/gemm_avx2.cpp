@@ -1,0 +1,57 @@
+// The AVX2 micro-kernel of host::gemm, compiled for AVX2 by a target attribute (the library itself is
+// built for baseline x86-64) and called only when the CPU has AVX2 (host::gemm_isa). The target is
+// "avx2" without "fma", and the product and the sum are separate intrinsics: each element rounds its
+// product, then its sum, as core::reference_gemm does, whatever -ffp-contract says.
+#include "host/gemm.hpp"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+namespace mok::host::detail {
+
+__attribute__((target("avx2"))) void micro_kernel_avx2(int depth, const float* a, const float* b, float* tile) {
+  static_assert(kPanelRows == 6 && kPanelCols == 16, "the kernel holds a 6 x 16 tile in 12 registers");
+  __m256 c00 = _mm256_loadu_ps(tile + 0), c01 = _mm256_loadu_ps(tile + 8);
+  __m256 c10 = _mm256_loadu_ps(tile + 16), c11 = _mm256_loadu_ps(tile + 24);
+  __m256 c20 = _mm256_loadu_ps(tile + 32), c21 = _mm256_loadu_ps(tile + 40);
+  __m256 c30 = _mm256_loadu_ps(tile + 48), c31 = _mm256_loadu_ps(tile + 56);
+  __m256 c40 = _mm256_loadu_ps(tile + 64), c41 = _mm256_loadu_ps(tile + 72);
+  __m256 c50 = _mm256_loadu_ps(tile + 80), c51 = _mm256_loadu_ps(tile + 88);
+  for (int k = 0; k < depth; ++k, a += 6, b += 16) {
+    __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+    __m256 x;
+    x = _mm256_broadcast_ss(a + 0);
+    c00 = _mm256_add_ps(c00, _mm256_mul_ps(x, b0));
+    c01 = _mm256_add_ps(c01, _mm256_mul_ps(x, b1));
+    x = _mm256_broadcast_ss(a + 1);
+    c10 = _mm256_add_ps(c10, _mm256_mul_ps(x, b0));
+    c11 = _mm256_add_ps(c11, _mm256_mul_ps(x, b1));
+    x = _mm256_broadcast_ss(a + 2);
+    c20 = _mm256_add_ps(c20, _mm256_mul_ps(x, b0));
+    c21 = _mm256_add_ps(c21, _mm256_mul_ps(x, b1));
+    x = _mm256_broadcast_ss(a + 3);
+    c30 = _mm256_add_ps(c30, _mm256_mul_ps(x, b0));
+    c31 = _mm256_add_ps(c31, _mm256_mul_ps(x, b1));
+    x = _mm256_broadcast_ss(a + 4);
+    c40 = _mm256_add_ps(c40, _mm256_mul_ps(x, b0));
+    c41 = _mm256_add_ps(c41, _mm256_mul_ps(x, b1));
+    x = _mm256_broadcast_ss(a + 5);
+    c50 = _mm256_add_ps(c50, _mm256_mul_ps(x, b0));
+    c51 = _mm256_add_ps(c51, _mm256_mul_ps(x, b1));
+  }
+  _mm256_storeu_ps(tile + 0, c00);
+  _mm256_storeu_ps(tile + 8, c01);
+  _mm256_storeu_ps(tile + 16, c10);
+  _mm256_storeu_ps(tile + 24, c11);
+  _mm256_storeu_ps(tile + 32, c20);
+  _mm256_storeu_ps(tile + 40, c21);
+  _mm256_storeu_ps(tile + 48, c30);
+  _mm256_storeu_ps(tile + 56, c31);
+  _mm256_storeu_ps(tile + 64, c40);
+  _mm256_storeu_ps(tile + 72, c41);
+  _mm256_storeu_ps(tile + 80, c50);
+  _mm256_storeu_ps(tile + 88, c51);
+}
+
+}  // namespace mok::host::detail
+#endif
