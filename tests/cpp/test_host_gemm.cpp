@@ -318,6 +318,52 @@ TEST(host_gemm_is_bitwise_the_reference_on_layer_tiles) {
   }
 }
 
+// host's MXFP8 round trip against core's, bit for bit: blocks whose values sit on e4m3 values and on the
+// midpoints between them (the ties), around the subnormal/normal boundary, at the saturation edge, over the
+// whole float range (subnormal floats, FLT_MAX) and with signed zeros, NaN and Inf.
+TEST(host_mx_round_trip_is_cores) {
+  std::mt19937_64 rng(seed() + 2);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  std::vector<float> grid;  // e4m3's non-negative values and their midpoints
+  for (int c = 0; c < 0x7e; ++c) {
+    float x = mok::core::e4m3_decode(static_cast<uint8_t>(c)), y = mok::core::e4m3_decode(static_cast<uint8_t>(c + 1));
+    grid.push_back(x);
+    grid.push_back((x + y) / 2);
+  }
+  grid.push_back(448.0f);
+  std::vector<float> block(64), want(64), got(64);
+  for (int n = 0; n < 400000; ++n) {
+    int size = 1 + static_cast<int>(rng() % 32), stride = 1 + static_cast<int>(rng() % 2);
+    int shift = static_cast<int>(rng() % 300) - 150;  // the block's scale, anywhere in float's range
+    for (int i = 0; i < size; ++i) {
+      float x;
+      switch (rng() % 6) {
+        case 0: x = grid[rng() % grid.size()]; break;
+        case 1: x = std::nextafter(grid[rng() % grid.size()], rng() % 2 ? 0.0f : 1000.0f); break;
+        case 2: x = unit(rng) * 448.0f; break;
+        case 3: x = std::ldexp(unit(rng), -static_cast<int>(rng() % 30)); break;
+        case 4: x = rng() % 8 == 0 ? mok::core::kFloatMax : 0.0f; break;
+        default: x = unit(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 12) - 10);
+      }
+      x = std::ldexp(x, shift);
+      if (rng() % 2) x = -x;
+      if (rng() % 20000 == 0) x = special_value(rng);
+      block[i * stride] = x;
+    }
+    want = block;
+    got = block;
+    mok::core::mx_round_trip_block(want.data(), size, stride);
+    mok::host::detail::mx_round_trip_block(got.data(), size, stride);
+    for (int i = 0; i < size; ++i)
+      if (mok::core::float_bits(got[i * stride]) != mok::core::float_bits(want[i * stride])) {
+        CHECK_MSG(false, "block of %d, element %d = %a: got %a want %a", size, i,
+                  static_cast<double>(block[i * stride]), static_cast<double>(got[i * stride]),
+                  static_cast<double>(want[i * stride]));
+        return;
+      }
+  }
+}
+
 // MOK_HOST_ISA=scalar forces the portable path; otherwise the CPU decides.
 TEST(host_gemm_isa_follows_the_environment) {
   const char* forced = std::getenv("MOK_HOST_ISA");

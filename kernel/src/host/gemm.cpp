@@ -7,6 +7,7 @@
 #include "host/gemm.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -38,6 +39,24 @@ struct Tables {
 const Tables& tables() {
   static const Tables t;
   return t;
+}
+
+// 2^e as a float, e in [-127, 127] (2^-127 is subnormal, still exact).
+float power_of_two(int e) {
+  return e >= -126 ? core::bits_float(static_cast<uint32_t>(e + 127) << 23) : core::bits_float(0x00400000u);
+}
+
+// The nearest e4m3fn value to s, ties to even (|s| <= 448): what e4m3_decode(e4m3_encode(s)) gives.
+float e4m3_nearest(float s) {
+  float a = fabsf(s), q;
+  if (a < 0.015625f) {
+    q = (a + 16384.0f) - 16384.0f;  // the ulp of 2^14 is 2^-9, e4m3's subnormal step: a rounds to it, ties even
+  } else {
+    // keep 3 of the 23 mantissa bits, ties to even; a carry moves into the exponent
+    uint32_t u = core::float_bits(a);
+    q = core::bits_float((u + 0x7ffffu + ((u >> 20) & 1u)) & ~0xfffffu);
+  }
+  return copysignf(q, s);
 }
 
 int total_depth(const core::Gemm& g) {
@@ -92,8 +111,8 @@ void decode_panel(const Operand& o, int row0, int n, int depth, int width, float
   // The round trip along depth, blocks of 32 from the part's k = 0, on each row where it lies (stride width).
   for (int r = 0; r < n; ++r)
     for (int k = 0; k < depth; k += core::kMxBlock)
-      core::mx_round_trip_block(panel + static_cast<int64_t>(k) * width + r, std::min(core::kMxBlock, depth - k),
-                                width);
+      detail::mx_round_trip_block(panel + static_cast<int64_t>(k) * width + r, std::min(core::kMxBlock, depth - k),
+                                  width);
 }
 
 // Rows i0 .. i0 + n - 1 of every part's a, as panels of 6 rows, [depth][6] each, parts end to end in k.
@@ -209,6 +228,21 @@ const char* gemm_isa_name(GemmIsa isa) {
 }
 
 namespace detail {
+
+void mx_round_trip_block(float* v, int n, int stride) {
+  float amax = core::mx_block_amax(v, n, stride);
+  if (amax != amax) {
+    for (int i = 0; i < n; ++i) v[i * stride] = core::quiet_nan();
+    return;
+  }
+  int e = core::mx_scale_exponent(amax);
+  // ldexpf(x, ±e) is the correctly rounded x · 2^±e: one multiplication by the exact power of two
+  float down = power_of_two(-e), up = power_of_two(e);
+  for (int i = 0; i < n; ++i) {
+    float scaled = fminf(fmaxf(v[i * stride] * down, -core::kE4m3Max), core::kE4m3Max);
+    v[i * stride] = e4m3_nearest(scaled) * up;
+  }
+}
 
 void micro_kernel_scalar(int depth, const float* a, const float* b, float* tile) {
   float acc[kPanelRows * kPanelCols];  // a local copy: the compiler need not assume it aliases a or b

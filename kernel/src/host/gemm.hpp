@@ -40,6 +40,10 @@ namespace detail {
 constexpr int kPanelRows = 6;   // rows of a per micro-kernel tile
 constexpr int kPanelCols = 16;  // columns of b per micro-kernel tile
 
+// core::mx_round_trip_block's values, bit for bit, with bit operations and multiplications by powers of two in
+// place of frexpf / ldexpf / nearbyint per element (test_host_gemm compares the two).
+void mx_round_trip_block(float* v, int n, int stride);
+
 // tile[r * 16 + j] += Σ_k a[k * 6 + r] · b[k * 16 + j], one product and one add at a time, k = 0, 1, ...
 void micro_kernel_scalar(int depth, const float* a, const float* b, float* tile);
 #if defined(__x86_64__)
