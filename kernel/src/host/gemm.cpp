@@ -244,17 +244,21 @@ void mx_round_trip_block(float* v, int n, int stride) {
   }
 }
 
+// Two rows at a time: their 32 sums fit in SSE2's (or NEON's) registers when the compiler vectorises the j loop.
 void micro_kernel_scalar(int depth, const float* a, const float* b, float* tile) {
-  float acc[kPanelRows * kPanelCols];  // a local copy: the compiler need not assume it aliases a or b
-  std::memcpy(acc, tile, sizeof(acc));
-  for (int k = 0; k < depth; ++k) {
-    const float* ak = a + k * kPanelRows;
-    const float* bk = b + k * kPanelCols;
-    for (int r = 0; r < kPanelRows; ++r)
-      for (int j = 0; j < kPanelCols; ++j)
-        acc[r * kPanelCols + j] = core::add_rn(acc[r * kPanelCols + j], core::mul_rn(ak[r], bk[j]));
+  constexpr int kStrip = 2;
+  for (int r0 = 0; r0 < kPanelRows; r0 += kStrip) {
+    float acc[kStrip * kPanelCols];  // a local copy: the compiler need not assume it aliases a or b
+    std::memcpy(acc, tile + r0 * kPanelCols, sizeof(acc));
+    for (int k = 0; k < depth; ++k) {
+      const float* ak = a + k * kPanelRows + r0;
+      const float* bk = b + k * kPanelCols;
+      for (int r = 0; r < kStrip; ++r)
+        for (int j = 0; j < kPanelCols; ++j)
+          acc[r * kPanelCols + j] = core::add_rn(acc[r * kPanelCols + j], core::mul_rn(ak[r], bk[j]));
+    }
+    std::memcpy(tile + r0 * kPanelCols, acc, sizeof(acc));
   }
-  std::memcpy(tile, acc, sizeof(acc));
 }
 
 }  // namespace detail
