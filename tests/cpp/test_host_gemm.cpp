@@ -1,9 +1,9 @@
-// host::gemm against core::reference_gemm, bit for bit, on every path this CPU has (AVX2 and scalar):
+// host::gemm against core::reference_gemm, bit for bit, on every path this CPU has (scalar, AVX2, AVX-512):
 // random tiles over every operand encoding (f32, bf16, e4m3), orientation (K-major, MN-major, padded
 // strides), MXFP8 round trip on read, one or two parts, both epilogues and odd sizes. Values span 2^±40
 // (2^±20 per row times 2^±20 per depth index) and cancel in pairs, so a product fused into its add, a
 // k order changed anywhere or a misplaced edge changes bits; some operands hold NaN or ±Inf. Guards
-// after the scratch and c catch writes past their ends. Run with MOK_HOST_ISA=scalar too (CTest does).
+// after the scratch and c catch writes past their ends. CTest runs it with MOK_HOST_ISA unset, =scalar and =avx2.
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -235,8 +235,9 @@ std::vector<uint32_t> run(const Tile& t, bool reference, GemmIsa isa, bool defau
 }
 
 std::vector<GemmIsa> isas() {
-  std::vector<GemmIsa> all{GemmIsa::scalar};
-  if (mok::host::gemm_isa_available(GemmIsa::avx2)) all.push_back(GemmIsa::avx2);
+  std::vector<GemmIsa> all;
+  for (GemmIsa isa : {GemmIsa::scalar, GemmIsa::avx2, GemmIsa::avx512})
+    if (mok::host::gemm_isa_available(isa)) all.push_back(isa);
   return all;
 }
 
@@ -364,15 +365,17 @@ TEST(host_mx_round_trip_is_cores) {
   }
 }
 
-// MOK_HOST_ISA=scalar forces the portable path; otherwise the CPU decides.
+// MOK_HOST_ISA names the path (scalar, avx2, avx512) when the CPU has it; otherwise the widest one the CPU has.
 TEST(host_gemm_isa_follows_the_environment) {
   const char* forced = std::getenv("MOK_HOST_ISA");
-  bool scalar = forced != nullptr && std::strcmp(forced, "scalar") == 0;
-  GemmIsa want = scalar || !mok::host::gemm_isa_available(GemmIsa::avx2) ? GemmIsa::scalar : GemmIsa::avx2;
-  CHECK_MSG(mok::host::gemm_isa() == want, "MOK_HOST_ISA=%s: path %s", forced ? forced : "(unset)",
-            gemm_isa_name(mok::host::gemm_isa()));
+  GemmIsa want = isas().back();
+  for (GemmIsa isa : isas())
+    if (forced != nullptr && std::strcmp(forced, gemm_isa_name(isa)) == 0) want = isa;
+  CHECK_MSG(mok::host::gemm_isa() == want, "MOK_HOST_ISA=%s: path %s, want %s", forced ? forced : "(unset)",
+            gemm_isa_name(mok::host::gemm_isa()), gemm_isa_name(want));
 #if defined(__x86_64__)
   CHECK(mok::host::gemm_isa_available(GemmIsa::avx2) == static_cast<bool>(__builtin_cpu_supports("avx2")));
+  CHECK(mok::host::gemm_isa_available(GemmIsa::avx512) == static_cast<bool>(__builtin_cpu_supports("avx512f")));
 #endif
 }
 

@@ -21,9 +21,13 @@ namespace {
 
 using core::Dtype;
 using core::Operand;
-using detail::kPanelCols;
+using detail::kMaxPanelCols;
 using detail::kPanelRows;
-using Kernel = void (*)(int depth, const float* a, const float* b, float* tile);
+// A micro-kernel and the width of the b panels it reads (its tile is 6 x cols).
+struct Kernel {
+  void (*run)(int depth, const float* a, const float* b, float* c, int64_t ldc);
+  int cols;
+};
 
 // core's e4m3 and e8m0 decoders, tabulated once: a code's value is then one load, the same float.
 struct Tables {
@@ -65,16 +69,21 @@ int total_depth(const core::Gemm& g) {
   return depth;
 }
 
-// panel[k * width + r] = read(r, k) for rows r < n; rows n .. width - 1 are 0. Walks the operand's
-// contiguous direction innermost.
-template <class Read>
-void fill_panel(int n, int depth, int width, bool rows_outer, float* panel, Read read) {
-  if (rows_outer) {
-    for (int r = 0; r < n; ++r)
-      for (int k = 0; k < depth; ++k) panel[static_cast<int64_t>(k) * width + r] = read(r, k);
+// panel[k * width + r] = value(r, k, r * rs + k * ds) for rows r < n, walking the operand's contiguous
+// direction innermost (the unit stride known to the compiler); rows n .. width - 1 are 0.
+template <class Value>
+void fill_panel(int n, int depth, int width, int64_t rs, int64_t ds, float* panel, Value value) {
+  if (ds == 1) {
+    // K-major: a row's depth is contiguous. Blocks of 64 k keep the panel lines being written in L1.
+    for (int k0 = 0; k0 < depth; k0 += 64)
+      for (int r = 0, k1 = std::min(depth, k0 + 64); r < n; ++r)
+        for (int k = k0; k < k1; ++k) panel[static_cast<int64_t>(k) * width + r] = value(r, k, r * rs + k);
+  } else if (rs == 1) {
+    for (int k = 0; k < depth; ++k)
+      for (int r = 0; r < n; ++r) panel[static_cast<int64_t>(k) * width + r] = value(r, k, r + k * ds);
   } else {
     for (int k = 0; k < depth; ++k)
-      for (int r = 0; r < n; ++r) panel[static_cast<int64_t>(k) * width + r] = read(r, k);
+      for (int r = 0; r < n; ++r) panel[static_cast<int64_t>(k) * width + r] = value(r, k, r * rs + k * ds);
   }
   for (int k = 0; k < depth; ++k)
     for (int r = n; r < width; ++r) panel[static_cast<int64_t>(k) * width + r] = 0.0f;
@@ -83,26 +92,24 @@ void fill_panel(int n, int depth, int width, bool rows_outer, float* panel, Read
 // Rows row0 .. row0 + n - 1 of o over `depth` as the GEMM reads them (core::load_operand_row's
 // values), into a [depth][width] panel.
 void decode_panel(const Operand& o, int row0, int n, int depth, int width, float* panel) {
-  bool rows_outer = o.depth_stride == 1 || o.depth_stride == -1;
   int64_t rs = o.row_stride, ds = o.depth_stride;
   switch (o.dtype) {
     case Dtype::f32: {
       const float* d = static_cast<const float*>(o.data) + row0 * rs;
-      fill_panel(n, depth, width, rows_outer, panel, [&](int r, int k) { return d[r * rs + k * ds]; });
+      fill_panel(n, depth, width, rs, ds, panel, [&](int, int, int64_t at) { return d[at]; });
       break;
     }
     case Dtype::bf16: {
       const core::bf16_t* d = static_cast<const core::bf16_t*>(o.data) + row0 * rs;
-      fill_panel(n, depth, width, rows_outer, panel,
-                 [&](int r, int k) { return core::bf16_to_float(d[r * rs + k * ds]); });
+      fill_panel(n, depth, width, rs, ds, panel, [&](int, int, int64_t at) { return core::bf16_to_float(d[at]); });
       break;
     }
     case Dtype::e4m3: {
       const uint8_t* d = static_cast<const uint8_t*>(o.data) + row0 * rs;
       const uint8_t* s = o.scales + row0 * o.scale_stride;
       const Tables& t = tables();
-      fill_panel(n, depth, width, rows_outer, panel, [&](int r, int k) {
-        return t.e4m3[d[r * rs + k * ds]] * t.e8m0[s[r * o.scale_stride + k / core::kMxBlock]];
+      fill_panel(n, depth, width, rs, ds, panel, [&](int r, int k, int64_t at) {
+        return t.e4m3[d[at]] * t.e8m0[s[r * o.scale_stride + k / core::kMxBlock]];
       });
       break;
     }
@@ -125,39 +132,44 @@ void pack_a(const core::Gemm& g, int i0, int n, int depth, float* packed) {
   }
 }
 
-// Columns j0 .. j0 + n - 1 (n <= 16) of every part's b as one [depth][16] panel.
-void pack_b(const core::Gemm& g, int j0, int n, float* panel) {
+// Columns j0 .. j0 + n - 1 (n <= width) of every part's b as one [depth][width] panel.
+void pack_b(const core::Gemm& g, int j0, int n, int width, float* panel) {
   for (int q = 0, k0 = 0; q < g.num_parts; k0 += g.parts[q].depth, ++q)
-    decode_panel(g.parts[q].b, j0, n, g.parts[q].depth, kPanelCols, panel + k0 * kPanelCols);
+    decode_panel(g.parts[q].b, j0, n, g.parts[q].depth, width, panel + k0 * width);
 }
 
-// One 6 x 16 tile of c (nr x nc of it inside c): start, run the kernel over the whole depth, store.
+// One 6 x kernel.cols tile of c (nr x nc of it inside c): start, run the kernel over the whole depth, store.
+// A whole tile that accumulates runs in place in c; the others go through a local tile.
 void run_tile(const core::Gemm& g, int i0, int nr, int j0, int nc, int depth, const float* a, const float* b,
               Kernel kernel) {
-  alignas(32) float tile[kPanelRows * kPanelCols] = {};
-  bool store = g.epilogue == core::Epilogue::store_bf16;
-  float* c32 = static_cast<float*>(g.c);
-  core::bf16_t* c16 = static_cast<core::bf16_t*>(g.c);
-  if (!store)
+  float* c32 = static_cast<float*>(g.c) + i0 * g.c_stride + j0;
+  if (g.epilogue == core::Epilogue::accumulate_f32 && nr == kPanelRows && nc == kernel.cols) {
+    kernel.run(depth, a, b, c32, g.c_stride);
+    return;
+  }
+  alignas(64) float tile[kPanelRows * kMaxPanelCols] = {};
+  int w = kernel.cols;
+  if (g.epilogue == core::Epilogue::accumulate_f32) {
     for (int r = 0; r < nr; ++r)
-      for (int j = 0; j < nc; ++j) tile[r * kPanelCols + j] = c32[(i0 + r) * g.c_stride + j0 + j];
-  kernel(depth, a, b, tile);
+      for (int j = 0; j < nc; ++j) tile[r * w + j] = c32[r * g.c_stride + j];
+    kernel.run(depth, a, b, tile, w);
+    for (int r = 0; r < nr; ++r)
+      for (int j = 0; j < nc; ++j) c32[r * g.c_stride + j] = tile[r * w + j];
+    return;
+  }
+  kernel.run(depth, a, b, tile, w);
+  core::bf16_t* c16 = static_cast<core::bf16_t*>(g.c) + i0 * g.c_stride + j0;
   for (int r = 0; r < nr; ++r)
-    for (int j = 0; j < nc; ++j) {
-      int64_t at = (i0 + r) * g.c_stride + j0 + j;
-      if (store)
-        c16[at] = core::float_to_bf16(tile[r * kPanelCols + j]);
-      else
-        c32[at] = tile[r * kPanelCols + j];
-    }
+    for (int j = 0; j < nc; ++j) c16[r * g.c_stride + j] = core::float_to_bf16(tile[r * w + j]);
 }
 
 Kernel kernel_for(GemmIsa isa) {
 #if defined(__x86_64__)
-  if (isa == GemmIsa::avx2) return detail::micro_kernel_avx2;
+  if (isa == GemmIsa::avx512) return {detail::micro_kernel_avx512, 32};
+  if (isa == GemmIsa::avx2) return {detail::micro_kernel_avx2, 16};
 #endif
   (void)isa;
-  return detail::micro_kernel_scalar;
+  return {detail::micro_kernel_scalar, 16};
 }
 
 [[noreturn]] void misuse(const char* what) {
@@ -168,9 +180,9 @@ Kernel kernel_for(GemmIsa isa) {
 }  // namespace
 
 size_t gemm_scratch_floats(int rows, int cols, int max_depth) {
-  (void)cols;  // b is packed one panel of 16 columns at a time
+  (void)cols;  // b is packed one panel (at most 32 columns, whichever kernel runs) at a time
   size_t row_panels = (static_cast<size_t>(rows) + kPanelRows - 1) / kPanelRows;
-  return (row_panels * kPanelRows + kPanelCols) * static_cast<size_t>(max_depth);
+  return (row_panels * kPanelRows + kMaxPanelCols) * static_cast<size_t>(max_depth);
 }
 
 void gemm(const core::Gemm& g, float* scratch, size_t scratch_floats, GemmIsa isa) {
@@ -181,7 +193,7 @@ void gemm(const core::Gemm& g, float* scratch, size_t scratch_floats, GemmIsa is
     misuse("scratch smaller than gemm_scratch_floats(6, cols, depth)");
   Kernel kernel = kernel_for(isa);
   // The b panel first, then as many a panels as the scratch holds (all of them when sized for the tile).
-  size_t b_floats = static_cast<size_t>(kPanelCols) * depth;
+  size_t b_floats = static_cast<size_t>(kMaxPanelCols) * depth;
   float *b = scratch, *a = scratch + b_floats;
   int chunk = g.rows;
   if (depth > 0) {
@@ -191,9 +203,9 @@ void gemm(const core::Gemm& g, float* scratch, size_t scratch_floats, GemmIsa is
   for (int i0 = 0; i0 < g.rows; i0 += chunk) {
     int rows = std::min(chunk, g.rows - i0);
     pack_a(g, i0, rows, depth, a);
-    for (int j0 = 0; j0 < g.cols; j0 += kPanelCols) {
-      int cols = std::min(kPanelCols, g.cols - j0);
-      pack_b(g, j0, cols, b);
+    for (int j0 = 0; j0 < g.cols; j0 += kernel.cols) {
+      int cols = std::min(kernel.cols, g.cols - j0);
+      pack_b(g, j0, cols, kernel.cols, b);
       for (int p = 0; p * kPanelRows < rows; ++p)
         run_tile(g, i0 + p * kPanelRows, std::min(kPanelRows, rows - p * kPanelRows), j0, cols, depth,
                  a + static_cast<int64_t>(p) * kPanelRows * depth, b, kernel);
@@ -208,6 +220,7 @@ void gemm(const core::Gemm& g, float* scratch, size_t scratch_floats) {
 bool gemm_isa_available(GemmIsa isa) {
   if (isa == GemmIsa::scalar) return true;
 #if defined(__x86_64__)
+  if (isa == GemmIsa::avx512) return __builtin_cpu_supports("avx512f");
   return isa == GemmIsa::avx2 && __builtin_cpu_supports("avx2");
 #else
   return false;
@@ -217,14 +230,22 @@ bool gemm_isa_available(GemmIsa isa) {
 GemmIsa gemm_isa() {
   static const GemmIsa chosen = [] {
     const char* forced = std::getenv("MOK_HOST_ISA");
-    if (forced != nullptr && std::strcmp(forced, "scalar") == 0) return GemmIsa::scalar;
-    return gemm_isa_available(GemmIsa::avx2) ? GemmIsa::avx2 : GemmIsa::scalar;
+    for (GemmIsa isa : {GemmIsa::scalar, GemmIsa::avx2, GemmIsa::avx512})
+      if (forced != nullptr && std::strcmp(forced, gemm_isa_name(isa)) == 0 && gemm_isa_available(isa)) return isa;
+    for (GemmIsa isa : {GemmIsa::avx512, GemmIsa::avx2})
+      if (gemm_isa_available(isa)) return isa;
+    return GemmIsa::scalar;
   }();
   return chosen;
 }
 
 const char* gemm_isa_name(GemmIsa isa) {
-  return isa == GemmIsa::avx2 ? "avx2" : "scalar";
+  switch (isa) {
+    case GemmIsa::avx512: return "avx512";
+    case GemmIsa::avx2: return "avx2";
+    case GemmIsa::scalar: break;
+  }
+  return "scalar";
 }
 
 namespace detail {
@@ -245,19 +266,19 @@ void mx_round_trip_block(float* v, int n, int stride) {
 }
 
 // Two rows at a time: their 32 sums fit in SSE2's (or NEON's) registers when the compiler vectorises the j loop.
-void micro_kernel_scalar(int depth, const float* a, const float* b, float* tile) {
-  constexpr int kStrip = 2;
+void micro_kernel_scalar(int depth, const float* a, const float* b, float* c, int64_t ldc) {
+  constexpr int kStrip = 2, kCols = 16;
   for (int r0 = 0; r0 < kPanelRows; r0 += kStrip) {
-    float acc[kStrip * kPanelCols];  // a local copy: the compiler need not assume it aliases a or b
-    std::memcpy(acc, tile + r0 * kPanelCols, sizeof(acc));
+    float acc[kStrip * kCols];  // a local copy: the compiler need not assume it aliases a or b
+    for (int r = 0; r < kStrip; ++r) std::memcpy(acc + r * kCols, c + (r0 + r) * ldc, sizeof(float) * kCols);
     for (int k = 0; k < depth; ++k) {
       const float* ak = a + k * kPanelRows + r0;
-      const float* bk = b + k * kPanelCols;
+      const float* bk = b + k * kCols;
       for (int r = 0; r < kStrip; ++r)
-        for (int j = 0; j < kPanelCols; ++j)
-          acc[r * kPanelCols + j] = core::add_rn(acc[r * kPanelCols + j], core::mul_rn(ak[r], bk[j]));
+        for (int j = 0; j < kCols; ++j)
+          acc[r * kCols + j] = core::add_rn(acc[r * kCols + j], core::mul_rn(ak[r], bk[j]));
     }
-    std::memcpy(tile + r0 * kPanelCols, acc, sizeof(acc));
+    for (int r = 0; r < kStrip; ++r) std::memcpy(c + (r0 + r) * ldc, acc + r * kCols, sizeof(float) * kCols);
   }
 }
 

@@ -8,13 +8,14 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "core/gemm.hpp"
 
 namespace mok::host {
 
 // scalar: portable C++ (the compiler may vectorise it; the bits stay those of one multiply and one add).
-enum class GemmIsa { scalar, avx2 };
+enum class GemmIsa { scalar, avx2, avx512 };
 
 // The fp32 scratch a call needs for a tile of at most `rows` x `cols` whose parts' depths add up to at
 // most `max_depth` (parts[0].depth + parts[1].depth). Less (but at least gemm_scratch_floats(6, cols,
@@ -37,17 +38,19 @@ const char* gemm_isa_name(GemmIsa isa);
 
 namespace detail {
 
-constexpr int kPanelRows = 6;   // rows of a per micro-kernel tile
-constexpr int kPanelCols = 16;  // columns of b per micro-kernel tile
+constexpr int kPanelRows = 6;      // rows of a per micro-kernel tile
+constexpr int kMaxPanelCols = 32;  // columns of b per micro-kernel tile: 16 (scalar, AVX2) or 32 (AVX-512)
 
 // core::mx_round_trip_block's values, bit for bit, with bit operations and multiplications by powers of two in
 // place of frexpf / ldexpf / nearbyint per element (test_host_gemm compares the two).
 void mx_round_trip_block(float* v, int n, int stride);
 
-// tile[r * 16 + j] += Σ_k a[k * 6 + r] · b[k * 16 + j], one product and one add at a time, k = 0, 1, ...
-void micro_kernel_scalar(int depth, const float* a, const float* b, float* tile);
+// c[r * ldc + j] += Σ_k a[k * 6 + r] · b[k * w + j] for r < 6, j < w, one product and one add at a time,
+// k = 0, 1, ...; w = 16 for the scalar and AVX2 kernels, 32 for AVX-512.
+void micro_kernel_scalar(int depth, const float* a, const float* b, float* c, int64_t ldc);
 #if defined(__x86_64__)
-void micro_kernel_avx2(int depth, const float* a, const float* b, float* tile);
+void micro_kernel_avx2(int depth, const float* a, const float* b, float* c, int64_t ldc);
+void micro_kernel_avx512(int depth, const float* a, const float* b, float* c, int64_t ldc);
 #endif
 
 }  // namespace detail

@@ -9,14 +9,15 @@
 
 namespace mok::host::detail {
 
-__attribute__((target("avx2"))) void micro_kernel_avx2(int depth, const float* a, const float* b, float* tile) {
-  static_assert(kPanelRows == 6 && kPanelCols == 16, "the kernel holds a 6 x 16 tile in 12 registers");
-  __m256 c00 = _mm256_loadu_ps(tile + 0), c01 = _mm256_loadu_ps(tile + 8);
-  __m256 c10 = _mm256_loadu_ps(tile + 16), c11 = _mm256_loadu_ps(tile + 24);
-  __m256 c20 = _mm256_loadu_ps(tile + 32), c21 = _mm256_loadu_ps(tile + 40);
-  __m256 c30 = _mm256_loadu_ps(tile + 48), c31 = _mm256_loadu_ps(tile + 56);
-  __m256 c40 = _mm256_loadu_ps(tile + 64), c41 = _mm256_loadu_ps(tile + 72);
-  __m256 c50 = _mm256_loadu_ps(tile + 80), c51 = _mm256_loadu_ps(tile + 88);
+__attribute__((target("avx2"))) void micro_kernel_avx2(int depth, const float* a, const float* b, float* c,
+                                                       int64_t ldc) {
+  static_assert(kPanelRows == 6, "the kernel holds a 6 x 16 tile in 12 registers");
+  __m256 c00 = _mm256_loadu_ps(c + 0 * ldc), c01 = _mm256_loadu_ps(c + 0 * ldc + 8);
+  __m256 c10 = _mm256_loadu_ps(c + 1 * ldc), c11 = _mm256_loadu_ps(c + 1 * ldc + 8);
+  __m256 c20 = _mm256_loadu_ps(c + 2 * ldc), c21 = _mm256_loadu_ps(c + 2 * ldc + 8);
+  __m256 c30 = _mm256_loadu_ps(c + 3 * ldc), c31 = _mm256_loadu_ps(c + 3 * ldc + 8);
+  __m256 c40 = _mm256_loadu_ps(c + 4 * ldc), c41 = _mm256_loadu_ps(c + 4 * ldc + 8);
+  __m256 c50 = _mm256_loadu_ps(c + 5 * ldc), c51 = _mm256_loadu_ps(c + 5 * ldc + 8);
   for (int k = 0; k < depth; ++k, a += 6, b += 16) {
     __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
     __m256 x;
@@ -39,18 +40,18 @@ __attribute__((target("avx2"))) void micro_kernel_avx2(int depth, const float* a
     c50 = _mm256_add_ps(c50, _mm256_mul_ps(x, b0));
     c51 = _mm256_add_ps(c51, _mm256_mul_ps(x, b1));
   }
-  _mm256_storeu_ps(tile + 0, c00);
-  _mm256_storeu_ps(tile + 8, c01);
-  _mm256_storeu_ps(tile + 16, c10);
-  _mm256_storeu_ps(tile + 24, c11);
-  _mm256_storeu_ps(tile + 32, c20);
-  _mm256_storeu_ps(tile + 40, c21);
-  _mm256_storeu_ps(tile + 48, c30);
-  _mm256_storeu_ps(tile + 56, c31);
-  _mm256_storeu_ps(tile + 64, c40);
-  _mm256_storeu_ps(tile + 72, c41);
-  _mm256_storeu_ps(tile + 80, c50);
-  _mm256_storeu_ps(tile + 88, c51);
+  _mm256_storeu_ps(c + 0 * ldc, c00);
+  _mm256_storeu_ps(c + 0 * ldc + 8, c01);
+  _mm256_storeu_ps(c + 1 * ldc, c10);
+  _mm256_storeu_ps(c + 1 * ldc + 8, c11);
+  _mm256_storeu_ps(c + 2 * ldc, c20);
+  _mm256_storeu_ps(c + 2 * ldc + 8, c21);
+  _mm256_storeu_ps(c + 3 * ldc, c30);
+  _mm256_storeu_ps(c + 3 * ldc + 8, c31);
+  _mm256_storeu_ps(c + 4 * ldc, c40);
+  _mm256_storeu_ps(c + 4 * ldc + 8, c41);
+  _mm256_storeu_ps(c + 5 * ldc, c50);
+  _mm256_storeu_ps(c + 5 * ldc + 8, c51);
 }
 
 }  // namespace mok::host::detail
