@@ -220,6 +220,7 @@ void gemm(const core::Gemm& g, float* scratch, size_t scratch_floats) {
 bool gemm_isa_available(GemmIsa isa) {
   if (isa == GemmIsa::scalar) return true;
 #if defined(__x86_64__)
+  __builtin_cpu_init();  // idempotent; needed when the first call comes from another object's constructor
   if (isa == GemmIsa::avx512) return __builtin_cpu_supports("avx512f");
   return isa == GemmIsa::avx2 && __builtin_cpu_supports("avx2");
 #else

@@ -1,10 +1,10 @@
 // The host executor's tile GEMM: core::Gemm computed with the bits of core::reference_gemm, fast.
 //
 // Each call decodes its operands once into fp32 (the MXFP8 round trip included), packs a into panels
-// of 6 rows and b into panels of 16 columns, both [depth][width] with the parts' depths concatenated,
-// and runs a 6 x 16 register-blocked micro-kernel: every element multiplies, rounds, then adds, in
-// k order, part 0 then part 1, from 0 or from c. The kernel is chosen at run time (AVX2 when the CPU
-// has it, portable scalar code otherwise); both give the same bits (docs/core.md, "The host GEMM").
+// of 6 rows and b into panels of 16 or 32 columns, both [depth][width] with the parts' depths
+// concatenated, and runs a register-blocked micro-kernel: every element multiplies, rounds, then adds,
+// in k order, part 0 then part 1, from 0 or from c. The kernel is chosen at run time (AVX-512, AVX2,
+// portable scalar code); all give the same bits (docs/core.md, "The host GEMM").
 #pragma once
 
 #include <cstddef>
@@ -30,8 +30,8 @@ void gemm(const core::Gemm& g, float* scratch, size_t scratch_floats);
 // The same on a given path (tests compare the paths); `isa` must be available.
 void gemm(const core::Gemm& g, float* scratch, size_t scratch_floats, GemmIsa isa);
 
-// The path gemm takes in this process: avx2 when the CPU supports it, unless the environment variable
-// MOK_HOST_ISA is "scalar" (read once, at the first call); any other value chooses by the CPU.
+// The path gemm takes in this process: the widest the CPU supports (avx512, avx2, scalar), or the one the
+// environment variable MOK_HOST_ISA names ("scalar", "avx2", "avx512") when the CPU has it. Read once.
 GemmIsa gemm_isa();
 bool gemm_isa_available(GemmIsa isa);
 const char* gemm_isa_name(GemmIsa isa);
