@@ -23,6 +23,7 @@ using core::Dtype;
 using core::Operand;
 using detail::kMaxPanelCols;
 using detail::kPanelRows;
+
 // A micro-kernel and the width of the b panels it reads (its tile is 6 x cols).
 struct Kernel {
   void (*run)(int depth, const float* a, const float* b, float* c, int64_t ldc);
