@@ -14,7 +14,7 @@
 
 namespace mok::host {
 
-// scalar: portable C++ (the compiler may vectorise it; the bits stay those of one multiply and one add).
+// scalar: portable C++ on 4-float vectors (SSE2, NEON or scalars: one multiply, then one add, per lane).
 enum class GemmIsa { scalar, avx2, avx512 };
 
 // The fp32 scratch a call needs for a tile of at most `rows` x `cols` whose parts' depths add up to at
