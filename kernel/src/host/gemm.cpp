@@ -16,6 +16,10 @@
 #include "core/mxfp8.hpp"
 #include "core/numeric.hpp"
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 namespace mok::host {
 namespace {
 
@@ -90,6 +94,62 @@ void fill_panel(int n, int depth, int width, int64_t rs, int64_t ds, float* pane
     for (int r = n; r < width; ++r) panel[static_cast<int64_t>(k) * width + r] = 0.0f;
 }
 
+#if defined(__x86_64__)
+// 8 bf16 values as fp32 (each one's bits in the high half of a 32-bit lane: bf16_to_float exactly).
+void store_bf16x8(float* out, __m128i v) {
+  __m128i zero = _mm_setzero_si128();
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_unpacklo_epi16(zero, v));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 4), _mm_unpackhi_epi16(zero, v));
+}
+
+__m128i load8(const core::bf16_t* p) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
+
+// 8 rows x 8 k of a K-major bf16 operand (row i at d + i * rs) into panel[k * width + i]: an 8 x 8
+// transpose of 16-bit values in three rounds of unpacks.
+void transpose_bf16_8x8(const core::bf16_t* d, int64_t rs, float* panel, int width) {
+  __m128i t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    __m128i x = load8(d + i * rs), y = load8(d + (i + 1) * rs);
+    t[i] = _mm_unpacklo_epi16(x, y);      // k 0..3 of rows i, i + 1, interleaved
+    t[i + 1] = _mm_unpackhi_epi16(x, y);  // k 4..7
+  }
+  for (int h = 0; h < 2; ++h)  // rows 0..3, then 4..7
+    for (int q = 0; q < 2; ++q) {
+      u[4 * h + 2 * q] = _mm_unpacklo_epi32(t[4 * h + q], t[4 * h + 2 + q]);      // k 4q, 4q + 1 of 4 rows
+      u[4 * h + 2 * q + 1] = _mm_unpackhi_epi32(t[4 * h + q], t[4 * h + 2 + q]);  // k 4q + 2, 4q + 3
+    }
+  for (int p = 0; p < 4; ++p) {  // k 2p and 2p + 1 of all 8 rows
+    store_bf16x8(panel + (2 * p) * width, _mm_unpacklo_epi64(u[p], u[4 + p]));
+    store_bf16x8(panel + (2 * p + 1) * width, _mm_unpackhi_epi64(u[p], u[4 + p]));
+  }
+}
+#endif
+
+// A full bf16 panel (n == width, a multiple of 8) stored K-major or MN-major, with SSE2 (x86-64's baseline):
+// the same values as the element loop. False when the panel is not one of those.
+bool decode_bf16_sse2(const core::bf16_t* d, int64_t rs, int64_t ds, int n, int depth, int width, float* panel) {
+#if defined(__x86_64__)
+  if (n != width || width % 8 != 0 || (ds != 1 && rs != 1)) return false;
+  if (rs == 1) {  // MN-major: a k's rows are contiguous
+    for (int k = 0; k < depth; ++k)
+      for (int i = 0; i < n; i += 8) store_bf16x8(panel + static_cast<int64_t>(k) * width + i, load8(d + k * ds + i));
+    return true;
+  }
+  int k = 0;
+  for (; k + 8 <= depth; k += 8)
+    for (int i = 0; i < n; i += 8)
+      transpose_bf16_8x8(d + i * rs + k, rs, panel + static_cast<int64_t>(k) * width + i, width);
+  for (; k < depth; ++k)
+    for (int i = 0; i < n; ++i) panel[static_cast<int64_t>(k) * width + i] = core::bf16_to_float(d[i * rs + k]);
+  return true;
+#else
+  (void)d, (void)rs, (void)ds, (void)n, (void)depth, (void)width, (void)panel;
+  return false;
+#endif
+}
+
 // Rows row0 .. row0 + n - 1 of o over `depth` as the GEMM reads them (core::load_operand_row's
 // values), into a [depth][width] panel.
 void decode_panel(const Operand& o, int row0, int n, int depth, int width, float* panel) {
@@ -102,7 +162,8 @@ void decode_panel(const Operand& o, int row0, int n, int depth, int width, float
     }
     case Dtype::bf16: {
       const core::bf16_t* d = static_cast<const core::bf16_t*>(o.data) + row0 * rs;
-      fill_panel(n, depth, width, rs, ds, panel, [&](int, int, int64_t at) { return core::bf16_to_float(d[at]); });
+      if (!decode_bf16_sse2(d, rs, ds, n, depth, width, panel))
+        fill_panel(n, depth, width, rs, ds, panel, [&](int, int, int64_t at) { return core::bf16_to_float(d[at]); });
       break;
     }
     case Dtype::e4m3: {
