@@ -1,0 +1,376 @@
+// host::gemm: decode and pack the operands once per call, then run the micro-kernel tile by tile.
+// The bits are core::reference_gemm's because every element's sum is the same chain of roundings:
+// the packed values are the values load_operand_row gives (same decoders, same MXFP8 round trip,
+// same blocks), the kernel starts from the same value and multiplies, rounds, adds, rounds, k by k,
+// with the parts' depths laid end to end in the panels. Zero padding of edge panels only feeds rows
+// and columns that are never stored.
+#include "host/gemm.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/mxfp8.hpp"
+#include "core/numeric.hpp"
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
+namespace mok::host {
+namespace {
+
+using core::Dtype;
+using core::Operand;
+using detail::kMaxPanelCols;
+using detail::kPanelRows;
+
+// A micro-kernel and the width of the b panels it reads (its tile is 6 x cols).
+struct Kernel {
+  void (*run)(int depth, const float* a, const float* b, float* c, int64_t ldc);
+  int cols;
+};
+
+// core's e4m3 and e8m0 decoders, tabulated once: a code's value is then one load, the same float.
+struct Tables {
+  float e4m3[256], e8m0[256];
+  Tables() {
+    for (int q = 0; q < 256; ++q) {
+      e4m3[q] = core::e4m3_decode(static_cast<uint8_t>(q));
+      e8m0[q] = core::e8m0_decode(static_cast<uint8_t>(q));
+    }
+  }
+};
+
+const Tables& tables() {
+  static const Tables t;
+  return t;
+}
+
+// 2^e as a float, e in [-127, 127] (2^-127 is subnormal, still exact).
+float power_of_two(int e) {
+  return e >= -126 ? core::bits_float(static_cast<uint32_t>(e + 127) << 23) : core::bits_float(0x00400000u);
+}
+
+// The nearest e4m3fn value to s, ties to even (|s| <= 448): what e4m3_decode(e4m3_encode(s)) gives.
+float e4m3_nearest(float s) {
+  float a = fabsf(s), q;
+  if (a < 0.015625f) {
+    q = (a + 16384.0f) - 16384.0f;  // the ulp of 2^14 is 2^-9, e4m3's subnormal step: a rounds to it, ties even
+  } else {
+    // keep 3 of the 23 mantissa bits, ties to even; a carry moves into the exponent
+    uint32_t u = core::float_bits(a);
+    q = core::bits_float((u + 0x7ffffu + ((u >> 20) & 1u)) & ~0xfffffu);
+  }
+  return copysignf(q, s);
+}
+
+int total_depth(const core::Gemm& g) {
+  int depth = 0;
+  for (int p = 0; p < g.num_parts; ++p) depth += g.parts[p].depth;
+  return depth;
+}
+
+// panel[k * width + r] = value(r, k, r * rs + k * ds) for rows r < n, walking the operand's contiguous
+// direction innermost (the unit stride known to the compiler); rows n .. width - 1 are 0.
+template <class Value>
+void fill_panel(int n, int depth, int width, int64_t rs, int64_t ds, float* panel, Value value) {
+  if (ds == 1) {
+    // K-major: a row's depth is contiguous. Blocks of 64 k keep the panel lines being written in L1.
+    for (int k0 = 0; k0 < depth; k0 += 64)
+      for (int r = 0, k1 = std::min(depth, k0 + 64); r < n; ++r)
+        for (int k = k0; k < k1; ++k) panel[static_cast<int64_t>(k) * width + r] = value(r, k, r * rs + k);
+  } else if (rs == 1) {
+    for (int k = 0; k < depth; ++k)
+      for (int r = 0; r < n; ++r) panel[static_cast<int64_t>(k) * width + r] = value(r, k, r + k * ds);
+  } else {
+    for (int k = 0; k < depth; ++k)
+      for (int r = 0; r < n; ++r) panel[static_cast<int64_t>(k) * width + r] = value(r, k, r * rs + k * ds);
+  }
+  for (int k = 0; k < depth; ++k)
+    for (int r = n; r < width; ++r) panel[static_cast<int64_t>(k) * width + r] = 0.0f;
+}
+
+#if defined(__x86_64__)
+// 8 bf16 values as fp32 (each one's bits in the high half of a 32-bit lane: bf16_to_float exactly).
+void store_bf16x8(float* out, __m128i v) {
+  __m128i zero = _mm_setzero_si128();
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_unpacklo_epi16(zero, v));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 4), _mm_unpackhi_epi16(zero, v));
+}
+
+__m128i load8(const core::bf16_t* p) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
+
+// 8 rows x 8 k of a K-major bf16 operand (row i at d + i * rs) into panel[k * width + i]: an 8 x 8
+// transpose of 16-bit values in three rounds of unpacks.
+void transpose_bf16_8x8(const core::bf16_t* d, int64_t rs, float* panel, int width) {
+  __m128i t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    __m128i x = load8(d + i * rs), y = load8(d + (i + 1) * rs);
+    t[i] = _mm_unpacklo_epi16(x, y);      // k 0..3 of rows i, i + 1, interleaved
+    t[i + 1] = _mm_unpackhi_epi16(x, y);  // k 4..7
+  }
+  for (int h = 0; h < 2; ++h)  // rows 0..3, then 4..7
+    for (int q = 0; q < 2; ++q) {
+      u[4 * h + 2 * q] = _mm_unpacklo_epi32(t[4 * h + q], t[4 * h + 2 + q]);      // k 4q, 4q + 1 of 4 rows
+      u[4 * h + 2 * q + 1] = _mm_unpackhi_epi32(t[4 * h + q], t[4 * h + 2 + q]);  // k 4q + 2, 4q + 3
+    }
+  for (int p = 0; p < 4; ++p) {  // k 2p and 2p + 1 of all 8 rows
+    store_bf16x8(panel + (2 * p) * width, _mm_unpacklo_epi64(u[p], u[4 + p]));
+    store_bf16x8(panel + (2 * p + 1) * width, _mm_unpackhi_epi64(u[p], u[4 + p]));
+  }
+}
+#endif
+
+// A full bf16 panel (n == width, a multiple of 8) stored K-major or MN-major, with SSE2 (x86-64's baseline):
+// the same values as the element loop. False when the panel is not one of those.
+bool decode_bf16_sse2(const core::bf16_t* d, int64_t rs, int64_t ds, int n, int depth, int width, float* panel) {
+#if defined(__x86_64__)
+  if (n != width || width % 8 != 0 || (ds != 1 && rs != 1)) return false;
+  if (rs == 1) {  // MN-major: a k's rows are contiguous
+    for (int k = 0; k < depth; ++k)
+      for (int i = 0; i < n; i += 8) store_bf16x8(panel + static_cast<int64_t>(k) * width + i, load8(d + k * ds + i));
+    return true;
+  }
+  int k = 0;
+  for (; k + 8 <= depth; k += 8)
+    for (int i = 0; i < n; i += 8)
+      transpose_bf16_8x8(d + i * rs + k, rs, panel + static_cast<int64_t>(k) * width + i, width);
+  for (; k < depth; ++k)
+    for (int i = 0; i < n; ++i) panel[static_cast<int64_t>(k) * width + i] = core::bf16_to_float(d[i * rs + k]);
+  return true;
+#else
+  (void)d, (void)rs, (void)ds, (void)n, (void)depth, (void)width, (void)panel;
+  return false;
+#endif
+}
+
+// Rows row0 .. row0 + n - 1 of o over `depth` as the GEMM reads them (core::load_operand_row's
+// values), into a [depth][width] panel.
+void decode_panel(const Operand& o, int row0, int n, int depth, int width, float* panel) {
+  int64_t rs = o.row_stride, ds = o.depth_stride;
+  switch (o.dtype) {
+    case Dtype::f32: {
+      const float* d = static_cast<const float*>(o.data) + row0 * rs;
+      fill_panel(n, depth, width, rs, ds, panel, [&](int, int, int64_t at) { return d[at]; });
+      break;
+    }
+    case Dtype::bf16: {
+      const core::bf16_t* d = static_cast<const core::bf16_t*>(o.data) + row0 * rs;
+      if (!decode_bf16_sse2(d, rs, ds, n, depth, width, panel))
+        fill_panel(n, depth, width, rs, ds, panel, [&](int, int, int64_t at) { return core::bf16_to_float(d[at]); });
+      break;
+    }
+    case Dtype::e4m3: {
+      const uint8_t* d = static_cast<const uint8_t*>(o.data) + row0 * rs;
+      const uint8_t* s = o.scales + row0 * o.scale_stride;
+      const Tables& t = tables();
+      fill_panel(n, depth, width, rs, ds, panel, [&](int r, int k, int64_t at) {
+        return t.e4m3[d[at]] * t.e8m0[s[r * o.scale_stride + k / core::kMxBlock]];
+      });
+      break;
+    }
+  }
+  if (!o.quantize) return;
+  // The round trip along depth, blocks of 32 from the part's k = 0, on each row where it lies (stride width).
+  for (int r = 0; r < n; ++r)
+    for (int k = 0; k < depth; k += core::kMxBlock)
+      detail::mx_round_trip_block(panel + static_cast<int64_t>(k) * width + r, std::min(core::kMxBlock, depth - k),
+                                  width);
+}
+
+// Rows i0 .. i0 + n - 1 of every part's a, as panels of 6 rows, [depth][6] each, parts end to end in k.
+void pack_a(const core::Gemm& g, int i0, int n, int depth, float* packed) {
+  for (int p = 0; p * kPanelRows < n; ++p) {
+    float* panel = packed + static_cast<int64_t>(p) * kPanelRows * depth;
+    int rows = std::min(kPanelRows, n - p * kPanelRows);
+    for (int q = 0, k0 = 0; q < g.num_parts; k0 += g.parts[q].depth, ++q)
+      decode_panel(g.parts[q].a, i0 + p * kPanelRows, rows, g.parts[q].depth, kPanelRows, panel + k0 * kPanelRows);
+  }
+}
+
+// Columns j0 .. j0 + n - 1 (n <= width) of every part's b as one [depth][width] panel.
+void pack_b(const core::Gemm& g, int j0, int n, int width, float* panel) {
+  for (int q = 0, k0 = 0; q < g.num_parts; k0 += g.parts[q].depth, ++q)
+    decode_panel(g.parts[q].b, j0, n, g.parts[q].depth, width, panel + k0 * width);
+}
+
+// One 6 x kernel.cols tile of c (nr x nc of it inside c): start, run the kernel over the whole depth, store.
+// A whole tile that accumulates runs in place in c; the others go through a local tile.
+void run_tile(const core::Gemm& g, int i0, int nr, int j0, int nc, int depth, const float* a, const float* b,
+              Kernel kernel) {
+  float* c32 = static_cast<float*>(g.c) + i0 * g.c_stride + j0;
+  if (g.epilogue == core::Epilogue::accumulate_f32 && nr == kPanelRows && nc == kernel.cols) {
+    kernel.run(depth, a, b, c32, g.c_stride);
+    return;
+  }
+  alignas(64) float tile[kPanelRows * kMaxPanelCols] = {};
+  int w = kernel.cols;
+  if (g.epilogue == core::Epilogue::accumulate_f32) {
+    for (int r = 0; r < nr; ++r)
+      for (int j = 0; j < nc; ++j) tile[r * w + j] = c32[r * g.c_stride + j];
+    kernel.run(depth, a, b, tile, w);
+    for (int r = 0; r < nr; ++r)
+      for (int j = 0; j < nc; ++j) c32[r * g.c_stride + j] = tile[r * w + j];
+    return;
+  }
+  kernel.run(depth, a, b, tile, w);
+  core::bf16_t* c16 = static_cast<core::bf16_t*>(g.c) + i0 * g.c_stride + j0;
+  for (int r = 0; r < nr; ++r)
+    for (int j = 0; j < nc; ++j) c16[r * g.c_stride + j] = core::float_to_bf16(tile[r * w + j]);
+}
+
+Kernel kernel_for(GemmIsa isa) {
+#if defined(__x86_64__)
+  if (isa == GemmIsa::avx512) return {detail::micro_kernel_avx512, 32};
+  if (isa == GemmIsa::avx2) return {detail::micro_kernel_avx2, 16};
+#endif
+  (void)isa;
+  return {detail::micro_kernel_scalar, 16};
+}
+
+[[noreturn]] void misuse(const char* what) {
+  std::fprintf(stderr, "mok: host::gemm: %s\n", what);
+  std::abort();
+}
+
+}  // namespace
+
+size_t gemm_scratch_floats(int rows, int cols, int max_depth) {
+  (void)cols;  // b is packed one panel (at most 32 columns, whichever kernel runs) at a time
+  size_t row_panels = (static_cast<size_t>(rows) + kPanelRows - 1) / kPanelRows;
+  return (row_panels * kPanelRows + kMaxPanelCols) * static_cast<size_t>(max_depth);
+}
+
+void gemm(const core::Gemm& g, float* scratch, size_t scratch_floats, GemmIsa isa) {
+  if (!gemm_isa_available(isa)) misuse("the ISA path asked for is not available on this CPU");
+  if (g.rows <= 0 || g.cols <= 0) return;
+  int depth = total_depth(g);
+  if (scratch_floats < gemm_scratch_floats(kPanelRows, g.cols, depth))
+    misuse("scratch smaller than gemm_scratch_floats(6, cols, depth)");
+  Kernel kernel = kernel_for(isa);
+  // The b panel first, then as many a panels as the scratch holds (all of them when sized for the tile).
+  size_t b_floats = static_cast<size_t>(kMaxPanelCols) * depth;
+  float *b = scratch, *a = scratch + b_floats;
+  int chunk = g.rows;
+  if (depth > 0) {
+    size_t panels = (scratch_floats - b_floats) / (static_cast<size_t>(kPanelRows) * depth);
+    chunk = static_cast<int>(std::min<size_t>(static_cast<size_t>(g.rows), panels * kPanelRows));
+  }
+  for (int i0 = 0; i0 < g.rows; i0 += chunk) {
+    int rows = std::min(chunk, g.rows - i0);
+    pack_a(g, i0, rows, depth, a);
+    for (int j0 = 0; j0 < g.cols; j0 += kernel.cols) {
+      int cols = std::min(kernel.cols, g.cols - j0);
+      pack_b(g, j0, cols, kernel.cols, b);
+      for (int p = 0; p * kPanelRows < rows; ++p)
+        run_tile(g, i0 + p * kPanelRows, std::min(kPanelRows, rows - p * kPanelRows), j0, cols, depth,
+                 a + static_cast<int64_t>(p) * kPanelRows * depth, b, kernel);
+    }
+  }
+}
+
+void gemm(const core::Gemm& g, float* scratch, size_t scratch_floats) {
+  gemm(g, scratch, scratch_floats, gemm_isa());
+}
+
+bool gemm_isa_available(GemmIsa isa) {
+  if (isa == GemmIsa::scalar) return true;
+#if defined(__x86_64__)
+  __builtin_cpu_init();  // idempotent; needed when the first call comes from another object's constructor
+  if (isa == GemmIsa::avx512) return __builtin_cpu_supports("avx512f");
+  return isa == GemmIsa::avx2 && __builtin_cpu_supports("avx2");
+#else
+  return false;
+#endif
+}
+
+GemmIsa gemm_isa() {
+  static const GemmIsa chosen = [] {
+    const char* forced = std::getenv("MOK_HOST_ISA");
+    for (GemmIsa isa : {GemmIsa::scalar, GemmIsa::avx2, GemmIsa::avx512})
+      if (forced != nullptr && std::strcmp(forced, gemm_isa_name(isa)) == 0 && gemm_isa_available(isa)) return isa;
+    for (GemmIsa isa : {GemmIsa::avx512, GemmIsa::avx2})
+      if (gemm_isa_available(isa)) return isa;
+    return GemmIsa::scalar;
+  }();
+  return chosen;
+}
+
+const char* gemm_isa_name(GemmIsa isa) {
+  switch (isa) {
+    case GemmIsa::avx512: return "avx512";
+    case GemmIsa::avx2: return "avx2";
+    case GemmIsa::scalar: break;
+  }
+  return "scalar";
+}
+
+namespace detail {
+
+void mx_round_trip_block(float* v, int n, int stride) {
+  float amax = core::mx_block_amax(v, n, stride);
+  if (amax != amax) {
+    for (int i = 0; i < n; ++i) v[i * stride] = core::quiet_nan();
+    return;
+  }
+  int e = core::mx_scale_exponent(amax);
+  // ldexpf(x, ±e) is the correctly rounded x · 2^±e: one multiplication by the exact power of two
+  float down = power_of_two(-e), up = power_of_two(e);
+  for (int i = 0; i < n; ++i) {
+    float scaled = fminf(fmaxf(v[i * stride] * down, -core::kE4m3Max), core::kE4m3Max);
+    v[i * stride] = e4m3_nearest(scaled) * up;
+  }
+}
+
+// Four floats as one value: GCC and clang lower it to SSE2 on x86-64, NEON on arm64, scalars elsewhere;
+// its * and + are the same IEEE operations per lane (-ffp-contract=off keeps them apart).
+typedef float Vec4 __attribute__((vector_size(16)));
+
+static Vec4 load4(const float* p) {
+  Vec4 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+static void store4(float* p, Vec4 v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+
+// Two halves of 8 columns: a half's 6 x 8 sums are 12 vectors, which fit in SSE2's 16 registers.
+void micro_kernel_scalar(int depth, const float* a, const float* b, float* c, int64_t ldc) {
+  constexpr int kCols = 16;
+  for (int j0 = 0; j0 < kCols; j0 += 8) {
+    Vec4 acc[kPanelRows][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < kPanelRows; ++r) {
+      acc[r][0] = load4(c + r * ldc + j0);
+      acc[r][1] = load4(c + r * ldc + j0 + 4);
+    }
+    for (int k = 0; k < depth; ++k) {
+      Vec4 b0 = load4(b + k * kCols + j0), b1 = load4(b + k * kCols + j0 + 4);
+#pragma GCC unroll 6
+      for (int r = 0; r < kPanelRows; ++r) {
+        float x = a[k * kPanelRows + r];
+        Vec4 xs = {x, x, x, x};
+        Vec4 p0 = xs * b0, p1 = xs * b1;
+        acc[r][0] = acc[r][0] + p0;
+        acc[r][1] = acc[r][1] + p1;
+      }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < kPanelRows; ++r) {
+      store4(c + r * ldc + j0, acc[r][0]);
+      store4(c + r * ldc + j0 + 4, acc[r][1]);
+    }
+  }
+}
+
+}  // namespace detail
+
+}  // namespace mok::host
