@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
     std::vector<float> c0(static_cast<size_t>(s.rows) * s.cols), want, got;
     std::uniform_real_distribution<float> start(-1.0f, 1.0f);
     for (float& x : c0) x = start(rng);
-    std::vector<float> ref_scratch(mok::core::reference_scratch_floats(s.rows, s.cols, s.depth));
+    std::vector<float> ref_scratch(mok::core::gemm_scratch_floats(s.rows, s.cols, s.depth, true));
     double t_ref = best_time(std::max(1, repeats / 3), c0, want, [&](float* c) {
       mok::core::Gemm g = in.g;
       g.c = c;

@@ -211,8 +211,8 @@ std::vector<uint32_t> run(const Tile& t, bool reference, GemmIsa isa, bool defau
     g.c = c16.data();
   }
   if (reference) {
-    int deepest = std::max(g.parts[0].depth, g.num_parts > 1 ? g.parts[1].depth : 0);
-    std::vector<float> scratch(mok::core::reference_scratch_floats(g.rows, g.cols, deepest) + 1);
+    int depth = g.parts[0].depth + (g.num_parts > 1 ? g.parts[1].depth : 0);
+    std::vector<float> scratch(mok::core::gemm_scratch_floats(g.rows, g.cols, depth, store) + 1);
     mok::core::reference_gemm(g, scratch.data());
   } else {
     size_t need = mok::host::gemm_scratch_floats(static_cast<int>(scratch_rows), g.cols, t.depth);
@@ -377,6 +377,20 @@ TEST(host_gemm_isa_follows_the_environment) {
   CHECK(mok::host::gemm_isa_available(GemmIsa::avx2) == static_cast<bool>(__builtin_cpu_supports("avx2")));
   CHECK(mok::host::gemm_isa_available(GemmIsa::avx512) == static_cast<bool>(__builtin_cpu_supports("avx512f")));
 #endif
+}
+
+// core sizes every worker's scratch with core::gemm_scratch_floats (shape.hpp's local_layout): the host GEMM
+// must never need more, at any tile shape a pass gives it.
+TEST(host_gemm_fits_in_cores_scratch) {
+  for (int rows : {1, 5, 6, 7, 31, 32, 256, 1000, 7168})
+    for (int cols : {1, 16, 33, 3072, 7168})
+      for (int depth : {1, 32, 97, 256, 6144, 7168})
+        for (bool stores : {false, true})
+          CHECK_MSG(mok::host::gemm_scratch_floats(rows, cols, depth) <=
+                        mok::core::gemm_scratch_floats(rows, cols, depth, stores),
+                    "rows %d cols %d depth %d: host needs %zu floats, core gives %zu", rows, cols, depth,
+                    mok::host::gemm_scratch_floats(rows, cols, depth),
+                    mok::core::gemm_scratch_floats(rows, cols, depth, stores));
 }
 
 MOK_TEST_MAIN

@@ -79,11 +79,12 @@ MOK_HD inline void load_operand_row(const Operand& o, int64_t i, int depth, floa
   if (o.quantize) mx_round_trip_row(out, depth);
 }
 
-// Floats of scratch an executor may use for one GEMM of a [rows, depth] by b [cols, depth] (the widest
-// part): both operands in fp32 (decoded, or packed into panels of up to 8 rows and 16 columns) and, when
-// the epilogue stores, the tile's accumulator. Core sizes every worker's scratch with it.
+// Floats of scratch a worker holds for one GEMM of `rows` x `cols` whose parts' depths add up to `depth`:
+// a in fp32 (decoded, or packed into panels of up to 8 rows), one panel of up to 32 columns of b (or one
+// row of it), and, when the epilogue stores, the tile's fp32 sums. Core sizes every worker's scratch with
+// it; reference_gemm and the host executor's micro-kernels fit in it.
 MOK_HD inline size_t gemm_scratch_floats(size_t rows, size_t cols, size_t depth, bool stores) {
-  return (rows + 8) * depth + (cols + 16) * depth + (stores ? (rows + 8) * (cols + 16) : 0);
+  return (rows + 40) * depth + (stores ? rows * cols : 0);
 }
 
 // The contract's order, one element at a time. Reads every operand before it writes c, so c may not

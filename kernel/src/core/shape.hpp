@@ -152,10 +152,10 @@ MOK_HD inline LocalLayout local_layout(const LayerShape& s) {
   l.acc_down = c.take(e * i * h * f);
   l.shared_acc = c.take(3 * is * h * f);
   l.shared_out = c.take(static_cast<size_t>(s.max_tokens) * h * 2);
-  // The widest GEMM of a pass: a tile of p rows against H or I (or I_s) columns over the other width, or
-  // a weight-gradient tile of H x I (or I_s x H) over p rows; an accumulator only for the stored ones.
-  size_t wide = max_value(max_value(h, i), is);
-  l.scratch_floats = max_value(gemm_scratch_floats(p, wide, wide, true), gemm_scratch_floats(wide, wide, p, false));
+  // The largest GEMM of a pass: a tile of p rows against H, I or I_s columns over H, 2 I or 2 I_s (dgrad_x
+  // sums two parts), or a weight-gradient tile of H, I or I_s rows over p tokens, which accumulates in place.
+  size_t wide = max_value(max_value(h, i), is), deep = max_value(h, 2 * max_value(i, is));
+  l.scratch_floats = max_value(gemm_scratch_floats(p, wide, deep, true), gemm_scratch_floats(wide, wide, p, false));
   l.scratch = c.take(static_cast<size_t>(s.comm_workers + s.compute_workers) * l.scratch_floats * f);
   l.chunk_values = 4 * p * is;
   l.chunk = c.take(static_cast<size_t>(s.comm_workers + s.compute_workers) * l.chunk_values * 2);
