@@ -29,6 +29,7 @@ ThreadPool::~ThreadPool() {
 }
 
 void* ThreadPool::thread_main(void* seat) {
+  pthread_setname_np(pthread_self(), kThreadName);  // so that tools (and tests) tell the layer's threads apart
   auto* s = static_cast<Seat*>(seat);
   s->pool->serve(s->index);
   return nullptr;

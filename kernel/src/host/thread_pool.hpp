@@ -6,7 +6,8 @@
 
 namespace mok::host {
 
-constexpr int kMaxWorkers = 64 + 256;  // comm + compute workers a config may ask for
+constexpr int kMaxWorkers = 64 + 256;              // comm + compute workers a config may ask for
+constexpr const char* kThreadName = "mok-worker";  // every worker thread's name (/proc/<pid>/task/<tid>/comm)
 
 class ThreadPool {
  public:
