@@ -105,6 +105,7 @@ struct Job {
 
 void run_worker(void* job, int worker) {
   const Job& j = *static_cast<const Job*>(job);
+  if (worker >= core::workers_of(*j.view)) return;  // a thread beyond the workers this pass runs
   if (j.schedule) return core::run_schedule_worker(*j.view, worker);
   if (worker == j.layer->exit_worker) return;  // fault injection: a worker that is gone
   HostOps ops{j.view->scratch + static_cast<size_t>(worker) * j.view->scratch_floats,

@@ -12,6 +12,8 @@ void ThreadPool::start(int workers, int limit) {
   for (int i = 0; i < n; ++i) {
     seat_[i] = Seat{this, i};
     if (pthread_create(&thread_[i], nullptr, thread_main, &seat_[i]) != 0) break;
+    // Named before the layer exists, so that tools (and tests) tell its threads apart.
+    pthread_setname_np(thread_[i], kThreadName);
     threads_ = i + 1;
   }
 }
@@ -29,7 +31,6 @@ ThreadPool::~ThreadPool() {
 }
 
 void* ThreadPool::thread_main(void* seat) {
-  pthread_setname_np(pthread_self(), kThreadName);  // so that tools (and tests) tell the layer's threads apart
   auto* s = static_cast<Seat*>(seat);
   s->pool->serve(s->index);
   return nullptr;
