@@ -43,6 +43,9 @@ class MoKConfig:
     macrobatch_size: rows the ring buffer holds; a multiple of minibatch_size.
     expert_padding: each expert's row segment is padded to a multiple of this (the GEMM tile height).
     wait_timeout_s: the longest any wait for a peer may take before the layer stops with an error.
+    host_comm_workers / host_compute_workers: threads per rank of the host executor (backend="host") that move rows
+    / compute tiles; host_compute_workers=None: the CPUs this process may run on, divided by the group's ranks
+    (all on this host: they share memory), at least 1.
     """
 
     fwd_num_comm_sms: int = 40
@@ -51,6 +54,8 @@ class MoKConfig:
     macrobatch_size: int = 131072
     expert_padding: int = 256
     wait_timeout_s: float = 60.0
+    host_comm_workers: int = 1
+    host_compute_workers: int | None = None
 
     def __post_init__(self):
         # The upper limits are libmok's (validate.py mirrors them from its C ABI), checked here so that the error
@@ -71,6 +76,10 @@ class MoKConfig:
         if self.macrobatch_size % self.minibatch_size:
             raise ValueError(f"MoKConfig.macrobatch_size must be a multiple of minibatch_size "
                              f"({self.minibatch_size}), got {self.macrobatch_size}")
+        _check_int(self, "host_comm_workers", 1, validate.MAX_COMM_WORKERS, "between 1 and 64 (libmok's limit)")
+        if self.host_compute_workers is not None:
+            _check_int(self, "host_compute_workers", 1, validate.MAX_COMPUTE_WORKERS,
+                       "None or between 1 and 256 (libmok's limit)")
         t = self.wait_timeout_s
         low, high = validate.MIN_TIMEOUT_MS / 1000, validate.MAX_TIMEOUT_MS / 1000
         rule = f"a number of seconds between {low:g} (1 ms) and {high:g} (24 h)"

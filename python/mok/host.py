@@ -22,7 +22,14 @@ from mok.ep import MainGrads
 from mok.experts import RoutedExpertsMXFP8
 from mok.reference import Gradients
 
-_WORKERS = {"comm_workers": 1, "compute_workers": 1}  # processes share the cores; one thread of each per rank
+
+def _workers(config, world: int) -> dict:
+    """The host executor's threads per rank: the config's, or by default one comm worker and the CPUs this
+    process may run on shared among the group's ranks (all on this host: their memory is shared) for compute."""
+    compute = config.host_compute_workers
+    if compute is None:
+        compute = max(1, len(os.sched_getaffinity(0)) // world)
+    return {"comm_workers": config.host_comm_workers, "compute_workers": min(compute, validate.MAX_COMPUTE_WORKERS)}
 
 
 @dataclass
@@ -95,7 +102,7 @@ def _layer(state: _Layers, group, swiglu_limit: float | None):
                shared_intermediate=shape.shared_intermediate, mxfp8=shape.mxfp8,
                swiglu_limit=0.0 if swiglu_limit is None else float(swiglu_limit),
                expert_padding=config.expert_padding, minibatch=minibatch, macrobatch=macrobatch,
-               timeout_ms=validate.timeout_ms(config.wait_timeout_s), **_WORKERS)
+               timeout_ms=validate.timeout_ms(config.wait_timeout_s), **_workers(config, world))
     with _python_names():
         _, workspace_bytes = _mok.layer_sizes(cfg)
     workspace = torch.empty(workspace_bytes + 64, dtype=torch.uint8)
@@ -116,7 +123,8 @@ _NAMES = {
     "config.shared_intermediate": "shared I_s (shared.gate.shape[0])", "config.swiglu_limit": "swiglu_limit",
     "config.expert_padding": "MoKConfig.expert_padding", "config.minibatch": "MoKConfig.minibatch_size",
     "config.macrobatch": "MoKConfig.macrobatch_size (capped at the rows a rank can receive)",
-    "config.timeout_ms": "MoKConfig.wait_timeout_s (in ms)", "'config'": "'the layer's shapes'",
+    "config.timeout_ms": "MoKConfig.wait_timeout_s (in ms)", "config.comm_workers": "MoKConfig.host_comm_workers",
+    "config.compute_workers": "MoKConfig.host_compute_workers", "'config'": "'the layer's shapes'",
     "'num_tokens'": "'x.shape[0] (tokens)'", "weights.shared_": "shared.", "weights.": "routed.",
     "grads.dtopk_weights": "the topk_weights gradient", "grads.dx": "the x gradient",
     "grads.dshared_": "main_grads.shared_", "grads.d": "main_grads.",

@@ -68,18 +68,20 @@ def _group(name: str):
 
 
 def config_to_floats(config: functional.MoKConfig | None) -> list[float]:
-    """A MoKConfig as floats, its fields in order (every int field is far below 2^53, so exact); [] for None
-    (the executor's default). The op rebuilds the very same MoKConfig from them."""
+    """A MoKConfig as floats, its fields in order (every int field is far below 2^53, so exact; -1 for a field
+    left None); [] for None (the executor's default). The op rebuilds the very same MoKConfig from them."""
     if config is None:
         return []
-    return [float(getattr(config, f.name)) for f in dataclasses.fields(config)]
+    return [-1.0 if getattr(config, f.name) is None else float(getattr(config, f.name))
+            for f in dataclasses.fields(config)]
 
 
 def _config(values: list[float]):
     if not values:
         return None
-    *sizes, timeout_s = values
-    return functional.MoKConfig(*(int(v) for v in sizes), wait_timeout_s=timeout_s)
+    names = [f.name for f in dataclasses.fields(functional.MoKConfig)]
+    return functional.MoKConfig(**{name: v if name == "wait_timeout_s" else None if v < 0 else int(v)
+                                   for name, v in zip(names, values, strict=True)})
 
 
 # ----------------------------------------------------------------------------------------------------------------

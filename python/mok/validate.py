@@ -27,6 +27,7 @@ MAX_TOPK = 1 << 10  # config.top_k: topk_ids.shape[1]
 MAX_TOKENS = 1 << 24  # config.max_tokens: tokens (rows of x) per rank
 MAX_MINIBATCH = 1 << 24  # config.minibatch: MoKConfig.minibatch_size
 MAX_MACROBATCH = 1 << 26  # config.macrobatch: MoKConfig.macrobatch_size
+MAX_COMM_WORKERS, MAX_COMPUTE_WORKERS = 64, 256  # config.comm_workers, config.compute_workers: MoKConfig.host_*
 MIN_TIMEOUT_MS, MAX_TIMEOUT_MS = 1, 24 * 3600 * 1000  # config.timeout_ms: MoKConfig.wait_timeout_s
 MXFP8_PADDING = 32  # config.expert_padding is a multiple of this in MXFP8 precision
 MAX_ROWS = 2**31 - 1  # world x max_tokens x top_k + E_local x expert_padding (the routed rows a rank can receive)

@@ -24,7 +24,7 @@ mokStatus_t check_layer(mokLayer_t layer, const char* func) {
 
 // The rows this rank passes to a pass: the token count of its current schedule.
 int tokens_of(mokLayer_t layer) {
-  return layer->impl->tokens;
+  return layer->impl->group.tokens;
 }
 
 // Elements of a [tokens, width] tensor of this rank's current schedule.
@@ -154,7 +154,7 @@ MOK_API mokStatus_t mokLayerGetError(mokLayer_t layer, mokLayerError_t* error) {
                 "MOK_LAYER_ERROR_INIT",
                 error->size);
   mok::core::ErrorRecord rec{};
-  if (!mok::core::read_record(&layer->impl->error, &rec)) {
+  if (!mok::core::read_record(&layer->impl->group.error, &rec)) {
     *error = mokLayerError_t MOK_LAYER_ERROR_INIT;
     return mokSuccess;
   }

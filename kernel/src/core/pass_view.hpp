@@ -8,10 +8,12 @@
 //   wchain[e]  tiles of expert e added to its weight gradients      producer: compute (wgrad)
 //   shared     shared-expert chunks added to its weight gradients   producer: compute (shared)
 //   heads[2]   next task of the comm / compute queue                producer: workers taking tasks
+//   sync[]     the workers' phase hand-overs (SyncWord)               producer: the workers (pass_worker.hpp)
 #pragma once
 
 #include <cstdint>
 
+#include "core/numeric.hpp"
 #include "core/protocol.hpp"
 #include "core/tasks.hpp"
 
@@ -19,7 +21,23 @@ namespace mok::core {
 
 struct Counters {
   uint32_t *ready, *done, *freed, *stage, *wchain, *shared, *heads;
+  uint32_t* sync;  // kSyncWords words, indexed by SyncWord
 };
+
+// The sync words. A release word is 0 until worker 0 sets it: kGo (carry on) or kStop (the group or
+// a worker failed; every worker goes straight to counting itself out).
+enum SyncWord : int {
+  kZeroed = 0,  // workers that zeroed their share of the weight-gradient accumulators (backward)
+  kStart,       // release: worker 0 passed the entry barrier
+  kOut,         // workers out of the task loop
+  kClosed,      // release: worker 0 passed the closing barrier
+  kFinished,    // workers through their share of the home sums and gradient write-out
+  kCounted,     // schedule build: workers that counted their experts
+  kLaidOut,     // schedule build, release: worker 0 laid the segments out
+  kPlaced,      // schedule build: workers that placed their experts' rows
+};
+static_assert(kPlaced < kSyncWords, "shape.hpp reserves kSyncWords sync words");
+constexpr uint32_t kGo = 1, kStop = 2;
 
 MOK_HD inline Counters counters_at(const LayerShape& s, uint32_t* base) {
   int64_t nm = max_minibatches(s);
@@ -31,6 +49,7 @@ MOK_HD inline Counters counters_at(const LayerShape& s, uint32_t* base) {
   c.wchain = c.stage + max_tiles(s);
   c.shared = c.wchain + s.experts_per_rank;
   c.heads = c.shared + 1;
+  c.sync = c.heads + 2;
   return c;
 }
 
@@ -56,6 +75,22 @@ struct Accumulators {
   float *gate, *up, *down, *sgate, *sup, *sdown;
 };
 
+// The caller's tensors of one call, as the workers find them: inputs staged into the own peer buffer
+// before the pass, and the outputs the home sums and the gradient write-out fill. Unused ones are null.
+struct PassArgs {
+  const bf16_t* x;            // forward, recompute: [tokens, H]
+  const float* topk_weights;  // forward, backward: [tokens, K]
+  const bf16_t* dout;         // backward: [tokens, H]
+  bf16_t* out;                // forward: [tokens, H]
+  bf16_t* dx;                 // backward: [tokens, H]
+  float* dtopk_weights;       // backward: [tokens, K]
+  void *dgate, *dup, *ddown;  // backward: bf16, or fp32 main_grad with accumulate
+  void *dshared_gate, *dshared_up, *dshared_down;
+  int accumulate;
+};
+
+struct GroupState;  // core/group_state.hpp
+
 struct PassView {
   LayerShape s;
   PassKind kind;
@@ -76,6 +111,8 @@ struct PassView {
   int tokens;  // this rank's tokens
   uint64_t timeout_ns;
   ErrorRecord* error;
+  const PassArgs* args;  // the call's tensors (null in a schedule build)
+  GroupState* group;     // the rank's group state: epochs, formation, a failure of the group to word
 };
 
 MOK_HD inline PeerHeader* own_header(const PassView& v) {

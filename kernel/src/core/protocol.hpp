@@ -123,6 +123,15 @@ enum class WaitId : int32_t {
   earlier_abort,    // the group was already aborting when the call began
   group_formation,  // the first collective call waits for every peer to acknowledge this rank
   rejected_call,    // not a wait: the call's arguments or order were rejected
+  // one rank's workers waiting for each other (core/pass_worker.hpp)
+  pass_start,           // a worker waits for worker 0 to pass the entry barrier
+  accumulators_zeroed,  // worker 0 waits for every worker's share of the accumulators to be zero
+  workers_out,          // worker 0 waits for every worker to leave the task loop
+  pass_closed,          // a worker waits for worker 0 to pass the closing barrier
+  workers_finished,     // worker 0 waits for every worker's share of the home sums and write-out
+  schedule_counted,     // worker 0 waits for every worker's expert counts
+  schedule_laid_out,    // a worker waits for worker 0 to lay out the segments
+  schedule_placed,      // worker 0 waits for every worker's rows
   count
 };
 
@@ -143,6 +152,14 @@ MOK_HD inline const char* wait_name(WaitId w) {
     case WaitId::earlier_abort: return "none: the group was aborted before this call";
     case WaitId::group_formation: return "group formation";
     case WaitId::rejected_call: return "none: the call was rejected";
+    case WaitId::pass_start: return "pass start (local workers)";
+    case WaitId::accumulators_zeroed: return "accumulators zeroed (local workers)";
+    case WaitId::workers_out: return "tasks finished (local workers)";
+    case WaitId::pass_closed: return "pass closed (local workers)";
+    case WaitId::workers_finished: return "home sums finished (local workers)";
+    case WaitId::schedule_counted: return "schedule counted (local workers)";
+    case WaitId::schedule_laid_out: return "schedule laid out (local workers)";
+    case WaitId::schedule_placed: return "schedule placed (local workers)";
     case WaitId::count: break;
   }
   return "unknown";

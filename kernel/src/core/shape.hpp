@@ -125,10 +125,13 @@ MOK_HD inline int64_t max_tasks(const LayerShape& s) {
   return 2 * max_minibatches(s) + 5 * max_tiles(s) + shared_chunks(s);
 }
 
+// Words the workers of one pass or schedule build hand its phases over with (core/pass_worker.hpp).
+constexpr int kSyncWords = 8;
+
 // Counters: ready, done, freed per minibatch; stage per tile; wgrad chain per expert; the shared
-// chain; two queue heads.
+// chain; two queue heads; the workers' sync words.
 MOK_HD inline int64_t num_counters(const LayerShape& s) {
-  return 3 * max_minibatches(s) + max_tiles(s) + s.experts_per_rank + 3;
+  return 3 * max_minibatches(s) + max_tiles(s) + s.experts_per_rank + 3 + kSyncWords;
 }
 
 MOK_HD inline LocalLayout local_layout(const LayerShape& s) {

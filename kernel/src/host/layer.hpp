@@ -1,16 +1,16 @@
-// The host executor: one rank's layer context, running core/'s task graph with CPU threads.
+// The host executor: one rank's layer context, running core/'s pass with CPU threads.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "core/group_state.hpp"
 #include "core/pass.hpp"
 #include "host/peer_memory.hpp"
+#include "host/thread_pool.hpp"
 #include "mok/mok.h"
 
 namespace mok::host {
-
-constexpr int kMaxWorkers = 64 + 256;  // comm + compute workers a config may ask for
 
 struct Layer {
   core::LayerShape shape;
@@ -20,17 +20,14 @@ struct Layer {
   core::PeerHeader* headers[core::kMaxWorld];
   char* local = nullptr;  // the caller's workspace
   uint64_t timeout_ns = 0;
-  uint64_t epoch = 0;      // barriers this rank has entered; the same sequence on every rank
-  int tokens = 0;          // this rank's tokens in the current schedule
-  int64_t total_rows = 0;  // rows this rank receives in the current schedule, padding included
-  bool has_schedule = false;
-  bool has_context = false;  // a forward or recompute ran on the current schedule
-  bool formed = false;       // every peer acknowledged this context (the first collective call's wait)
-  core::ErrorRecord error{};
-  int64_t stall_after_tasks = -1;  // fault injection (MOK_HOST_FAULT_STALL), -1 = off
+  core::GroupState group{};  // epochs, formation, schedule and context, the error record
+  ThreadPool pool;           // comm_workers + compute_workers threads, for the life of the layer
+  // Fault injection (tests of the timeout and abort paths), from the environment at creation:
+  int64_t stall_after_tasks = -1;  // MOK_HOST_FAULT_STALL: worker 0 stops after this many tasks; -1 = off
+  int exit_worker = -1;            // MOK_HOST_FAULT_EXIT: this worker leaves every pass at once; -1 = off
 };
 
-// Map peer memory (caller bases or shared-memory rendezvous) and set up the context.
+// Map peer memory (caller bases or shared-memory rendezvous), start the workers, set up the context.
 mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory, Layer** out);
 
 // The calls below assume validated arguments (api/layer.cpp checks them first).
@@ -53,11 +50,21 @@ void abort(Layer& layer);
 // written; the caller returns `status` with its own message.
 void reject(Layer& layer, mokStatus_t status, const char* detail);
 
+// ---- the wording of failures (host/pass_errors.cpp) ----
+
 // The status a recorded failure stands for, and its message: the record's own, and the reason a
 // peer that aborted the group left in its header (nullptr from peer_reason when none did).
 mokStatus_t status_for(const core::ErrorRecord& record);
 void error_detail(Layer& layer, const core::ErrorRecord& record, char* out, size_t n);
 const char* peer_reason(Layer& layer);
+// How a rank's call fails: its own record, and the reason a peer left in its header, if any.
+mokStatus_t status_of(Layer& layer, const char* func);
+// A failure of the group outside the workers (formation, barriers): worded, settled, and returned.
+mokStatus_t fail_group(Layer& layer, core::Failure f, core::CallKind call, const char* func);
+// A call refused before it starts (core::check_call), worded; a refused order is told to the peers.
+mokStatus_t refuse(Layer& layer, core::Refusal why, const char* func);
+// The reason a rejected call leaves in the own header for its peers.
+void write_reason(Layer& layer, bool order, const char* detail);
 
 // The caller's weights (bf16, or MXFP8 rowwise and colwise), read in place by the pass.
 core::LayerWeights weights_in_place(const mokLayerWeights_t& weights);

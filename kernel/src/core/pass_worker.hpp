@@ -1,0 +1,283 @@
+// The whole pass of one rank as one body that each of its workers runs: a host thread, or a CTA of a
+// persistent kernel. An executor stages the inputs (stage_copies), zeroes the counters and lays out
+// the task graph (prepare_workers, lay_out_tasks), runs run_pass_worker(v, w, ops) on workers
+// 0 .. comm_workers + compute_workers - 1 at once, and reads the outcome from the group state.
+//
+// In order, each worker:
+//   backward: zeroes its share of the weight-gradient accumulators and counts itself in (kZeroed);
+//   worker 0: enters the group (the first call's formation, then the entry barrier), waits until every
+//             share is zero, and releases the others (kStart); the others wait for that release, so no
+//             worker adds into an accumulator before all of it is zero;
+//   takes tasks of its class (comm: the first comm_workers indices) until its queue is empty;
+//   counts itself out (kOut); worker 0 waits for all, enters the closing barrier, releases (kClosed);
+//   does its share of the home sums (a range of tokens) and, in backward, of the gradient write-out (a
+//   range of every gradient's elements); counts itself out (kFinished), which worker 0 waits for.
+// Every worker passes every count on every path, failure included, so each wait for the others ends.
+// Those waits are bounded but do not give up on an abort: a barrier the whole group completed
+// completes despite a later abort, and worker 0 only settles the pass once every worker has left it.
+// A failed local wait is recorded and aborts the group (fail_pass); a failure of the group's own
+// waits (formation, barriers) is left in GroupState::group_failure for the executor to word.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/group_state.hpp"
+#include "core/pass.hpp"
+
+namespace mok::core {
+
+MOK_HD inline int workers_of(const PassView& v) {
+  return v.s.comm_workers + v.s.compute_workers;
+}
+
+MOK_HD inline WorkerClass class_of(const PassView& v, int worker) {
+  return worker < v.s.comm_workers ? WorkerClass::comm : WorkerClass::compute;
+}
+
+// Worker `worker`'s share [first, end) of n items: contiguous ranges in worker order.
+struct Share {
+  int64_t first, end;
+};
+MOK_HD inline Share share_of(int64_t n, int worker, int workers) {
+  return Share{n * worker / workers, n * (worker + 1) / workers};
+}
+
+// ---- before the workers start (the executor's calling thread, or one device thread) -------------
+
+// A range of the caller's bytes the executor copies into the own peer buffer before the pass.
+struct StageCopy {
+  const void* src;
+  size_t offset;  // into the own peer buffer (PeerLayout)
+  size_t bytes;
+};
+constexpr int kMaxStageCopies = 2;
+
+// The pass's inputs that peers read: x (forward, recompute), or dout and the router weights
+// (backward). Safe to overwrite: the closing barrier of the previous pass ended every peer's reads.
+MOK_HD inline int stage_copies(const PassView& v, StageCopy* out) {
+  size_t th = static_cast<size_t>(v.tokens) * v.s.hidden, tk = static_cast<size_t>(v.tokens) * v.s.top_k;
+  if (v.kind != PassKind::backward) {
+    out[0] = StageCopy{v.args->x, v.peer.x, th * sizeof(bf16_t)};
+    return 1;
+  }
+  out[0] = StageCopy{v.args->dout, v.peer.dout, th * sizeof(bf16_t)};
+  out[1] = StageCopy{v.args->topk_weights, v.peer.topk_weights, tk * sizeof(float)};
+  return 2;
+}
+
+// A schedule build's input: the topk ids as int32 and the token count, into the own peer buffer
+// and header. Safe to overwrite: the closing barrier of the previous build ended every peer's reads.
+MOK_HD inline void stage_topk_ids(const PassView& v, const void* ids, bool int64_ids, int tokens) {
+  int32_t* own = peer_array<int32_t>(v, v.s.rank, v.peer.topk_ids);
+  int64_t n = static_cast<int64_t>(tokens) * v.s.top_k;
+  for (int64_t i = 0; i < n; ++i)
+    own[i] =
+        int64_ids ? static_cast<int32_t>(static_cast<const int64_t*>(ids)[i]) : static_cast<const int32_t*>(ids)[i];
+  own_header(v)->tokens = tokens;
+}
+
+// Bytes of the pass-local counters (at v.c.ready): a GPU executor may memset them on its stream instead.
+MOK_HD inline size_t counter_bytes(const LayerShape& s) {
+  return static_cast<size_t>(num_counters(s)) * sizeof(uint32_t);
+}
+
+// Every pass and schedule build starts with zero counters and no group failure.
+MOK_HD inline void prepare_workers(const PassView& v) {
+  for (int64_t i = 0, n = num_counters(v.s); i < n; ++i) v.c.ready[i] = 0;
+  v.group->group_failure = kNoFailure;
+}
+
+MOK_HD inline void lay_out_tasks(PassView& v) {
+  build_task_graph(v.s, v.kind, v.sched.total_rows, v.tokens, v.graph);
+}
+
+// ---- the workers' hand-overs --------------------------------------------------------------------
+
+// Wait until `word` reaches `target`, bounded, not cut short by an abort (see the top of this file).
+MOK_HD inline Failure wait_workers(const PassView& v, SyncWord word, uint32_t target, uint64_t timeout_ns,
+                                   WaitId what) {
+  DeviceAtomic<uint32_t> c(v.c.sync[word]);
+  uint64_t start = now_ns();
+  Backoff backoff;
+  for (;;) {
+    if (c.load(cuda::std::memory_order_acquire) >= target) return kNoFailure;
+    if (now_ns() - start > timeout_ns) return Failure{Outcome::timeout, what};
+    backoff.pause();
+  }
+}
+
+// A worker waiting for worker 0's release: worker 0 may spend a timeout in each of two waits first
+// (formation and a barrier, or a wait for the others and a barrier), so the bound is three timeouts.
+// True: carry on; false: stop (worker 0 said so, or it never did, which fails the pass).
+MOK_HD inline bool released(const PassView& v, SyncWord word, WaitId what) {
+  Failure f = wait_workers(v, word, 1, 3 * v.timeout_ns, what);
+  if (!f.ok()) {
+    fail_pass(v, f, nullptr);
+    return false;
+  }
+  return DeviceAtomic<uint32_t>(v.c.sync[word]).load(cuda::std::memory_order_acquire) == kGo;
+}
+
+MOK_HD inline void release(const PassView& v, SyncWord word, bool go) {
+  publish(&v.c.sync[word], go ? kGo : kStop);
+}
+
+// Worker 0: every worker has passed `word`; a worker that never does fails the pass.
+MOK_HD inline bool all_passed(const PassView& v, SyncWord word, WaitId what) {
+  Failure f = wait_workers(v, word, static_cast<uint32_t>(workers_of(v)), v.timeout_ns, what);
+  if (f.ok()) return true;
+  fail_pass(v, f, nullptr);
+  return false;
+}
+
+// Worker 0: a barrier of the group; its failure is left for the executor to word.
+MOK_HD inline bool group_passed(const PassView& v, WaitId what, CallKind call) {
+  Failure f = group_barrier(*v.group, v.headers, v.s.world, v.s.rank, v.timeout_ns, what, call);
+  if (f.ok()) return true;
+  v.group->group_failure = f;
+  return false;
+}
+
+// ---- the task loop --------------------------------------------------------------------------------
+
+// Ops: the executor's tile operations and the worker's scratch, plus a fault hook:
+// `ops.stop_here(v, taken, task)` is true when the executor stopped this worker before its task
+// (fault injection; it records the failure itself); an executor without faults returns false.
+template <class Ops>
+MOK_HD void take_tasks(const PassView& v, WorkerClass cls, Ops& ops) {
+  for (int64_t taken = 0;; ++taken) {
+    const Task* task = take_task(v, cls);
+    if (ops.stop_here(v, taken, task) || !task) return;
+    Failure f = run_task(v, *task, ops);
+    if (!f.ok()) return fail_pass(v, f, task);
+  }
+}
+
+// ---- the shares after the closing barrier -------------------------------------------------------
+
+// One weight gradient: its fp32 accumulator, its element count, the caller's tensor.
+struct GradPart {
+  float* acc;
+  int64_t n;
+  void* dst;
+};
+constexpr int kGradParts = 6;
+
+MOK_HD inline int grad_parts(const PassView& v, GradPart* out) {
+  int64_t e_ih = static_cast<int64_t>(v.s.experts_per_rank) * v.s.intermediate * v.s.hidden;
+  int64_t s_ih = static_cast<int64_t>(v.s.shared_intermediate) * v.s.hidden;
+  const PassArgs* a = v.args;
+  out[0] = GradPart{v.acc.gate, e_ih, a ? a->dgate : nullptr};
+  out[1] = GradPart{v.acc.up, e_ih, a ? a->dup : nullptr};
+  out[2] = GradPart{v.acc.down, e_ih, a ? a->ddown : nullptr};
+  if (s_ih == 0) return 3;
+  out[3] = GradPart{v.acc.sgate, s_ih, a ? a->dshared_gate : nullptr};
+  out[4] = GradPart{v.acc.sup, s_ih, a ? a->dshared_up : nullptr};
+  out[5] = GradPart{v.acc.sdown, s_ih, a ? a->dshared_down : nullptr};
+  return 6;
+}
+
+MOK_HD inline void zero_accumulators(const PassView& v, int worker) {
+  GradPart parts[kGradParts];
+  for (int p = 0, n = grad_parts(v, parts); p < n; ++p) {
+    Share s = share_of(parts[p].n, worker, workers_of(v));
+    for (int64_t i = s.first; i < s.end; ++i) parts[p].acc[i] = 0.0f;
+  }
+}
+
+// Weight gradients out of their fp32 accumulators: bf16, or added into fp32 main_grad.
+MOK_HD inline void write_grads(const PassView& v, int worker) {
+  GradPart parts[kGradParts];
+  for (int p = 0, n = grad_parts(v, parts); p < n; ++p) {
+    Share s = share_of(parts[p].n, worker, workers_of(v));
+    const float* acc = parts[p].acc;
+    if (v.args->accumulate) {
+      auto* main = static_cast<float*>(parts[p].dst);
+      for (int64_t i = s.first; i < s.end; ++i) main[i] = add_rn(main[i], acc[i]);
+    } else {
+      auto* out = static_cast<bf16_t*>(parts[p].dst);
+      for (int64_t i = s.first; i < s.end; ++i) out[i] = float_to_bf16(acc[i]);
+    }
+  }
+}
+
+// The home rank's sums of this worker's tokens, and in backward its part of the write-out.
+MOK_HD inline void finish_share(const PassView& v, int worker) {
+  const PassArgs& a = *v.args;
+  Share t = share_of(v.tokens, worker, workers_of(v));
+  if (v.kind == PassKind::forward)
+    for (int64_t i = t.first; i < t.end; ++i) combine_forward_token(v, i, a.topk_weights, a.out);
+  if (v.kind != PassKind::backward) return;
+  for (int64_t i = t.first; i < t.end; ++i) combine_backward_token(v, i, a.dout, a.dx, a.dtopk_weights);
+  write_grads(v, worker);
+}
+
+// ---- the bodies -------------------------------------------------------------------------------------
+
+// Worker 0's entry: the group's, then the accumulators', then the release.
+MOK_HD inline bool open_pass(const PassView& v) {
+  bool go = group_passed(v, WaitId::entry_barrier, call_of(v.kind));
+  if (go && v.kind == PassKind::backward) go = all_passed(v, kZeroed, WaitId::accumulators_zeroed);
+  release(v, kStart, go);
+  return go;
+}
+
+// Worker 0's close: every worker out of the task loop; the closing barrier unless the pass failed.
+MOK_HD inline bool close_pass(const PassView& v, bool go) {
+  go = all_passed(v, kOut, WaitId::workers_out) && go;
+  go = go && !failed(*v.group) && group_passed(v, WaitId::closing_barrier, call_of(v.kind));
+  release(v, kClosed, go);
+  return go;
+}
+
+template <class Ops>
+MOK_HD void run_pass_worker(const PassView& v, int worker, Ops& ops) {
+  if (v.kind == PassKind::backward) {
+    zero_accumulators(v, worker);
+    bump(&v.c.sync[kZeroed]);
+  }
+  bool go = worker == 0 ? open_pass(v) : released(v, kStart, WaitId::pass_start);
+  if (go) take_tasks(v, class_of(v, worker), ops);
+  bump(&v.c.sync[kOut]);
+  go = worker == 0 ? close_pass(v, go) : released(v, kClosed, WaitId::pass_closed);
+  if (go) finish_share(v, worker);
+  bump(&v.c.sync[kFinished]);
+  if (worker == 0) all_passed(v, kFinished, WaitId::workers_finished);
+}
+
+// The schedule build between its two barriers (the first publishes every rank's ids, the second ends
+// every read of them): experts split across workers for the counts, worker 0 lays out the segments,
+// experts split again for the rows. Worker 0 leaves the total in GroupState::total_rows.
+MOK_HD inline void run_schedule_worker(const PassView& v, int worker) {
+  const WaitId barrier_wait = WaitId::schedule_barrier;
+  const CallKind call = CallKind::build_schedule;
+  int n = workers_of(v);
+  bool go = worker == 0 ? group_passed(v, barrier_wait, call) : released(v, kStart, WaitId::pass_start);
+  if (worker == 0) release(v, kStart, go);
+  // Every rank's ids and token count, readable once the first barrier has published them.
+  const int32_t* ids[kMaxWorld];
+  int32_t tokens[kMaxWorld];
+  for (int r = 0; go && r < v.s.world; ++r) {
+    ids[r] = peer_array<const int32_t>(v, r, v.peer.topk_ids);
+    tokens[r] = v.headers[r]->tokens;
+  }
+  Routing routing{ids, tokens};
+  Schedule s = v.sched;
+  for (int e = worker; go && e < v.s.experts_per_rank; e += n) s.experts[2 * e] = count_expert(v.s, routing, e);
+  bump(&v.c.sync[kCounted]);
+  if (worker == 0) {
+    go = all_passed(v, kCounted, WaitId::schedule_counted) && go;
+    if (go) v.group->total_rows = lay_out_segments(v.s, s);
+    release(v, kLaidOut, go);
+  } else {
+    go = released(v, kLaidOut, WaitId::schedule_laid_out);
+  }
+  for (int e = worker; go && e < v.s.experts_per_rank; e += n) place_expert(v.s, routing, s, e);
+  bump(&v.c.sync[kPlaced]);
+  if (worker != 0) return;
+  go = all_passed(v, kPlaced, WaitId::schedule_placed) && go;
+  if (go) group_passed(v, barrier_wait, call);
+}
+
+}  // namespace mok::core

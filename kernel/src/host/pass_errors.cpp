@@ -1,0 +1,142 @@
+// The wording of the host executor's failures: what a recorded failure, a failed barrier or a refused
+// call says to the caller and to its peers. The protocol itself (what is recorded, who is told) is
+// core's (core/group_state.hpp).
+#include <cstdio>
+#include <cstring>
+
+#include "api/error.hpp"
+#include "host/layer.hpp"
+
+namespace mok::host {
+namespace {
+
+using core::Failure;
+using core::WaitId;
+
+// A group shape field as its config value: swiglu_limit is compared as float bits.
+void field_value(int field, int32_t bits, char* out, size_t n) {
+  if (field != core::kGroupShapeFields - 1) {
+    std::snprintf(out, n, "%d", bits);
+    return;
+  }
+  float limit;
+  std::memcpy(&limit, &bits, 4);
+  std::snprintf(out, n, "%g", static_cast<double>(limit));
+}
+
+// The message of a failure outside the workers (formation, barriers), as every rank can word it.
+void describe(Layer& l, Failure f, core::CallKind call, char* out, size_t n) {
+  int me = l.shape.rank, q = f.peer;
+  const char* wait = core::wait_name(f.wait);
+  switch (f.outcome) {
+    case core::Outcome::shape_mismatch: {
+      int i = core::differing_field(l.headers, me, q);
+      int32_t mine = l.headers[me]->shape[i], theirs = l.headers[q]->shape[i];
+      char a[32], b[32];
+      field_value(i, mine, a, sizeof(a));
+      field_value(i, theirs, b, sizeof(b));
+      std::snprintf(out, n,
+                    "argument 'config.%s' differs between rank %d (%s) and rank %d (%s); every rank of a group "
+                    "needs the same value",
+                    core::group_shape_field(i), me, a, q, b);
+      return;
+    }
+    case core::Outcome::call_mismatch:
+      std::snprintf(out, n,
+                    "rank %d called %s while rank %d called %s (%s); every rank must make the same sequence of "
+                    "collective calls",
+                    me, core::call_name(static_cast<uint32_t>(call)), q,
+                    core::call_name(core::arrival_call(l.headers, q)), wait);
+      return;
+    case core::Outcome::timeout:
+      if (f.wait == WaitId::group_formation)
+        std::snprintf(out, n,
+                      "rank %d: wait 'group formation' ran out: rank %d did not acknowledge this rank (no collective "
+                      "call of its context yet, or other peer buffers)",
+                      me, q);
+      else
+        std::snprintf(out, n, "rank %d: wait '%s' ran out: rank %d did not arrive", me, wait, q);
+      return;
+    default: out[0] = '\0'; return;
+  }
+}
+
+mokStatus_t aborted_earlier(Layer& l, const char* func) {
+  core::note_earlier_abort(l.group, l.headers, l.shape.world, l.shape.rank, l.timeout_ns);
+  if (const char* reason = peer_reason(l))
+    return api::fail(mokPeerAbort, "%s: the group was aborted: %s; create new contexts", func, reason);
+  return api::fail(mokPeerAbort, "%s: the group was aborted (this or an earlier call); create new contexts", func);
+}
+
+}  // namespace
+
+mokStatus_t status_of(Layer& l, const char* func) {
+  core::ErrorRecord e{};
+  core::read_record(&l.group.error, &e);
+  char detail[512];
+  error_detail(l, e, detail, sizeof(detail));
+  mokStatus_t s = status_for(e);
+  if (detail[0] != '\0') return api::fail(s, "%s: %s", func, detail);
+  return api::fail(s, "%s: rank %d: %s (task %s %d, wait '%s')", func, e.rank,
+                   s == mokTimeout ? "a wait ran out" : "the pass was aborted", core::task_name(e.task_kind),
+                   e.task_index, core::wait_name(static_cast<WaitId>(e.wait)));
+}
+
+mokStatus_t fail_group(Layer& l, Failure f, core::CallKind call, const char* func) {
+  char detail[256];
+  describe(l, f, call, detail, sizeof(detail));
+  core::settle_group_failure(l.group, l.headers, l.shape.world, l.shape.rank, l.timeout_ns, f, detail);
+  return status_of(l, func);
+}
+
+mokStatus_t refuse(Layer& l, core::Refusal why, const char* func) {
+  mokStatus_t s = mokInvalidUsage;
+  switch (why) {
+    case core::Refusal::none: return mokSuccess;
+    case core::Refusal::aborted_earlier: return aborted_earlier(l, func);
+    case core::Refusal::needs_schedule: s = api::fail(s, "%s: call mokLayerBuildSchedule first", func); break;
+    case core::Refusal::needs_context:
+      s = api::fail(s, "%s: needs a mokLayerForward or mokLayerRecompute since the last schedule", func);
+      break;
+  }
+  reject(l, s, api::last_error_message());  // a call refused for its order: the peers are told
+  return s;
+}
+
+void write_reason(Layer& l, bool order, const char* detail) {
+  core::PeerHeader* own = l.headers[l.shape.rank];
+  std::snprintf(own->reason, sizeof(own->reason), "rank %d rejected its %s: %s", l.shape.rank,
+                order ? "call" : "arguments", detail);
+}
+
+const char* peer_reason(Layer& l) {
+  for (int q = 0; q < l.shape.world; ++q) {
+    core::PeerHeader* h = l.headers[q];
+    if (q != l.shape.rank && core::joined(l.headers, l.shape.rank, q) &&
+        core::load_word(h->reason_stamp) == core::load_word(h->incarnation))
+      return h->reason;
+  }
+  return nullptr;
+}
+
+mokStatus_t status_for(const core::ErrorRecord& e) {
+  switch (static_cast<core::Outcome>(e.outcome)) {
+    case core::Outcome::ok: return mokSuccess;
+    case core::Outcome::timeout: return mokTimeout;
+    case core::Outcome::shape_mismatch: return mokInvalidArgument;
+    case core::Outcome::call_mismatch: return mokInvalidUsage;
+    case core::Outcome::rejected_arguments: return mokInvalidArgument;
+    case core::Outcome::rejected_order: return mokInvalidUsage;
+    default: return mokPeerAbort;
+  }
+}
+
+void error_detail(Layer& l, const core::ErrorRecord& e, char* out, size_t n) {
+  const char* reason = e.outcome == static_cast<int32_t>(core::Outcome::peer_abort) ? peer_reason(l) : nullptr;
+  if (e.detail[0] != '\0' && reason)
+    std::snprintf(out, n, "%s; %s", reason, e.detail);
+  else
+    std::snprintf(out, n, "%s", e.detail[0] != '\0' ? e.detail : (reason ? reason : ""));
+}
+
+}  // namespace mok::host

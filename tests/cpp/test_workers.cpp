@@ -1,0 +1,193 @@
+// The host executor's workers: threads made once per layer (not per pass), the same bits whatever the
+// worker counts (home sums and gradient write-out split unevenly across workers), a layer with fewer
+// threads than asked for, and a worker that is gone failing the pass with a named local wait.
+#include <dirent.h>
+
+#include <chrono>
+#include <set>
+
+#include "group.hpp"
+
+using namespace mok_test;
+
+namespace {
+
+// The ids of this process's libmok worker threads (named mok-worker; a sanitizer or the C++ runtime
+// may run threads of its own).
+std::set<std::string> threads_now() {
+  std::set<std::string> ids;
+  DIR* dir = opendir("/proc/self/task");
+  CHECK(dir != nullptr);
+  if (!dir) return ids;
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    char name[64] = {};
+    std::string path = std::string("/proc/self/task/") + e->d_name + "/comm";
+    if (FILE* f = std::fopen(path.c_str(), "r")) {
+      if (std::fgets(name, sizeof(name), f) && std::string(name) == "mok-worker\n") ids.insert(e->d_name);
+      std::fclose(f);
+    }
+  }
+  closedir(dir);
+  return ids;
+}
+
+Knobs workers(int comm, int compute) {
+  Knobs k;
+  k.comm_workers = comm;
+  k.compute_workers = compute;
+  return k;
+}
+
+bool same(const Outputs& a, const Outputs& b) {
+  return a.out == b.out && a.dx == b.dx && a.dw == b.dw && a.dgate == b.dgate && a.dup == b.dup && a.ddown == b.ddown &&
+         a.dsgate == b.dsgate && a.dsup == b.dsup && a.dsdown == b.dsdown && a.main_gate == b.main_gate &&
+         a.main_up == b.main_up && a.main_down == b.main_down && a.main_sgate == b.main_sgate &&
+         a.main_sup == b.main_sup && a.main_sdown == b.main_sdown && a.slots == b.slots;
+}
+
+// 13 tokens per rank (prime: no worker count divides it) and gradients of 2 x 12 x 20 = 480 and
+// 8 x 20 = 160 elements (not divisible by 7): every split below is uneven.
+Spec uneven(int world) {
+  Spec s;
+  s.world = world;
+  s.hidden = 20;
+  s.inter = 12;
+  s.shared_inter = 8;
+  s.max_tokens = 13;
+  s.ragged = false;
+  return s;
+}
+
+void check_across_worker_counts(const Spec& spec, bool accumulate) {
+  std::mt19937_64 rng(seed() + 41 + spec.world);
+  ref::Problem p = make_problem(spec, rng);
+  Outputs first;
+  bool have_first = false;
+  for (Knobs k : {workers(1, 1), workers(1, 3), workers(2, 5)}) {
+    k.accumulate = accumulate;
+    Outputs o = run_layer(p, k);
+    CHECK(all_ok(o));
+    if (!have_first) {
+      first = o;
+      have_first = true;
+      continue;
+    }
+    CHECK_MSG(same(first, o), "world %d accumulate %d: workers %d+%d differ from 1+1", spec.world, accumulate,
+              k.comm_workers, k.compute_workers);
+  }
+}
+
+}  // namespace
+
+TEST(threads_are_made_once_per_layer) {
+  std::mt19937_64 rng(seed() + 3);
+  Spec s = uneven(1);
+  ref::Problem p = make_problem(s, rng);
+  Knobs k = workers(2, 3);
+  mokLayerSizes_t sizes = sizes_for(p, k);
+  AlignedBuffer peer(sizes.peer_bytes), work(sizes.workspace_bytes);
+  void* bases[1] = {peer.p};
+  mokLayerConfig_t c = config_for(p, k, 0);
+  mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
+  m.peer_bases = bases;
+  m.workspace = work.p;
+  m.workspace_bytes = sizes.workspace_bytes;
+  std::set<std::string> before = threads_now();
+  mokLayer_t layer = nullptr;
+  CHECK(mokLayerCreate(&c, &m, &layer) == mokSuccess);
+  std::set<std::string> created = threads_now();
+  CHECK_MSG(created.size() == before.size() + 5, "%zu threads before, %zu after creating a 2 + 3 worker layer",
+            before.size(), created.size());
+  mokLayerWeights_t w = MOK_LAYER_WEIGHTS_INIT;
+  w.gate = p.gate[0].data();
+  w.up = p.up[0].data();
+  w.down = p.down[0].data();
+  w.shared_gate = p.sgate[0].data();
+  w.shared_up = p.sup[0].data();
+  w.shared_down = p.sdown[0].data();
+  std::vector<int32_t> ids(p.ids[0].begin(), p.ids[0].end());
+  int T = p.tokens[0];
+  size_t th = static_cast<size_t>(T) * p.hidden, eih = static_cast<size_t>(p.experts) * p.inter * p.hidden;
+  size_t sih = static_cast<size_t>(p.shared_inter) * p.hidden;
+  std::vector<uint16_t> out(th), dx(th), dgate(eih), dup(eih), ddown(eih), dsgate(sih), dsup(sih), dsdown(sih);
+  std::vector<float> dw(static_cast<size_t>(T) * p.top_k);
+  mokLayerGrads_t g = MOK_LAYER_GRADS_INIT;
+  g.dx = dx.data();
+  g.dtopk_weights = dw.data();
+  g.dgate = dgate.data();
+  g.dup = dup.data();
+  g.ddown = ddown.data();
+  g.dshared_gate = dsgate.data();
+  g.dshared_up = dsup.data();
+  g.dshared_down = dsdown.data();
+  CHECK(mokLayerBuildSchedule(layer, ids.data(), mokIndexInt32, T) == mokSuccess);
+  std::vector<uint16_t> first_out, first_dgate;
+  for (int pass = 0; pass < 20; pass += 2) {  // 10 forwards and 10 backwards
+    CHECK(mokLayerForward(layer, &w, p.x[0].data(), p.topk_weights[0].data(), out.data()) == mokSuccess);
+    CHECK(threads_now() == created);
+    CHECK(mokLayerBackward(layer, &w, p.topk_weights[0].data(), p.dout[0].data(), &g) == mokSuccess);
+    CHECK_MSG(threads_now() == created, "pass %d: the layer's threads changed", pass + 1);
+    if (pass == 0) {
+      first_out = out;
+      first_dgate = dgate;
+    }
+    CHECK(out == first_out && dgate == first_dgate);  // and every pass computes the same
+  }
+  CHECK(mokLayerDestroy(layer) == mokSuccess);
+  CHECK_MSG(threads_now() == before, "%zu threads left after destroy, %zu before", threads_now().size(), before.size());
+}
+
+TEST(world1_bitwise_across_worker_counts) {
+  check_across_worker_counts(uneven(1), false);
+}
+
+TEST(world2_bitwise_across_worker_counts_bf16_and_main_grad) {
+  check_across_worker_counts(uneven(2), false);
+  check_across_worker_counts(uneven(2), true);
+}
+
+// Fewer threads than workers (MOK_HOST_FAULT_THREADS caps them, as a thread limit would): the calling
+// thread serves too, the pass runs on the workers there are, and the bits stay the same.
+TEST(fewer_threads_than_workers_give_the_same_bits) {
+  std::mt19937_64 rng(seed() + 43);
+  ref::Problem p = make_problem(uneven(2), rng);
+  Outputs full = run_layer(p, workers(2, 5));
+  setenv("MOK_HOST_FAULT_THREADS", "2", 1);
+  Outputs capped = run_layer(p, workers(2, 5));
+  unsetenv("MOK_HOST_FAULT_THREADS");
+  CHECK(all_ok(full) && all_ok(capped));
+  CHECK(same(full, capped));
+}
+
+// MOK_HOST_FAULT_EXIT="<rank>:<worker>": that worker leaves every pass at once, as a dead thread
+// would. Rank 1 fails with the local wait that missed it, rank 0 with the timeout or abort that
+// follows, within their bounds: worker 0 gone, the others wait three timeouts for its release.
+TEST(a_worker_that_is_gone_fails_the_pass_with_a_named_local_wait) {
+  constexpr int kTimeoutMs = 500;
+  std::mt19937_64 rng(seed() + 47);
+  ref::Problem p = make_problem(uneven(2), rng);
+  struct Case {
+    const char* spec;
+    const char* wait;
+  };
+  for (Case c : {Case{"1:3", "tasks finished (local workers)"}, Case{"1:0", "pass start (local workers)"}}) {
+    Knobs k = workers(1, 3);
+    k.timeout_ms = kTimeoutMs;
+    setenv("MOK_HOST_FAULT_EXIT", c.spec, 1);
+    auto start = std::chrono::steady_clock::now();
+    Outputs o = run_layer(p, k);
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    unsetenv("MOK_HOST_FAULT_EXIT");
+    CHECK_MSG(ms < 4 * kTimeoutMs + 2000, "%s: took %.0f ms with a %d ms timeout", c.spec, ms, kTimeoutMs);
+    CHECK_MSG(o.status[1] == mokTimeout, "%s: rank 1: %s", c.spec, mokGetStatusString(o.status[1]));
+    CHECK_MSG(std::string(o.error[1].wait) == c.wait, "%s: rank 1 names wait '%s', want '%s'", c.spec, o.error[1].wait,
+              c.wait);
+    CHECK_MSG(o.status[0] == mokTimeout || o.status[0] == mokPeerAbort, "%s: rank 0: %s", c.spec,
+              mokGetStatusString(o.status[0]));
+    std::printf("  %s: rank 1 '%s', rank 0 '%s' (%s), %.0f ms\n", c.spec, o.error[1].wait, o.error[0].wait,
+                mokGetStatusString(o.status[0]), ms);
+  }
+}
+
+MOK_TEST_MAIN
