@@ -137,12 +137,16 @@ def rank_share(problem: Problem, world: int, rank: int, seed: int):
 # What is timed: each case gives (forward, backward) callables; backward() uses what the latest forward() made.
 
 
-def layer_case(backend: str, x, ids, weights, routed, shared, dout, mxfp8: bool):
+def layer_case(backend: str, x, ids, weights, routed, shared, dout, mxfp8: bool, workers: int):
+    """mok's layer on `backend`; the host executor computes on `workers` threads (the torch threads of the other
+    cases), plus its one comm worker."""
     routed = routed.to_mxfp8() if mxfp8 else routed
+    config = functional.MoKConfig(host_compute_workers=workers)
     state = {}
 
     def forward():
-        state["out"], state["ctx"] = functional.forward(x, ids, weights, routed, shared, backend=backend)
+        state["out"], state["ctx"] = functional.forward(x, ids, weights, routed, shared, backend=backend,
+                                                        config=config)
 
     def backward():
         state["grads"] = functional.backward(state.pop("ctx"), dout)
@@ -237,8 +241,9 @@ def rank_run(rank: int, world: int, args) -> dict:
     problem = args.problem
     x, ids, weights, routed, shared, dout, rows = rank_share(problem, world, rank, args.seed)
     cases = {
-        "host": layer_case("host", x, ids, weights, routed, shared, dout, problem.mxfp8),
-        "reference": layer_case("reference", x, ids, weights, routed, shared, dout, problem.mxfp8),
+        "host": layer_case("host", x, ids, weights, routed, shared, dout, problem.mxfp8, threads(args, world)),
+        "reference": layer_case("reference", x, ids, weights, routed, shared, dout, problem.mxfp8,
+                                threads(args, world)),
         "composed": composed_case(x, ids, weights, routed, shared, dout, world),
         "matmul-fp32": matmul_case(problem, rows),
     }
@@ -298,7 +303,7 @@ def machine_facts(args) -> dict:
             model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    host_workers = getattr(mok.host, "_WORKERS", {})
+    host_workers = {str(w): {"comm_workers": 1, "compute_workers": threads(args, w)} for w in args.worlds}
     return {"cpu": model, "logical_cpus": os.cpu_count(), "torch": torch.__version__,
             "torch_threads_per_rank": {str(w): threads(args, w) for w in args.worlds},
             "libmok": mok.libmok_version, "mok_backends": {b.name: "available" if b.available else b.reason

@@ -21,12 +21,26 @@ MOK_HD inline void pull_row(const PassView& v, int64_t j) {
   scaled_row(weight, dout, h, ring_row(v, v.ring_dy, j, h));
 }
 
+// The wgrad tasks that read minibatch m's rows: every part holding them, one per expert with tiles in m.
+MOK_HD inline uint32_t wgrad_tasks_over(const PassView& v, int64_t m) {
+  uint32_t experts = 0;
+  int last = -1;
+  for (int64_t t = minibatch_first_tile(v.s, m); t < minibatch_end_tile(v.s, m, v.sched.total_rows); ++t) {
+    int e = tile_expert(v.s, v.sched, t);
+    experts += e != last;
+    last = e;
+  }
+  return experts * static_cast<uint32_t>(wgrad_tasks_per_part(v.s));
+}
+
 // Pull minibatch m's rows. Within the minibatch, sources are served round-robin, each rank starting
 // at its next peer, which spreads the load over peers; the rows' places (and so the math) are fixed.
 MOK_HD inline Failure run_dispatch(const PassView& v, int64_t m) {
-  int64_t ring = v.s.macrobatch / v.s.minibatch;
+  int64_t ring = ring_minibatches(v.s);
   if (m >= ring) {
     Failure f = wait_local(v, &v.c.freed[m - ring], 1, WaitId::ring_slot_free);
+    if (f.ok() && v.kind == PassKind::backward)
+      f = wait_local(v, &v.c.wdone[m - ring], wgrad_tasks_over(v, m - ring), WaitId::ring_slot_free);
     if (!f.ok()) return f;
   }
   int64_t lo = m * v.s.minibatch,
@@ -53,7 +67,8 @@ MOK_HD inline Failure run_dispatch(const PassView& v, int64_t m) {
 // Push minibatch m's finished rows (y, or dx in backward) into their home ranks' (token, k) slots.
 MOK_HD inline Failure run_combine(const PassView& v, int64_t m) {
   int64_t first = minibatch_first_tile(v.s, m), end = minibatch_end_tile(v.s, m, v.sched.total_rows);
-  Failure f = wait_local(v, &v.c.done[m], static_cast<uint32_t>(end - first), WaitId::minibatch_done);
+  uint32_t tasks = static_cast<uint32_t>(end - first) * last_stage_tasks(v.s, v.kind);
+  Failure f = wait_local(v, &v.c.done[m], tasks, WaitId::minibatch_done);
   if (!f.ok()) return f;
   int h = v.s.hidden;
   size_t slots = v.kind == PassKind::backward ? v.peer.dx_slots : v.peer.y_slots;

@@ -1,6 +1,7 @@
-// The compute queue's tasks: per tile (expert_padding rows of one expert) the GEMM and SwiGLU
-// stages of a forward or backward, the weight gradients in row order; per chunk of local tokens
-// the shared expert.
+// The compute queue's tasks: per tile (expert_padding rows of one expert) the GEMM stages, a task per
+// block of output columns, and the SwiGLU stages of a forward or backward; per part of an expert's
+// rows its weight gradients, a task per block of output rows; per chunk of local tokens the shared
+// expert.
 #pragma once
 
 #include <cstdint>
@@ -14,16 +15,30 @@ namespace mok::core {
 struct TileInfo {
   int64_t tile, row0, minibatch;
   int expert, rows;
+  int col0, cols;  // a GEMM stage's block of output columns
 };
 
-MOK_HD inline TileInfo tile_info(const PassView& v, int64_t tile) {
+MOK_HD inline TileInfo tile_info(const PassView& v, const Task& task, int width) {
   TileInfo t;
-  t.tile = tile;
-  t.row0 = tile * v.s.expert_padding;
+  t.tile = task.index;
+  t.row0 = t.tile * v.s.expert_padding;
   t.minibatch = t.row0 / v.s.minibatch;
-  t.expert = tile_expert(v.s, v.sched, tile);
-  t.rows = tile_rows(v.s, v.sched, tile, t.expert);
+  t.expert = tile_expert(v.s, v.sched, t.tile);
+  t.rows = tile_rows(v.s, v.sched, t.tile, t.expert);
+  t.col0 = task.block * kColumnBlock;
+  t.cols = width - t.col0 < kColumnBlock ? width - t.col0 : kColumnBlock;
   return t;
+}
+
+// A stage's task starts once the tile's earlier stages are done, and counts itself in when it ends;
+// the tasks of a tile's last stage also count in its minibatch (combine waits for them).
+MOK_HD inline Failure wait_stage(const PassView& v, const TileInfo& t, TaskKind kind) {
+  return wait_local(v, &v.c.stage[t.tile], stage_start(v.s, v.kind, kind), WaitId::tile_stage);
+}
+MOK_HD inline void finish_stage(const PassView& v, const TileInfo& t, TaskKind kind) {
+  bump(&v.c.stage[t.tile]);
+  Stage stages[kMaxStages];
+  if (stages[tile_stages(v.s, v.kind, stages) - 1].kind == kind) bump(&v.c.done[t.minibatch]);
 }
 
 // ---- GEMM operands (core decides every address and orientation; the executor computes) ----------
@@ -64,6 +79,14 @@ MOK_HD inline Operand weight_columns(const PassView& v, const bf16_t* bf16, cons
                       blocks_of(cols));
 }
 
+// The operand from its row `first` on: a block of output columns (b) or of output rows (a).
+MOK_HD inline Operand from_row(Operand o, int64_t first) {
+  int size = o.dtype == Dtype::f32 ? 4 : (o.dtype == Dtype::bf16 ? 2 : 1);
+  o.data = static_cast<const char*>(o.data) + first * o.row_stride * size;
+  if (o.scales) o.scales += first * o.scale_stride;
+  return o;
+}
+
 MOK_HD inline Gemm gemm_one(int rows, int cols, Operand a, Operand b, int depth, void* c, int64_t c_stride,
                             Epilogue epilogue) {
   Gemm g{};
@@ -85,6 +108,8 @@ MOK_HD inline Gemm gemm_two(int rows, int cols, GemmPart first, GemmPart second,
   return g;
 }
 
+// ---- the routed experts' tile stages ---------------------------------------------------------------
+
 // The output ring holds out_ring_rows / minibatch minibatches: a tile's output rows are free once the
 // combine of the minibatch that last used them is done. That combine is numbered before this tile's
 // dispatch (tasks.hpp), so the wait never points forward.
@@ -94,120 +119,161 @@ MOK_HD inline Failure wait_out_rows(const PassView& v, const TileInfo& t) {
   return wait_local(v, &v.c.freed[t.minibatch - held], 1, WaitId::out_rows_free);
 }
 
+// g, u = x W_gateᵀ, x W_upᵀ over the task's block of I.
 template <class Ops>
 MOK_HD Failure run_gate_up(const PassView& v, const TileInfo& t, Ops& ops) {
   Failure f = wait_local(v, &v.c.ready[t.minibatch], 1, WaitId::minibatch_ready);
   if (!f.ok()) return f;
   int h = v.s.hidden, in = v.s.intermediate;
   Operand x = ring_rows(v, v.ring_x, t.row0, h);
-  ops.gemm(gemm_one(t.rows, in, x, weight_rows(v, v.w.gate, v.w.gate_rowwise, t.expert, in, h), h,
-                    ring_row(v, v.ring_g, t.row0, in), in, Epilogue::store_bf16));
-  ops.gemm(gemm_one(t.rows, in, x, weight_rows(v, v.w.up, v.w.up_rowwise, t.expert, in, h), h,
-                    ring_row(v, v.ring_u, t.row0, in), in, Epilogue::store_bf16));
-  publish(&v.c.stage[t.tile], 1);
+  Operand gate = from_row(weight_rows(v, v.w.gate, v.w.gate_rowwise, t.expert, in, h), t.col0);
+  Operand up = from_row(weight_rows(v, v.w.up, v.w.up_rowwise, t.expert, in, h), t.col0);
+  ops.gemm(gemm_one(t.rows, t.cols, x, gate, h, ring_row(v, v.ring_g, t.row0, in) + t.col0, in, Epilogue::store_bf16));
+  ops.gemm(gemm_one(t.rows, t.cols, x, up, h, ring_row(v, v.ring_u, t.row0, in) + t.col0, in, Epilogue::store_bf16));
+  finish_stage(v, t, TaskKind::gate_up);
   return kNoFailure;
 }
 
 MOK_HD inline Failure run_swiglu(const PassView& v, const TileInfo& t) {
-  Failure f = wait_local(v, &v.c.stage[t.tile], 1, WaitId::tile_stage);
+  Failure f = wait_stage(v, t, TaskKind::swiglu);
   if (!f.ok()) return f;
   int in = v.s.intermediate;
   Swiglu sw{v.s.swiglu_limit};
-  for (int64_t j = t.row0; j < t.row0 + t.rows; ++j) {
+  for (int64_t j = t.row0; j < t.row0 + t.rows; ++j)
     swiglu_row(sw, ring_row(v, v.ring_g, j, in), ring_row(v, v.ring_u, j, in), in, ring_row(v, v.ring_h, j, in));
-  }
-  publish(&v.c.stage[t.tile], 2);
+  finish_stage(v, t, TaskKind::swiglu);
   return kNoFailure;
 }
 
+// y = h W_downᵀ over the task's block of H.
 template <class Ops>
 MOK_HD Failure run_down(const PassView& v, const TileInfo& t, Ops& ops) {
-  Failure f = wait_local(v, &v.c.stage[t.tile], 2, WaitId::tile_stage);
+  Failure f = wait_stage(v, t, TaskKind::down);
+  if (f.ok()) f = wait_out_rows(v, t);
   if (!f.ok()) return f;
   int h = v.s.hidden, in = v.s.intermediate;
-  f = wait_out_rows(v, t);
-  if (!f.ok()) return f;
-  ops.gemm(gemm_one(t.rows, h, ring_rows(v, v.ring_h, t.row0, in),
-                    weight_rows(v, v.w.down, v.w.down_rowwise, t.expert, h, in), in, out_row(v, t.row0), h,
+  Operand down = from_row(weight_rows(v, v.w.down, v.w.down_rowwise, t.expert, h, in), t.col0);
+  ops.gemm(gemm_one(t.rows, t.cols, ring_rows(v, v.ring_h, t.row0, in), down, in, out_row(v, t.row0) + t.col0, h,
                     Epilogue::store_bf16));
-  publish(&v.c.stage[t.tile], 3);
-  bump(&v.c.done[t.minibatch]);
+  finish_stage(v, t, TaskKind::down);
   return kNoFailure;
 }
 
-// dh = dy W_down, kept in ring_h until swiglu_bwd replaces it with h.
+// dh = dy W_down over the task's block of I, kept in ring_h until swiglu_bwd replaces it with h.
 template <class Ops>
 MOK_HD Failure run_dgrad_h(const PassView& v, const TileInfo& t, Ops& ops) {
-  Failure f = wait_local(v, &v.c.stage[t.tile], 1, WaitId::tile_stage);
+  Failure f = wait_stage(v, t, TaskKind::dgrad_h);
   if (!f.ok()) return f;
   int h = v.s.hidden, in = v.s.intermediate;
-  ops.gemm(gemm_one(t.rows, in, ring_rows(v, v.ring_dy, t.row0, h),
-                    weight_columns(v, v.w.down, v.w.down_colwise, t.expert, in, h), h,
-                    ring_row(v, v.ring_h, t.row0, in), in, Epilogue::store_bf16));
-  publish(&v.c.stage[t.tile], 2);
+  Operand down = from_row(weight_columns(v, v.w.down, v.w.down_colwise, t.expert, in, h), t.col0);
+  ops.gemm(gemm_one(t.rows, t.cols, ring_rows(v, v.ring_dy, t.row0, h), down, h,
+                    ring_row(v, v.ring_h, t.row0, in) + t.col0, in, Epilogue::store_bf16));
+  finish_stage(v, t, TaskKind::dgrad_h);
   return kNoFailure;
 }
 
-// Element by element, g, u, dh become dg, du, h in place (each is read before it is replaced).
 MOK_HD inline Failure run_swiglu_bwd(const PassView& v, const TileInfo& t) {
-  Failure f = wait_local(v, &v.c.stage[t.tile], 2, WaitId::tile_stage);
+  Failure f = wait_stage(v, t, TaskKind::swiglu_bwd);
   if (!f.ok()) return f;
   int in = v.s.intermediate;
   Swiglu sw{v.s.swiglu_limit};
-  for (int64_t j = t.row0; j < t.row0 + t.rows; ++j) {
+  for (int64_t j = t.row0; j < t.row0 + t.rows; ++j)
     swiglu_backward_row(sw, ring_row(v, v.ring_g, j, in), ring_row(v, v.ring_u, j, in), ring_row(v, v.ring_h, j, in),
                         in);
-  }
-  publish(&v.c.stage[t.tile], 3);
+  finish_stage(v, t, TaskKind::swiglu_bwd);
   return kNoFailure;
 }
 
-// dx_k = dg W_gate + du W_up, one fp32 accumulation over both.
+// dx_k = dg W_gate + du W_up over the task's block of H, one fp32 accumulation over both.
 template <class Ops>
 MOK_HD Failure run_dgrad_x(const PassView& v, const TileInfo& t, Ops& ops) {
-  Failure f = wait_local(v, &v.c.stage[t.tile], 3, WaitId::tile_stage);
+  Failure f = wait_stage(v, t, TaskKind::dgrad_x);
+  if (f.ok()) f = wait_out_rows(v, t);
   if (!f.ok()) return f;
   int h = v.s.hidden, in = v.s.intermediate;
-  GemmPart gate{ring_rows(v, v.ring_g, t.row0, in), weight_columns(v, v.w.gate, v.w.gate_colwise, t.expert, h, in),
-                in};
-  GemmPart up{ring_rows(v, v.ring_u, t.row0, in), weight_columns(v, v.w.up, v.w.up_colwise, t.expert, h, in), in};
-  f = wait_out_rows(v, t);
-  if (!f.ok()) return f;
-  ops.gemm(gemm_two(t.rows, h, gate, up, out_row(v, t.row0), h));
-  publish(&v.c.stage[t.tile], 4);
+  Operand gate = from_row(weight_columns(v, v.w.gate, v.w.gate_colwise, t.expert, h, in), t.col0);
+  Operand up = from_row(weight_columns(v, v.w.up, v.w.up_colwise, t.expert, h, in), t.col0);
+  GemmPart dgate{ring_rows(v, v.ring_g, t.row0, in), gate, in}, dup{ring_rows(v, v.ring_u, t.row0, in), up, in};
+  ops.gemm(gemm_two(t.rows, t.cols, dgate, dup, out_row(v, t.row0) + t.col0, h));
+  finish_stage(v, t, TaskKind::dgrad_x);
   return kNoFailure;
 }
 
-// The tile's rows added to expert e's weight gradients, rows in order (the depth of each GEMM):
-// dW_down += dyᵀ h, dW_gate += dgᵀ x, dW_up += duᵀ x. A tile's rows are contiguous in the ring: tiles
-// never straddle its end (macrobatch is a multiple of minibatch, itself a multiple of the tile height),
-// and in MXFP8 mode a tile starts a 32-row block of its segment (expert_padding % 32 == 0).
-template <class Ops>
-MOK_HD void wgrad_tile(const PassView& v, const TileInfo& t, Ops& ops) {
-  int h = v.s.hidden, in = v.s.intermediate;
-  int64_t at = static_cast<int64_t>(t.expert) * in * h;
-  Operand x = ring_columns(v, v.ring_x, t.row0, h), dy = ring_columns(v, v.ring_dy, t.row0, h);
-  ops.gemm(gemm_one(h, in, dy, ring_columns(v, v.ring_h, t.row0, in), t.rows, v.acc.down + at, in,
-                    Epilogue::accumulate_f32));
-  ops.gemm(gemm_one(in, h, ring_columns(v, v.ring_g, t.row0, in), x, t.rows, v.acc.gate + at, h,
-                    Epilogue::accumulate_f32));
-  ops.gemm(gemm_one(in, h, ring_columns(v, v.ring_u, t.row0, in), x, t.rows, v.acc.up + at, h,
-                    Epilogue::accumulate_f32));
+// ---- the routed experts' weight gradients ----------------------------------------------------------
+
+// One wgrad task's block: rows [row0, row0 + rows) of dW_down [H, I], dW_gate or dW_up [I, H].
+struct WgradBlock {
+  int matrix;  // 0: down, 1: gate, 2: up
+  int row0, rows, cols;
+};
+
+MOK_HD inline WgradBlock wgrad_block(const LayerShape& s, int task) {
+  int blocks_h = column_blocks(s.hidden), blocks_i = column_blocks(s.intermediate);
+  int matrix = task < blocks_h ? 0 : 1 + (task - blocks_h) / blocks_i;
+  int block = matrix == 0 ? task : (task - blocks_h) % blocks_i;
+  int height = matrix == 0 ? s.hidden : s.intermediate;
+  int row0 = block * kColumnBlock;
+  return WgradBlock{matrix, row0, height - row0 < kColumnBlock ? height - row0 : kColumnBlock,
+                    matrix == 0 ? s.intermediate : s.hidden};
 }
 
-// Tiles of one expert add their rows in row order, so the sum never depends on the schedule's
-// batching or on which worker ran which tile.
+// Tile t's rows added to the block's sums, in row order: dW_down += dyᵀ h, dW_gate += dgᵀ x,
+// dW_up += duᵀ x. A tile's rows are contiguous in the ring (tiles never straddle its end), and in MXFP8
+// mode a tile starts a 32-row block of its segment (expert_padding % 32 == 0).
 template <class Ops>
-MOK_HD Failure run_wgrad(const PassView& v, const TileInfo& t, Ops& ops) {
-  Failure f = wait_local(v, &v.c.stage[t.tile], 4, WaitId::tile_stage);
-  if (!f.ok()) return f;
-  uint32_t nth = static_cast<uint32_t>((t.row0 - expert_first(v.sched, t.expert)) / v.s.expert_padding);
-  f = wait_local(v, &v.c.wchain[t.expert], nth, WaitId::wgrad_order);
-  if (!f.ok()) return f;
-  wgrad_tile(v, t, ops);
-  publish(&v.c.wchain[t.expert], nth + 1);
-  publish(&v.c.stage[t.tile], 5);
-  bump(&v.c.done[t.minibatch]);
+MOK_HD void add_tile(const PassView& v, const WgradBlock& b, int64_t tile, int expert, float* sums, Ops& ops) {
+  int h = v.s.hidden, in = v.s.intermediate;
+  int64_t row0 = tile * v.s.expert_padding;
+  int rows = tile_rows(v.s, v.sched, tile, expert);
+  bf16_t* ring = b.matrix == 0 ? v.ring_dy : (b.matrix == 1 ? v.ring_g : v.ring_u);
+  Operand a = from_row(ring_columns(v, ring, row0, b.matrix == 0 ? h : in), b.row0);
+  Operand other = b.matrix == 0 ? ring_columns(v, v.ring_h, row0, in) : ring_columns(v, v.ring_x, row0, h);
+  ops.gemm(gemm_one(b.rows, b.cols, a, other, rows, sums, b.cols, Epilogue::accumulate_f32));
+}
+
+// The block's sums into the caller's gradient: bf16, or added into fp32 main_grad.
+MOK_HD inline void write_block(const PassView& v, const WgradBlock& b, int expert, const float* sums) {
+  const PassArgs& a = *v.args;
+  void* grad = b.matrix == 0 ? a.ddown : (b.matrix == 1 ? a.dgate : a.dup);
+  int64_t at = (static_cast<int64_t>(expert) * (b.matrix == 0 ? v.s.hidden : v.s.intermediate) + b.row0) * b.cols;
+  int64_t n = static_cast<int64_t>(b.rows) * b.cols;
+  if (a.accumulate) {
+    float* main = static_cast<float*>(grad) + at;
+    for (int64_t i = 0; i < n; ++i) main[i] = add_rn(main[i], sums[i]);
+  } else {
+    bf16_t* out = static_cast<bf16_t*>(grad) + at;
+    for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(sums[i]);
+  }
+}
+
+// One block of an expert's weight gradient over one part of its rows, rows in order. The sums start at
+// 0 in the expert's first part and carry over in its slot to the next, so they never depend on where
+// the parts were cut, on the schedule's batching or on which worker ran which task.
+template <class Ops>
+MOK_HD Failure run_wgrad(const PassView& v, const Task& task, Ops& ops) {
+  const WgradPart& p = v.graph.parts[task.index];
+  WgradBlock b = wgrad_block(v.s, task.block);
+  uint32_t finished = tile_finished(v.s, v.kind);
+  for (int64_t t = p.first_tile; t < p.end_tile; ++t) {
+    Failure f = wait_local(v, &v.c.stage[t], finished, WaitId::tile_stage);
+    if (!f.ok()) return f;
+  }
+  uint32_t* chain = p.slot >= 0 ? &v.c.wchain[p.slot * wgrad_tasks_per_part(v.s) + task.block] : nullptr;
+  if (chain && !p.first) {
+    Failure f = wait_local(v, chain, static_cast<uint32_t>(p.number), WaitId::wgrad_order);
+    if (!f.ok()) return f;
+  }
+  int64_t ih = static_cast<int64_t>(v.s.intermediate) * v.s.hidden;
+  float* sums = p.slot >= 0 ? v.slots + (3 * p.slot + b.matrix) * ih + static_cast<int64_t>(b.row0) * b.cols : ops.sums;
+  if (p.first)
+    for (int64_t i = 0, n = static_cast<int64_t>(b.rows) * b.cols; i < n; ++i) sums[i] = 0.0f;
+  for (int64_t t = p.first_tile; t < p.end_tile; ++t) add_tile(v, b, t, p.expert, sums, ops);
+  if (p.last) write_block(v, b, p.expert, sums);
+  if (chain) publish(chain, static_cast<uint32_t>(p.number + 1));
+  // The part's ring rows may now be overwritten, as far as this task is concerned.
+  if (p.end_tile > p.first_tile)
+    for (int64_t m = tile_minibatch(v.s, p.first_tile); m <= tile_minibatch(v.s, p.end_tile - 1); ++m)
+      bump(&v.c.wdone[m]);
   return kNoFailure;
 }
 
@@ -215,15 +281,11 @@ MOK_HD Failure run_wgrad(const PassView& v, const TileInfo& t, Ops& ops) {
 
 // Chunk c: the local tokens [c * P, min((c + 1) * P, tokens)), P = expert_padding. Per chunk: g, u,
 // h (and in backward dh, then dg, du in place of g, u) in the worker's chunk rows; the output (or dx)
-// in shared_out; in backward the weight gradients, chunks in order.
+// in shared_out; in backward then the weight gradients, chunks in order.
 template <class Ops>
 MOK_HD Failure run_shared(const PassView& v, int64_t chunk, Ops& ops) {
   int h = v.s.hidden, is = v.s.shared_intermediate;
   bool backward = v.kind == PassKind::backward;
-  if (backward) {
-    Failure f = wait_local(v, v.c.shared, static_cast<uint32_t>(chunk), WaitId::shared_order);
-    if (!f.ok()) return f;
-  }
   int64_t first = chunk * v.s.expert_padding;
   int rows = static_cast<int>((first + v.s.expert_padding < v.tokens ? first + v.s.expert_padding : v.tokens) - first);
   bf16_t *g = ops.chunk, *u = g + static_cast<int64_t>(v.s.expert_padding) * is,
@@ -248,6 +310,9 @@ MOK_HD Failure run_shared(const PassView& v, int64_t chunk, Ops& ops) {
   GemmPart dgate{bf16_operand(g, is, 1, false), bf16_operand(v.w.shared_gate, 1, h, false), is};
   GemmPart dup{bf16_operand(u, is, 1, false), bf16_operand(v.w.shared_up, 1, h, false), is};
   ops.gemm(gemm_two(rows, h, dgate, dup, out, h));
+  // Only the weight gradients need the chunks in order: everything above runs on any worker at once.
+  Failure f = wait_local(v, v.c.shared, static_cast<uint32_t>(chunk), WaitId::shared_order);
+  if (!f.ok()) return f;
   Operand xt = bf16_operand(xs, 1, h, false);
   ops.gemm(gemm_one(h, is, bf16_operand(dout, 1, h, false), bf16_operand(hr, 1, is, false), rows, v.acc.sdown, is,
                     Epilogue::accumulate_f32));

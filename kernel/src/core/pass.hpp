@@ -9,22 +9,23 @@
 
 namespace mok::core {
 
-// Ops is the executor's tile interface (docs/core.md, "The executor seam"): ops.gemm(const Gemm&) computes
-// one tile GEMM, and ops.chunk is the worker's chunk_values bf16 rows for the shared expert.
+// Ops is the executor's tile interface (docs/core.md, "The pass and the executor seam"): ops.gemm(const
+// Gemm&) computes one tile GEMM; ops.chunk (chunk_values bf16) and ops.sums (sums_floats fp32) are the
+// worker's rows for the shared expert and its weight-gradient sums.
 template <class Ops>
 MOK_HD Failure run_task(const PassView& v, Task task, Ops& ops) {
-  if (task.kind == TaskKind::dispatch) return run_dispatch(v, task.index);
-  if (task.kind == TaskKind::combine) return run_combine(v, task.index);
-  if (task.kind == TaskKind::shared) return run_shared(v, task.index, ops);
-  TileInfo t = tile_info(v, task.index);
+  int h = v.s.hidden, in = v.s.intermediate;
   switch (task.kind) {
-    case TaskKind::gate_up: return run_gate_up(v, t, ops);
-    case TaskKind::swiglu: return run_swiglu(v, t);
-    case TaskKind::down: return run_down(v, t, ops);
-    case TaskKind::dgrad_h: return run_dgrad_h(v, t, ops);
-    case TaskKind::swiglu_bwd: return run_swiglu_bwd(v, t);
-    case TaskKind::dgrad_x: return run_dgrad_x(v, t, ops);
-    case TaskKind::wgrad: return run_wgrad(v, t, ops);
+    case TaskKind::dispatch: return run_dispatch(v, task.index);
+    case TaskKind::combine: return run_combine(v, task.index);
+    case TaskKind::shared: return run_shared(v, task.index, ops);
+    case TaskKind::wgrad: return run_wgrad(v, task, ops);
+    case TaskKind::gate_up: return run_gate_up(v, tile_info(v, task, in), ops);
+    case TaskKind::swiglu: return run_swiglu(v, tile_info(v, task, in));
+    case TaskKind::down: return run_down(v, tile_info(v, task, h), ops);
+    case TaskKind::dgrad_h: return run_dgrad_h(v, tile_info(v, task, in), ops);
+    case TaskKind::swiglu_bwd: return run_swiglu_bwd(v, tile_info(v, task, in));
+    case TaskKind::dgrad_x: return run_dgrad_x(v, tile_info(v, task, h), ops);
     default: return kNoFailure;
   }
 }
@@ -33,7 +34,9 @@ MOK_HD Failure run_task(const PassView& v, Task task, Ops& ops) {
 struct ReferenceTiles {
   float* scratch;
   bf16_t* chunk;
+  float* sums;
   MOK_HD void gemm(const Gemm& g) { reference_gemm(g, scratch); }
+  MOK_HD bool stop_here(const PassView&, int64_t, const Task*) const { return false; }
 };
 
 enum class WorkerClass : int { comm = 0, compute = 1 };

@@ -2,10 +2,11 @@
 //
 // Pass-local counters (private workspace, zeroed by the rank before its entry barrier):
 //   ready[m]   1 once minibatch m's rows are in the ring            producer: comm (dispatch)
-//   stage[t]   compute stages finished on tile t                    producer: compute (that tile's tasks)
-//   done[m]    tiles of minibatch m through their last stage        producer: compute
-//   freed[m]   1 once minibatch m's ring rows may be overwritten    producer: comm (combine)
-//   wchain[e]  tiles of expert e added to its weight gradients      producer: compute (wgrad)
+//   stage[t]   tasks of tile t's stages finished                    producer: compute (that tile's tasks)
+//   done[m]    tasks of minibatch m's tiles' last stage finished    producer: compute
+//   freed[m]   1 once minibatch m's rows are combined               producer: comm (combine)
+//   wdone[m]   wgrad tasks finished over parts holding minibatch m  producer: compute (wgrad)
+//   wchain[]   per slot and wgrad task: the expert's parts done     producer: compute (wgrad)
 //   shared     shared-expert chunks added to its weight gradients   producer: compute (shared)
 //   heads[2]   next task of the comm / compute queue                producer: workers taking tasks
 //   sync[]     the workers' phase hand-overs (SyncWord)               producer: the workers (pass_worker.hpp)
@@ -20,7 +21,7 @@
 namespace mok::core {
 
 struct Counters {
-  uint32_t *ready, *done, *freed, *stage, *wchain, *shared, *heads;
+  uint32_t *ready, *done, *freed, *wdone, *stage, *wchain, *shared, *heads;
   uint32_t* sync;  // kSyncWords words, indexed by SyncWord
 };
 
@@ -45,9 +46,10 @@ MOK_HD inline Counters counters_at(const LayerShape& s, uint32_t* base) {
   c.ready = base;
   c.done = c.ready + nm;
   c.freed = c.done + nm;
-  c.stage = c.freed + nm;
+  c.wdone = c.freed + nm;
+  c.stage = c.wdone + nm;
   c.wchain = c.stage + max_tiles(s);
-  c.shared = c.wchain + s.experts_per_rank;
+  c.shared = c.wchain + max_slots(s) * wgrad_tasks_per_part(s);
   c.heads = c.shared + 1;
   c.sync = c.heads + 2;
   return c;
@@ -71,8 +73,9 @@ struct LayerWeights {
   const bf16_t *shared_gate, *shared_up, *shared_down;
 };
 
+// The shared expert's fp32 weight-gradient accumulators (summed over every chunk of the pass).
 struct Accumulators {
-  float *gate, *up, *down, *sgate, *sup, *sdown;
+  float *sgate, *sup, *sdown;
 };
 
 // The caller's tensors of one call, as the workers find them: inputs staged into the own peer buffer
@@ -103,11 +106,14 @@ struct PassView {
   bf16_t *ring_x, *ring_dy, *ring_g, *ring_u, *ring_h, *ring_y;  // ring_y: y (forward) or dx (backward)
   LayerWeights w;
   Accumulators acc;
+  float* slots;  // max_slots x [dW_down, dW_gate, dW_up] fp32: experts with several parts
   bf16_t* shared_out;  // [tokens, H]: shared output (forward) or its input gradient (backward)
   float* scratch;      // per worker, scratch_floats each: the executor's tile-GEMM scratch
   size_t scratch_floats;
   bf16_t* chunk;  // per worker, chunk_values each: the shared expert's rows of one chunk
   size_t chunk_values;
+  float* sums;  // per worker, sums_floats each: a weight-gradient task's sums
+  size_t sums_floats;
   int tokens;  // this rank's tokens
   uint64_t timeout_ns;
   ErrorRecord* error;

@@ -4,7 +4,7 @@
 // 0 .. comm_workers + compute_workers - 1 at once, and reads the outcome from the group state.
 //
 // In order, each worker:
-//   backward: zeroes its share of the weight-gradient accumulators and counts itself in (kZeroed);
+//   backward: zeroes its share of the shared expert's weight-gradient accumulators, counts itself in (kZeroed);
 //   worker 0: enters the group (the first call's formation, then the entry barrier), waits until every
 //             share is zero, and releases the others (kStart); the others wait for that release, so no
 //             worker adds into an accumulator before all of it is zero;
@@ -89,7 +89,7 @@ MOK_HD inline void prepare_workers(const PassView& v) {
 }
 
 MOK_HD inline void lay_out_tasks(PassView& v) {
-  build_task_graph(v.s, v.kind, v.sched.total_rows, v.tokens, v.graph);
+  build_task_graph(v.s, v.kind, v.sched, v.tokens, v.graph);
 }
 
 // ---- the workers' hand-overs --------------------------------------------------------------------
@@ -162,20 +162,17 @@ struct GradPart {
   int64_t n;
   void* dst;
 };
-constexpr int kGradParts = 6;
+constexpr int kGradParts = 3;
 
+// The shared expert's: the routed experts' are written by their wgrad tasks (compute_tasks.hpp).
 MOK_HD inline int grad_parts(const PassView& v, GradPart* out) {
-  int64_t e_ih = static_cast<int64_t>(v.s.experts_per_rank) * v.s.intermediate * v.s.hidden;
   int64_t s_ih = static_cast<int64_t>(v.s.shared_intermediate) * v.s.hidden;
+  if (s_ih == 0) return 0;
   const PassArgs* a = v.args;
-  out[0] = GradPart{v.acc.gate, e_ih, a ? a->dgate : nullptr};
-  out[1] = GradPart{v.acc.up, e_ih, a ? a->dup : nullptr};
-  out[2] = GradPart{v.acc.down, e_ih, a ? a->ddown : nullptr};
-  if (s_ih == 0) return 3;
-  out[3] = GradPart{v.acc.sgate, s_ih, a ? a->dshared_gate : nullptr};
-  out[4] = GradPart{v.acc.sup, s_ih, a ? a->dshared_up : nullptr};
-  out[5] = GradPart{v.acc.sdown, s_ih, a ? a->dshared_down : nullptr};
-  return 6;
+  out[0] = GradPart{v.acc.sgate, s_ih, a ? a->dshared_gate : nullptr};
+  out[1] = GradPart{v.acc.sup, s_ih, a ? a->dshared_up : nullptr};
+  out[2] = GradPart{v.acc.sdown, s_ih, a ? a->dshared_down : nullptr};
+  return 3;
 }
 
 MOK_HD inline void zero_accumulators(const PassView& v, int worker) {

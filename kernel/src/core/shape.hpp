@@ -13,6 +13,7 @@ namespace mok::core {
 constexpr int kMaxWorld = 72;
 constexpr size_t kAlign = 64;
 constexpr size_t kPeerHeaderBytes = 4096;  // room for core::PeerHeader (protocol.hpp)
+constexpr size_t kWgradPartBytes = 20;     // core::WgradPart (tasks.hpp)
 
 struct LayerShape {
   int world, rank;
@@ -50,6 +51,38 @@ MOK_HD inline int64_t out_ring_rows(const LayerShape& s) {
   int64_t two = 2 * static_cast<int64_t>(s.minibatch);
   return two < s.macrobatch ? two : s.macrobatch;
 }
+// Output columns of one GEMM task, and output rows of one weight-gradient task.
+constexpr int kColumnBlock = 256;
+MOK_HD inline int column_blocks(int n) {
+  return (n + kColumnBlock - 1) / kColumnBlock;
+}
+
+// Minibatches the ring holds (R).
+MOK_HD inline int64_t ring_minibatches(const LayerShape& s) {
+  return s.macrobatch / s.minibatch;
+}
+
+// Weight-gradient tasks of one part (tasks.hpp): dW_down's row blocks over H, then dW_gate's and dW_up's
+// over I.
+MOK_HD inline int wgrad_tasks_per_part(const LayerShape& s) {
+  return column_blocks(s.hidden) + 2 * column_blocks(s.intermediate);
+}
+
+// Parts of all experts (tasks.hpp): one per expert, plus one per R minibatches an expert spans beyond
+// its first window. Adjacent experts share at most one minibatch, so the spans add up to at most
+// minibatches + E_local.
+MOK_HD inline int64_t max_parts(const LayerShape& s) {
+  return s.experts_per_rank + (max_minibatches(s) + s.experts_per_rank) / ring_minibatches(s);
+}
+
+// fp32 slots for the weight gradients of experts with more than one part. Such an expert spans at
+// least R minibatch boundaries, and no boundary is spanned by two experts, so there are at most
+// (minibatches - 1) / R of them.
+MOK_HD inline int64_t max_slots(const LayerShape& s) {
+  int64_t spanning = (max_minibatches(s) - 1) / ring_minibatches(s);
+  return spanning < s.experts_per_rank ? spanning : s.experts_per_rank;
+}
+
 MOK_HD inline int64_t shared_chunks(const LayerShape& s) {
   return s.shared_intermediate > 0 ? (s.max_tokens + s.expert_padding - 1) / s.expert_padding : 0;
 }
@@ -105,13 +138,16 @@ struct LocalLayout {
   size_t counters;                                         // uint32 [num_counters]
   size_t ring_x, ring_dy, ring_g, ring_u, ring_h;  // bf16 [macrobatch, H or I]
   size_t ring_y;                                   // bf16 [out_ring_rows, H]: y (forward) or dx (backward)
-  size_t acc_gate, acc_up, acc_down;                       // fp32 weight-gradient accumulators
+  size_t parts;                                            // WgradPart [max_parts]
+  size_t slots;  // fp32 [max_slots][3 x I x H]: dW_down, dW_gate, dW_up of an expert with several parts
   size_t shared_acc;                                       // fp32 shared weight-gradient accumulators (3 x I_s x H)
   size_t shared_out;     // bf16 [max_tokens, H]: shared output (forward) or its dx (backward)
   size_t scratch;        // fp32 per worker: the executor's tile GEMM scratch
   size_t scratch_floats;
   size_t chunk;          // bf16 per worker: the shared expert's g, u, h, dh over one chunk of tokens
   size_t chunk_values;
+  size_t sums;  // fp32 per worker: a weight-gradient task's [kColumnBlock, max(H, I)] sums
+  size_t sums_floats;
   size_t bytes;
 };
 
@@ -119,28 +155,35 @@ MOK_HD inline size_t max_value(size_t a, size_t b) {
   return a > b ? a : b;
 }
 
-// Task-list length: per minibatch a dispatch and a combine; per tile up to five compute stages;
-// per shared chunk one task.
+// Compute tasks of one tile: forward gate_up, swiglu, down; backward gate_up, dgrad_h, swiglu_bwd,
+// dgrad_x; a GEMM stage has one task per block of output columns.
+MOK_HD inline int64_t tile_tasks(const LayerShape& s, bool backward) {
+  return (backward ? 2 : 1) * column_blocks(s.intermediate) + 1 + column_blocks(s.hidden);
+}
+
+// Task-list length: per minibatch a dispatch and a combine; the tiles' tasks; the weight-gradient
+// tasks of every part; per shared chunk one task.
 MOK_HD inline int64_t max_tasks(const LayerShape& s) {
-  return 2 * max_minibatches(s) + 5 * max_tiles(s) + shared_chunks(s);
+  return 2 * max_minibatches(s) + max_tiles(s) * tile_tasks(s, true) + max_parts(s) * wgrad_tasks_per_part(s) +
+         shared_chunks(s);
 }
 
 // Words the workers of one pass or schedule build hand its phases over with (core/pass_worker.hpp).
 constexpr int kSyncWords = 8;
 
-// Counters: ready, done, freed per minibatch; stage per tile; wgrad chain per expert; the shared
-// chain; two queue heads; the workers' sync words.
+// Counters: ready, done, freed, wdone per minibatch; stage per tile; a part chain per slot and wgrad
+// task; the shared chain; two queue heads; the workers' sync words.
 MOK_HD inline int64_t num_counters(const LayerShape& s) {
-  return 3 * max_minibatches(s) + max_tiles(s) + s.experts_per_rank + 3 + kSyncWords;
+  return 4 * max_minibatches(s) + max_tiles(s) + max_slots(s) * wgrad_tasks_per_part(s) + 3 + kSyncWords;
 }
 
 MOK_HD inline LocalLayout local_layout(const LayerShape& s) {
   Carver c;
   LocalLayout l{};
-  size_t e = static_cast<size_t>(s.experts_per_rank), h = static_cast<size_t>(s.hidden);
+  size_t h = static_cast<size_t>(s.hidden);
   size_t i = static_cast<size_t>(s.intermediate), is = static_cast<size_t>(s.shared_intermediate);
   size_t m = static_cast<size_t>(s.macrobatch), p = static_cast<size_t>(s.expert_padding), f = sizeof(float);
-  l.schedule_experts = c.take(e * 2 * 4);
+  l.schedule_experts = c.take(static_cast<size_t>(s.experts_per_rank) * 2 * 4);
   l.rows = c.take(static_cast<size_t>(max_recv_rows(s)) * 12);
   l.tasks = c.take(static_cast<size_t>(max_tasks(s)) * 8);
   l.counters = c.take(static_cast<size_t>(num_counters(s)) * 4);
@@ -150,9 +193,8 @@ MOK_HD inline LocalLayout local_layout(const LayerShape& s) {
   l.ring_u = c.take(m * i * 2);
   l.ring_h = c.take(m * i * 2);
   l.ring_y = c.take(static_cast<size_t>(out_ring_rows(s)) * h * 2);
-  l.acc_gate = c.take(e * i * h * f);
-  l.acc_up = c.take(e * i * h * f);
-  l.acc_down = c.take(e * i * h * f);
+  l.parts = c.take(static_cast<size_t>(max_parts(s)) * kWgradPartBytes);
+  l.slots = c.take(static_cast<size_t>(max_slots(s)) * 3 * i * h * f);
   l.shared_acc = c.take(3 * is * h * f);
   l.shared_out = c.take(static_cast<size_t>(s.max_tokens) * h * 2);
   // The largest GEMM of a pass: a tile of p rows against H, I or I_s columns over H, 2 I or 2 I_s (dgrad_x
@@ -162,6 +204,8 @@ MOK_HD inline LocalLayout local_layout(const LayerShape& s) {
   l.scratch = c.take(static_cast<size_t>(s.comm_workers + s.compute_workers) * l.scratch_floats * f);
   l.chunk_values = 4 * p * is;
   l.chunk = c.take(static_cast<size_t>(s.comm_workers + s.compute_workers) * l.chunk_values * 2);
+  l.sums_floats = static_cast<size_t>(kColumnBlock) * max_value(h, i);
+  l.sums = c.take(static_cast<size_t>(s.comm_workers + s.compute_workers) * l.sums_floats * f);
   l.bytes = c.total();
   return l;
 }

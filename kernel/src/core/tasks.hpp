@@ -20,7 +20,7 @@ enum class TaskKind : int16_t {
   dgrad_h,     // backward: dh = dy W_down
   swiglu_bwd,  // backward: dg, du (and h for the weight gradient)
   dgrad_x,     // backward: dx_k = dg W_gate + du W_up
-  wgrad,       // backward: the tile's rows added to the expert's weight gradients, in row order
+  wgrad,       // backward: one block of an expert's weight gradient over a part of its rows, in row order
   combine,     // comm: push a minibatch's finished rows to their home ranks' slots
   shared,      // compute, per chunk of local tokens: the shared expert (forward or backward)
   count
@@ -45,14 +45,30 @@ MOK_HD inline const char* task_name(int kind) {
 
 struct Task {
   TaskKind kind;
-  int16_t unused;
-  int32_t index;  // minibatch (comm), tile (routed compute) or token chunk (shared)
+  int16_t block;  // GEMM stages: the block of output columns; wgrad: the task within its part
+  int32_t index;  // minibatch (comm), tile (routed compute), part (wgrad) or token chunk (shared)
 };
+
+// A stretch of one expert's tiles that one set of wgrad tasks reduces, each task one block of output
+// rows of dW_down, dW_gate or dW_up over the stretch's rows in order. An expert's tiles are cut where
+// its rows leave a window of R minibatches from its first, so a part never holds ring rows that a
+// later dispatch must overwrite before the part is done. An expert with several parts keeps its fp32
+// sums in a slot between them; one with a single part sums in the worker's own scratch. An expert with
+// no rows has one part with no tiles: its tasks write zero gradients.
+struct WgradPart {
+  int32_t expert;
+  int32_t first_tile, end_tile;  // [first, end)
+  int32_t number;                // the part's place among its expert's, from 0
+  int16_t slot;                  // -1: the expert has one part
+  int8_t first, last;            // the expert's first / last part
+};
+static_assert(sizeof(WgradPart) == kWgradPartBytes, "shape.hpp sizes the part table with kWgradPartBytes");
 
 struct TaskGraph {
   Task* comm;
   Task* compute;  // stored right after the comm queue
-  int64_t num_comm, num_compute;
+  WgradPart* parts;
+  int64_t num_comm, num_compute, num_parts;
 };
 
 MOK_HD inline int64_t num_minibatches(const LayerShape& shape, int64_t total_rows) {
@@ -67,31 +83,99 @@ MOK_HD inline int64_t minibatch_end_tile(const LayerShape& shape, int64_t m, int
   int64_t end = (m + 1) * shape.minibatch;
   return (end < total_rows ? end : total_rows) / shape.expert_padding;
 }
+MOK_HD inline int64_t tile_minibatch(const LayerShape& shape, int64_t tile) {
+  return tile * shape.expert_padding / shape.minibatch;
+}
+
+// One compute stage of a tile: its kind and how many tasks (blocks of output columns) it has.
+struct Stage {
+  TaskKind kind;
+  int tasks;
+};
+constexpr int kMaxStages = 4;
 
 // The compute stages of one tile, in order, for a pass of `kind`.
-MOK_HD inline int tile_stages(PassKind kind, TaskKind* out) {
+MOK_HD inline int tile_stages(const LayerShape& s, PassKind kind, Stage* out) {
+  int blocks_i = column_blocks(s.intermediate), blocks_h = column_blocks(s.hidden);
   if (kind == PassKind::backward) {
-    TaskKind k[5] = {TaskKind::gate_up, TaskKind::dgrad_h, TaskKind::swiglu_bwd, TaskKind::dgrad_x, TaskKind::wgrad};
-    for (int i = 0; i < 5; ++i) out[i] = k[i];
-    return 5;
+    out[0] = Stage{TaskKind::gate_up, blocks_i};
+    out[1] = Stage{TaskKind::dgrad_h, blocks_i};
+    out[2] = Stage{TaskKind::swiglu_bwd, 1};
+    out[3] = Stage{TaskKind::dgrad_x, blocks_h};
+    return 4;
   }
-  out[0] = TaskKind::gate_up;
-  out[1] = TaskKind::swiglu;
-  out[2] = TaskKind::down;
+  out[0] = Stage{TaskKind::gate_up, blocks_i};
+  out[1] = Stage{TaskKind::swiglu, 1};
+  out[2] = Stage{TaskKind::down, blocks_h};
   return 3;
 }
 
-// Lays out the queues. The ring holds macrobatch / minibatch minibatches (R): dispatch m reuses the
-// rows of minibatch m - R, so it is numbered after combine m - R. Dispatch m + 1 is numbered before
-// combine m when R allows it, so rows arrive while the previous minibatch computes.
-MOK_HD inline void build_task_graph(const LayerShape& shape, PassKind kind, int64_t total_rows, int tokens,
+// Where a tile's counter stands once the stages before `kind` are done (their tasks counted), and
+// once all of its stages are.
+MOK_HD inline uint32_t stage_start(const LayerShape& s, PassKind pass, TaskKind kind) {
+  Stage stages[kMaxStages];
+  uint32_t done = 0;
+  for (int i = 0, n = tile_stages(s, pass, stages); i < n && stages[i].kind != kind; ++i) done += stages[i].tasks;
+  return done;
+}
+MOK_HD inline uint32_t tile_finished(const LayerShape& s, PassKind pass) {
+  return stage_start(s, pass, TaskKind::count);
+}
+// Tasks of a tile's last stage: each bumps its minibatch's done counter.
+MOK_HD inline uint32_t last_stage_tasks(const LayerShape& s, PassKind pass) {
+  Stage stages[kMaxStages];
+  return static_cast<uint32_t>(stages[tile_stages(s, pass, stages) - 1].tasks);
+}
+
+// The weight-gradient parts of a backward, experts in order (so their last minibatches never
+// decrease); returns how many. Slots go to the experts with several parts, in expert order.
+MOK_HD inline int64_t plan_parts(const LayerShape& shape, const Schedule& sched, WgradPart* parts) {
+  int64_t n = 0, window = ring_minibatches(shape);
+  int16_t slots = 0;
+  for (int e = 0; e < shape.experts_per_rank; ++e) {
+    int64_t first = expert_first(sched, e) / shape.expert_padding;
+    int64_t end = first + (expert_count(sched, e) + shape.expert_padding - 1) / shape.expert_padding;
+    int64_t m0 = tile_minibatch(shape, first);
+    int64_t count = end > first ? (tile_minibatch(shape, end - 1) - m0) / window + 1 : 1;
+    int16_t slot = count > 1 ? slots++ : int16_t{-1};
+    for (int64_t k = 0; k < count; ++k) {
+      int64_t lo = first, hi = end;  // the tiles whose minibatch lies in window k
+      while (lo < end && tile_minibatch(shape, lo) < m0 + k * window) ++lo;
+      while (hi > lo && tile_minibatch(shape, hi - 1) >= m0 + (k + 1) * window) --hi;
+      parts[n++] = WgradPart{e, static_cast<int32_t>(lo), static_cast<int32_t>(hi), static_cast<int32_t>(k), slot,
+                             static_cast<int8_t>(k == 0), static_cast<int8_t>(k == count - 1)};
+    }
+  }
+  return n;
+}
+
+// The minibatch whose compute tasks a part's wgrad tasks follow: its last tile's (-1: no tiles).
+MOK_HD inline int64_t part_minibatch(const LayerShape& shape, const WgradPart& p) {
+  return p.end_tile > p.first_tile ? tile_minibatch(shape, p.end_tile - 1) : -1;
+}
+
+// Lays out the queues. The ring holds R = macrobatch / minibatch minibatches: dispatch m reuses the
+// rows of minibatch m - R, so it is numbered after combine m - R (and, in backward, waits for the
+// wgrad tasks of every part holding minibatch m - R, which end before minibatch m - R + R). Dispatch
+// m + 1 is numbered before combine m when R allows it, so rows arrive while the previous minibatch
+// computes. A part's wgrad tasks follow the compute tasks of its last minibatch.
+MOK_HD inline void build_task_graph(const LayerShape& shape, PassKind kind, const Schedule& sched, int tokens,
                                     TaskGraph& g) {
-  int64_t nm = num_minibatches(shape, total_rows), ring = shape.macrobatch / shape.minibatch;
-  int64_t nc = 0, nk = 0;
+  int64_t total_rows = sched.total_rows;
+  int64_t nm = num_minibatches(shape, total_rows), ring = ring_minibatches(shape);
+  int64_t nc = 0, nk = 0, np = kind == PassKind::backward ? plan_parts(shape, sched, g.parts) : 0, next = 0;
   auto comm = [&](TaskKind k, int64_t i) { g.comm[nc++] = Task{k, 0, static_cast<int32_t>(i)}; };
-  TaskKind stages[5];
-  int num_stages = tile_stages(kind, stages);
-  // The shared expert needs nothing from peers: it goes first and fills the wait for the rows.
+  int wgrad_tasks = wgrad_tasks_per_part(shape);
+  auto wgrad = [&](int64_t part) {
+    for (int j = 0; j < wgrad_tasks; ++j)
+      g.compute[nk++] = Task{TaskKind::wgrad, static_cast<int16_t>(j), static_cast<int32_t>(part)};
+  };
+  Stage stages[kMaxStages];
+  int num_stages = tile_stages(shape, kind, stages);
+  // Parts of experts with no rows wait for nothing: they go first.
+  for (int64_t p = 0; p < np; ++p)
+    if (part_minibatch(shape, g.parts[p]) < 0) wgrad(p);
+  // The shared expert needs nothing from peers: it goes next and fills the wait for the rows.
   // Recompute rebuilds only the routed experts' context (the y slots); the shared expert is not needed.
   if (shape.shared_intermediate > 0 && kind != PassKind::recompute)
     for (int64_t c = 0; c * shape.expert_padding < tokens; ++c)
@@ -101,12 +185,19 @@ MOK_HD inline void build_task_graph(const LayerShape& shape, PassKind kind, int6
     comm(TaskKind::dispatch, m);
     for (int st = 0; st < num_stages; ++st)
       for (int64_t t = minibatch_first_tile(shape, m); t < minibatch_end_tile(shape, m, total_rows); ++t)
-        g.compute[nk++] = Task{stages[st], 0, static_cast<int32_t>(t)};
+        for (int b = 0; b < stages[st].tasks; ++b)
+          g.compute[nk++] = Task{stages[st].kind, static_cast<int16_t>(b), static_cast<int32_t>(t)};
+    for (; next < np; ++next) {
+      int64_t at = part_minibatch(shape, g.parts[next]);
+      if (at > m) break;
+      if (at == m) wgrad(next);
+    }
     if (m > 0 && ring > 1) comm(TaskKind::combine, m - 1);
   }
   if (nm > 0) comm(TaskKind::combine, nm - 1);
   g.num_comm = nc;
   g.num_compute = nk;
+  g.num_parts = np;
 }
 
 }  // namespace mok::core

@@ -69,14 +69,17 @@ core::PassView view_of(Layer& l, PassKind kind, const core::PassArgs* args) {
   v.ring_h = local_at<core::bf16_t>(l, ll.ring_h);
   v.ring_y = local_at<core::bf16_t>(l, ll.ring_y);
   size_t is_h = static_cast<size_t>(l.shape.shared_intermediate) * l.shape.hidden;
-  v.acc = {local_at<float>(l, ll.acc_gate),          local_at<float>(l, ll.acc_up),
-           local_at<float>(l, ll.acc_down),          local_at<float>(l, ll.shared_acc),
-           local_at<float>(l, ll.shared_acc) + is_h, local_at<float>(l, ll.shared_acc) + 2 * is_h};
+  v.graph.parts = local_at<core::WgradPart>(l, ll.parts);
+  v.acc = {local_at<float>(l, ll.shared_acc), local_at<float>(l, ll.shared_acc) + is_h,
+           local_at<float>(l, ll.shared_acc) + 2 * is_h};
+  v.slots = local_at<float>(l, ll.slots);
   v.shared_out = local_at<core::bf16_t>(l, ll.shared_out);
   v.scratch = local_at<float>(l, ll.scratch);
   v.scratch_floats = ll.scratch_floats;
   v.chunk = local_at<core::bf16_t>(l, ll.chunk);
   v.chunk_values = ll.chunk_values;
+  v.sums = local_at<float>(l, ll.sums);
+  v.sums_floats = ll.sums_floats;
   v.tokens = l.group.tokens;
   v.timeout_ns = l.timeout_ns;
   v.error = &l.group.error;
@@ -91,6 +94,7 @@ struct HostOps {
   float* scratch;
   size_t scratch_floats;
   core::bf16_t* chunk;
+  float* sums;
   int64_t stall_after;  // MOK_HOST_FAULT_STALL on this worker; -1 = off
 
   void gemm(const core::Gemm& g) { host::gemm(g, scratch, scratch_floats); }
@@ -118,7 +122,8 @@ void run_worker(void* job, int worker) {
   if (worker == j.layer->exit_worker) return;  // fault injection: a worker that is gone
   const core::PassView& v = *j.view;
   HostOps ops{v.scratch + static_cast<size_t>(worker) * v.scratch_floats, v.scratch_floats,
-              v.chunk + static_cast<size_t>(worker) * v.chunk_values, worker == 0 ? j.layer->stall_after_tasks : -1};
+              v.chunk + static_cast<size_t>(worker) * v.chunk_values, v.sums + static_cast<size_t>(worker) * v.sums_floats,
+              worker == 0 ? j.layer->stall_after_tasks : -1};
   core::run_pass_worker(*j.view, worker, ops);
 }
 
