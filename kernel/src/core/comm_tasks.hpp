@@ -67,7 +67,7 @@ MOK_HD inline Failure run_dispatch(const PassView& v, int64_t m) {
 // Push minibatch m's finished rows (y, or dx in backward) into their home ranks' (token, k) slots.
 MOK_HD inline Failure run_combine(const PassView& v, int64_t m) {
   int64_t first = minibatch_first_tile(v.s, m), end = minibatch_end_tile(v.s, m, v.sched.total_rows);
-  uint32_t tasks = static_cast<uint32_t>(end - first) * last_stage_tasks(v.s, v.kind);
+  uint32_t tasks = static_cast<uint32_t>(end - first) * static_cast<uint32_t>(last_stage(v.s, v.kind).tasks);
   Failure f = wait_local(v, &v.c.done[m], tasks, WaitId::minibatch_done);
   if (!f.ok()) return f;
   int h = v.s.hidden;

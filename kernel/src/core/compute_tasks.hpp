@@ -37,8 +37,7 @@ MOK_HD inline Failure wait_stage(const PassView& v, const TileInfo& t, TaskKind 
 }
 MOK_HD inline void finish_stage(const PassView& v, const TileInfo& t, TaskKind kind) {
   bump(&v.c.stage[t.tile]);
-  Stage stages[kMaxStages];
-  if (stages[tile_stages(v.s, v.kind, stages) - 1].kind == kind) bump(&v.c.done[t.minibatch]);
+  if (last_stage(v.s, v.kind).kind == kind) bump(&v.c.done[t.minibatch]);
 }
 
 // ---- GEMM operands (core decides every address and orientation; the executor computes) ----------
@@ -289,7 +288,8 @@ MOK_HD Failure run_shared(const PassView& v, int64_t chunk, Ops& ops) {
   int64_t first = chunk * v.s.expert_padding;
   int rows = static_cast<int>((first + v.s.expert_padding < v.tokens ? first + v.s.expert_padding : v.tokens) - first);
   bf16_t *g = ops.chunk, *u = g + static_cast<int64_t>(v.s.expert_padding) * is,
-         *hr = u + static_cast<int64_t>(v.s.expert_padding) * is, *dh = hr + static_cast<int64_t>(v.s.expert_padding) * is;
+         *hr = u + static_cast<int64_t>(v.s.expert_padding) * is,
+         *dh = hr + static_cast<int64_t>(v.s.expert_padding) * is;
   const bf16_t* xs = peer_array<const bf16_t>(v, v.s.rank, v.peer.x) + first * h;
   bf16_t* out = v.shared_out + first * h;
   Operand x = bf16_operand(xs, h, 1, false);
@@ -299,13 +299,13 @@ MOK_HD Failure run_shared(const PassView& v, int64_t chunk, Ops& ops) {
   Swiglu sw{v.s.swiglu_limit};
   for (int r = 0; r < rows; ++r) swiglu_row(sw, g + r * is, u + r * is, is, hr + r * is);
   if (!backward) {
-    ops.gemm(gemm_one(rows, h, bf16_operand(hr, is, 1, false), bf16_operand(v.w.shared_down, is, 1, false), is, out,
-                      h, Epilogue::store_bf16));
+    ops.gemm(gemm_one(rows, h, bf16_operand(hr, is, 1, false), bf16_operand(v.w.shared_down, is, 1, false), is, out, h,
+                      Epilogue::store_bf16));
     return kNoFailure;
   }
   const bf16_t* dout = peer_array<const bf16_t>(v, v.s.rank, v.peer.dout) + first * h;
-  ops.gemm(gemm_one(rows, is, bf16_operand(dout, h, 1, false), bf16_operand(v.w.shared_down, 1, is, false), h, dh,
-                    is, Epilogue::store_bf16));
+  ops.gemm(gemm_one(rows, is, bf16_operand(dout, h, 1, false), bf16_operand(v.w.shared_down, 1, is, false), h, dh, is,
+                    Epilogue::store_bf16));
   for (int r = 0; r < rows; ++r) swiglu_gradient_row(sw, g + r * is, u + r * is, dh + r * is, is);
   GemmPart dgate{bf16_operand(g, is, 1, false), bf16_operand(v.w.shared_gate, 1, h, false), is};
   GemmPart dup{bf16_operand(u, is, 1, false), bf16_operand(v.w.shared_up, 1, h, false), is};

@@ -106,7 +106,7 @@ struct PassView {
   bf16_t *ring_x, *ring_dy, *ring_g, *ring_u, *ring_h, *ring_y;  // ring_y: y (forward) or dx (backward)
   LayerWeights w;
   Accumulators acc;
-  float* slots;  // max_slots x [dW_down, dW_gate, dW_up] fp32: experts with several parts
+  float* slots;        // max_slots x [dW_down, dW_gate, dW_up] fp32: experts with several parts
   bf16_t* shared_out;  // [tokens, H]: shared output (forward) or its input gradient (backward)
   float* scratch;      // per worker, scratch_floats each: the executor's tile-GEMM scratch
   size_t scratch_floats;

@@ -132,19 +132,19 @@ MOK_HD inline PeerLayout peer_layout(const LayerShape& s) {
 // accumulators, the shared expert's output, worker scratch. Weights are read in place from the caller's
 // tensors; rows are bf16 (every value a ring holds is a bf16 store of the layer, DESIGN 1).
 struct LocalLayout {
-  size_t schedule_experts;                                 // int32 [E_local][2]: count, first row
-  size_t rows;                                             // RowRef [max_recv_rows]
-  size_t tasks;                                            // Task [max tasks]
-  size_t counters;                                         // uint32 [num_counters]
+  size_t schedule_experts;                         // int32 [E_local][2]: count, first row
+  size_t rows;                                     // RowRef [max_recv_rows]
+  size_t tasks;                                    // Task [max tasks]
+  size_t counters;                                 // uint32 [num_counters]
   size_t ring_x, ring_dy, ring_g, ring_u, ring_h;  // bf16 [macrobatch, H or I]
   size_t ring_y;                                   // bf16 [out_ring_rows, H]: y (forward) or dx (backward)
-  size_t parts;                                            // WgradPart [max_parts]
-  size_t slots;  // fp32 [max_slots][3 x I x H]: dW_down, dW_gate, dW_up of an expert with several parts
-  size_t shared_acc;                                       // fp32 shared weight-gradient accumulators (3 x I_s x H)
-  size_t shared_out;     // bf16 [max_tokens, H]: shared output (forward) or its dx (backward)
-  size_t scratch;        // fp32 per worker: the executor's tile GEMM scratch
+  size_t parts;                                    // WgradPart [max_parts]
+  size_t slots;       // fp32 [max_slots][3 x I x H]: dW_down, dW_gate, dW_up of an expert with several parts
+  size_t shared_acc;  // fp32 shared weight-gradient accumulators (3 x I_s x H)
+  size_t shared_out;  // bf16 [max_tokens, H]: shared output (forward) or its dx (backward)
+  size_t scratch;     // fp32 per worker: the executor's tile GEMM scratch
   size_t scratch_floats;
-  size_t chunk;          // bf16 per worker: the shared expert's g, u, h, dh over one chunk of tokens
+  size_t chunk;  // bf16 per worker: the shared expert's g, u, h, dh over one chunk of tokens
   size_t chunk_values;
   size_t sums;  // fp32 per worker: a weight-gradient task's [kColumnBlock, max(H, I)] sums
   size_t sums_floats;

@@ -92,39 +92,42 @@ struct Stage {
   TaskKind kind;
   int tasks;
 };
-constexpr int kMaxStages = 4;
 
-// The compute stages of one tile, in order, for a pass of `kind`.
-MOK_HD inline int tile_stages(const LayerShape& s, PassKind kind, Stage* out) {
+MOK_HD inline int num_stages(PassKind kind) {
+  return kind == PassKind::backward ? 4 : 3;
+}
+
+// Stage i of a tile, in order, for a pass of `kind`. No table: a device thread keeps it in registers.
+MOK_HD inline Stage tile_stage(const LayerShape& s, PassKind kind, int i) {
   int blocks_i = column_blocks(s.intermediate), blocks_h = column_blocks(s.hidden);
   if (kind == PassKind::backward) {
-    out[0] = Stage{TaskKind::gate_up, blocks_i};
-    out[1] = Stage{TaskKind::dgrad_h, blocks_i};
-    out[2] = Stage{TaskKind::swiglu_bwd, 1};
-    out[3] = Stage{TaskKind::dgrad_x, blocks_h};
-    return 4;
+    switch (i) {
+      case 0: return Stage{TaskKind::gate_up, blocks_i};
+      case 1: return Stage{TaskKind::dgrad_h, blocks_i};
+      case 2: return Stage{TaskKind::swiglu_bwd, 1};
+      default: return Stage{TaskKind::dgrad_x, blocks_h};
+    }
   }
-  out[0] = Stage{TaskKind::gate_up, blocks_i};
-  out[1] = Stage{TaskKind::swiglu, 1};
-  out[2] = Stage{TaskKind::down, blocks_h};
-  return 3;
+  switch (i) {
+    case 0: return Stage{TaskKind::gate_up, blocks_i};
+    case 1: return Stage{TaskKind::swiglu, 1};
+    default: return Stage{TaskKind::down, blocks_h};
+  }
 }
 
 // Where a tile's counter stands once the stages before `kind` are done (their tasks counted), and
 // once all of its stages are.
 MOK_HD inline uint32_t stage_start(const LayerShape& s, PassKind pass, TaskKind kind) {
-  Stage stages[kMaxStages];
   uint32_t done = 0;
-  for (int i = 0, n = tile_stages(s, pass, stages); i < n && stages[i].kind != kind; ++i) done += stages[i].tasks;
+  for (int i = 0; i < num_stages(pass) && tile_stage(s, pass, i).kind != kind; ++i)
+    done += tile_stage(s, pass, i).tasks;
   return done;
 }
 MOK_HD inline uint32_t tile_finished(const LayerShape& s, PassKind pass) {
   return stage_start(s, pass, TaskKind::count);
 }
-// Tasks of a tile's last stage: each bumps its minibatch's done counter.
-MOK_HD inline uint32_t last_stage_tasks(const LayerShape& s, PassKind pass) {
-  Stage stages[kMaxStages];
-  return static_cast<uint32_t>(stages[tile_stages(s, pass, stages) - 1].tasks);
+MOK_HD inline Stage last_stage(const LayerShape& s, PassKind pass) {
+  return tile_stage(s, pass, num_stages(pass) - 1);
 }
 
 // The weight-gradient parts of a backward, experts in order (so their last minibatches never
@@ -142,8 +145,9 @@ MOK_HD inline int64_t plan_parts(const LayerShape& shape, const Schedule& sched,
       int64_t lo = first, hi = end;  // the tiles whose minibatch lies in window k
       while (lo < end && tile_minibatch(shape, lo) < m0 + k * window) ++lo;
       while (hi > lo && tile_minibatch(shape, hi - 1) >= m0 + (k + 1) * window) --hi;
-      parts[n++] = WgradPart{e, static_cast<int32_t>(lo), static_cast<int32_t>(hi), static_cast<int32_t>(k), slot,
-                             static_cast<int8_t>(k == 0), static_cast<int8_t>(k == count - 1)};
+      parts[n++] =
+          WgradPart{e,    static_cast<int32_t>(lo),    static_cast<int32_t>(hi),           static_cast<int32_t>(k),
+                    slot, static_cast<int8_t>(k == 0), static_cast<int8_t>(k == count - 1)};
     }
   }
   return n;
@@ -170,8 +174,6 @@ MOK_HD inline void build_task_graph(const LayerShape& shape, PassKind kind, cons
     for (int j = 0; j < wgrad_tasks; ++j)
       g.compute[nk++] = Task{TaskKind::wgrad, static_cast<int16_t>(j), static_cast<int32_t>(part)};
   };
-  Stage stages[kMaxStages];
-  int num_stages = tile_stages(shape, kind, stages);
   // Parts of experts with no rows wait for nothing: they go first.
   for (int64_t p = 0; p < np; ++p)
     if (part_minibatch(shape, g.parts[p]) < 0) wgrad(p);
@@ -183,10 +185,12 @@ MOK_HD inline void build_task_graph(const LayerShape& shape, PassKind kind, cons
   for (int64_t m = 0; m < nm; ++m) {
     if (m > 0 && ring == 1) comm(TaskKind::combine, m - 1);
     comm(TaskKind::dispatch, m);
-    for (int st = 0; st < num_stages; ++st)
+    for (int st = 0; st < num_stages(kind); ++st) {
+      Stage stage = tile_stage(shape, kind, st);
       for (int64_t t = minibatch_first_tile(shape, m); t < minibatch_end_tile(shape, m, total_rows); ++t)
-        for (int b = 0; b < stages[st].tasks; ++b)
-          g.compute[nk++] = Task{stages[st].kind, static_cast<int16_t>(b), static_cast<int32_t>(t)};
+        for (int b = 0; b < stage.tasks; ++b)
+          g.compute[nk++] = Task{stage.kind, static_cast<int16_t>(b), static_cast<int32_t>(t)};
+    }
     for (; next < np; ++next) {
       int64_t at = part_minibatch(shape, g.parts[next]);
       if (at > m) break;

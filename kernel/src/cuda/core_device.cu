@@ -2,7 +2,7 @@
 // that core/ cannot drift into host-only code. They are not launched by libmok yet (the sm100
 // executor will be); the worker kernel is the host executor's loop with a CTA as the worker.
 #include "core/mxfp8.hpp"
-#include "core/pass.hpp"
+#include "core/pass_worker.hpp"
 #include "core/schedule.hpp"
 
 namespace mok::cuda {
@@ -30,28 +30,28 @@ __global__ void build_schedule(core::LayerShape shape, core::Routing routing, co
 }
 
 // The task graph of a pass, laid out on the device.
-__global__ void build_task_graph(core::LayerShape shape, core::PassKind kind, int64_t total_rows, int tokens,
+__global__ void build_task_graph(core::LayerShape shape, core::PassKind kind, core::Schedule schedule, int tokens,
                                  core::TaskGraph graph, int64_t* counts) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  core::build_task_graph(shape, kind, total_rows, tokens, graph);
+  core::build_task_graph(shape, kind, schedule, tokens, graph);
   counts[0] = graph.num_comm;
   counts[1] = graph.num_compute;
 }
 
-// Workers: the first `comm_ctas` CTAs serve the comm queue, the rest the compute queue, with the
-// same waits, counters and error record as the host executor (one thread per CTA does the work).
-__global__ void run_workers(core::PassView view, int comm_ctas) {
+// The pass: CTA w runs core's whole per-worker body as worker w (the first comm_workers CTAs take the
+// comm queue), with the same waits, counters and error record as the host executor; one thread per CTA
+// does the work, with core's reference GEMM, until the sm100 executor brings its tensor-core tiles.
+__global__ void run_workers(core::PassView view) {
   if (threadIdx.x != 0) return;
-  auto cls = static_cast<int>(blockIdx.x) < comm_ctas ? core::WorkerClass::comm : core::WorkerClass::compute;
-  core::ReferenceTiles tiles{view.scratch + blockIdx.x * view.scratch_floats,
-                             view.chunk + blockIdx.x * view.chunk_values};
-  while (const core::Task* task = core::take_task(view, cls)) {
-    core::Failure f = core::run_task(view, *task, tiles);
-    if (!f.ok()) {
-      core::fail_pass(view, f, task);
-      return;
-    }
-  }
+  int w = static_cast<int>(blockIdx.x);
+  core::ReferenceTiles tiles{view.scratch + w * view.scratch_floats, view.chunk + w * view.chunk_values,
+                             view.sums + w * view.sums_floats};
+  core::run_pass_worker(view, w, tiles);
+}
+
+// The schedule build, CTA w as worker w.
+__global__ void run_schedule_workers(core::PassView view) {
+  if (threadIdx.x == 0) core::run_schedule_worker(view, static_cast<int>(blockIdx.x));
 }
 
 // The group barrier over peer memory (system-scope release/acquire).

@@ -122,8 +122,8 @@ void run_worker(void* job, int worker) {
   if (worker == j.layer->exit_worker) return;  // fault injection: a worker that is gone
   const core::PassView& v = *j.view;
   HostOps ops{v.scratch + static_cast<size_t>(worker) * v.scratch_floats, v.scratch_floats,
-              v.chunk + static_cast<size_t>(worker) * v.chunk_values, v.sums + static_cast<size_t>(worker) * v.sums_floats,
-              worker == 0 ? j.layer->stall_after_tasks : -1};
+              v.chunk + static_cast<size_t>(worker) * v.chunk_values,
+              v.sums + static_cast<size_t>(worker) * v.sums_floats, worker == 0 ? j.layer->stall_after_tasks : -1};
   core::run_pass_worker(*j.view, worker, ops);
 }
 
