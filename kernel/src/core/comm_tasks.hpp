@@ -13,9 +13,10 @@ MOK_HD inline void pull_row(const PassView& v, int64_t j) {
   RowRef ref = v.sched.rows[j];
   int h = v.s.hidden;
   int64_t slot = static_cast<int64_t>(ref.token) * v.s.top_k + ref.k;
-  copy_row(peer_array<const bf16_t>(v, ref.rank, v.peer.x) + static_cast<int64_t>(ref.token) * h, h,
-           ring_row(v, v.ring_x, j, h));
-  if (v.kind != PassKind::backward) return;
+  if (v.kind != PassKind::backward_kept)  // else the forward's x is still in the ring
+    copy_row(peer_array<const bf16_t>(v, ref.rank, v.peer.x) + static_cast<int64_t>(ref.token) * h, h,
+             ring_row(v, v.ring_x, j, h));
+  if (!is_backward(v.kind)) return;
   float weight = peer_array<const float>(v, ref.rank, v.peer.topk_weights)[slot];
   const bf16_t* dout = peer_array<const bf16_t>(v, ref.rank, v.peer.dout) + static_cast<int64_t>(ref.token) * h;
   scaled_row(weight, dout, h, ring_row(v, v.ring_dy, j, h));
@@ -39,7 +40,7 @@ MOK_HD inline Failure run_dispatch(const PassView& v, int64_t m) {
   int64_t ring = ring_minibatches(v.s);
   if (m >= ring) {
     Failure f = wait_local(v, &v.c.freed[m - ring], 1, WaitId::ring_slot_free);
-    if (f.ok() && v.kind == PassKind::backward)
+    if (f.ok() && is_backward(v.kind))
       f = wait_local(v, &v.c.wdone[m - ring], wgrad_tasks_over(v, m - ring), WaitId::ring_slot_free);
     if (!f.ok()) return f;
   }
@@ -71,7 +72,7 @@ MOK_HD inline Failure run_combine(const PassView& v, int64_t m) {
   Failure f = wait_local(v, &v.c.done[m], tasks, WaitId::minibatch_done);
   if (!f.ok()) return f;
   int h = v.s.hidden;
-  size_t slots = v.kind == PassKind::backward ? v.peer.dx_slots : v.peer.y_slots;
+  size_t slots = is_backward(v.kind) ? v.peer.dx_slots : v.peer.y_slots;
   for (int64_t j = first * v.s.expert_padding; j < end * v.s.expert_padding; ++j) {
     RowRef ref = v.sched.rows[j];
     if (ref.rank < 0) continue;

@@ -33,7 +33,9 @@ MOK_HD inline TileInfo tile_info(const PassView& v, const Task& task, int width)
 // A stage's task starts once the tile's earlier stages are done, and counts itself in when it ends;
 // the tasks of a tile's last stage also count in its minibatch (combine waits for them).
 MOK_HD inline Failure wait_stage(const PassView& v, const TileInfo& t, TaskKind kind) {
-  return wait_local(v, &v.c.stage[t.tile], stage_start(v.s, v.kind, kind), WaitId::tile_stage);
+  uint32_t start = stage_start(v.s, v.kind, kind);
+  if (start == 0) return wait_local(v, &v.c.ready[t.minibatch], 1, WaitId::minibatch_ready);  // the first stage
+  return wait_local(v, &v.c.stage[t.tile], start, WaitId::tile_stage);
 }
 MOK_HD inline void finish_stage(const PassView& v, const TileInfo& t, TaskKind kind) {
   bump(&v.c.stage[t.tile]);
@@ -121,7 +123,7 @@ MOK_HD inline Failure wait_out_rows(const PassView& v, const TileInfo& t) {
 // g, u = x W_gateᵀ, x W_upᵀ over the task's block of I.
 template <class Ops>
 MOK_HD Failure run_gate_up(const PassView& v, const TileInfo& t, Ops& ops) {
-  Failure f = wait_local(v, &v.c.ready[t.minibatch], 1, WaitId::minibatch_ready);
+  Failure f = wait_stage(v, t, TaskKind::gate_up);
   if (!f.ok()) return f;
   int h = v.s.hidden, in = v.s.intermediate;
   Operand x = ring_rows(v, v.ring_x, t.row0, h);
@@ -284,7 +286,7 @@ MOK_HD Failure run_wgrad(const PassView& v, const Task& task, Ops& ops) {
 template <class Ops>
 MOK_HD Failure run_shared(const PassView& v, int64_t chunk, Ops& ops) {
   int h = v.s.hidden, is = v.s.shared_intermediate;
-  bool backward = v.kind == PassKind::backward;
+  bool backward = is_backward(v.kind);
   int64_t first = chunk * v.s.expert_padding;
   int rows = static_cast<int>((first + v.s.expert_padding < v.tokens ? first + v.s.expert_padding : v.tokens) - first);
   bf16_t *g = ops.chunk, *u = g + static_cast<int64_t>(v.s.expert_padding) * is,

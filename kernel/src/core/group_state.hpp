@@ -16,6 +16,7 @@ struct GroupState {
   int64_t total_rows;     // rows this rank receives in the current schedule, padding included
   bool has_schedule;      // a schedule build succeeded and nothing dropped it since
   bool has_context;       // a forward or recompute ran on the current schedule
+  bool ring_kept;         // and the ring still holds every row's x, g and u from it (no backward since)
   bool formed;            // every peer acknowledged this context (the first collective call's wait)
   ErrorRecord error;      // the rank's first failure
   Failure group_failure;  // the latest call's formation or barrier failure, for the executor to word and settle
@@ -31,7 +32,7 @@ MOK_HD inline bool group_aborted(GroupState& g, PeerHeader* own) {
 }
 
 MOK_HD inline CallKind call_of(PassKind kind) {
-  if (kind == PassKind::backward) return CallKind::backward;
+  if (is_backward(kind)) return CallKind::backward;
   return kind == PassKind::recompute ? CallKind::recompute : CallKind::forward;
 }
 
@@ -48,7 +49,7 @@ MOK_HD inline Refusal check_call(GroupState& g, PeerHeader* own, CallKind call) 
 // A failing mokLayerBuildSchedule leaves no schedule and no context: the buffers a caller sized for
 // its token count are never used with an older one.
 MOK_HD inline void drop_schedule(GroupState& g) {
-  g.has_schedule = g.has_context = false;
+  g.has_schedule = g.has_context = g.ring_kept = false;
 }
 
 // Before the group has formed, peers cannot trust this header yet: wait (bounded) until each has

@@ -57,7 +57,7 @@ constexpr int kMaxStageCopies = 2;
 // (backward). Safe to overwrite: the closing barrier of the previous pass ended every peer's reads.
 MOK_HD inline int stage_copies(const PassView& v, StageCopy* out) {
   size_t th = static_cast<size_t>(v.tokens) * v.s.hidden, tk = static_cast<size_t>(v.tokens) * v.s.top_k;
-  if (v.kind != PassKind::backward) {
+  if (!is_backward(v.kind)) {
     out[0] = StageCopy{v.args->x, v.peer.x, th * sizeof(bf16_t)};
     return 1;
   }
@@ -205,7 +205,7 @@ MOK_HD inline void finish_share(const PassView& v, int worker) {
   Share t = share_of(v.tokens, worker, workers_of(v));
   if (v.kind == PassKind::forward)
     for (int64_t i = t.first; i < t.end; ++i) combine_forward_token(v, i, a.topk_weights, a.out);
-  if (v.kind != PassKind::backward) return;
+  if (!is_backward(v.kind)) return;
   for (int64_t i = t.first; i < t.end; ++i) combine_backward_token(v, i, a.dout, a.dx, a.dtopk_weights);
   write_grads(v, worker);
 }
@@ -215,7 +215,7 @@ MOK_HD inline void finish_share(const PassView& v, int worker) {
 // Worker 0's entry: the group's, then the accumulators', then the release.
 MOK_HD inline bool open_pass(const PassView& v) {
   bool go = group_passed(v, WaitId::entry_barrier, call_of(v.kind));
-  if (go && v.kind == PassKind::backward) go = all_passed(v, kZeroed, WaitId::accumulators_zeroed);
+  if (go && is_backward(v.kind)) go = all_passed(v, kZeroed, WaitId::accumulators_zeroed);
   release(v, kStart, go);
   return go;
 }
@@ -230,7 +230,7 @@ MOK_HD inline bool close_pass(const PassView& v, bool go) {
 
 template <class Ops>
 MOK_HD void run_pass_worker(const PassView& v, int worker, Ops& ops) {
-  if (v.kind == PassKind::backward) {
+  if (is_backward(v.kind)) {
     zero_accumulators(v, worker);
     bump(&v.c.sync[kZeroed]);
   }

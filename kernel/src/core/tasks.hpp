@@ -10,7 +10,13 @@
 
 namespace mok::core {
 
-enum class PassKind : int32_t { forward = 0, recompute = 1, backward = 2 };
+// backward_kept: a backward whose ring still holds every row's x, g and u from the forward (or recompute)
+// just before it on this schedule; it neither pulls x again nor recomputes g and u.
+enum class PassKind : int32_t { forward = 0, recompute = 1, backward = 2, backward_kept = 3 };
+
+MOK_HD inline bool is_backward(PassKind kind) {
+  return kind == PassKind::backward || kind == PassKind::backward_kept;
+}
 
 enum class TaskKind : int16_t {
   dispatch,    // comm: pull a minibatch's rows from their home ranks into the ring
@@ -94,13 +100,18 @@ struct Stage {
 };
 
 MOK_HD inline int num_stages(PassKind kind) {
-  return kind == PassKind::backward ? 4 : 3;
+  return is_backward(kind) ? 4 : 3;
+}
+
+// The backward that keeps g and u starts at dgrad_h.
+MOK_HD inline int first_stage(PassKind kind) {
+  return kind == PassKind::backward_kept ? 1 : 0;
 }
 
 // Stage i of a tile, in order, for a pass of `kind`. No table: a device thread keeps it in registers.
 MOK_HD inline Stage tile_stage(const LayerShape& s, PassKind kind, int i) {
   int blocks_i = column_blocks(s.intermediate), blocks_h = column_blocks(s.hidden);
-  if (kind == PassKind::backward) {
+  if (is_backward(kind)) {
     switch (i) {
       case 0: return Stage{TaskKind::gate_up, blocks_i};
       case 1: return Stage{TaskKind::dgrad_h, blocks_i};
@@ -119,7 +130,7 @@ MOK_HD inline Stage tile_stage(const LayerShape& s, PassKind kind, int i) {
 // once all of its stages are.
 MOK_HD inline uint32_t stage_start(const LayerShape& s, PassKind pass, TaskKind kind) {
   uint32_t done = 0;
-  for (int i = 0; i < num_stages(pass) && tile_stage(s, pass, i).kind != kind; ++i)
+  for (int i = first_stage(pass); i < num_stages(pass) && tile_stage(s, pass, i).kind != kind; ++i)
     done += tile_stage(s, pass, i).tasks;
   return done;
 }
@@ -167,7 +178,7 @@ MOK_HD inline void build_task_graph(const LayerShape& shape, PassKind kind, cons
                                     TaskGraph& g) {
   int64_t total_rows = sched.total_rows;
   int64_t nm = num_minibatches(shape, total_rows), ring = ring_minibatches(shape);
-  int64_t nc = 0, nk = 0, np = kind == PassKind::backward ? plan_parts(shape, sched, g.parts) : 0, next = 0;
+  int64_t nc = 0, nk = 0, np = is_backward(kind) ? plan_parts(shape, sched, g.parts) : 0, next = 0;
   auto comm = [&](TaskKind k, int64_t i) { g.comm[nc++] = Task{k, 0, static_cast<int32_t>(i)}; };
   int wgrad_tasks = wgrad_tasks_per_part(shape);
   auto wgrad = [&](int64_t part) {
@@ -185,7 +196,7 @@ MOK_HD inline void build_task_graph(const LayerShape& shape, PassKind kind, cons
   for (int64_t m = 0; m < nm; ++m) {
     if (m > 0 && ring == 1) comm(TaskKind::combine, m - 1);
     comm(TaskKind::dispatch, m);
-    for (int st = 0; st < num_stages(kind); ++st) {
+    for (int st = first_stage(kind); st < num_stages(kind); ++st) {
       Stage stage = tile_stage(shape, kind, st);
       for (int64_t t = minibatch_first_tile(shape, m); t < minibatch_end_tile(shape, m, total_rows); ++t)
         for (int b = 0; b < stage.tasks; ++b)

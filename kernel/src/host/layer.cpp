@@ -205,9 +205,10 @@ mokStatus_t forward(Layer& l, const mokLayerWeights_t& weights, const uint16_t* 
   core::PassView v = view_of(l, kind, &args);
   stage(l, v);
   v.w = weights_in_place(weights);
-  l.group.has_context = false;
+  l.group.has_context = l.group.ring_kept = false;
   if (mokStatus_t s = run(l, v, false, core::call_of(kind), func); s != mokSuccess) return s;
   l.group.has_context = true;
+  l.group.ring_kept = l.group.total_rows <= l.shape.macrobatch;  // no row overwrote another
   return mokSuccess;
 }
 
@@ -229,7 +230,10 @@ mokStatus_t backward(Layer& l, const mokLayerWeights_t& weights, const float* to
   args.dshared_up = grads.dshared_up;
   args.dshared_down = grads.dshared_down;
   args.accumulate = grads.accumulate;
-  core::PassView v = view_of(l, PassKind::backward, &args);
+  // Its forward's x, g and u are read where they are when the ring still holds them; the backward
+  // overwrites g and u, so a second backward of the same context recomputes them.
+  core::PassView v = view_of(l, l.group.ring_kept ? PassKind::backward_kept : PassKind::backward, &args);
+  l.group.ring_kept = false;
   stage(l, v);
   v.w = weights_in_place(weights);
   return run(l, v, false, call, func);
