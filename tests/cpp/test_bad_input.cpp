@@ -89,10 +89,10 @@ void accept_config(Edit edit, int line) {
   mokStatus_t got = mokLayerGetSizes(&c, &sizes);
   CHECK_MSG(got == mokSuccess, "line %d: got %s with '%s'", line, mokGetStatusString(got), mokGetLastError());
   using u128 = unsigned __int128;
-  u128 slots = u128(c.max_tokens) * c.top_k * c.hidden * 2 * 2;                 // y_slots and dx_slots, bf16
+  u128 slots = u128(c.max_tokens) * c.top_k * c.hidden * 2 * 2;                          // y_slots and dx_slots, bf16
   u128 ring = u128(c.macrobatch) * (2 * u128(c.hidden) + 3 * u128(c.intermediate)) * 2;  // bf16 rows
-  CHECK_MSG(sizes.peer_bytes >= slots && sizes.workspace_bytes >= ring, "line %d: peer %zu, workspace %zu",
-            line, sizes.peer_bytes, sizes.workspace_bytes);
+  CHECK_MSG(sizes.peer_bytes >= slots && sizes.workspace_bytes >= ring, "line %d: peer %zu, workspace %zu", line,
+            sizes.peer_bytes, sizes.workspace_bytes);
 }
 #define ACCEPT_CONFIG(edit) accept_config([](mokLayerConfig_t& c) { edit; }, __LINE__)
 
