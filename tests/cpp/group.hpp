@@ -181,6 +181,48 @@ void each_rank(int world, F f) {
 }
 
 // One rank's calls: schedule, forward, (recompute), backward; outputs and status into o[rank].
+// Rank r's bf16 weights as the C ABI takes them (the shared expert's when it has one).
+inline mokLayerWeights_t bf16_weights(const ref::Problem& p, int r) {
+  mokLayerWeights_t w = MOK_LAYER_WEIGHTS_INIT;
+  w.gate = p.gate[r].data();
+  w.up = p.up[r].data();
+  w.down = p.down[r].data();
+  if (p.shared_inter > 0) {
+    w.shared_gate = p.sgate[r].data();
+    w.shared_up = p.sup[r].data();
+    w.shared_down = p.sdown[r].data();
+  }
+  return w;
+}
+
+// The outputs of rank r's backward with bf16 weight gradients, filled with `fill` until the call
+// writes them, and the mokLayerGrads_t that points at them.
+struct Bf16Grads {
+  std::vector<uint16_t> dx, dgate, dup, ddown, dsgate, dsup, dsdown;
+  std::vector<float> dw;
+
+  Bf16Grads(const ref::Problem& p, int r, uint16_t fill = 0, float dw_fill = 0.0f) {
+    size_t th = static_cast<size_t>(p.tokens[r]) * p.hidden, eih = static_cast<size_t>(p.experts) * p.inter * p.hidden;
+    size_t sih = static_cast<size_t>(p.shared_inter) * p.hidden;
+    dx.assign(th, fill);
+    dw.assign(static_cast<size_t>(p.tokens[r]) * p.top_k, dw_fill);
+    for (auto* v : {&dgate, &dup, &ddown}) v->assign(eih, fill);
+    for (auto* v : {&dsgate, &dsup, &dsdown}) v->assign(sih, fill);
+  }
+  mokLayerGrads_t grads() {
+    mokLayerGrads_t g = MOK_LAYER_GRADS_INIT;
+    g.dx = dx.data();
+    g.dtopk_weights = dw.data();
+    g.dgate = dgate.data();
+    g.dup = dup.data();
+    g.ddown = ddown.data();
+    g.dshared_gate = dsgate.data();
+    g.dshared_up = dsup.data();
+    g.dshared_down = dsdown.data();
+    return g;
+  }
+};
+
 inline void run_rank(const ref::Problem& p, const Knobs& k, int r, void* const* bases, void* workspace,
                      size_t workspace_bytes, Outputs& o) {
   auto step = [&](mokStatus_t s) {

@@ -28,28 +28,20 @@ struct Rank {
   const ref::Problem& p;
   int r;
   mokLayer_t layer = nullptr;
-  mokLayerWeights_t w = MOK_LAYER_WEIGHTS_INIT;
+  mokLayerWeights_t w;
   std::vector<int32_t> ids;
-  std::vector<uint16_t> out, dx, dgate, dup, ddown, dsgate, dsup, dsdown;
-  std::vector<float> dw;
+  std::vector<uint16_t> out;
+  Bf16Grads grads;                  // 0xbeef (and -7 for dtopk_weights) until a backward writes them
   mokStatus_t status = mokSuccess;  // of the last call
   std::string detail;
 
-  Rank(const ref::Problem& problem, int rank) : p(problem), r(rank), ids(p.ids[r].begin(), p.ids[r].end()) {
-    w.gate = p.gate[r].data();
-    w.up = p.up[r].data();
-    w.down = p.down[r].data();
-    w.shared_gate = p.sgate[r].data();
-    w.shared_up = p.sup[r].data();
-    w.shared_down = p.sdown[r].data();
-    size_t sih = static_cast<size_t>(p.shared_inter) * p.hidden;
-    for (auto* v : {&dsgate, &dsup, &dsdown}) v->assign(sih, 0xbeef);
-    size_t th = static_cast<size_t>(p.tokens[r]) * p.hidden, eih = static_cast<size_t>(p.experts) * p.inter * p.hidden;
-    out.assign(th, 0xbeef);
-    dx.assign(th, 0xbeef);
-    dw.assign(static_cast<size_t>(p.tokens[r]) * p.top_k, -7.0f);
-    for (auto* v : {&dgate, &dup, &ddown}) v->assign(eih, 0xbeef);
-  }
+  Rank(const ref::Problem& problem, int rank)
+      : p(problem),
+        r(rank),
+        w(bf16_weights(p, r)),
+        ids(p.ids[r].begin(), p.ids[r].end()),
+        out(static_cast<size_t>(p.tokens[r]) * p.hidden, 0xbeef),
+        grads(p, r, 0xbeef, -7.0f) {}
   ~Rank() { mokLayerDestroy(layer); }
 
   mokStatus_t note(mokStatus_t s) {
@@ -70,15 +62,7 @@ struct Rank {
   }
   mokStatus_t recompute() { return note(mokLayerRecompute(layer, &w, p.x[r].data())); }
   mokStatus_t backward() {
-    mokLayerGrads_t g = MOK_LAYER_GRADS_INIT;
-    g.dx = dx.data();
-    g.dtopk_weights = dw.data();
-    g.dgate = dgate.data();
-    g.dup = dup.data();
-    g.ddown = ddown.data();
-    g.dshared_gate = dsgate.data();
-    g.dshared_up = dsup.data();
-    g.dshared_down = dsdown.data();
+    mokLayerGrads_t g = grads.grads();
     return note(mokLayerBackward(layer, &w, p.topk_weights[r].data(), p.dout[r].data(), &g));
   }
   mokLayerError_t error() const {
@@ -322,7 +306,7 @@ TEST(rejected_arguments_reach_every_rank) {
               bad.detail.c_str());
     CHECK_MSG(bad.error().status == c.bad_status, "%s: rank 1's record: %d", c.name, bad.error().status);
     for (uint16_t v : bad.out) CHECK(v == 0xbeef);  // nothing written
-    for (uint16_t v : bad.dx) CHECK(v == 0xbeef);
+    for (uint16_t v : bad.grads.dx) CHECK(v == 0xbeef);
     for (int r : {0, 2}) {
       Rank& peer = *g.ranks[r];
       std::printf("  %s: rank %d: %s\n", c.name, r, first_detail[r].c_str());

@@ -99,28 +99,12 @@ TEST(threads_are_made_once_per_layer) {
   std::set<std::string> created = threads_now();
   CHECK_MSG(created.size() == before.size() + 5, "%zu threads before, %zu after creating a 2 + 3 worker layer",
             before.size(), created.size());
-  mokLayerWeights_t w = MOK_LAYER_WEIGHTS_INIT;
-  w.gate = p.gate[0].data();
-  w.up = p.up[0].data();
-  w.down = p.down[0].data();
-  w.shared_gate = p.sgate[0].data();
-  w.shared_up = p.sup[0].data();
-  w.shared_down = p.sdown[0].data();
+  mokLayerWeights_t w = bf16_weights(p, 0);
   std::vector<int32_t> ids(p.ids[0].begin(), p.ids[0].end());
   int T = p.tokens[0];
-  size_t th = static_cast<size_t>(T) * p.hidden, eih = static_cast<size_t>(p.experts) * p.inter * p.hidden;
-  size_t sih = static_cast<size_t>(p.shared_inter) * p.hidden;
-  std::vector<uint16_t> out(th), dx(th), dgate(eih), dup(eih), ddown(eih), dsgate(sih), dsup(sih), dsdown(sih);
-  std::vector<float> dw(static_cast<size_t>(T) * p.top_k);
-  mokLayerGrads_t g = MOK_LAYER_GRADS_INIT;
-  g.dx = dx.data();
-  g.dtopk_weights = dw.data();
-  g.dgate = dgate.data();
-  g.dup = dup.data();
-  g.ddown = ddown.data();
-  g.dshared_gate = dsgate.data();
-  g.dshared_up = dsup.data();
-  g.dshared_down = dsdown.data();
+  std::vector<uint16_t> out(static_cast<size_t>(T) * p.hidden);
+  Bf16Grads grads(p, 0);
+  mokLayerGrads_t g = grads.grads();
   CHECK(mokLayerBuildSchedule(layer, ids.data(), mokIndexInt32, T) == mokSuccess);
   std::vector<uint16_t> first_out, first_dgate;
   for (int pass = 0; pass < 20; pass += 2) {  // 10 forwards and 10 backwards
@@ -130,9 +114,9 @@ TEST(threads_are_made_once_per_layer) {
     CHECK_MSG(threads_now() == created, "pass %d: the layer's threads changed", pass + 1);
     if (pass == 0) {
       first_out = out;
-      first_dgate = dgate;
+      first_dgate = grads.dgate;
     }
-    CHECK(out == first_out && dgate == first_dgate);  // and every pass computes the same
+    CHECK(out == first_out && grads.dgate == first_dgate);  // and every pass computes the same
   }
   CHECK(mokLayerDestroy(layer) == mokSuccess);
   CHECK_MSG(threads_now() == before, "%zu threads left after destroy, %zu before", threads_now().size(), before.size());
