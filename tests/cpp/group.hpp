@@ -248,8 +248,9 @@ inline void run_rank(const ref::Problem& p, const Knobs& k, int r, void* const* 
   std::vector<int32_t> ids32(p.ids[r].begin(), p.ids[r].end());
   const void* ids = k.int64_ids ? static_cast<const void*>(p.ids[r].data()) : ids32.data();
   MxWeights mx;
-  mokLayerWeights_t w = MOK_LAYER_WEIGHTS_INIT;
+  mokLayerWeights_t w = bf16_weights(p, r);
   if (p.mxfp8) {
+    w.gate = w.up = w.down = nullptr;
     mx.quantise(0, p.gate[r], p.experts, p.inter, H);
     mx.quantise(2, p.up[r], p.experts, p.inter, H);
     mx.quantise(4, p.down[r], p.experts, H, p.inter);
@@ -259,15 +260,6 @@ inline void run_rank(const ref::Problem& p, const Knobs& k, int r, void* const* 
     w.up_colwise = mx.matrix(3);
     w.down_rowwise = mx.matrix(4);
     w.down_colwise = mx.matrix(5);
-  } else {
-    w.gate = p.gate[r].data();
-    w.up = p.up[r].data();
-    w.down = p.down[r].data();
-  }
-  if (p.shared_inter > 0) {
-    w.shared_gate = p.sgate[r].data();
-    w.shared_up = p.sup[r].data();
-    w.shared_down = p.sdown[r].data();
   }
   o.out[r].assign(static_cast<size_t>(T) * H, 0);
   bool ok = step(mokLayerBuildSchedule(layer, ids, k.int64_ids ? mokIndexInt64 : mokIndexInt32, T));
