@@ -227,7 +227,11 @@ typedef struct {
 } mokLayerGrads_t;
 #define MOK_LAYER_GRADS_INIT {sizeof(mokLayerGrads_t), NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL}
 
-/* Collective. dout [num_tokens, H] bf16; needs a forward or recompute since the last schedule. */
+/*
+ * Collective. dout [num_tokens, H] bf16; needs a forward or recompute since the last schedule, given the
+ * same weights as that forward: the backward reads the forward's g and u where the workspace still holds
+ * them (every row fitted in the ring) and recomputes them from these weights otherwise.
+ */
 MOK_API mokStatus_t mokLayerBackward(mokLayer_t layer, const mokLayerWeights_t* weights, const float* topk_weights,
                                      const void* dout, mokLayerGrads_t* grads);
 
