@@ -121,6 +121,50 @@ struct PassView {
   GroupState* group;     // the rank's group state: epochs, formation, a failure of the group to word
 };
 
+// A pass's view of one rank: every address from core's layouts, over the rank's private workspace and
+// every rank's peer buffer (peers[r] starts with rank r's header). The executor adds the call's weights
+// (v.w) and tensors (v.args).
+MOK_HD inline PassView pass_view_at(const LayerShape& s, PassKind kind, char* local, char* const* peers,
+                                    PeerHeader* const* headers, GroupState* group, int tokens, int64_t total_rows,
+                                    uint64_t timeout_ns, ErrorRecord* error) {
+  LocalLayout l = local_layout(s);
+  auto at = [local](size_t offset) { return local + offset; };
+  PassView v{};
+  v.s = s;
+  v.kind = kind;
+  v.peer = peer_layout(s);
+  v.peers = peers;
+  v.headers = headers;
+  v.sched =
+      Schedule{reinterpret_cast<int32_t*>(at(l.schedule_experts)), reinterpret_cast<RowRef*>(at(l.rows)), total_rows};
+  v.graph.comm = reinterpret_cast<Task*>(at(l.tasks));
+  v.graph.compute = v.graph.comm + max_minibatches(s) * 2;
+  v.graph.parts = reinterpret_cast<WgradPart*>(at(l.parts));
+  v.c = counters_at(s, reinterpret_cast<uint32_t*>(at(l.counters)));
+  v.ring_x = reinterpret_cast<bf16_t*>(at(l.ring_x));
+  v.ring_dy = reinterpret_cast<bf16_t*>(at(l.ring_dy));
+  v.ring_g = reinterpret_cast<bf16_t*>(at(l.ring_g));
+  v.ring_u = reinterpret_cast<bf16_t*>(at(l.ring_u));
+  v.ring_h = reinterpret_cast<bf16_t*>(at(l.ring_h));
+  v.ring_y = reinterpret_cast<bf16_t*>(at(l.ring_y));
+  float* shared_acc = reinterpret_cast<float*>(at(l.shared_acc));
+  int64_t is_h = static_cast<int64_t>(s.shared_intermediate) * s.hidden;
+  v.acc = Accumulators{shared_acc, shared_acc + is_h, shared_acc + 2 * is_h};
+  v.slots = reinterpret_cast<float*>(at(l.slots));
+  v.shared_out = reinterpret_cast<bf16_t*>(at(l.shared_out));
+  v.scratch = reinterpret_cast<float*>(at(l.scratch));
+  v.scratch_floats = l.scratch_floats;
+  v.chunk = reinterpret_cast<bf16_t*>(at(l.chunk));
+  v.chunk_values = l.chunk_values;
+  v.sums = reinterpret_cast<float*>(at(l.sums));
+  v.sums_floats = l.sums_floats;
+  v.tokens = tokens;
+  v.timeout_ns = timeout_ns;
+  v.error = error;
+  v.group = group;
+  return v;
+}
+
 MOK_HD inline PeerHeader* own_header(const PassView& v) {
   return v.headers[v.s.rank];
 }

@@ -19,11 +19,6 @@ using core::Failure;
 using core::PassKind;
 using core::WaitId;
 
-template <class T>
-T* local_at(const Layer& l, size_t offset) {
-  return reinterpret_cast<T*>(l.local + offset);
-}
-
 // "<rank>:<n>" from the environment variable `name`: n for this rank, -1 otherwise.
 long long fault_from_env(const char* name, int rank) {
   const char* spec = std::getenv(name);
@@ -49,42 +44,12 @@ core::LayerShape fit_workers(core::LayerShape s, int available) {
   return s;
 }
 
+// Core's view of this rank's memory, run by the workers the layer has threads for.
 core::PassView view_of(Layer& l, PassKind kind, const core::PassArgs* args) {
-  const core::LocalLayout& ll = l.local_layout;
-  core::PassView v{};
+  core::PassView v = core::pass_view_at(l.shape, kind, l.local, l.memory.bases(), l.headers, &l.group, l.group.tokens,
+                                        l.group.total_rows, l.timeout_ns, &l.group.error);
   v.s = fit_workers(l.shape, l.pool.workers());
-  v.kind = kind;
-  v.peer = l.peer;
-  v.peers = l.memory.bases();
-  v.headers = l.headers;
-  v.sched =
-      core::Schedule{local_at<int32_t>(l, ll.schedule_experts), local_at<core::RowRef>(l, ll.rows), l.group.total_rows};
-  v.graph.comm = local_at<core::Task>(l, ll.tasks);
-  v.graph.compute = v.graph.comm + core::max_minibatches(l.shape) * 2;
-  v.c = core::counters_at(l.shape, local_at<uint32_t>(l, ll.counters));
-  v.ring_x = local_at<core::bf16_t>(l, ll.ring_x);
-  v.ring_dy = local_at<core::bf16_t>(l, ll.ring_dy);
-  v.ring_g = local_at<core::bf16_t>(l, ll.ring_g);
-  v.ring_u = local_at<core::bf16_t>(l, ll.ring_u);
-  v.ring_h = local_at<core::bf16_t>(l, ll.ring_h);
-  v.ring_y = local_at<core::bf16_t>(l, ll.ring_y);
-  size_t is_h = static_cast<size_t>(l.shape.shared_intermediate) * l.shape.hidden;
-  v.graph.parts = local_at<core::WgradPart>(l, ll.parts);
-  v.acc = {local_at<float>(l, ll.shared_acc), local_at<float>(l, ll.shared_acc) + is_h,
-           local_at<float>(l, ll.shared_acc) + 2 * is_h};
-  v.slots = local_at<float>(l, ll.slots);
-  v.shared_out = local_at<core::bf16_t>(l, ll.shared_out);
-  v.scratch = local_at<float>(l, ll.scratch);
-  v.scratch_floats = ll.scratch_floats;
-  v.chunk = local_at<core::bf16_t>(l, ll.chunk);
-  v.chunk_values = ll.chunk_values;
-  v.sums = local_at<float>(l, ll.sums);
-  v.sums_floats = ll.sums_floats;
-  v.tokens = l.group.tokens;
-  v.timeout_ns = l.timeout_ns;
-  v.error = &l.group.error;
   v.args = args;
-  v.group = &l.group;
   return v;
 }
 
@@ -155,7 +120,6 @@ mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mok
   if (!l) return api::fail(mokOutOfMemory, "mokLayerCreate: out of memory");
   l->shape = shape;
   l->peer = core::peer_layout(shape);
-  l->local_layout = core::local_layout(shape);
   l->local = static_cast<char*>(memory.workspace);
   l->timeout_ns = timeout_ns;
   l->stall_after_tasks = fault_from_env("MOK_HOST_FAULT_STALL", shape.rank);

@@ -15,7 +15,6 @@ namespace mok::host {
 struct Layer {
   core::LayerShape shape;
   core::PeerLayout peer;
-  core::LocalLayout local_layout;
   PeerMemory memory;
   core::PeerHeader* headers[core::kMaxWorld];
   char* local = nullptr;  // the caller's workspace
