@@ -88,4 +88,12 @@ TEST(mxfp8_routed_wider_than_hidden_and_shared_wider) {
   check_shape(40, 104, 72, true);
 }
 
+TEST(several_column_blocks_with_partial_edges) {
+  check_shape(300, 520, 0, false);  // H: 256 + 44, I: 2 x 256 + 8 (kColumnBlock 256): offset and edge blocks
+}
+
+TEST(mxfp8_several_column_blocks_with_partial_edges) {
+  check_shape(280, 536, 24, true);  // partial 32-blocks at the edge blocks of H and I
+}
+
 MOK_TEST_MAIN

@@ -144,6 +144,27 @@ TEST(fewer_threads_than_workers_give_the_same_bits) {
   CHECK(same(full, capped));
 }
 
+// No thread at all (MOK_HOST_FAULT_THREADS=0, as a thread limit reached before the first would be): the
+// calling thread is the pool's only worker (thread_pool.hpp). Each pass still completes with the same
+// bits, or the layer is refused at mokLayerCreate; never a pass that runs out its timeout.
+TEST(no_threads_at_all_still_run_the_pass_or_refuse_the_layer) {
+  std::mt19937_64 rng(seed() + 44);
+  ref::Problem p = make_problem(uneven(2), rng);
+  Outputs full = run_layer(p, workers(1, 2));
+  Knobs k = workers(1, 2);
+  k.timeout_ms = 2000;  // a pass that cannot run fails within this instead of the default minute
+  setenv("MOK_HOST_FAULT_THREADS", "0", 1);
+  Outputs lone = run_layer(p, k);
+  unsetenv("MOK_HOST_FAULT_THREADS");
+  CHECK(all_ok(full));
+  bool refused = true;
+  for (size_t r = 0; r < lone.status.size(); ++r)
+    refused = refused && lone.status[r] != mokSuccess && lone.detail[r].find("mokLayerCreate") != std::string::npos;
+  CHECK_MSG(refused || (all_ok(lone) && same(full, lone)), "rank 0: %s: %s",
+            mokGetStatusString(lone.status.empty() ? mokSuccess : lone.status[0]),
+            lone.detail.empty() ? "" : lone.detail[0].c_str());
+}
+
 // MOK_HOST_FAULT_EXIT="<rank>:<worker>": that worker leaves every pass at once, as a dead thread
 // would. Rank 1 fails with the local wait that missed it, rank 0 with the timeout or abort that
 // follows, within their bounds: worker 0 gone, the others wait three timeouts for its release.

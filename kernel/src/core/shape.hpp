@@ -13,7 +13,7 @@ namespace mok::core {
 constexpr int kMaxWorld = 72;
 constexpr size_t kAlign = 64;
 constexpr size_t kPeerHeaderBytes = 4096;  // room for core::PeerHeader (protocol.hpp)
-constexpr size_t kWgradPartBytes = 20;     // core::WgradPart (tasks.hpp)
+constexpr size_t kWgradPartBytes = 24;     // core::WgradPart (tasks.hpp)
 
 struct LayerShape {
   int world, rank;

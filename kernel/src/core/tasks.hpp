@@ -65,7 +65,7 @@ struct WgradPart {
   int32_t expert;
   int32_t first_tile, end_tile;  // [first, end)
   int32_t number;                // the part's place among its expert's, from 0
-  int16_t slot;                  // -1: the expert has one part
+  int32_t slot;                  // -1: the expert has one part (int32: up to E_local experts have slots)
   int8_t first, last;            // the expert's first / last part
 };
 static_assert(sizeof(WgradPart) == kWgradPartBytes, "shape.hpp sizes the part table with kWgradPartBytes");
@@ -145,13 +145,13 @@ MOK_HD inline Stage last_stage(const LayerShape& s, PassKind pass) {
 // decrease); returns how many. Slots go to the experts with several parts, in expert order.
 MOK_HD inline int64_t plan_parts(const LayerShape& shape, const Schedule& sched, WgradPart* parts) {
   int64_t n = 0, window = ring_minibatches(shape);
-  int16_t slots = 0;
+  int32_t slots = 0;
   for (int e = 0; e < shape.experts_per_rank; ++e) {
     int64_t first = expert_first(sched, e) / shape.expert_padding;
     int64_t end = first + (expert_count(sched, e) + shape.expert_padding - 1) / shape.expert_padding;
     int64_t m0 = tile_minibatch(shape, first);
     int64_t count = end > first ? (tile_minibatch(shape, end - 1) - m0) / window + 1 : 1;
-    int16_t slot = count > 1 ? slots++ : int16_t{-1};
+    int32_t slot = count > 1 ? slots++ : -1;
     for (int64_t k = 0; k < count; ++k) {
       int64_t lo = first, hi = end;  // the tiles whose minibatch lies in window k
       while (lo < end && tile_minibatch(shape, lo) < m0 + k * window) ++lo;

@@ -135,6 +135,12 @@ mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mok
   core::group_shape(shape, group_shape);
   core::reset_header(l->headers[shape.rank], group_shape, random_word(static_cast<uint64_t>(shape.rank)));
   l->pool.start(shape.comm_workers + shape.compute_workers, thread_limit_from_env());
+  // A pass needs a comm and a compute worker at once; without a single thread the calling one is all
+  // there is, and every pass would run out its timeout.
+  if (l->pool.workers() < 2) {
+    delete l;
+    return api::fail(mokSystemError, "mokLayerCreate: could not start a worker thread (pthread_create)");
+  }
   *out = l;
   return mokSuccess;
 }
