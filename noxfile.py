@@ -112,22 +112,24 @@ def fuzz(session: nox.Session) -> None:
     session.run("pytest", "-ra", "-s", "tests/library/test_fuzz.py")
 
 
-@nox.session(python="3.11")
-def demo(session: nox.Session) -> None:
-    """The main job: a real MoE layer forward and backward (host executor without a GPU)."""
+def run_module(session: nox.Session, module: str) -> None:
+    """The mok package built from this tree, then `python -m <module>` with the session's posargs."""
     session.install(*BUILD_DEPS, TORCH, "numpy==2.3.5")
     session.env.update(cuda_env(session))
     session.install("--no-build-isolation", "--no-deps", str(ROOT / "python"))
-    session.run("python", "-m", "mok.demo", *session.posargs)
+    session.run("python", "-m", module, *session.posargs)
+
+
+@nox.session(python="3.11")
+def demo(session: nox.Session) -> None:
+    """The main job: a real MoE layer forward and backward (host executor without a GPU)."""
+    run_module(session, "mok.demo")
 
 
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
     """The layer's forward and backward per CPU backend, side by side (docs/performance.md); posargs go to it."""
-    session.install(*BUILD_DEPS, TORCH, "numpy==2.3.5")
-    session.env.update(cuda_env(session))
-    session.install("--no-build-isolation", "--no-deps", str(ROOT / "python"))
-    session.run("python", "-m", "mok.bench", *session.posargs)
+    run_module(session, "mok.bench")
 
 
 if (ROOT / "tools" / "nox_packaging.py").exists():  # the packaging sessions: conda, nix, repro
