@@ -21,7 +21,7 @@ float load(const void* src, mokDataType_t dtype, int64_t i) {
 // row_stride and col_stride).
 void quantize_view(const void* src, mokDataType_t dtype, int64_t at, int64_t rows, int64_t cols, int64_t row_stride,
                    int64_t col_stride, uint8_t* data, uint8_t* scales) {
-  int64_t blocks = (cols + mok::core::kMxBlock - 1) / mok::core::kMxBlock;
+  int64_t blocks = mok::core::mx_blocks(cols);
   float block[mok::core::kMxBlock];
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < blocks; ++b) {
@@ -73,7 +73,7 @@ extern "C" MOK_API mokStatus_t mokMxfp8Quantize(const void* src, mokDataType_t d
       return fail(mokInvalidArgument, "%s: argument 'src' holds a NaN or Inf at element %lld", func,
                   static_cast<long long>(i));
   }
-  int64_t row_blocks = (cols + 31) / 32, col_blocks = (rows + 31) / 32;
+  int64_t row_blocks = mok::core::mx_blocks(cols), col_blocks = mok::core::mx_blocks(rows);
   for (int64_t b = 0; b < batch; ++b) {
     int64_t at = b * rows * cols;
     if (rowwise_data)

@@ -44,10 +44,6 @@ MOK_HD inline void finish_stage(const PassView& v, const TileInfo& t, TaskKind k
 
 // ---- GEMM operands (core decides every address and orientation; the executor computes) ----------
 
-MOK_HD inline int blocks_of(int n) {
-  return (n + kMxBlock - 1) / kMxBlock;
-}
-
 // Ring rows [row0, row0 + rows) of width `width` as a GEMM's a: K-major along the row, quantised along
 // it in MXFP8 mode.
 MOK_HD inline Operand ring_rows(const PassView& v, bf16_t* ring, int64_t row0, int width) {
@@ -66,8 +62,8 @@ MOK_HD inline Operand weight_rows(const PassView& v, const bf16_t* bf16, const M
                                   int cols) {
   int64_t at = static_cast<int64_t>(e) * rows * cols;
   if (!v.s.mxfp8) return bf16_operand(bf16 + at, cols, 1, false);
-  return e4m3_operand(mx.data + at, cols, mx.scales + static_cast<int64_t>(e) * rows * blocks_of(cols),
-                      blocks_of(cols));
+  return e4m3_operand(mx.data + at, cols, mx.scales + static_cast<int64_t>(e) * rows * mx_blocks(cols),
+                      mx_blocks(cols));
 }
 
 // Expert e's bf16 [cols, rows] weight read transposed (a dgrad's b over the weight's own rows), or the
@@ -76,8 +72,8 @@ MOK_HD inline Operand weight_columns(const PassView& v, const bf16_t* bf16, cons
                                      int cols) {
   int64_t at = static_cast<int64_t>(e) * rows * cols;
   if (!v.s.mxfp8) return bf16_operand(bf16 + at, 1, rows, false);
-  return e4m3_operand(colwise.data + at, cols, colwise.scales + static_cast<int64_t>(e) * rows * blocks_of(cols),
-                      blocks_of(cols));
+  return e4m3_operand(colwise.data + at, cols, colwise.scales + static_cast<int64_t>(e) * rows * mx_blocks(cols),
+                      mx_blocks(cols));
 }
 
 // The operand from its row `first` on: a block of output columns (b) or of output rows (a).
@@ -237,14 +233,7 @@ MOK_HD inline void write_block(const PassView& v, const WgradBlock& b, int exper
   const PassArgs& a = *v.args;
   void* grad = b.matrix == 0 ? a.ddown : (b.matrix == 1 ? a.dgate : a.dup);
   int64_t at = (static_cast<int64_t>(expert) * (b.matrix == 0 ? v.s.hidden : v.s.intermediate) + b.row0) * b.cols;
-  int64_t n = static_cast<int64_t>(b.rows) * b.cols;
-  if (a.accumulate) {
-    float* main = static_cast<float*>(grad) + at;
-    for (int64_t i = 0; i < n; ++i) main[i] = add_rn(main[i], sums[i]);
-  } else {
-    bf16_t* out = static_cast<bf16_t*>(grad) + at;
-    for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(sums[i]);
-  }
+  write_gradient(sums, static_cast<int64_t>(b.rows) * b.cols, a.accumulate != 0, grad, at);
 }
 
 // One block of an expert's weight gradient over one part of its rows, rows in order. The sums start at

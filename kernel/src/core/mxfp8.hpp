@@ -17,6 +17,11 @@ constexpr uint8_t kE8m0Nan = 0xff;
 constexpr uint8_t kE4m3Nan = 0x7f;
 constexpr float kFloatMax = 3.40282347e38f;
 
+// Blocks of 32 along n values (the last may be shorter): the scales of one row quantised along itself.
+MOK_HD inline int64_t mx_blocks(int64_t n) {
+  return (n + kMxBlock - 1) / kMxBlock;
+}
+
 MOK_HD inline float quiet_nan() {
   return bits_float(0x7fc00000u);
 }

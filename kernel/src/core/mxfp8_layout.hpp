@@ -39,9 +39,7 @@ struct MxScaleLayout {
   int64_t rows;
   int64_t k_blocks;  // ceil(depth / 32): a last, shorter block has a scale too
 
-  MOK_HD static MxScaleLayout of(int64_t rows, int64_t depth) {
-    return MxScaleLayout{rows, mx_ceil_div(depth, kMxBlock)};
-  }
+  MOK_HD static MxScaleLayout of(int64_t rows, int64_t depth) { return MxScaleLayout{rows, mx_blocks(depth)}; }
 
   MOK_HD int64_t row_tiles() const { return mx_ceil_div(rows, kMxScaleRowTile); }
   MOK_HD int64_t k_tiles() const { return mx_ceil_div(k_blocks, kMxScaleBlockTile); }

@@ -188,14 +188,7 @@ MOK_HD inline void write_grads(const PassView& v, int worker) {
   GradPart parts[kGradParts];
   for (int p = 0, n = grad_parts(v, parts); p < n; ++p) {
     Share s = share_of(parts[p].n, worker, workers_of(v));
-    const float* acc = parts[p].acc;
-    if (v.args->accumulate) {
-      auto* main = static_cast<float*>(parts[p].dst);
-      for (int64_t i = s.first; i < s.end; ++i) main[i] = add_rn(main[i], acc[i]);
-    } else {
-      auto* out = static_cast<bf16_t*>(parts[p].dst);
-      for (int64_t i = s.first; i < s.end; ++i) out[i] = float_to_bf16(acc[i]);
-    }
+    write_gradient(parts[p].acc + s.first, s.end - s.first, v.args->accumulate != 0, parts[p].dst, s.first);
   }
 }
 

@@ -36,6 +36,18 @@ MOK_HD inline void swiglu_backward_row(const Swiglu& sw, bf16_t* g, bf16_t* u, b
   }
 }
 
+// Weight-gradient sums into the caller's gradient from its element `at` on: bf16, or added into fp32
+// main_grad (each element once, so the sum is main_grad + the whole fp32 sum).
+MOK_HD inline void write_gradient(const float* sums, int64_t n, bool accumulate, void* grad, int64_t at) {
+  if (accumulate) {
+    float* main = static_cast<float*>(grad) + at;
+    for (int64_t i = 0; i < n; ++i) main[i] = add_rn(main[i], sums[i]);
+  } else {
+    bf16_t* out = static_cast<bf16_t*>(grad) + at;
+    for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(sums[i]);
+  }
+}
+
 MOK_HD inline void copy_row(const bf16_t* src, int n, bf16_t* dst) {
   for (int i = 0; i < n; ++i) dst[i] = src[i];
 }
