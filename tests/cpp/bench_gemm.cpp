@@ -63,12 +63,12 @@ void make_inputs(Inputs& in, const Shape& s, std::mt19937_64& rng) {
   g.parts[0].b = s.b_mn ? mok::core::bf16_operand(in.b.data(), 1, s.cols, false)
                         : mok::core::bf16_operand(in.b.data(), s.depth, 1, false);
   if (s.mxfp8) {
-    int blocks = (s.depth + mok::core::kMxBlock - 1) / mok::core::kMxBlock;
+    mok::core::MxScaleLayout layout = mok::core::MxScaleLayout::of(s.cols, s.depth);
     in.codes.resize(in.b.size());
-    in.scales.resize(static_cast<size_t>(s.cols) * blocks);
+    in.scales.resize(static_cast<size_t>(layout.matrix_bytes()));
     for (auto& q : in.codes) q = static_cast<uint8_t>(rng() % 0x7f) | static_cast<uint8_t>(rng() % 2 ? 0x80 : 0);
     for (auto& e : in.scales) e = static_cast<uint8_t>(120 + rng() % 8);
-    g.parts[0].b = mok::core::e4m3_operand(in.codes.data(), s.depth, in.scales.data(), blocks);
+    g.parts[0].b = mok::core::e4m3_operand(in.codes.data(), s.depth, in.scales.data(), layout);
   }
   g.c_stride = s.cols;
   g.epilogue = s.accumulate ? mok::core::Epilogue::accumulate_f32 : mok::core::Epilogue::store_bf16;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "check.hpp"
+#include "core/mxfp8_layout.hpp"
 #include "mok/mok.h"
 #include "reference.hpp"
 
@@ -164,8 +165,9 @@ struct MxWeights {
     size_t n = static_cast<size_t>(batch) * rows * cols;
     data[slot].resize(n);
     data[slot + 1].resize(n);
-    scales[slot].resize(static_cast<size_t>(batch) * rows * ((cols + 31) / 32));
-    scales[slot + 1].resize(static_cast<size_t>(batch) * cols * ((rows + 31) / 32));
+    // The scales in the SM100 layout, each matrix matrix_bytes() long (rows padded to 128, blocks to 4).
+    scales[slot].resize(static_cast<size_t>(mok::core::MxScaleLayout::of(rows, cols).batch_bytes(batch)));
+    scales[slot + 1].resize(static_cast<size_t>(mok::core::MxScaleLayout::of(cols, rows).batch_bytes(batch)));
     mokStatus_t s = mokMxfp8Quantize(w.data(), mokDataBF16, batch, rows, cols, data[slot].data(), scales[slot].data(),
                                      data[slot + 1].data(), scales[slot + 1].data());
     CHECK_MSG(s == mokSuccess, "%s", mokGetLastError());

@@ -412,7 +412,7 @@ TEST(quantize_rules) {
   std::uniform_real_distribution<float> value(-30.0f, 30.0f);
   float v[64];
   for (float& x : v) x = value(rng);
-  uint8_t d[64], sc[2], dc[64], scc[2];
+  uint8_t d[64], sc[512], dc[64], scc[512];  // [2, 32]: one 128 x 4 scale tile each way
   std::memset(d, 0x5a, sizeof(d));
   EXPECT(mokMxfp8Quantize(nullptr, mokDataFloat32, 1, 2, 32, d, sc, nullptr, nullptr), mokInvalidArgument, "'src'");
   // An out-of-range dtype can only come from C (test_enum_args.c): a C++ cast to it is undefined.
@@ -432,8 +432,9 @@ TEST(quantize_rules) {
   for (uint8_t b : d) CHECK(b == 0x5a);  // nothing written
   v[40] = value(rng);
   CHECK(mokMxfp8Quantize(v, mokDataFloat32, 1, 2, 32, d, sc, nullptr, nullptr) == mokSuccess);
-  uint8_t want[64];  // valid arguments: each row is one block, as core's block quantiser writes it
-  for (int r = 0; r < 2; ++r) CHECK(sc[r] == mok::core::mx_quantize_block(v + 32 * r, 32, 1, want + 32 * r, 1));
+  uint8_t want[64];            // valid arguments: each row is one block, as core's block quantiser writes it
+  for (int r = 0; r < 2; ++r)  // row r's first scale at 16 r in the SM100 layout
+    CHECK(sc[16 * r] == mok::core::mx_quantize_block(v + 32 * r, 32, 1, want + 32 * r, 1));
   CHECK(std::memcmp(d, want, sizeof(want)) == 0);
 }
 

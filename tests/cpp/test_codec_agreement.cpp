@@ -8,6 +8,7 @@
 #include <cfloat>
 
 #include "core/mxfp8.hpp"
+#include "core/mxfp8_layout.hpp"
 #include "group.hpp"
 
 using namespace mok_test;
@@ -80,13 +81,15 @@ std::vector<Floats> edge_rows() {
 
 // decode(mokMxfp8Quantize(v)) along v, blocks of 32 from its start.
 Floats codec_round_trip(const Floats& v) {
-  int n = static_cast<int>(v.size()), nb = (n + 31) / 32;
-  std::vector<uint8_t> data(n), scales(nb);
+  int n = static_cast<int>(v.size());
+  mok::core::MxScaleLayout layout = mok::core::MxScaleLayout::of(1, n);
+  std::vector<uint8_t> data(n), scales(layout.matrix_bytes());
   mokStatus_t s = mokMxfp8Quantize(v.data(), mokDataFloat32, 1, 1, n, data.data(), scales.data(), nullptr, nullptr);
   CHECK_MSG(s == mokSuccess, "%s", mokGetLastError());
   Floats out(n);
   for (int i = 0; i < n; ++i)
-    out[i] = static_cast<float>(std::ldexp(ref::e4m3_value(data[i]), static_cast<int>(scales[i / 32]) - 127));
+    out[i] = static_cast<float>(
+        std::ldexp(ref::e4m3_value(data[i]), static_cast<int>(scales[layout.offset(0, i / 32)]) - 127));
   return out;
 }
 

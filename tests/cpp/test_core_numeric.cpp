@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "core/mxfp8.hpp"
+#include "core/mxfp8_layout.hpp"
 #include "core/numeric.hpp"
 #include "core/schedule.hpp"
 #include "group.hpp"
@@ -83,7 +84,9 @@ void check_quantize(mokDataType_t dtype) {
   for (size_t i = 0; i < v.size(); ++i) bf[i] = ref::bf16_bits(v[i]);
   const void* src = dtype == mokDataBF16 ? static_cast<const void*>(bf.data()) : v.data();
   int rb = (C + 31) / 32, cb = (R + 31) / 32;
-  std::vector<uint8_t> rd(v.size()), rs(B * R * rb), cd(v.size()), cs(B * C * cb);
+  // The scales in the SM100 layout (docs/mxfp8.md), filled with NaN scales that every byte must replace.
+  mok::core::MxScaleLayout rl = mok::core::MxScaleLayout::of(R, C), cl = mok::core::MxScaleLayout::of(C, R);
+  std::vector<uint8_t> rd(v.size()), rs(rl.batch_bytes(B), 0xff), cd(v.size()), cs(cl.batch_bytes(B), 0xff);
   CHECK(mokMxfp8Quantize(src, dtype, B, R, C, rd.data(), rs.data(), cd.data(), cs.data()) == mokSuccess);
   int bad = 0;
   for (int b = 0; b < B; ++b) {
@@ -92,7 +95,7 @@ void check_quantize(mokDataType_t dtype) {
         ref::Vec block;
         for (int c = k * 32; c < std::min(C, k * 32 + 32); ++c) block.push_back(v[(b * R + r) * C + c]);
         ref::MxBlock q = ref::mx_quantize(block);
-        bad += rs[(b * R + r) * rb + k] != q.exponent + 127;
+        bad += rs[rl.offset(b, r, k)] != q.exponent + 127;
         for (size_t i = 0; i < block.size(); ++i) bad += rd[(b * R + r) * C + k * 32 + i] != q.codes[i];
       }
     for (int c = 0; c < C; ++c)
@@ -100,12 +103,21 @@ void check_quantize(mokDataType_t dtype) {
         ref::Vec block;
         for (int r = k * 32; r < std::min(R, k * 32 + 32); ++r) block.push_back(v[(b * R + r) * C + c]);
         ref::MxBlock q = ref::mx_quantize(block);
-        bad += cs[(b * C + c) * cb + k] != q.exponent + 127;
+        bad += cs[cl.offset(b, c, k)] != q.exponent + 127;
         for (size_t i = 0; i < block.size(); ++i) bad += cd[(b * C + c) * R + k * 32 + i] != q.codes[i];
       }
   }
   CHECK_MSG(bad == 0, "%d bytes differ from the reference codec", bad);
-  CHECK(rs[1 * rb] == 0);  // the zero block: e = -127
+  CHECK(rs[rl.offset(0, 1, 0)] == 0);  // the zero block: e = -127
+  // Padding rows (R .. 127) and blocks (rb .. 3) hold the finite 2^0: the matrices fill their bytes exactly.
+  int pad = 0;
+  for (int b = 0; b < B; ++b) {
+    for (int r = 0; r < rl.padded_rows(); ++r)
+      for (int k = 0; k < rl.padded_k_blocks(); ++k) pad += (r >= R || k >= rb) && rs[rl.offset(b, r, k)] != 127;
+    for (int c = 0; c < cl.padded_rows(); ++c)
+      for (int k = 0; k < cl.padded_k_blocks(); ++k) pad += (c >= C || k >= cb) && cs[cl.offset(b, c, k)] != 127;
+  }
+  CHECK_MSG(pad == 0, "%d padding scales are not 127", pad);
 }
 
 TEST(quantize_bf16_bitwise) {

@@ -70,8 +70,6 @@ void make_operand(Stored& s, const Spec& spec, int rows, int depth, const std::v
   int64_t row_stride = spec.mn_major ? 1 : depth + pad;
   int64_t depth_stride = spec.mn_major ? rows + pad : 1;
   size_t size = static_cast<size_t>((rows - 1) * row_stride + (depth - 1) * depth_stride + 1);
-  int blocks = (depth + mok::core::kMxBlock - 1) / mok::core::kMxBlock;
-  int64_t scale_stride = blocks + pad;
   auto at = [&](int i, int k) { return static_cast<size_t>(i * row_stride + k * depth_stride); };
   int special_i = static_cast<int>(rng() % rows), special_k = static_cast<int>(rng() % depth);
   switch (spec.dtype) {
@@ -80,7 +78,7 @@ void make_operand(Stored& s, const Spec& spec, int rows, int depth, const std::v
       for (int i = 0; i < rows; ++i)
         for (int k = 0; k < depth; ++k) s.f32[at(i, k)] = values[static_cast<size_t>(i) * depth + k];
       if (spec.special) s.f32[at(special_i, special_k)] = special_value(rng);
-      s.op = {s.f32.data(), Dtype::f32, row_stride, depth_stride, nullptr, 0, spec.quantize};
+      s.op = {s.f32.data(), Dtype::f32, row_stride, depth_stride, nullptr, {0, 0}, 0, spec.quantize};
       break;
     case Dtype::bf16:
       s.bf16.assign(size, 0);
@@ -90,25 +88,29 @@ void make_operand(Stored& s, const Spec& spec, int rows, int depth, const std::v
       if (spec.special) s.bf16[at(special_i, special_k)] = mok::core::float_to_bf16(special_value(rng));
       s.op = mok::core::bf16_operand(s.bf16.data(), row_stride, depth_stride, spec.quantize);
       break;
-    case Dtype::e4m3:
-      // Codes of the values' sign and random magnitude (every code but NaN); scales 2^±20 per block.
+    case Dtype::e4m3: {
+      // Codes of the values' sign and random magnitude (every code but NaN); scales 2^±20 per block, in the
+      // SM100 layout of a matrix whose rows first_row .. first_row + rows - 1 are the operand (first_row up to
+      // 200: the operand may start inside a 128-row scale tile or in the second one).
+      int first_row = rng() % 2 ? static_cast<int>(rng() % 201) : 0;
+      mok::core::MxScaleLayout layout = mok::core::MxScaleLayout::of(first_row + rows, depth);
       s.codes.assign(size, 0);
-      s.scales.assign(static_cast<size_t>(rows) * scale_stride, 0);
-      for (int i = 0; i < rows; ++i) {
+      s.scales.resize(static_cast<size_t>(layout.matrix_bytes()));
+      for (uint8_t& e : s.scales) e = static_cast<uint8_t>(107 + rng() % 41);
+      for (int i = 0; i < rows; ++i)
         for (int k = 0; k < depth; ++k) {
           uint8_t sign = std::signbit(values[static_cast<size_t>(i) * depth + k]) ? 0x80 : 0;
           s.codes[at(i, k)] = sign | static_cast<uint8_t>(rng() % 0x7f);
         }
-        for (int b = 0; b < blocks; ++b) s.scales[i * scale_stride + b] = static_cast<uint8_t>(107 + rng() % 41);
-      }
       if (spec.special) {
         if (rng() % 2)
           s.codes[at(special_i, special_k)] |= 0x7f;  // e4m3fn's NaN
         else
-          s.scales[special_i * scale_stride + special_k / mok::core::kMxBlock] = mok::core::kE8m0Nan;
+          s.scales[layout.offset(first_row + special_i, special_k / mok::core::kMxBlock)] = mok::core::kE8m0Nan;
       }
-      s.op = {s.codes.data(), Dtype::e4m3, row_stride, depth_stride, s.scales.data(), scale_stride, spec.quantize};
+      s.op = {s.codes.data(), Dtype::e4m3, row_stride, depth_stride, s.scales.data(), layout, first_row, spec.quantize};
       break;
+    }
   }
 }
 

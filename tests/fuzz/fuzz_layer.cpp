@@ -47,6 +47,12 @@ constexpr size_t kMaxBytes = 16u << 20;   // larger valid configs are sized and 
 constexpr int64_t kMaxWeights = 1 << 18;  // elements of one weight tensor worth running
 constexpr uint8_t kCanary = 0xA5;
 
+// Bytes of one [rows, cols] matrix's MXFP8 scales as mok.h documents them: 128-row by 4-block tiles of 512.
+size_t mx_scale_bytes(int64_t rows, int64_t cols) {
+  int64_t k_tiles = ((cols + 31) / 32 + 3) / 4;
+  return static_cast<size_t>((rows + 127) / 128 * k_tiles * 512);
+}
+
 bool verbose() {
   static const bool on = std::getenv("MOK_FUZZ_VERBOSE") != nullptr;
   return on;
@@ -281,7 +287,8 @@ struct Weights {
     eih = E * I * H;
     sih = static_cast<int64_t>(c.shared_intermediate) * H;
     if (c.precision == mokPrecisionMXFP8) {
-      size_t sh = static_cast<size_t>(E * I * ((H + 31) / 32)), si = static_cast<size_t>(E * H * ((I + 31) / 32));
+      // The SM100 layout's bytes per matrix: rows padded to 128, blocks of 32 to 4 (docs/mxfp8.md).
+      size_t sh = static_cast<size_t>(E * mx_scale_bytes(I, H)), si = static_cast<size_t>(E * mx_scale_bytes(H, I));
       mokMxfp8Matrix_t* m[6] = {&w.gate_rowwise, &w.gate_colwise, &w.up_rowwise,
                                 &w.up_colwise,   &w.down_rowwise, &w.down_colwise};
       size_t scales[6] = {sh, si, sh, si, si, sh};  // blocks along H for gate/up rowwise, along I otherwise
@@ -571,9 +578,9 @@ void call_quantize(Bytes& in) {
   int row_mode = shape & 3,
       col_mode = (shape >> 2) & 3;  // 0: data and scales, 1: neither, 2: data only, 3: scales only
   Arg rd = make_arg(n, 1, row_mode == 1 || row_mode == 3, false);
-  Arg rs = make_arg(batch * rows * ((cols + 31) / 32), 1, row_mode == 1 || row_mode == 2, false);
+  Arg rs = make_arg(batch * mx_scale_bytes(rows, cols), 1, row_mode == 1 || row_mode == 2, false);
   Arg cd = make_arg(n, 1, col_mode == 1 || col_mode == 3, false);
-  Arg cs = make_arg(batch * cols * ((rows + 31) / 32), 1, col_mode == 1 || col_mode == 2, false);
+  Arg cs = make_arg(batch * mx_scale_bytes(cols, rows), 1, col_mode == 1 || col_mode == 2, false);
   bool pairs_bad = (!rd.ptr != !rs.ptr) || (!cd.ptr != !cs.ptr) || (!rd.ptr && !cd.ptr);
   bool bad = dtype < 0 || dtype > 1 || !valid_dims || count >= limit || src.bad || pairs_bad || nonfinite;
   mokStatus_t st = checked(

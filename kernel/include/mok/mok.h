@@ -182,7 +182,7 @@ MOK_API mokStatus_t mokLayerBuildSchedule(mokLayer_t layer, const void* topk_ids
 
 typedef struct {
   const uint8_t* data;   /* e4m3fn bytes */
-  const uint8_t* scales; /* e8m0 bytes, one per block of 32 along the stored last dim */
+  const uint8_t* scales; /* e8m0 bytes (blocks of 32 along the stored last dim), as mokMxfp8Quantize lays them out */
 } mokMxfp8Matrix_t;
 
 typedef struct {
@@ -262,11 +262,16 @@ MOK_API mokStatus_t mokLayerAbort(mokLayer_t layer);
 
 /*
  * MXFP8 quantisation (contracts "MXFP8"): src [batch, rows, cols] bf16 or fp32. rowwise: data
- * [batch, rows, cols], scales [batch, rows, ceil(cols/32)]; colwise (blocks along rows, stored
- * transposed): data [batch, cols, rows], scales [batch, cols, ceil(rows/32)]. Either pair may be
- * NULL, not both. dtype: mokDataBF16 or mokDataFloat32; batch, rows, cols >= 1 each and
- * batch * rows * cols <= 2^40 (2^40 itself accepted). A broken rule, or NaN or Inf in src:
- * mokInvalidArgument, nothing written.
+ * [batch, rows, cols] e4m3fn, blocks of 32 along cols; colwise (blocks along rows, stored
+ * transposed): data [batch, cols, rows]. Either pair may be NULL, not both. Scales: e8m0 bytes in the
+ * layout the SM100 block-scaled MMA reads (CUTLASS 4.2's Sm1xxBlockScaledConfig<32>, docs/mxfp8.md
+ * "The device scale-factor layout"): a stored [R, C] matrix (rowwise R = rows, C = cols; colwise
+ * R = cols, C = rows) has the scale of (row r, block b = c / 32) at byte
+ *   ((r / 128) * kt + b / 4) * 512 + (r % 32) * 16 + ((r / 32) % 4) * 4 + b % 4,  kt = ceil(ceil(C/32) / 4),
+ * and takes ceil(R / 128) * kt * 512 bytes, padding rows (to 128) and blocks (to 4) included, which
+ * hold 127 (2^0); matrix l of the batch starts at l times that. dtype: mokDataBF16 or mokDataFloat32;
+ * batch, rows, cols >= 1 each and batch * rows * cols <= 2^40 (2^40 itself accepted). A broken rule,
+ * or NaN or Inf in src: mokInvalidArgument, nothing written.
  */
 MOK_API mokStatus_t mokMxfp8Quantize(const void* src, mokDataType_t dtype, int64_t batch, int64_t rows, int64_t cols,
                                      uint8_t* rowwise_data, uint8_t* rowwise_scales, uint8_t* colwise_data,

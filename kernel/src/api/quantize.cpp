@@ -6,6 +6,7 @@
 #include "api/layer_checks.hpp"
 #include "api/limits.hpp"
 #include "core/mxfp8.hpp"
+#include "core/mxfp8_layout.hpp"
 #include "core/numeric.hpp"
 
 using mok::api::fail;
@@ -18,18 +19,23 @@ float load(const void* src, mokDataType_t dtype, int64_t i) {
 }
 
 // Blocks of 32 along the last dim of a [rows, cols] view of src (element offset `at`, strides
-// row_stride and col_stride).
+// row_stride and col_stride): codes [rows, cols] into data, and every byte of the view's scales in the
+// SM100 layout (core/mxfp8_layout.hpp) into scales, padding as mx_quantize_rows writes it.
 void quantize_view(const void* src, mokDataType_t dtype, int64_t at, int64_t rows, int64_t cols, int64_t row_stride,
                    int64_t col_stride, uint8_t* data, uint8_t* scales) {
-  int64_t blocks = mok::core::mx_blocks(cols);
+  mok::core::MxScaleLayout layout = mok::core::MxScaleLayout::of(rows, cols);
   float block[mok::core::kMxBlock];
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t b = 0; b < blocks; ++b) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < layout.k_blocks; ++b) {
       int64_t c0 = b * mok::core::kMxBlock;
       int n = static_cast<int>(cols - c0 < mok::core::kMxBlock ? cols - c0 : mok::core::kMxBlock);
       for (int i = 0; i < n; ++i) block[i] = load(src, dtype, at + r * row_stride + (c0 + i) * col_stride);
-      scales[r * blocks + b] = mok::core::mx_quantize_block(block, n, 1, data + r * cols + c0, 1);
+      scales[layout.offset(r, b)] = mok::core::mx_quantize_block(block, n, 1, data + r * cols + c0, 1);
     }
+    for (int64_t b = layout.k_blocks; b < layout.padded_k_blocks(); ++b)
+      scales[layout.offset(r, b)] = mok::core::kMxPadScale;
+  }
+  mok::core::mx_fill_pad_rows(layout, scales);
 }
 
 // Each dimension >= 1, and their product at most limits::kMaxQuantizeElements (computed without overflow).
@@ -73,13 +79,15 @@ extern "C" MOK_API mokStatus_t mokMxfp8Quantize(const void* src, mokDataType_t d
       return fail(mokInvalidArgument, "%s: argument 'src' holds a NaN or Inf at element %lld", func,
                   static_cast<long long>(i));
   }
-  int64_t row_blocks = mok::core::mx_blocks(cols), col_blocks = mok::core::mx_blocks(rows);
+  // Each matrix's scales fill its layout's matrix_bytes(), one matrix after the other.
+  int64_t row_bytes = mok::core::MxScaleLayout::of(rows, cols).matrix_bytes();
+  int64_t col_bytes = mok::core::MxScaleLayout::of(cols, rows).matrix_bytes();
   for (int64_t b = 0; b < batch; ++b) {
     int64_t at = b * rows * cols;
     if (rowwise_data)
-      quantize_view(src, checked, at, rows, cols, cols, 1, rowwise_data + at, rowwise_scales + b * rows * row_blocks);
+      quantize_view(src, checked, at, rows, cols, cols, 1, rowwise_data + at, rowwise_scales + b * row_bytes);
     if (colwise_data)
-      quantize_view(src, checked, at, cols, rows, 1, cols, colwise_data + at, colwise_scales + b * cols * col_blocks);
+      quantize_view(src, checked, at, cols, rows, 1, cols, colwise_data + at, colwise_scales + b * col_bytes);
   }
   return mokSuccess;
 }

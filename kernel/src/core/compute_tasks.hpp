@@ -57,30 +57,32 @@ MOK_HD inline Operand ring_columns(const PassView& v, bf16_t* ring, int64_t row0
 }
 
 // Expert e's [rows, cols] weight (rows the GEMM's output columns, cols its depth): bf16 in place, or
-// its MXFP8 form whose blocks run along cols.
+// its MXFP8 form whose blocks run along cols: the batch's e4m3 codes [E, rows, cols] and, per expert, its
+// scales in the SM100 layout of a [rows, cols] matrix, matrix_bytes() apart (mxfp8_layout.hpp).
 MOK_HD inline Operand weight_rows(const PassView& v, const bf16_t* bf16, const MxWeight& mx, int e, int rows,
                                   int cols) {
   int64_t at = static_cast<int64_t>(e) * rows * cols;
   if (!v.s.mxfp8) return bf16_operand(bf16 + at, cols, 1, false);
-  return e4m3_operand(mx.data + at, cols, mx.scales + static_cast<int64_t>(e) * rows * mx_blocks(cols),
-                      mx_blocks(cols));
+  MxScaleLayout layout = MxScaleLayout::of(rows, cols);
+  return e4m3_operand(mx.data + at, cols, mx.scales + e * layout.matrix_bytes(), layout);
 }
 
 // Expert e's bf16 [cols, rows] weight read transposed (a dgrad's b over the weight's own rows), or the
-// MXFP8 colwise form, which stores that transpose as [rows, cols] with blocks along cols.
+// MXFP8 colwise form, which stores that transpose as [rows, cols] with blocks along cols (laid out as above).
 MOK_HD inline Operand weight_columns(const PassView& v, const bf16_t* bf16, const MxWeight& colwise, int e, int rows,
                                      int cols) {
   int64_t at = static_cast<int64_t>(e) * rows * cols;
   if (!v.s.mxfp8) return bf16_operand(bf16 + at, 1, rows, false);
-  return e4m3_operand(colwise.data + at, cols, colwise.scales + static_cast<int64_t>(e) * rows * mx_blocks(cols),
-                      mx_blocks(cols));
+  MxScaleLayout layout = MxScaleLayout::of(rows, cols);
+  return e4m3_operand(colwise.data + at, cols, colwise.scales + e * layout.matrix_bytes(), layout);
 }
 
-// The operand from its row `first` on: a block of output columns (b) or of output rows (a).
+// The operand from its row `first` on: a block of output columns (b) or of output rows (a). An e4m3
+// operand keeps its matrix's scales and counts the rows it skips: the layout places rows in tiles of 128.
 MOK_HD inline Operand from_row(Operand o, int64_t first) {
   int size = o.dtype == Dtype::f32 ? 4 : (o.dtype == Dtype::bf16 ? 2 : 1);
   o.data = static_cast<const char*>(o.data) + first * o.row_stride * size;
-  if (o.scales) o.scales += first * o.scale_stride;
+  o.scale_row0 += first;
   return o;
 }
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "core/mxfp8.hpp"
+#include "core/mxfp8_layout.hpp"
 #include "core/numeric.hpp"
 
 namespace mok::core {
@@ -23,9 +24,12 @@ struct Operand {
   const void* data;
   Dtype dtype;
   int64_t row_stride, depth_stride;
-  // e4m3 only: element (i, k)'s e8m0 scale is scales[i * scale_stride + k / 32].
+  // e4m3 only: the e8m0 scales of the [rows, depth] matrix the operand's rows belong to, in the SM100
+  // layout the block-scaled MMA reads (mxfp8_layout.hpp); the operand's row i is the matrix's row
+  // scale_row0 + i, so element (i, k)'s scale is scales[scale_layout.offset(scale_row0 + i, k / 32)].
   const uint8_t* scales;
-  int64_t scale_stride;
+  MxScaleLayout scale_layout;
+  int64_t scale_row0;
   // f32 / bf16 only: the GEMM reads the value's MXFP8 round trip, blocks of 32 along depth from k = 0
   // (the last block may be shorter): an MXFP8 GEMM's activation operand (DESIGN 1.2).
   bool quantize;
@@ -52,12 +56,19 @@ struct Gemm {
 };
 
 MOK_HD inline Operand bf16_operand(const bf16_t* data, int64_t row_stride, int64_t depth_stride, bool quantize) {
-  return Operand{data, Dtype::bf16, row_stride, depth_stride, nullptr, 0, quantize};
+  return Operand{data, Dtype::bf16, row_stride, depth_stride, nullptr, MxScaleLayout{0, 0}, 0, quantize};
 }
 
+// A K-major e4m3 operand: the codes of row i at data + i * row_stride; `scales` is the matrix's whole
+// laid-out scale block (matrix_bytes() of `layout`), whose row 0 is the operand's row 0.
 MOK_HD inline Operand e4m3_operand(const uint8_t* data, int64_t row_stride, const uint8_t* scales,
-                                   int64_t scale_stride) {
-  return Operand{data, Dtype::e4m3, row_stride, 1, scales, scale_stride, false};
+                                   MxScaleLayout layout) {
+  return Operand{data, Dtype::e4m3, row_stride, 1, scales, layout, 0, false};
+}
+
+// e4m3 only: the e8m0 byte of operand row i's k block `block` (32 values of depth).
+MOK_HD inline uint8_t operand_scale(const Operand& o, int64_t i, int64_t block) {
+  return o.scales[o.scale_layout.offset(o.scale_row0 + i, block)];
 }
 
 // The value (i, k) holds as stored, before any quantisation on read.
@@ -67,8 +78,7 @@ MOK_HD inline float stored_value(const Operand& o, int64_t i, int64_t k) {
     case Dtype::f32: return static_cast<const float*>(o.data)[at];
     case Dtype::bf16: return bf16_to_float(static_cast<const bf16_t*>(o.data)[at]);
     case Dtype::e4m3:
-      return e4m3_decode(static_cast<const uint8_t*>(o.data)[at]) *
-             e8m0_decode(o.scales[i * o.scale_stride + k / kMxBlock]);
+      return e4m3_decode(static_cast<const uint8_t*>(o.data)[at]) * e8m0_decode(operand_scale(o, i, k / kMxBlock));
   }
   return 0.0f;
 }

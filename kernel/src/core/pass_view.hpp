@@ -55,8 +55,9 @@ MOK_HD inline Counters counters_at(const LayerShape& s, uint32_t* base) {
   return c;
 }
 
-// MXFP8 weights as the caller stores them (mokMxfp8Matrix_t): e4m3 data and one e8m0 scale per block of
-// 32 along the stored last dim, [E, rows, ceil(cols / 32)].
+// MXFP8 weights as the caller stores them (mokMxfp8Matrix_t): e4m3 data [E, rows, cols] and the e8m0
+// scales of the blocks of 32 along cols, each expert's matrix in the SM100 layout (mxfp8_layout.hpp),
+// MxScaleLayout::of(rows, cols).matrix_bytes() apart.
 struct MxWeight {
   const uint8_t* data;
   const uint8_t* scales;

@@ -167,12 +167,19 @@ void decode_panel(const Operand& o, int row0, int n, int depth, int width, float
       break;
     }
     case Dtype::e4m3: {
+      // A row's scale is found in the SM100 layout once per block of 32 values, then multiplies each code's
+      // value; blocks of 64 k (two scale blocks) keep the panel lines being written in L1.
       const uint8_t* d = static_cast<const uint8_t*>(o.data) + row0 * rs;
-      const uint8_t* s = o.scales + row0 * o.scale_stride;
       const Tables& t = tables();
-      fill_panel(n, depth, width, rs, ds, panel, [&](int r, int k, int64_t at) {
-        return t.e4m3[d[at]] * t.e8m0[s[r * o.scale_stride + k / core::kMxBlock]];
-      });
+      for (int k0 = 0; k0 < depth; k0 += 64)
+        for (int r = 0, k1 = std::min(depth, k0 + 64); r < n; ++r)
+          for (int b0 = k0; b0 < k1; b0 += core::kMxBlock) {
+            float scale = t.e8m0[core::operand_scale(o, row0 + r, b0 / core::kMxBlock)];
+            for (int k = b0, b1 = std::min(k1, b0 + core::kMxBlock); k < b1; ++k)
+              panel[static_cast<int64_t>(k) * width + r] = t.e4m3[d[r * rs + k * ds]] * scale;
+          }
+      for (int k = 0; k < depth; ++k)
+        for (int r = n; r < width; ++r) panel[static_cast<int64_t>(k) * width + r] = 0.0f;
       break;
     }
   }
