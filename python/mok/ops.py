@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from mok import functional
 from mok.experts import RoutedExperts, RoutedExpertsMXFP8, SharedExpert
-from mok.quant import BLOCK, MXFP8Pair, MXFP8Tensor, mxfp8_quantize
+from mok.quant import MXFP8Pair, MXFP8Tensor, mxfp8_quantize, scale_bytes
 
 _PARTS = ("gate", "up", "down")
 
@@ -161,8 +161,8 @@ def quantize(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
 def _(t):
     *batch, m, n = t.shape
     fp8, e8m0 = torch.float8_e4m3fn, torch.uint8
-    return (t.new_empty(*batch, m, n, dtype=fp8), t.new_empty(*batch, m, -(-n // BLOCK), dtype=e8m0),
-            t.new_empty(*batch, n, m, dtype=fp8), t.new_empty(*batch, n, -(-m // BLOCK), dtype=e8m0))
+    return (t.new_empty(*batch, m, n, dtype=fp8), t.new_empty(*batch, scale_bytes(m, n), dtype=e8m0),
+            t.new_empty(*batch, n, m, dtype=fp8), t.new_empty(*batch, scale_bytes(n, m), dtype=e8m0))
 
 
 def quantize_routed(routed: RoutedExperts) -> RoutedExpertsMXFP8:

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from mok.experts import RoutedExperts, RoutedExpertsMXFP8, SharedExpert
+from mok.quant import padding_offsets, scale_bytes
 
 # libmok's limits, mirrored from its C ABI (kernel/src/api/limits.hpp; docs/c-api.md "Config
 # rules") so that Python rejects a value before it reaches libmok, naming what the user passed. Every backend
@@ -264,7 +265,8 @@ def _check_routed(routed, hidden: int, device) -> None:
 
 def _check_mxfp8_forms(routed, device) -> None:
     """Each MXFP8 form's data and scales: on x's device and contiguous (libmok reads them through pointers as
-    the dense arrays mxfp8_quantize writes; a strided copy with the same values would be read wrongly)."""
+    the dense arrays mxfp8_quantize writes; a strided copy with the same values would be read wrongly), and its
+    scales in the SM100 layout with finite padding."""
     for part in ("gate", "up", "down"):
         for form in ("rowwise", "colwise"):
             q = getattr(getattr(routed, part), form)
@@ -273,6 +275,23 @@ def _check_mxfp8_forms(routed, device) -> None:
                 if t.device != device:
                     raise ValueError(f"{name} must be on x's device {device}, got {t.device}")
                 check_layout(t, name)
+            _check_mxfp8_scales(q, f"routed.{part}.{form}.scales")
+
+
+def _check_mxfp8_scales(q, name: str) -> None:
+    """q.scales holds each [R, C] matrix's scales in the SM100 layout: scale_bytes(R, C) bytes per matrix (rows
+    padded to 128, k blocks to 4; MXFP8Tensor checks this when it is made, checked again here because libmok reads
+    that many bytes), and no padding byte is e8m0's NaN 255: a block-scaled MMA reads the padding, and a NaN scale
+    there would make every output it meets NaN (mxfp8_quantize writes 127, 2^0)."""
+    *batch, rows, cols = q.data.shape
+    expected = (*batch, scale_bytes(rows, cols))
+    if tuple(q.scales.shape) != expected:
+        raise ValueError(f"{name} must have shape {expected} (the SM100 scale layout of [{rows}, {cols}] matrices, "
+                         f"docs/mxfp8.md), got {tuple(q.scales.shape)}")
+    pad = padding_offsets(rows, cols).to(q.scales.device)
+    if pad.numel() and bool((q.scales[..., pad] == 255).any()):
+        raise ValueError(f"{name} holds the NaN scale 255 at a padding byte (rows past {rows} or k blocks past "
+                         f"{-(-cols // 32)}); padding scales must be finite (mxfp8_quantize writes 127)")
 
 
 def _check_shared(shared, hidden: int, device) -> None:

@@ -15,6 +15,7 @@ import mok.validate
 from mok import functional
 from mok.experts import RoutedExperts, SharedExpert
 from mok.functional import MainGrads, MoKConfig
+from mok.quant import padding_offsets
 
 T, E, K = 12, 4, 2
 
@@ -220,10 +221,26 @@ def test_mxfp8_forms_layout(seed, entry, backend, part, form, kind):
     args = good()
     routed_mx = args["routed"].to_mxfp8()
     tensor = getattr(getattr(getattr(routed_mx, part), form), kind)
-    args["routed"] = forms_with(routed_mx, part, form, **{kind: non_contiguous_3d(tensor)})
+    strided = tensor.transpose(-1, -2).contiguous().transpose(-1, -2)  # data [E, R, C], scales [E, bytes]
+    args["routed"] = forms_with(routed_mx, part, form, **{kind: strided})
     call = mok.layer.moe if entry == "moe" else functional.forward
     with pytest.raises(ValueError, match=f"routed.{part}.{form}.{kind} must be contiguous"):
         call(*args.values(), backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("part,form", [("gate", "rowwise"), ("down", "colwise")])
+def test_mxfp8_nan_padding_scale(seed, backend, part, form):
+    """A NaN scale (255) in a padding byte of the SM100 layout: a block-scaled MMA reads padding, so it is refused."""
+    args = good()
+    routed_mx = args["routed"].to_mxfp8()
+    q = getattr(getattr(routed_mx, part), form)
+    pad = padding_offsets(*q.data.shape[-2:])
+    scales = q.scales.clone()
+    scales[int(torch.randint(0, scales.shape[0], ())), pad[int(torch.randint(0, len(pad), ()))]] = 255
+    args["routed"] = forms_with(routed_mx, part, form, scales=scales)
+    with pytest.raises(ValueError, match=f"routed.{part}.{form}.scales holds the NaN scale 255 at a padding byte"):
+        functional.forward(*args.values(), backend=backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

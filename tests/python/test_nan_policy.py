@@ -14,7 +14,7 @@ import torch
 from mok import functional
 from mok import reference as ref
 from mok.experts import RoutedExperts, SharedExpert
-from mok.quant import MXFP8Tensor, mxfp8_dequantize, mxfp8_fake_quantize, mxfp8_quantize
+from mok.quant import MXFP8Tensor, mxfp8_dequantize, mxfp8_fake_quantize, mxfp8_quantize, scale_offsets
 
 H, INTER, I_SHARED, E, T, K = 64, 40, 48, 8, 40, 2
 GRADS = ("x", "topk_weights", "gate", "up", "down", "shared_gate", "shared_up", "shared_down")
@@ -91,7 +91,7 @@ def test_dequantized_nan_scale_is_a_nan_block(seed):
     # NaN only where the code is 0), as the core's e8m0_decode does; other blocks are unchanged.
     q = mxfp8_quantize(torch.randn(4, 70), colwise=False).rowwise
     scales = q.scales.clone()
-    scales[2, 1] = 255
+    scales[scale_offsets(4, 70)[2, 1]] = 255  # row 2's second block, in the SM100 layout
     got = mxfp8_dequantize(MXFP8Tensor(q.data, scales, q.transposed))
     bad = torch.zeros(4, 70, dtype=torch.bool)
     bad[2, 32:64] = True

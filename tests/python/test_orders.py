@@ -17,7 +17,7 @@ import torch
 
 from mok import _mok, reference
 from mok.experts import RoutedExperts
-from mok.quant import mxfp8_fake_quantize
+from mok.quant import mxfp8_fake_quantize, scale_bytes, scale_offsets
 
 F32 = np.float32
 
@@ -79,14 +79,14 @@ def along_tokens(t: torch.Tensor) -> torch.Tensor:
     """float64 values of t [R, C] quantised in blocks of 32 rows (libmok's codec, column-wise form [C, R])."""
     t = t.contiguous()
     R, C = t.shape
-    nb = -(-R // 32)
     data = torch.empty(C, R, dtype=torch.uint8)
-    scales = torch.empty(C, nb, dtype=torch.uint8)
-    row_data, row_scales = torch.empty(R, C, dtype=torch.uint8), torch.empty(R, -(-C // 32), dtype=torch.uint8)
+    scales = torch.empty(scale_bytes(C, R), dtype=torch.uint8)  # the SM100 layout of the [C, R] form
+    row_data, row_scales = torch.empty(R, C, dtype=torch.uint8), torch.empty(scale_bytes(R, C), dtype=torch.uint8)
     _mok.mxfp8_quantize(t.data_ptr(), t.dtype == torch.float32, 1, R, C, row_data.data_ptr(), row_scales.data_ptr(),
                         data.data_ptr(), scales.data_ptr())
     values = data.view(torch.float8_e4m3fn).double()
-    scale = torch.pow(2.0, scales.double() - 127).repeat_interleave(32, dim=1)[:, :R]
+    blocks = scales[scale_offsets(C, R)]  # [C, ceil(R/32)]
+    scale = torch.pow(2.0, blocks.double() - 127).repeat_interleave(32, dim=1)[:, :R]
     return (values * scale).t()
 
 

@@ -18,6 +18,7 @@ from mok.quant import (
     encode_e4m3,
     mxfp8_dequantize,
     mxfp8_quantize,
+    scale_offsets,
 )
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -74,7 +75,7 @@ def assert_matches_scalar(source: torch.Tensor, q: MXFP8Tensor):
     q dequantises (in float64) to exactly decode(code) * 2^e."""
     rows = source.float().reshape(-1, source.shape[-1]).tolist()
     codes = q.data.view(torch.uint8).reshape(len(rows), -1).tolist()
-    scales = q.scales.reshape(len(rows), -1).tolist()
+    scales = q.block_scales().reshape(len(rows), -1).tolist()
     values = q.dequantize(torch.float64).reshape(len(rows), -1).tolist()
     for r, row in enumerate(rows):
         want_codes, want_exponents = quantize_row_scalar(row)
@@ -86,6 +87,16 @@ def assert_matches_scalar(source: torch.Tensor, q: MXFP8Tensor):
 
 def pow2(k: int) -> float:
     return math.ldexp(1.0, k)
+
+
+def sm100_bytes(rows: int, cols: int) -> int:
+    """Bytes of a [rows, cols] matrix's scales in the SM100 layout: 128-row x 4-block tiles of 512 bytes."""
+    return math.ceil(rows / 128) * math.ceil(math.ceil(cols / 32) / 4) * 512
+
+
+def sm100_offset(r: int, b: int, k_tiles: int) -> int:
+    """docs/mxfp8.md's formula, written out again (not mok.quant's): the byte of row r's k block b."""
+    return ((r // 128) * k_tiles + b // 4) * 512 + (r % 32) * 16 + ((r // 32) % 4) * 4 + b % 4
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -173,7 +184,7 @@ def test_values_that_round_to_448_and_saturation(seed):
     top = torch.tensor([432.0, 440.0, 447.0, 448.0]) * 2.0**k
     t = torch.cat([top[:, None], torch.rand(4, 31) * 2.0**k], dim=1)
     q = mxfp8_quantize(t, colwise=False).rowwise
-    assert q.scales[:, 0].tolist() == [127 + k] * 4
+    assert q.block_scales()[:, 0].tolist() == [127 + k] * 4
     assert q.data.view(torch.uint8)[:, 0].tolist() == [0x7E] * 4
     saturated = encode_e4m3(torch.tensor([449.0, 480.0, 1e30, math.inf, -math.inf])).view(torch.uint8)
     assert saturated.tolist() == [0x7E, 0x7E, 0x7E, 0x7E, 0xFE]
@@ -181,7 +192,7 @@ def test_values_that_round_to_448_and_saturation(seed):
 
 def test_amax_zero_block_gets_smallest_scale():
     q = mxfp8_quantize(torch.zeros(2, 40, dtype=torch.bfloat16)).rowwise
-    assert q.scales.tolist() == [[0, 0], [0, 0]]  # e = -127
+    assert q.block_scales().tolist() == [[0, 0], [0, 0]]  # e = -127
     assert q.dequantize().abs().sum() == 0
 
 
@@ -203,11 +214,10 @@ def test_random_tensors_match_scalar_in_both_orientations(seed, shape, dtype):
     t = random_source(shape, dtype)
     pair = mxfp8_quantize(t)
     m, n = shape[-2:]
-    blocks = lambda c: -(-c // 32)
     assert pair.rowwise.data.shape == shape and not pair.rowwise.transposed
-    assert pair.rowwise.scales.shape == (*shape[:-1], blocks(n))
+    assert pair.rowwise.scales.shape == (*shape[:-2], sm100_bytes(m, n))
     assert pair.colwise.data.shape == (*shape[:-2], n, m) and pair.colwise.transposed
-    assert pair.colwise.scales.shape == (*shape[:-2], n, blocks(m))
+    assert pair.colwise.scales.shape == (*shape[:-2], sm100_bytes(n, m))
     assert pair.colwise.data.is_contiguous()
     assert_matches_scalar(t, pair.rowwise)
     assert_matches_scalar(t.transpose(-1, -2), pair.colwise)
@@ -227,7 +237,7 @@ def test_dequantize_is_exact_decode_times_scale(seed):
     for q in mxfp8_quantize(t):
         got = mxfp8_dequantize(q, torch.float64).reshape(q.data.shape[0], -1).tolist()
         codes = q.data.view(torch.uint8).tolist()
-        scales = q.scales.tolist()
+        scales = q.block_scales().tolist()
         for r, row in enumerate(codes):
             want = [float(decode_e4m3(c) * Fraction(2) ** (scales[r][j // 32] - 127)) for j, c in enumerate(row)]
             assert got[r] == want
@@ -247,7 +257,7 @@ def test_round_trip_is_exact_for_representable_blocks(seed):
 def test_round_trip_error_is_at_most_half_an_ulp(seed):
     t = random_source((8, 96), torch.float32)
     q = mxfp8_quantize(t, colwise=False).rowwise
-    s = torch.exp2(q.scales.float() - 127).repeat_interleave(32, dim=1)
+    s = torch.exp2(q.block_scales().float() - 127).repeat_interleave(32, dim=1)
     # Normal e4m3 range: half an ulp is 2^-4 of the value; subnormal range: half of 2^-9, times the scale.
     bound = torch.maximum(t.abs() * 2.0**-4, s * 2.0**-10)
     assert ((q.dequantize() - t).abs() <= bound).all()
@@ -263,8 +273,9 @@ def test_largest_bf16_dequantizes_exactly_in_float64():
 
 def test_empty_rows_quantize_to_empty_forms():
     pair = mxfp8_quantize(torch.zeros(0, 64, dtype=torch.bfloat16))
-    assert pair.rowwise.data.shape == (0, 64) and pair.rowwise.scales.shape == (0, 2)
-    assert pair.colwise.data.shape == (64, 0) and pair.colwise.scales.shape == (64, 0)
+    assert pair.rowwise.data.shape == (0, 64) and pair.rowwise.scales.shape == (0,)  # no row tile
+    assert pair.colwise.data.shape == (64, 0) and pair.colwise.scales.shape == (0,)  # no k block
+    assert pair.rowwise.block_scales().shape == (0, 2) and pair.colwise.block_scales().shape == (64, 0)
 
 
 def test_batched_form_indexes_per_expert(seed):
@@ -304,7 +315,56 @@ def test_bad_arguments_raise_clear_errors():
     q = mxfp8_quantize(torch.ones(4, 4), colwise=False).rowwise
     with pytest.raises(TypeError, match="dtype must be torch.float32 or torch.float64"):
         q.dequantize(torch.bfloat16)
-    with pytest.raises(ValueError, match=r"scales must have shape \(4, 1\)"):
+    with pytest.raises(ValueError, match=r"scales must have shape \(512,\) .* SM100 block-scaled layout"):
         MXFP8Tensor(q.data, torch.zeros(4, 2, dtype=torch.uint8), False)
     with pytest.raises(TypeError, match="scales must be torch.uint8"):
         MXFP8Tensor(q.data, q.scales.int(), False)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The SM100 scale layout
+
+
+@pytest.mark.parametrize("shape", [(2, 300, 200), (1, 128, 256), (3, 40, 33)])
+def test_scales_sit_in_the_sm100_layout_with_finite_padding(seed, shape):
+    # Per-row and per-block scales spanning 2^+-40 give every (row, block) its own scale byte, so a scale read
+    # from the wrong byte (strides swapped, row-major indexing, a tile counted along the wrong dim) differs.
+    t = random_source(shape, torch.float32) * torch.exp2(torch.randint(-40, 40, (shape[-2], 1)).float())
+    for q, source in zip(mxfp8_quantize(t), (t, t.transpose(-1, -2)), strict=True):
+        batch, rows, cols = q.data.shape
+        nb, size = -(-cols // 32), sm100_bytes(rows, cols)
+        k_tiles = -(-nb // 4)
+        assert q.scales.shape == (batch, size)
+        flat = q.scales.tolist()
+        for e in range(batch):
+            want = {}
+            for r, row in enumerate(source[e].tolist()):
+                for b, exponent in enumerate(quantize_row_scalar(row)[1]):
+                    want[sm100_offset(r, b, k_tiles)] = exponent + 127
+            assert len(want) == rows * nb  # the formula is one to one
+            got = {i: flat[e][i] for i in want}
+            assert got == want, f"expert {e}: scales out of place"
+            padding = [flat[e][i] for i in range(size) if i not in want]
+            assert padding == [127] * (size - rows * nb), "padding scales must be 2^0"
+        # scale_offsets agrees with the formula, and block_scales reads the layout back.
+        offsets = [[sm100_offset(r, b, k_tiles) for b in range(nb)] for r in range(rows)]
+        assert scale_offsets(rows, cols).tolist() == offsets
+        assert torch.equal(q.block_scales(), q.scales[:, torch.tensor(offsets)])
+
+
+def test_hand_computed_offsets():
+    # [300, 200]: 3 row tiles, 7 k blocks in 2 k tiles. (130, 5): tile 1 * 2 + 1 = 3, row 130 = 4 * 32 + 2.
+    assert scale_offsets(300, 200)[130, 5].item() == 3 * 512 + 2 * 16 + 0 * 4 + 1
+    assert scale_offsets(300, 200)[95, 2].item() == 0 * 512 + 31 * 16 + 2 * 4 + 2
+    assert sm100_bytes(300, 200) == 3 * 2 * 512
+
+
+def test_row_major_scales_are_rejected_saying_which_layout(seed):
+    pair = mxfp8_quantize(random_source((2, 40, 70), torch.bfloat16))
+    q = pair.rowwise
+    old = q.block_scales()  # [2, 40, 3]: the row-major layout mok.quant used to return
+    with pytest.raises(ValueError, match=r"scales must have shape \(2, 512\) .* SM100 block-scaled layout.* "
+                                         r"row-major \[\.\., R, ceil\(C/32\)\] layout, which is not accepted"):
+        MXFP8Tensor(q.data, old, False)
+    with pytest.raises(ValueError, match="SM100 block-scaled layout"):
+        MXFP8Tensor(q.data[0], old[0], False)
