@@ -1,13 +1,15 @@
 // core/mxfp8_layout.hpp without CUTLASS: the scale layout is a bijection of the padded (row, k block)
 // domain onto its bytes, mx_quantize_rows writes exactly core::mx_quantize_block's bytes at those
 // offsets (fp32 and bf16 sources, strided rows, partial blocks and tiles) and a finite scale into every
-// padding byte, and mx_decode inverts it. test_sf_layout_cute holds the offsets against CuTe.
+// padding byte, and mx_decode inverts it; an e4m3 GEMM operand over those bytes (core::Operand, from any
+// first row) reads back the round trip of its rows. test_sf_layout_cute holds the offsets against CuTe.
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "check.hpp"
+#include "core/compute_tasks.hpp"
 #include "core/mxfp8_layout.hpp"
 
 using mok::core::kMxBlock;
@@ -161,6 +163,32 @@ TEST(nan_block_keeps_padding_finite) {
   CHECK(scales[layout.offset(150, 1)] == mok::core::kE8m0Nan);
   CHECK(std::isnan(mok::core::mx_decode(data.data(), s.depth, scales.data(), layout, 150, 33)));
   CHECK(!std::isnan(mok::core::mx_decode(data.data(), s.depth, scales.data(), layout, 150, 64)));
+}
+
+// The GEMM's view of laid-out bytes: e4m3_operand over a [rows, depth] matrix, advanced by from_row to
+// first rows (a block of output columns starts mid-matrix, mid-tile or in a later tile), reads element
+// (i, k) as the MXFP8 round trip of source element (first + i, k). Rows carry scales 2^+-20 apart, so a
+// scale taken from another row's or block's byte changes the value.
+TEST(e4m3_operand_reads_the_layout_from_any_first_row) {
+  std::mt19937_64 rng(mok_test::seed() + 11);
+  for (Shape s : kShapes) {
+    std::vector<float> v = random_rows(s.rows, s.depth, rng);
+    MxScaleLayout layout = MxScaleLayout::of(s.rows, s.depth);
+    std::vector<uint8_t> data(size_t(s.rows) * s.depth), scales(layout.matrix_bytes());
+    mok::core::mx_quantize_rows(v.data(), s.depth, s.rows, s.depth, data.data(), s.depth, scales.data());
+    std::vector<float> trip = v;
+    for (int r = 0; r < s.rows; ++r) mok::core::mx_round_trip_row(trip.data() + size_t(r) * s.depth, s.depth);
+    mok::core::Operand whole = mok::core::e4m3_operand(data.data(), s.depth, scales.data(), layout);
+    long long wrong = 0;
+    for (int first : {0, 1, 31, 33, 127, 130}) {
+      if (first >= s.rows) continue;
+      mok::core::Operand o = mok::core::from_row(whole, first);
+      for (int i = 0; first + i < s.rows; ++i)
+        for (int k = 0; k < s.depth; ++k)
+          wrong += bits(mok::core::stored_value(o, i, k)) != bits(trip[size_t(first + i) * s.depth + k]);
+    }
+    CHECK_MSG(wrong == 0, "rows %d depth %d: %lld operand values differ from the round trip", s.rows, s.depth, wrong);
+  }
 }
 
 }  // namespace
