@@ -2,6 +2,7 @@
 #include "api/build_config.hpp"
 #include "api/c_enum.hpp"
 #include "api/error.hpp"
+#include "api/stamp.hpp"
 
 #if MOK_WITH_CUDA
 #include "cuda/runtime.hpp"
@@ -67,10 +68,10 @@ MOK_API const char* mokCudaArchitectures(void) {
 
 MOK_API mokStatus_t mokGetDeviceInfo(int device, mokDeviceInfo_t* info) {
   mok::api::clear_error();
-  MOK_REQUIRE_OUT(info);
-  if (info->size < sizeof(mokDeviceInfo_t))
-    return fail(mokInvalidArgument,
-                "mokGetDeviceInfo: argument 'info' has size %zu; initialise it with MOK_DEVICE_INFO_INIT", info->size);
+  size_t layout = 0;
+  if (mokStatus_t s = mok::api::check_stamp(info, mok::api::kDeviceInfo, "info", __func__, &layout); s != mokSuccess)
+    return s;
+  // One layout so far (api/stamp.cpp), so the executor fills the caller's struct itself.
 #if MOK_WITH_CUDA
   return mok::cuda::device_info(device, info);
 #else
