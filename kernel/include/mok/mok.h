@@ -63,14 +63,18 @@ MOK_API mokStatus_t mokGetVersion(int* version);
 /* ---- executors and devices --------------------------------------------------------------- */
 typedef enum {
   mokExecutorHost = 0,     /* CPU threads; always compiled */
-  mokExecutorSm100 = 1,    /* Blackwell sm_100a / sm_103a persistent kernel */
+  mokExecutorSm100 = 1,    /* Blackwell sm_100a / sm_103a persistent kernel (later) */
   mokExecutorPortable = 2, /* any sm_80+ GPU (later) */
   mokNumExecutors = 3
 } mokExecutor_t;
 
 /* "host", "sm100", "portable"; NULL for an unknown value. */
 MOK_API const char* mokExecutorName(mokExecutor_t executor);
-/* *compiled = 1 when this libmok carries the executor's code. */
+/*
+ * *compiled = 1 when this libmok can run a layer with `executor` (only mokExecutorHost so far; device
+ * code built in for queries alone does not count). mokExecutorCompiled, mokExecutorSupportsDevice and
+ * mokLayerCreate agree: an executor that is not compiled fails all three with mokNotCompiled.
+ */
 MOK_API mokStatus_t mokExecutorCompiled(mokExecutor_t executor, int* compiled);
 /* The CUDA architectures the device code was compiled for, e.g. "100a;103a"; "" without CUDA. */
 MOK_API const char* mokCudaArchitectures(void);
@@ -96,9 +100,10 @@ typedef struct {
  */
 MOK_API mokStatus_t mokGetDeviceInfo(int device, mokDeviceInfo_t* info);
 /*
- * *supported = 1 when `executor` can run on CUDA device `device` (its code carries an image that
- * the device loads). The host executor supports device -1 (the CPU). Never fails for a missing GPU:
- * *supported = 0 and the status says why (mokNoDevice, mokNotCompiled, mokUnsupported).
+ * *supported = 1 when `executor` can run a layer on CUDA device `device` (it is compiled, see
+ * mokExecutorCompiled, and its code carries an image that the device loads). The host executor
+ * supports device -1 (the CPU) only. Never fails for a missing GPU: *supported = 0 and the status
+ * says why (mokNoDevice, mokNotCompiled, mokUnsupported).
  */
 MOK_API mokStatus_t mokExecutorSupportsDevice(mokExecutor_t executor, int device, int* supported);
 
@@ -148,7 +153,7 @@ typedef struct {
   int comm_workers;         /* host threads moving rows, 1..64 */
   int compute_workers;      /* host threads computing tiles, 1..256 */
   int timeout_ms;           /* 1..86400000 (24 h): every wait on another worker or rank gives up after this */
-  mokExecutor_t executor;   /* mokExecutorHost: the only executor that runs the layer so far */
+  mokExecutor_t executor;   /* mokExecutorHost: the only one compiled so far (others: mokNotCompiled) */
 } mokLayerConfig_t;
 #define MOK_LAYER_CONFIG_INIT   \
   {MOK_STAMP(mokLayerConfig_t), \

@@ -2,6 +2,7 @@
 #include "api/build_config.hpp"
 #include "api/c_enum.hpp"
 #include "api/error.hpp"
+#include "api/executor.hpp"
 #include "api/stamp.hpp"
 
 #if MOK_WITH_CUDA
@@ -11,14 +12,6 @@
 using mok::api::fail;
 
 namespace {
-
-bool executor_compiled(mokExecutor_t executor) {
-  switch (executor) {
-    case mokExecutorHost: return true;
-    case mokExecutorSm100: return MOK_WITH_CUDA != 0;
-    default: return false;
-  }
-}
 
 // The caller's `executor` (by reference: read as an int before any enum-typed load), checked.
 mokStatus_t check_executor(const mokExecutor_t& executor, const char* func) {
@@ -58,7 +51,7 @@ MOK_API mokStatus_t mokExecutorCompiled(mokExecutor_t executor, int* compiled) {
   mok::api::clear_error();
   MOK_REQUIRE_OUT(compiled);
   if (mokStatus_t s = check_executor(executor, __func__); s != mokSuccess) return s;
-  *compiled = executor_compiled(executor) ? 1 : 0;
+  *compiled = mok::api::layer_compiled(executor) ? 1 : 0;
   return mokSuccess;
 }
 
@@ -94,11 +87,9 @@ MOK_API mokStatus_t mokExecutorSupportsDevice(mokExecutor_t executor, int device
     *supported = 1;
     return mokSuccess;
   }
-  if (!executor_compiled(executor))
-    return fail(mokNotCompiled, "mokExecutorSupportsDevice: executor '%s' is not built into this libmok",
-                mokExecutorName(executor));
+  if (!mok::api::layer_compiled(executor)) return mok::api::not_compiled(executor, "executor", __func__);
 #if MOK_WITH_CUDA
-  return mok::cuda::sm100_supports(device, supported);
+  return mok::cuda::sm100_supports(device, supported);  // a GPU executor with a layer: its image must load here
 #else
   return mokInternalError;
 #endif

@@ -7,6 +7,7 @@
 
 #include "api/c_enum.hpp"
 #include "api/error.hpp"
+#include "api/executor.hpp"
 #include "api/limits.hpp"
 #include "api/stamp.hpp"
 #include "core/mxfp8.hpp"
@@ -55,9 +56,8 @@ mokStatus_t check_enums(const mokLayerConfig_t* c, const char* func, mokPrecisio
   if (!enum_in_range(e, mokNumExecutors))
     return invalid(func, "must be mokExecutorHost (0), mokExecutorSm100 (1) or mokExecutorPortable (2)",
                    "config.executor", e);
-  if (e != mokExecutorHost)
-    return fail(mokUnsupported, "%s: argument 'config.executor' (%s): only the host executor runs the layer so far",
-                func, mokExecutorName(static_cast<mokExecutor_t>(e)));
+  if (!layer_compiled(static_cast<mokExecutor_t>(e)))
+    return not_compiled(static_cast<mokExecutor_t>(e), "config.executor", func);
   *precision = static_cast<mokPrecision_t>(p);
   return mokSuccess;
 }
