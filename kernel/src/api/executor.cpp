@@ -6,8 +6,18 @@
 
 namespace mok::api {
 
+CreateLayer layer_factory(mokExecutor_t executor) {
+  switch (executor) {
+    case mokExecutorHost: return create_host_layer;
+    case mokExecutorSm100:  // no GPU executor runs a layer yet
+    case mokExecutorPortable:
+    case mokNumExecutors: break;
+  }
+  return nullptr;
+}
+
 bool layer_compiled(mokExecutor_t executor) {
-  return executor == mokExecutorHost;
+  return layer_factory(executor) != nullptr;
 }
 
 mokStatus_t not_compiled(mokExecutor_t executor, const char* argument, const char* func) {
