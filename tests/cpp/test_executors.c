@@ -113,6 +113,17 @@ int main(void) {
   CHECK(mokExecutorSupportsDevice(mokExecutorHost, -1, &supported) == mokSuccess && supported == 1, "host on -1");
   CHECK(mokExecutorSupportsDevice(mokExecutorHost, 0, &supported) == mokUnsupported && supported == 0,
         "host on device 0");
+  /* Device queries: a failure names the C call first (the CUDA call that failed, if any, comes after it). */
+  {
+    mokDeviceInfo_t info = MOK_DEVICE_INFO_INIT;
+    int devices[] = {0, -5}, i;
+    for (i = 0; i < 2; ++i) {
+      mokStatus_t st = mokGetDeviceInfo(devices[i], &info);
+      printf("mokGetDeviceInfo(%d): %s %s\n", devices[i], mokGetStatusString(st), mokGetLastError());
+      CHECK(st == mokSuccess || strncmp(mokGetLastError(), "mokGetDeviceInfo: ", 18) == 0, "'%s'", mokGetLastError());
+      CHECK(st != mokSuccess || info.device == devices[i], "device %d", info.device);
+    }
+  }
   printf("%d failed checks\n", failures);
   return failures;
 }

@@ -24,6 +24,20 @@ mokStatus_t check_executor(const mokExecutor_t& executor, const char* func) {
   return mokSuccess;
 }
 
+#if MOK_WITH_CUDA
+// A device query's failure (cuda/runtime.hpp) as a status and this thread's detail; `func` is the C call.
+mokStatus_t worded(const mok::cuda::QueryFailure& f, int device, const mokDeviceInfo_t& info, const char* func) {
+  if (f.call)
+    return fail(f.no_device ? mokNoDevice : mokCudaError, "%s: %s: %s (%s)", func, f.call, f.error_text, f.error_name);
+  if (f.bad_device)
+    return fail(mokInvalidArgument, "%s: argument 'device' (%d) must be in [0, %d)", func, device, f.device_count);
+  if (f.no_image)
+    return fail(mokUnsupported, "%s: device %d (%s, sm_%d%d) cannot load libmok's device code built for %s: %s", func,
+                device, info.name, info.cc_major, info.cc_minor, mok::api::kCudaArchitectures, f.error_text);
+  return mokSuccess;
+}
+#endif
+
 }  // namespace
 
 extern "C" {
@@ -66,7 +80,7 @@ MOK_API mokStatus_t mokGetDeviceInfo(int device, mokDeviceInfo_t* info) {
     return s;
   // One layout so far (api/stamp.cpp), so the executor fills the caller's struct itself.
 #if MOK_WITH_CUDA
-  return mok::cuda::device_info(device, info);
+  return worded(mok::cuda::device_info(device, info), device, *info, __func__);
 #else
   (void)device;
   info->device_count = 0;
@@ -89,7 +103,12 @@ MOK_API mokStatus_t mokExecutorSupportsDevice(mokExecutor_t executor, int device
   }
   if (!mok::api::layer_compiled(executor)) return mok::api::not_compiled(executor, "executor", __func__);
 #if MOK_WITH_CUDA
-  return mok::cuda::sm100_supports(device, supported);  // a GPU executor with a layer: its image must load here
+  // A GPU executor with a layer: its image must load on the device.
+  mokDeviceInfo_t info = MOK_DEVICE_INFO_INIT;
+  if (mokStatus_t s = worded(mok::cuda::sm100_supports(device, &info), device, info, __func__); s != mokSuccess)
+    return s;
+  *supported = 1;
+  return mokSuccess;
 #else
   return mokInternalError;
 #endif
