@@ -29,8 +29,8 @@ class Backend:
 
 
 def _gpu_backend(executor: int, name: str) -> Backend:
-    if not _mok.executor_compiled(executor):
-        return Backend(name, False, False, "cuda", "not built into this libmok")
+    if not _mok.executor_compiled(executor):  # libmok runs no layer with it: the reason is libmok's
+        return Backend(name, False, False, "cuda", _mok.executor_supports_device(executor, 0)[1])
     status, detail, info = _mok.device_info(0)
     if status != SUCCESS:
         return Backend(name, True, False, "cuda", f"no GPU: {detail or _mok.status_string(status)}")
@@ -40,12 +40,14 @@ def _gpu_backend(executor: int, name: str) -> Backend:
 
 
 def backends() -> list[Backend]:
-    """Every backend mok knows, in order of preference, with availability on this machine.
+    """Every backend mok knows, in order of preference, with availability on this machine: compiled and available
+    as libmok's mokExecutorCompiled and mokExecutorSupportsDevice say, which is what creating a layer does.
 
     Never raises for a missing GPU or driver: that is reported as `available=False` with the reason.
     """
     gpu = [_gpu_backend(e, _mok.executor_name(e)) for e in range(1, _mok.NUM_EXECUTORS)]
-    host = Backend("host", _mok.executor_compiled(0), _mok.executor_compiled(0), "cpu", "")
+    status, detail, supported = _mok.executor_supports_device(0, -1)
+    host = Backend("host", _mok.executor_compiled(0), supported, "cpu", detail)
     reference = Backend("reference", True, True, "any", "")
     return [*gpu, host, reference]
 

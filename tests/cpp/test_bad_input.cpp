@@ -116,7 +116,7 @@ TEST(config_rules) {
   EXPECT(mokLayerGetSizes(&c, &sizes), mokInvalidArgument, "'config.executor' (9)", "mokExecutorHost (0)");
   c = good_config();
   c.executor = mokExecutorSm100;
-  EXPECT(mokLayerGetSizes(&c, &sizes), mokUnsupported, "config.executor", "sm100");
+  EXPECT(mokLayerGetSizes(&c, &sizes), mokNotCompiled, "argument 'config.executor' (sm100)", "runs no layer");
 }
 
 // The clamp: 0 (no clamp) and every positive value are accepted, the first negative one is not.

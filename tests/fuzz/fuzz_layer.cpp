@@ -521,13 +521,15 @@ void call_error(Rank& r, int rank, const Op& op) {
   int what = op.victim == rank ? op.fault % 3 : -1;
   mokLayerError_t e;
   std::memset(&e, kCanary, sizeof(e));
+  const mokLayerError_t init = MOK_LAYER_ERROR_INIT;
+  e.magic = init.magic, e.version = init.version;
   e.size = what == 0 ? sizeof(e) - 4 : sizeof(e);
   mokStatus_t st =
       checked(mokLayerGetError(what == 1 ? nullptr : r.layer, what == 2 ? nullptr : &e), rank, "mokLayerGetError");
   expect_rejected(st, what >= 0, rank, "mokLayerGetError", "a bad argument");
   if (rejected(st) && what != 2) {
     auto* bytes = reinterpret_cast<const uint8_t*>(&e);
-    for (size_t i = sizeof(e.size); i < sizeof(e); ++i)
+    for (size_t i = offsetof(mokLayerError_t, status); i < sizeof(e); ++i)
       if (bytes[i] != kCanary) finding("mokLayerGetError on rank %d was rejected but wrote 'error'", rank);
   }
   // A record holds what a failed collective call returned: a wait that ran out, an abort, a mismatch across
@@ -615,11 +617,12 @@ std::string shm_prefix() {
 void check_sizes(Rank& r, int rank) {
   mokLayerSizes_t s;
   std::memset(&s, kCanary, sizeof(s));
-  s.size = sizeof(s);
+  const mokLayerSizes_t init = MOK_LAYER_SIZES_INIT;
+  s.size = init.size, s.magic = init.magic, s.version = init.version;
   mokStatus_t st = checked(mokLayerGetSizes(&r.config, &s), rank, "mokLayerGetSizes");
   if (st != mokSuccess) {
     auto* b = reinterpret_cast<const uint8_t*>(&s);
-    for (size_t i = sizeof(s.size); i < sizeof(s); ++i)
+    for (size_t i = offsetof(mokLayerSizes_t, peer_bytes); i < sizeof(s); ++i)
       if (b[i] != kCanary) finding("mokLayerGetSizes on rank %d failed but wrote 'sizes'", rank);
     return;
   }
@@ -653,8 +656,8 @@ void create(Group& g, int rank) {
   if (r.fault == kBadShmName) m.peer_bases = nullptr, m.shm_name = bad_name.c_str();
   if (r.fault == kNoPeers) m.peer_bases = nullptr, m.shm_name = nullptr;
   if (r.fault == kBothPeers) m.peer_bases = g.bases.data(), m.shm_name = g.shm_name.c_str();
-  if (r.fault == kSmallMemory) m.size = sizeof(m) - 8;
-  std::vector<void*> bases = g.bases;  // this rank's view, perhaps with a bad entry
+  if (r.fault == kSmallMemory) m.size = sizeof(m) - 4;  // no layout of mokLayerMemory_t (sizeof - 8 is its first)
+  std::vector<void*> bases = g.bases;                   // this rank's view, perhaps with a bad entry
   bool bad_base = false;
   if (!g.shm && (r.fault == kNullBase || r.fault == kMisalignedBase) && !bases.empty()) {
     int at = (rank + 1) % static_cast<int>(bases.size());

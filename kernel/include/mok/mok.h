@@ -4,8 +4,11 @@
  * Conventions (as in nccl.h):
  *  - every call returns a mokStatus_t; mokGetStatusString() names it and mokGetLastError() gives the
  *    thread-local detail of this thread's last failed call (which argument, which rule);
- *  - option structs start with a `size` field stamped by their MOK_*_INIT macro, so the library can
- *    grow a struct without breaking callers built against an older header;
+ *  - every struct a call reads or fills starts with a stamp (size, magic, version) written by its
+ *    MOK_*_INIT macro, as nccl.h's ncclConfig_t: a caller built against an older mok.h passes its
+ *    smaller struct and gets defaults for the fields it lacks; a struct larger than this libmok
+ *    knows (from a newer mok.h) is rejected with mokInvalidArgument naming the version it came from
+ *    (docs/c-api.md, "Struct compatibility");
  *  - objects are opaque handles.
  */
 #ifndef MOK_H_
@@ -52,23 +55,34 @@ MOK_API const char* mokGetLastError(void);
 /* The version of the loaded library, as MOK_VERSION (compare with the header's MOK_VERSION). */
 MOK_API mokStatus_t mokGetVersion(int* version);
 
+/* ---- struct stamps ------------------------------------------------------------------------ */
+/* Every stamped struct begins with these three fields; its MOK_*_INIT macro starts with MOK_STAMP. */
+#define MOK_STRUCT_MAGIC 0x6d6f6b21u /* "mok!" */
+#define MOK_STAMP(type) sizeof(type), MOK_STRUCT_MAGIC, MOK_VERSION
+
 /* ---- executors and devices --------------------------------------------------------------- */
 typedef enum {
   mokExecutorHost = 0,     /* CPU threads; always compiled */
-  mokExecutorSm100 = 1,    /* Blackwell sm_100a / sm_103a persistent kernel */
+  mokExecutorSm100 = 1,    /* Blackwell sm_100a / sm_103a persistent kernel (later) */
   mokExecutorPortable = 2, /* any sm_80+ GPU (later) */
   mokNumExecutors = 3
 } mokExecutor_t;
 
 /* "host", "sm100", "portable"; NULL for an unknown value. */
 MOK_API const char* mokExecutorName(mokExecutor_t executor);
-/* *compiled = 1 when this libmok carries the executor's code. */
+/*
+ * *compiled = 1 when this libmok can run a layer with `executor` (only mokExecutorHost so far; device
+ * code built in for queries alone does not count). mokExecutorCompiled, mokExecutorSupportsDevice and
+ * mokLayerCreate agree: an executor that is not compiled fails all three with mokNotCompiled.
+ */
 MOK_API mokStatus_t mokExecutorCompiled(mokExecutor_t executor, int* compiled);
 /* The CUDA architectures the device code was compiled for, e.g. "100a;103a"; "" without CUDA. */
 MOK_API const char* mokCudaArchitectures(void);
 
 typedef struct {
   size_t size;            /* sizeof(mokDeviceInfo_t), set by MOK_DEVICE_INFO_INIT */
+  unsigned int magic;     /* MOK_STRUCT_MAGIC */
+  unsigned int version;   /* MOK_VERSION of the mok.h the caller was built with */
   int device_count;       /* visible CUDA devices (0 when there is no GPU or no driver) */
   int device;             /* the device described below, -1 if none */
   int cc_major, cc_minor; /* compute capability */
@@ -78,7 +92,7 @@ typedef struct {
   size_t total_memory; /* bytes */
   char name[256];
 } mokDeviceInfo_t;
-#define MOK_DEVICE_INFO_INIT {sizeof(mokDeviceInfo_t), 0, -1, 0, 0, 0, 0, 0, 0, {0}}
+#define MOK_DEVICE_INFO_INIT {MOK_STAMP(mokDeviceInfo_t), 0, -1, 0, 0, 0, 0, 0, 0, {0}}
 
 /*
  * Describe CUDA device `device`. Without a GPU or driver: mokNoDevice, with device_count 0 and the
@@ -86,9 +100,10 @@ typedef struct {
  */
 MOK_API mokStatus_t mokGetDeviceInfo(int device, mokDeviceInfo_t* info);
 /*
- * *supported = 1 when `executor` can run on CUDA device `device` (its code carries an image that
- * the device loads). The host executor supports device -1 (the CPU). Never fails for a missing GPU:
- * *supported = 0 and the status says why (mokNoDevice, mokNotCompiled, mokUnsupported).
+ * *supported = 1 when `executor` can run a layer on CUDA device `device` (it is compiled, see
+ * mokExecutorCompiled, and its code carries an image that the device loads). The host executor
+ * supports device -1 (the CPU) only. Never fails for a missing GPU: *supported = 0 and the status
+ * says why (mokNoDevice, mokNotCompiled, mokUnsupported).
  */
 MOK_API mokStatus_t mokExecutorSupportsDevice(mokExecutor_t executor, int device, int* supported);
 
@@ -120,6 +135,8 @@ typedef enum { mokDataBF16 = 0, mokDataFloat32 = 1 } mokDataType_t;
  */
 typedef struct {
   size_t size;              /* sizeof(mokLayerConfig_t), set by MOK_LAYER_CONFIG_INIT */
+  unsigned int magic;       /* MOK_STRUCT_MAGIC */
+  unsigned int version;     /* MOK_VERSION of the mok.h the caller was built with */
   int world;                /* ranks in the group, 1..72 */
   int rank;                 /* this rank, 0..world-1 */
   int experts_per_rank;     /* E_local, 1..2^20; global expert e lives on rank e / E_local */
@@ -136,24 +153,44 @@ typedef struct {
   int comm_workers;         /* host threads moving rows, 1..64 */
   int compute_workers;      /* host threads computing tiles, 1..256 */
   int timeout_ms;           /* 1..86400000 (24 h): every wait on another worker or rank gives up after this */
-  mokExecutor_t executor;   /* mokExecutorHost: the only executor that runs the layer so far */
+  mokExecutor_t executor;   /* mokExecutorHost: the only one compiled so far (others: mokNotCompiled) */
 } mokLayerConfig_t;
-#define MOK_LAYER_CONFIG_INIT                                     \
-  {sizeof(mokLayerConfig_t), 1,    0,  0,   0,    0, 0, 0,     0, \
-   mokPrecisionBF16,         0.0f, 32, 256, 1024, 1, 1, 30000, mokExecutorHost}
+#define MOK_LAYER_CONFIG_INIT   \
+  {MOK_STAMP(mokLayerConfig_t), \
+   1,                           \
+   0,                           \
+   0,                           \
+   0,                           \
+   0,                           \
+   0,                           \
+   0,                           \
+   0,                           \
+   mokPrecisionBF16,            \
+   0.0f,                        \
+   32,                          \
+   256,                         \
+   1024,                        \
+   1,                           \
+   1,                           \
+   30000,                       \
+   mokExecutorHost}
 
 typedef struct {
   size_t size;            /* sizeof(mokLayerSizes_t), set by MOK_LAYER_SIZES_INIT */
+  unsigned int magic;     /* MOK_STRUCT_MAGIC */
+  unsigned int version;   /* MOK_VERSION of the mok.h the caller was built with */
   size_t peer_bytes;      /* each rank's peer-visible buffer */
   size_t workspace_bytes; /* this rank's private workspace */
 } mokLayerSizes_t;
-#define MOK_LAYER_SIZES_INIT {sizeof(mokLayerSizes_t), 0, 0}
+#define MOK_LAYER_SIZES_INIT {MOK_STAMP(mokLayerSizes_t), 0, 0}
 
 /* What the caller must allocate for `config`, before anything runs. */
 MOK_API mokStatus_t mokLayerGetSizes(const mokLayerConfig_t* config, mokLayerSizes_t* sizes);
 
 typedef struct {
-  size_t size; /* sizeof(mokLayerMemory_t), set by MOK_LAYER_MEMORY_INIT */
+  size_t size;          /* sizeof(mokLayerMemory_t), set by MOK_LAYER_MEMORY_INIT */
+  unsigned int magic;   /* MOK_STRUCT_MAGIC */
+  unsigned int version; /* MOK_VERSION of the mok.h the caller was built with */
   /* Either: every rank's peer buffer (world pointers, this rank's at [rank]; peer_bytes each,
      64-byte aligned, any contents: an earlier group's buffers may be reused as they are) ... */
   void* const* peer_bases;
@@ -166,8 +203,12 @@ typedef struct {
   const char* shm_name;
   void* workspace; /* private, workspace_bytes, 64-byte aligned; owned by the caller */
   size_t workspace_bytes;
+  /* Added after the first layout (a caller without it gets 0): the bytes of each peer_bases buffer,
+     checked against mokLayerGetSizes' peer_bytes; 0 = not given, not checked. 0 with shm_name
+     (libmok sizes the segments). */
+  size_t peer_bytes;
 } mokLayerMemory_t;
-#define MOK_LAYER_MEMORY_INIT {sizeof(mokLayerMemory_t), NULL, NULL, NULL, 0}
+#define MOK_LAYER_MEMORY_INIT {MOK_STAMP(mokLayerMemory_t), NULL, NULL, NULL, 0, 0}
 
 MOK_API mokStatus_t mokLayerCreate(const mokLayerConfig_t* config, const mokLayerMemory_t* memory, mokLayer_t* layer);
 MOK_API mokStatus_t mokLayerDestroy(mokLayer_t layer);
@@ -187,24 +228,26 @@ typedef struct {
 
 typedef struct {
   size_t size;                  /* sizeof(mokLayerWeights_t), set by MOK_LAYER_WEIGHTS_INIT */
+  unsigned int magic;           /* MOK_STRUCT_MAGIC */
+  unsigned int version;         /* MOK_VERSION of the mok.h the caller was built with */
   const void *gate, *up, *down; /* bf16 [E, I, H], [E, I, H], [E, H, I] (bf16 precision) */
   /* MXFP8 precision: each weight as mokMxfp8Quantize writes it, rowwise and colwise (transposed) */
   mokMxfp8Matrix_t gate_rowwise, gate_colwise, up_rowwise, up_colwise, down_rowwise, down_colwise;
   const void *shared_gate, *shared_up, *shared_down; /* bf16 [I_s, H], [I_s, H], [H, I_s] */
 } mokLayerWeights_t;
-#define MOK_LAYER_WEIGHTS_INIT \
-  {sizeof(mokLayerWeights_t),  \
-   NULL,                       \
-   NULL,                       \
-   NULL,                       \
-   {NULL, NULL},               \
-   {NULL, NULL},               \
-   {NULL, NULL},               \
-   {NULL, NULL},               \
-   {NULL, NULL},               \
-   {NULL, NULL},               \
-   NULL,                       \
-   NULL,                       \
+#define MOK_LAYER_WEIGHTS_INIT   \
+  {MOK_STAMP(mokLayerWeights_t), \
+   NULL,                         \
+   NULL,                         \
+   NULL,                         \
+   {NULL, NULL},                 \
+   {NULL, NULL},                 \
+   {NULL, NULL},                 \
+   {NULL, NULL},                 \
+   {NULL, NULL},                 \
+   {NULL, NULL},                 \
+   NULL,                         \
+   NULL,                         \
    NULL}
 
 /*
@@ -218,6 +261,8 @@ MOK_API mokStatus_t mokLayerRecompute(mokLayer_t layer, const mokLayerWeights_t*
 
 typedef struct {
   size_t size;          /* sizeof(mokLayerGrads_t), set by MOK_LAYER_GRADS_INIT */
+  unsigned int magic;   /* MOK_STRUCT_MAGIC */
+  unsigned int version; /* MOK_VERSION of the mok.h the caller was built with */
   void* dx;             /* bf16 [num_tokens, H] */
   float* dtopk_weights; /* fp32 [num_tokens, K] */
   /* Weight gradients: bf16 outputs, or, with accumulate = 1, fp32 main_grad buffers added into. */
@@ -225,7 +270,7 @@ typedef struct {
   void *dgate, *dup, *ddown;                      /* [E, I, H], [E, I, H], [E, H, I] */
   void *dshared_gate, *dshared_up, *dshared_down; /* [I_s, H], [I_s, H], [H, I_s]; with a shared expert */
 } mokLayerGrads_t;
-#define MOK_LAYER_GRADS_INIT {sizeof(mokLayerGrads_t), NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL}
+#define MOK_LAYER_GRADS_INIT {MOK_STAMP(mokLayerGrads_t), NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL}
 
 /*
  * Collective. dout [num_tokens, H] bf16; needs a forward or recompute since the last schedule, given the
@@ -242,17 +287,19 @@ MOK_API mokStatus_t mokLayerBackward(mokLayer_t layer, const mokLayerWeights_t* 
 MOK_API mokStatus_t mokLayerGetSlots(mokLayer_t layer, void* y_slots);
 
 typedef struct {
-  size_t size;        /* sizeof(mokLayerError_t), set by MOK_LAYER_ERROR_INIT */
-  mokStatus_t status; /* mokSuccess when no pass has failed */
-  int rank;           /* the rank that recorded it (this one) */
-  char task[32];      /* the task that failed ("dispatch", "wgrad", ...), "" outside a task */
-  int task_index;     /* its minibatch, tile or chunk; -1 outside a task */
-  char wait[48];      /* the wait that gave up ("closing barrier", "group formation", ...) */
+  size_t size;          /* sizeof(mokLayerError_t), set by MOK_LAYER_ERROR_INIT */
+  unsigned int magic;   /* MOK_STRUCT_MAGIC */
+  unsigned int version; /* MOK_VERSION of the mok.h the caller was built with */
+  mokStatus_t status;   /* mokSuccess when no pass has failed */
+  int rank;             /* the rank that recorded it (this one) */
+  char task[32];        /* the task that failed ("dispatch", "wgrad", ...), "" outside a task */
+  int task_index;       /* its minibatch, tile or chunk; -1 outside a task */
+  char wait[48];        /* the wait that gave up ("closing barrier", "group formation", ...) */
   /* The message, where there is one: a differing config field or call, a wait's missing rank, or the
      reason the rank that aborted the group gave ("rank 1 rejected its arguments: ..."); "" otherwise. */
   char detail[256];
 } mokLayerError_t;
-#define MOK_LAYER_ERROR_INIT {sizeof(mokLayerError_t), mokSuccess, -1, {0}, -1, {0}, {0}}
+#define MOK_LAYER_ERROR_INIT {MOK_STAMP(mokLayerError_t), mokSuccess, -1, {0}, -1, {0}, {0}}
 
 /* The first failure this rank recorded (readable from any thread, also while a pass runs). */
 MOK_API mokStatus_t mokLayerGetError(mokLayer_t layer, mokLayerError_t* error);

@@ -1,24 +1,31 @@
-// Header-only C++ wrapper over mok.h: exceptions instead of status codes, RAII for handles.
+// Header-only C++ wrapper over mok.h: exceptions (mok::Error) instead of status codes, RAII for the layer context
+// (mok::Layer).
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mok/mok.h"
 
 namespace mok {
 
-// A failed libmok call: the status, its name and libmok's detail message.
+// A failed libmok call: the status, and libmok's detail (mokGetLastError() of the failed call: which argument
+// and rule, or which wait ran out). what() is "<status string>: <detail>".
 class Error : public std::runtime_error {
  public:
   Error(mokStatus_t status, const std::string& detail)
       : std::runtime_error(std::string(mokGetStatusString(status)) + (detail.empty() ? "" : ": " + detail)),
-        status_(status) {}
+        status_(status),
+        detail_(detail) {}
   mokStatus_t status() const noexcept { return status_; }
+  const std::string& detail() const noexcept { return detail_; }
 
  private:
   mokStatus_t status_;
+  std::string detail_;
 };
 
 // Throw mok::Error unless `status` is mokSuccess.
@@ -66,5 +73,75 @@ inline mokDeviceInfo_t device_info(int device = 0) {
   check(mokGetDeviceInfo(device, &info));
   return info;
 }
+
+// The peer-buffer and workspace bytes a layer with `config` needs (mokLayerGetSizes).
+inline mokLayerSizes_t layer_sizes(const mokLayerConfig_t& config) {
+  mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
+  check(mokLayerGetSizes(&config, &sizes));
+  return sizes;
+}
+
+// One rank's layer context: mokLayerCreate in the constructor, mokLayerDestroy in the destructor. Move-only; a
+// moved-from Layer holds no context, and a call on it throws mok::Error (mokInvalidArgument). Every call throws
+// mok::Error with the failed call's status and detail. The collective calls (build_schedule, forward, recompute,
+// backward, and the constructor with memory.shm_name) follow docs/c-api.md: every rank of the group makes them in
+// the same order. bf16 tensors are raw 16-bit words.
+class Layer {
+ public:
+  Layer() noexcept = default;
+  Layer(const mokLayerConfig_t& config, const mokLayerMemory_t& memory) {
+    check(mokLayerCreate(&config, &memory, &layer_));
+  }
+  ~Layer() { reset(); }
+  Layer(Layer&& other) noexcept : layer_(std::exchange(other.layer_, nullptr)) {}
+  Layer& operator=(Layer&& other) noexcept {
+    if (this != &other) {
+      reset();
+      layer_ = std::exchange(other.layer_, nullptr);
+    }
+    return *this;
+  }
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  // Destroys the context now (the Layer is then empty).
+  void reset() noexcept {
+    if (layer_) mokLayerDestroy(layer_);
+    layer_ = nullptr;
+  }
+  mokLayer_t get() const noexcept { return layer_; }
+  explicit operator bool() const noexcept { return layer_ != nullptr; }
+
+  // Collective. topk_ids [num_tokens, top_k].
+  void build_schedule(const int32_t* topk_ids, int num_tokens) {
+    check(mokLayerBuildSchedule(layer_, topk_ids, mokIndexInt32, num_tokens));
+  }
+  void build_schedule(const int64_t* topk_ids, int num_tokens) {
+    check(mokLayerBuildSchedule(layer_, topk_ids, mokIndexInt64, num_tokens));
+  }
+  // Collective. x [T, H] bf16, topk_weights [T, K] -> out [T, H] bf16; keeps the context for backward.
+  void forward(const mokLayerWeights_t& weights, const void* x, const float* topk_weights, void* out) {
+    check(mokLayerForward(layer_, &weights, x, topk_weights, out));
+  }
+  // Collective. Rebuilds the forward's context from x (activation checkpointing).
+  void recompute(const mokLayerWeights_t& weights, const void* x) { check(mokLayerRecompute(layer_, &weights, x)); }
+  // Collective. dout [T, H] bf16 -> grads (dx, dtopk_weights, the weight gradients).
+  void backward(const mokLayerWeights_t& weights, const float* topk_weights, const void* dout, mokLayerGrads_t& grads) {
+    check(mokLayerBackward(layer_, &weights, topk_weights, dout, &grads));
+  }
+  // y_slots [T, K, H] bf16 of the current context.
+  void slots(void* y_slots) { check(mokLayerGetSlots(layer_, y_slots)); }
+  // The first failure this rank recorded (status mokSuccess when none).
+  mokLayerError_t error() const {
+    mokLayerError_t error = MOK_LAYER_ERROR_INIT;
+    check(mokLayerGetError(layer_, &error));
+    return error;
+  }
+  // Every rank's current and later passes wind down with mokPeerAbort (any thread).
+  void abort() { check(mokLayerAbort(layer_)); }
+
+ private:
+  mokLayer_t layer_ = nullptr;
+};
 
 }  // namespace mok

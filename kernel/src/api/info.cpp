@@ -2,6 +2,8 @@
 #include "api/build_config.hpp"
 #include "api/c_enum.hpp"
 #include "api/error.hpp"
+#include "api/executor.hpp"
+#include "api/stamp.hpp"
 
 #if MOK_WITH_CUDA
 #include "cuda/runtime.hpp"
@@ -10,14 +12,6 @@
 using mok::api::fail;
 
 namespace {
-
-bool executor_compiled(mokExecutor_t executor) {
-  switch (executor) {
-    case mokExecutorHost: return true;
-    case mokExecutorSm100: return MOK_WITH_CUDA != 0;
-    default: return false;
-  }
-}
 
 // The caller's `executor` (by reference: read as an int before any enum-typed load), checked.
 mokStatus_t check_executor(const mokExecutor_t& executor, const char* func) {
@@ -29,6 +23,20 @@ mokStatus_t check_executor(const mokExecutor_t& executor, const char* func) {
                 func, bits);
   return mokSuccess;
 }
+
+#if MOK_WITH_CUDA
+// A device query's failure (cuda/runtime.hpp) as a status and this thread's detail; `func` is the C call.
+mokStatus_t worded(const mok::cuda::QueryFailure& f, int device, const mokDeviceInfo_t& info, const char* func) {
+  if (f.call)
+    return fail(f.no_device ? mokNoDevice : mokCudaError, "%s: %s: %s (%s)", func, f.call, f.error_text, f.error_name);
+  if (f.bad_device)
+    return fail(mokInvalidArgument, "%s: argument 'device' (%d) must be in [0, %d)", func, device, f.device_count);
+  if (f.no_image)
+    return fail(mokUnsupported, "%s: device %d (%s, sm_%d%d) cannot load libmok's device code built for %s: %s", func,
+                device, info.name, info.cc_major, info.cc_minor, mok::api::kCudaArchitectures, f.error_text);
+  return mokSuccess;
+}
+#endif
 
 }  // namespace
 
@@ -57,7 +65,7 @@ MOK_API mokStatus_t mokExecutorCompiled(mokExecutor_t executor, int* compiled) {
   mok::api::clear_error();
   MOK_REQUIRE_OUT(compiled);
   if (mokStatus_t s = check_executor(executor, __func__); s != mokSuccess) return s;
-  *compiled = executor_compiled(executor) ? 1 : 0;
+  *compiled = mok::api::layer_compiled(executor) ? 1 : 0;
   return mokSuccess;
 }
 
@@ -67,12 +75,12 @@ MOK_API const char* mokCudaArchitectures(void) {
 
 MOK_API mokStatus_t mokGetDeviceInfo(int device, mokDeviceInfo_t* info) {
   mok::api::clear_error();
-  MOK_REQUIRE_OUT(info);
-  if (info->size < sizeof(mokDeviceInfo_t))
-    return fail(mokInvalidArgument,
-                "mokGetDeviceInfo: argument 'info' has size %zu; initialise it with MOK_DEVICE_INFO_INIT", info->size);
+  size_t layout = 0;
+  if (mokStatus_t s = mok::api::check_stamp(info, mok::api::kDeviceInfo, "info", __func__, &layout); s != mokSuccess)
+    return s;
+  // One layout so far (api/stamp.cpp), so the executor fills the caller's struct itself.
 #if MOK_WITH_CUDA
-  return mok::cuda::device_info(device, info);
+  return worded(mok::cuda::device_info(device, info), device, *info, __func__);
 #else
   (void)device;
   info->device_count = 0;
@@ -93,11 +101,14 @@ MOK_API mokStatus_t mokExecutorSupportsDevice(mokExecutor_t executor, int device
     *supported = 1;
     return mokSuccess;
   }
-  if (!executor_compiled(executor))
-    return fail(mokNotCompiled, "mokExecutorSupportsDevice: executor '%s' is not built into this libmok",
-                mokExecutorName(executor));
+  if (!mok::api::layer_compiled(executor)) return mok::api::not_compiled(executor, "executor", __func__);
 #if MOK_WITH_CUDA
-  return mok::cuda::sm100_supports(device, supported);
+  // A GPU executor with a layer: its image must load on the device.
+  mokDeviceInfo_t info = MOK_DEVICE_INFO_INIT;
+  if (mokStatus_t s = worded(mok::cuda::sm100_supports(device, &info), device, info, __func__); s != mokSuccess)
+    return s;
+  *supported = 1;
+  return mokSuccess;
 #else
   return mokInternalError;
 #endif

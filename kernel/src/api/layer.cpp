@@ -1,17 +1,18 @@
-// C ABI of the layer: validate every argument, then hand over to the host executor.
-#include "host/layer.hpp"
-
-#include <cstdio>
+// C ABI of the layer: validate every argument, then hand over to the context's executor (api/executor.hpp),
+// chosen at mokLayerCreate by config.executor.
 #include <memory>
+#include <new>
 
 #include "api/error.hpp"
+#include "api/executor.hpp"
 #include "api/layer_checks.hpp"
+#include "api/stamp.hpp"
 
 using mok::api::check_array;
 using mok::api::fail;
 
 struct mokLayer {
-  mok::host::Layer* impl;
+  std::unique_ptr<mok::api::LayerExecutor> impl;
 };
 
 namespace {
@@ -24,7 +25,7 @@ mokStatus_t check_layer(mokLayer_t layer, const char* func) {
 
 // The rows this rank passes to a pass: the token count of its current schedule.
 int tokens_of(mokLayer_t layer) {
-  return layer->impl->group.tokens;
+  return layer->impl->tokens();
 }
 
 // Elements of a [tokens, width] tensor of this rank's current schedule.
@@ -36,13 +37,13 @@ int64_t per_token(mokLayer_t layer, int64_t width) {
 // peers return mokPeerAbort with this message instead of waiting for this rank), nothing is written,
 // and this rank returns `status`.
 mokStatus_t rejected(mokLayer_t layer, mokStatus_t status) {
-  mok::host::reject(*layer->impl, status, mok::api::last_error_message());
+  layer->impl->reject(status, mok::api::last_error_message());
   return status;
 }
 
-// What every pass checks after the context: weights that fit its shape.
-mokStatus_t check_pass(mokLayer_t layer, const mokLayerWeights_t* weights, const char* func) {
-  return mok::api::check_weights(weights, layer->impl->shape, func);
+// What every pass checks after the context: weights that fit its shape (`copy`: in this libmok's layout).
+mokStatus_t check_pass(mokLayer_t layer, const mokLayerWeights_t* weights, const char* func, mokLayerWeights_t* copy) {
+  return mok::api::check_weights(weights, layer->impl->shape(), func, copy);
 }
 
 }  // namespace
@@ -51,29 +52,33 @@ extern "C" {
 
 MOK_API mokStatus_t mokLayerGetSizes(const mokLayerConfig_t* config, mokLayerSizes_t* sizes) {
   mok::api::clear_error();
-  MOK_REQUIRE_OUT(sizes);
-  if (sizes->size < sizeof(mokLayerSizes_t))
-    return fail(mokInvalidArgument,
-                "mokLayerGetSizes: argument 'sizes' has size %zu; initialise it with "
-                "MOK_LAYER_SIZES_INIT",
-                sizes->size);
+  size_t layout = 0;
+  if (mokStatus_t s = mok::api::check_stamp(sizes, mok::api::kLayerSizes, "sizes", __func__, &layout); s != mokSuccess)
+    return s;
+  mokLayerConfig_t c;
   mok::core::LayerShape shape;
-  if (mokStatus_t s = mok::api::check_config(config, __func__, &shape); s != mokSuccess) return s;
-  sizes->peer_bytes = mok::core::peer_layout(shape).bytes;
-  sizes->workspace_bytes = mok::core::local_layout(shape).bytes;
+  if (mokStatus_t s = mok::api::check_config(config, __func__, &c, &shape); s != mokSuccess) return s;
+  mokLayerSizes_t out = MOK_LAYER_SIZES_INIT;
+  out.peer_bytes = mok::core::peer_layout(shape).bytes;
+  out.workspace_bytes = mok::core::local_layout(shape).bytes;
+  mok::api::write_stamped(sizes, out, layout);
   return mokSuccess;
 }
 
 MOK_API mokStatus_t mokLayerCreate(const mokLayerConfig_t* config, const mokLayerMemory_t* memory, mokLayer_t* layer) {
   mok::api::clear_error();
   MOK_REQUIRE_OUT(layer);
+  mokLayerConfig_t c;
+  mokLayerMemory_t m;
   mok::core::LayerShape shape;
-  if (mokStatus_t s = mok::api::check_config(config, __func__, &shape); s != mokSuccess) return s;
-  if (mokStatus_t s = mok::api::check_memory(memory, shape, __func__); s != mokSuccess) return s;
-  auto handle = std::unique_ptr<mokLayer>(new (std::nothrow) mokLayer{nullptr});
+  if (mokStatus_t s = mok::api::check_config(config, __func__, &c, &shape); s != mokSuccess) return s;
+  if (mokStatus_t s = mok::api::check_memory(memory, shape, __func__, &m); s != mokSuccess) return s;
+  auto handle = std::unique_ptr<mokLayer>(new (std::nothrow) mokLayer{});
   if (!handle) return fail(mokOutOfMemory, "mokLayerCreate: out of memory");
-  uint64_t timeout_ns = static_cast<uint64_t>(config->timeout_ms) * 1000000ull;
-  if (mokStatus_t s = mok::host::create(shape, timeout_ns, *memory, &handle->impl); s != mokSuccess) return s;
+  uint64_t timeout_ns = static_cast<uint64_t>(c.timeout_ms) * 1000000ull;
+  // check_config refused an executor without a layer factory, so there is one.
+  mok::api::CreateLayer create = mok::api::layer_factory(c.executor);
+  if (mokStatus_t s = create(shape, timeout_ns, m, &handle->impl); s != mokSuccess) return s;
   *layer = handle.release();
   return mokSuccess;
 }
@@ -81,7 +86,6 @@ MOK_API mokStatus_t mokLayerCreate(const mokLayerConfig_t* config, const mokLaye
 MOK_API mokStatus_t mokLayerDestroy(mokLayer_t layer) {
   mok::api::clear_error();
   if (layer == nullptr) return mokSuccess;
-  delete layer->impl;
   delete layer;
   return mokSuccess;
 }
@@ -90,89 +94,79 @@ MOK_API mokStatus_t mokLayerBuildSchedule(mokLayer_t layer, const void* topk_ids
                                           int num_tokens) {
   mok::api::clear_error();
   if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
-  mok::host::drop_schedule(*layer->impl);
-  if (mokStatus_t s = mok::api::check_topk_ids(topk_ids, index_type, num_tokens, layer->impl->shape, __func__);
+  layer->impl->drop_schedule();
+  if (mokStatus_t s = mok::api::check_topk_ids(topk_ids, index_type, num_tokens, layer->impl->shape(), __func__);
       s != mokSuccess)
     return rejected(layer, s);
-  return mok::host::build_schedule(*layer->impl, topk_ids, index_type == mokIndexInt64, num_tokens);
+  return layer->impl->build_schedule(topk_ids, index_type == mokIndexInt64, num_tokens);
 }
 
 MOK_API mokStatus_t mokLayerForward(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x,
                                     const float* topk_weights, void* out) {
   mok::api::clear_error();
   if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
-  if (mokStatus_t s = check_pass(layer, weights, __func__); s != mokSuccess) return rejected(layer, s);
-  int64_t th = per_token(layer, layer->impl->shape.hidden), tk = per_token(layer, layer->impl->shape.top_k);
+  mokLayerWeights_t w;
+  if (mokStatus_t s = check_pass(layer, weights, __func__, &w); s != mokSuccess) return rejected(layer, s);
+  int64_t th = per_token(layer, layer->impl->shape().hidden), tk = per_token(layer, layer->impl->shape().top_k);
   if (mokStatus_t s = check_array(x, "x", th, 2, __func__); s != mokSuccess) return rejected(layer, s);
   if (mokStatus_t s = check_array(topk_weights, "topk_weights", tk, 4, __func__); s != mokSuccess)
     return rejected(layer, s);
   if (mokStatus_t s = check_array(out, "out", th, 2, __func__); s != mokSuccess) return rejected(layer, s);
-  return mok::host::forward(*layer->impl, *weights, static_cast<const uint16_t*>(x), topk_weights,
-                            static_cast<uint16_t*>(out), true);
+  return layer->impl->forward(w, static_cast<const uint16_t*>(x), topk_weights, static_cast<uint16_t*>(out), true);
 }
 
 MOK_API mokStatus_t mokLayerRecompute(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x) {
   mok::api::clear_error();
   if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
-  if (mokStatus_t s = check_pass(layer, weights, __func__); s != mokSuccess) return rejected(layer, s);
-  if (mokStatus_t s = check_array(x, "x", per_token(layer, layer->impl->shape.hidden), 2, __func__); s != mokSuccess)
+  mokLayerWeights_t w;
+  if (mokStatus_t s = check_pass(layer, weights, __func__, &w); s != mokSuccess) return rejected(layer, s);
+  if (mokStatus_t s = check_array(x, "x", per_token(layer, layer->impl->shape().hidden), 2, __func__); s != mokSuccess)
     return rejected(layer, s);
-  return mok::host::forward(*layer->impl, *weights, static_cast<const uint16_t*>(x), nullptr, nullptr, false);
+  return layer->impl->forward(w, static_cast<const uint16_t*>(x), nullptr, nullptr, false);
 }
 
 MOK_API mokStatus_t mokLayerBackward(mokLayer_t layer, const mokLayerWeights_t* weights, const float* topk_weights,
                                      const void* dout, mokLayerGrads_t* grads) {
   mok::api::clear_error();
   if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
-  if (mokStatus_t s = check_pass(layer, weights, __func__); s != mokSuccess) return rejected(layer, s);
-  const mok::core::LayerShape& shape = layer->impl->shape;
+  mokLayerWeights_t w;
+  if (mokStatus_t s = check_pass(layer, weights, __func__, &w); s != mokSuccess) return rejected(layer, s);
+  const mok::core::LayerShape& shape = layer->impl->shape();
   int64_t th = per_token(layer, shape.hidden), tk = per_token(layer, shape.top_k);
   if (mokStatus_t s = check_array(topk_weights, "topk_weights", tk, 4, __func__); s != mokSuccess)
     return rejected(layer, s);
   if (mokStatus_t s = check_array(dout, "dout", th, 2, __func__); s != mokSuccess) return rejected(layer, s);
-  if (mokStatus_t s = mok::api::check_grads(grads, shape, tokens_of(layer), __func__); s != mokSuccess)
+  mokLayerGrads_t g;
+  if (mokStatus_t s = mok::api::check_grads(grads, shape, tokens_of(layer), __func__, &g); s != mokSuccess)
     return rejected(layer, s);
-  return mok::host::backward(*layer->impl, *weights, topk_weights, static_cast<const uint16_t*>(dout), *grads);
+  return layer->impl->backward(w, topk_weights, static_cast<const uint16_t*>(dout), g);
 }
 
 MOK_API mokStatus_t mokLayerGetSlots(mokLayer_t layer, void* y_slots) {
   mok::api::clear_error();
   if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
-  const mok::core::LayerShape& shape = layer->impl->shape;
+  const mok::core::LayerShape& shape = layer->impl->shape();
   int64_t count = per_token(layer, static_cast<int64_t>(shape.top_k) * shape.hidden);
   if (mokStatus_t s = check_array(y_slots, "y_slots", count, 2, __func__); s != mokSuccess) return s;
-  return mok::host::get_slots(*layer->impl, static_cast<uint16_t*>(y_slots));
+  return layer->impl->get_slots(static_cast<uint16_t*>(y_slots));
 }
 
 MOK_API mokStatus_t mokLayerGetError(mokLayer_t layer, mokLayerError_t* error) {
   mok::api::clear_error();
   if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
-  MOK_REQUIRE_OUT(error);
-  if (error->size < sizeof(mokLayerError_t))
-    return fail(mokInvalidArgument,
-                "mokLayerGetError: argument 'error' has size %zu; initialise it with "
-                "MOK_LAYER_ERROR_INIT",
-                error->size);
-  mok::core::ErrorRecord rec{};
-  if (!mok::core::read_record(&layer->impl->group.error, &rec)) {
-    *error = mokLayerError_t MOK_LAYER_ERROR_INIT;
-    return mokSuccess;
-  }
-  error->status = mok::host::status_for(rec);
-  error->rank = rec.rank;
-  std::snprintf(error->task, sizeof(error->task), "%s", rec.task_kind < 0 ? "" : mok::core::task_name(rec.task_kind));
-  error->task_index = rec.task_index;
-  std::snprintf(
-      error->wait, sizeof(error->wait), "%s",
-      rec.wait == 0 ? "aborted by mokLayerAbort" : mok::core::wait_name(static_cast<mok::core::WaitId>(rec.wait)));
-  mok::host::error_detail(*layer->impl, rec, error->detail, sizeof(error->detail));
+  size_t layout = 0;
+  if (mokStatus_t s = mok::api::check_stamp(error, mok::api::kLayerError, "error", __func__, &layout); s != mokSuccess)
+    return s;
+  mokLayerError_t out = MOK_LAYER_ERROR_INIT;
+  layer->impl->error(&out);
+  mok::api::write_stamped(error, out, layout);
   return mokSuccess;
 }
 
 MOK_API mokStatus_t mokLayerAbort(mokLayer_t layer) {
   mok::api::clear_error();
   if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
-  mok::host::abort(*layer->impl);
+  layer->impl->abort();
   return mokSuccess;
 }
 

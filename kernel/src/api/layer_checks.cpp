@@ -7,7 +7,9 @@
 
 #include "api/c_enum.hpp"
 #include "api/error.hpp"
+#include "api/executor.hpp"
 #include "api/limits.hpp"
+#include "api/stamp.hpp"
 #include "core/mxfp8.hpp"
 
 namespace mok::api {
@@ -54,9 +56,8 @@ mokStatus_t check_enums(const mokLayerConfig_t* c, const char* func, mokPrecisio
   if (!enum_in_range(e, mokNumExecutors))
     return invalid(func, "must be mokExecutorHost (0), mokExecutorSm100 (1) or mokExecutorPortable (2)",
                    "config.executor", e);
-  if (e != mokExecutorHost)
-    return fail(mokUnsupported, "%s: argument 'config.executor' (%s): only the host executor runs the layer so far",
-                func, mokExecutorName(static_cast<mokExecutor_t>(e)));
+  if (!layer_compiled(static_cast<mokExecutor_t>(e)))
+    return not_compiled(static_cast<mokExecutor_t>(e), "config.executor", func);
   *precision = static_cast<mokPrecision_t>(p);
   return mokSuccess;
 }
@@ -108,6 +109,22 @@ mokStatus_t check_products(const mokLayerConfig_t* c, const char* func) {
   return mokSuccess;
 }
 
+// memory.peer_bytes: 0 (not given; an older caller's layout has none), else at least the peer layout's bytes,
+// and only with peer_bases (libmok sizes shared-memory segments itself).
+mokStatus_t check_peer_bytes(const mokLayerMemory_t& m, const core::LayerShape& shape, const char* func) {
+  if (m.peer_bytes == 0) return mokSuccess;
+  if (m.shm_name != nullptr)
+    return fail(mokInvalidArgument, "%s: argument 'memory.peer_bytes' (%zu) must be 0 with 'memory.shm_name'", func,
+                m.peer_bytes);
+  size_t need = core::peer_layout(shape).bytes;
+  if (m.peer_bytes < need)
+    return fail(mokInvalidArgument,
+                "%s: argument 'memory.peer_bytes' (%zu) is smaller than the %zu bytes mokLayerGetSizes asks for "
+                "these shapes",
+                func, m.peer_bytes, need);
+  return mokSuccess;
+}
+
 }  // namespace
 
 mokStatus_t check_array(const void* ptr, const char* name, int64_t count, size_t align, const char* func) {
@@ -118,11 +135,12 @@ mokStatus_t check_array(const void* ptr, const char* name, int64_t count, size_t
   return mokSuccess;
 }
 
-mokStatus_t check_config(const mokLayerConfig_t* c, const char* func, core::LayerShape* shape) {
-  if (c == nullptr) return fail(mokInvalidArgument, "%s: argument 'config' must not be NULL", func);
-  if (c->size < sizeof(mokLayerConfig_t))
-    return fail(mokInvalidArgument, "%s: argument 'config' has size %zu; initialise it with MOK_LAYER_CONFIG_INIT",
-                func, c->size);
+mokStatus_t check_config(const mokLayerConfig_t* config, const char* func, mokLayerConfig_t* copy,
+                         core::LayerShape* shape) {
+  if (mokStatus_t s = read_stamped(config, kLayerConfig, mokLayerConfig_t MOK_LAYER_CONFIG_INIT, "config", func, copy);
+      s != mokSuccess)
+    return s;
+  const mokLayerConfig_t* c = copy;
   mokPrecision_t precision = mokPrecisionBF16;
   if (mokStatus_t s = check_ranges(c, func); s != mokSuccess) return s;
   if (mokStatus_t s = check_enums(c, func, &precision); s != mokSuccess) return s;
@@ -146,11 +164,12 @@ mokStatus_t check_config(const mokLayerConfig_t* c, const char* func, core::Laye
   return mokSuccess;
 }
 
-mokStatus_t check_memory(const mokLayerMemory_t* m, const core::LayerShape& shape, const char* func) {
-  if (m == nullptr) return fail(mokInvalidArgument, "%s: argument 'memory' must not be NULL", func);
-  if (m->size < sizeof(mokLayerMemory_t))
-    return fail(mokInvalidArgument, "%s: argument 'memory' has size %zu; initialise it with MOK_LAYER_MEMORY_INIT",
-                func, m->size);
+mokStatus_t check_memory(const mokLayerMemory_t* memory, const core::LayerShape& shape, const char* func,
+                         mokLayerMemory_t* copy) {
+  if (mokStatus_t s = read_stamped(memory, kLayerMemory, mokLayerMemory_t MOK_LAYER_MEMORY_INIT, "memory", func, copy);
+      s != mokSuccess)
+    return s;
+  const mokLayerMemory_t* m = copy;
   if ((m->peer_bases == nullptr) == (m->shm_name == nullptr))
     return fail(mokInvalidArgument, "%s: exactly one of 'memory.peer_bases' and 'memory.shm_name' must be given", func);
   if (m->peer_bases) {
@@ -174,7 +193,7 @@ mokStatus_t check_memory(const mokLayerMemory_t* m, const core::LayerShape& shap
                 "%s: argument 'memory.workspace_bytes' (%zu) is smaller than the %zu bytes "
                 "mokLayerGetSizes asks for these shapes",
                 func, m->workspace_bytes, need);
-  return mokSuccess;
+  return check_peer_bytes(*m, shape, func);
 }
 
 mokStatus_t check_topk_ids(const void* ids, const mokIndexType_t& type, int tokens, const core::LayerShape& shape,
@@ -199,11 +218,13 @@ mokStatus_t check_topk_ids(const void* ids, const mokIndexType_t& type, int toke
   return mokSuccess;
 }
 
-mokStatus_t check_weights(const mokLayerWeights_t* w, const core::LayerShape& s, const char* func) {
-  if (w == nullptr) return fail(mokInvalidArgument, "%s: argument 'weights' must not be NULL", func);
-  if (w->size < sizeof(mokLayerWeights_t))
-    return fail(mokInvalidArgument, "%s: argument 'weights' has size %zu; initialise it with MOK_LAYER_WEIGHTS_INIT",
-                func, w->size);
+mokStatus_t check_weights(const mokLayerWeights_t* weights, const core::LayerShape& s, const char* func,
+                          mokLayerWeights_t* copy) {
+  if (mokStatus_t st =
+          read_stamped(weights, kLayerWeights, mokLayerWeights_t MOK_LAYER_WEIGHTS_INIT, "weights", func, copy);
+      st != mokSuccess)
+    return st;
+  const mokLayerWeights_t* w = copy;
   int64_t eih = static_cast<int64_t>(s.experts_per_rank) * s.intermediate * s.hidden;
   if (s.mxfp8) {
     const mokMxfp8Matrix_t* m[6] = {&w->gate_rowwise, &w->gate_colwise, &w->up_rowwise,
@@ -232,11 +253,12 @@ mokStatus_t check_weights(const mokLayerWeights_t* w, const core::LayerShape& s,
   return mokSuccess;
 }
 
-mokStatus_t check_grads(const mokLayerGrads_t* g, const core::LayerShape& s, int tokens, const char* func) {
-  if (g == nullptr) return fail(mokInvalidArgument, "%s: argument 'grads' must not be NULL", func);
-  if (g->size < sizeof(mokLayerGrads_t))
-    return fail(mokInvalidArgument, "%s: argument 'grads' has size %zu; initialise it with MOK_LAYER_GRADS_INIT", func,
-                g->size);
+mokStatus_t check_grads(const mokLayerGrads_t* grads, const core::LayerShape& s, int tokens, const char* func,
+                        mokLayerGrads_t* copy) {
+  if (mokStatus_t st = read_stamped(grads, kLayerGrads, mokLayerGrads_t MOK_LAYER_GRADS_INIT, "grads", func, copy);
+      st != mokSuccess)
+    return st;
+  const mokLayerGrads_t* g = copy;
   if (g->accumulate != 0 && g->accumulate != 1)
     return invalid(func, "must be 0 or 1", "grads.accumulate", g->accumulate);
   int64_t th = static_cast<int64_t>(tokens) * s.hidden, tk = static_cast<int64_t>(tokens) * s.top_k;

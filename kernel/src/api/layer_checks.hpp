@@ -9,15 +9,22 @@
 
 namespace mok::api {
 
+// Each stamped struct is checked on a copy in this libmok's layout (api/stamp.hpp: an older caller's struct gets
+// defaults for the fields it lacks); the copy is what the executor is given.
+
 // The config as a core shape; fails on a broken rule.
-mokStatus_t check_config(const mokLayerConfig_t* config, const char* func, core::LayerShape* shape);
-mokStatus_t check_memory(const mokLayerMemory_t* memory, const core::LayerShape& shape, const char* func);
+mokStatus_t check_config(const mokLayerConfig_t* config, const char* func, mokLayerConfig_t* copy,
+                         core::LayerShape* shape);
+mokStatus_t check_memory(const mokLayerMemory_t* memory, const core::LayerShape& shape, const char* func,
+                         mokLayerMemory_t* copy);
 // `type` by reference: the caller's parameter is read as the int a C caller passed, without an
 // enum-typed load, before its range is checked (see api/c_enum.hpp).
 mokStatus_t check_topk_ids(const void* ids, const mokIndexType_t& type, int tokens, const core::LayerShape& shape,
                            const char* func);
-mokStatus_t check_weights(const mokLayerWeights_t* w, const core::LayerShape& shape, const char* func);
-mokStatus_t check_grads(const mokLayerGrads_t* g, const core::LayerShape& shape, int tokens, const char* func);
+mokStatus_t check_weights(const mokLayerWeights_t* weights, const core::LayerShape& shape, const char* func,
+                          mokLayerWeights_t* copy);
+mokStatus_t check_grads(const mokLayerGrads_t* grads, const core::LayerShape& shape, int tokens, const char* func,
+                        mokLayerGrads_t* copy);
 
 // `ptr` may be NULL only when `count` is 0; otherwise it must be aligned to `align` bytes.
 mokStatus_t check_array(const void* ptr, const char* name, int64_t count, size_t align, const char* func);

@@ -5,7 +5,6 @@
 
 #include <cstring>
 
-#include "api/error.hpp"
 #include "cuda/probe.hpp"
 
 namespace mok::cuda {
@@ -17,15 +16,19 @@ bool means_no_device(cudaError_t err) {
          err == cudaErrorCompatNotSupportedOnDevice;
 }
 
-mokStatus_t from_cuda(cudaError_t err, const char* call) {
-  if (means_no_device(err))
-    return api::fail(mokNoDevice, "%s: %s (%s)", call, cudaGetErrorString(err), cudaGetErrorName(err));
-  return api::fail(mokCudaError, "%s: %s (%s)", call, cudaGetErrorString(err), cudaGetErrorName(err));
+QueryFailure from_cuda(cudaError_t err, const char* call, int device_count) {
+  QueryFailure f;
+  f.call = call;
+  f.error_name = cudaGetErrorName(err);
+  f.error_text = cudaGetErrorString(err);
+  f.no_device = means_no_device(err);
+  f.device_count = device_count;
+  return f;
 }
 
 }  // namespace
 
-mokStatus_t device_info(int device, mokDeviceInfo_t* info) {
+QueryFailure device_info(int device, mokDeviceInfo_t* info) {
   cudaDriverGetVersion(&info->driver_version);
   cudaRuntimeGetVersion(&info->runtime_version);
   info->device_count = 0;
@@ -33,14 +36,18 @@ mokStatus_t device_info(int device, mokDeviceInfo_t* info) {
   int count = 0;
   if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
     cudaGetLastError();  // the runtime keeps sticky-free errors here; leave nothing behind
-    return from_cuda(err, "cudaGetDeviceCount");
+    return from_cuda(err, "cudaGetDeviceCount", 0);
   }
   info->device_count = count;
-  if (device < 0 || device >= count)
-    return api::fail(mokInvalidArgument, "mokGetDeviceInfo: argument 'device' (%d) must be in [0, %d)", device, count);
+  if (device < 0 || device >= count) {
+    QueryFailure f;
+    f.bad_device = true;
+    f.device_count = count;
+    return f;
+  }
   cudaDeviceProp prop;
   if (cudaError_t err = cudaGetDeviceProperties(&prop, device); err != cudaSuccess)
-    return from_cuda(err, "cudaGetDeviceProperties");
+    return from_cuda(err, "cudaGetDeviceProperties", count);
   info->device = device;
   info->cc_major = prop.major;
   info->cc_minor = prop.minor;
@@ -48,22 +55,21 @@ mokStatus_t device_info(int device, mokDeviceInfo_t* info) {
   info->total_memory = prop.totalGlobalMem;
   std::strncpy(info->name, prop.name, sizeof(info->name) - 1);
   info->name[sizeof(info->name) - 1] = '\0';
-  return mokSuccess;
+  return QueryFailure{};
 }
 
-mokStatus_t sm100_supports(int device, int* supported) {
-  *supported = 0;
-  mokDeviceInfo_t info = MOK_DEVICE_INFO_INIT;
-  if (mokStatus_t s = device_info(device, &info); s != mokSuccess) return s;
+QueryFailure sm100_supports(int device, mokDeviceInfo_t* info) {
+  QueryFailure f = device_info(device, info);
+  if (f.call || f.bad_device) return f;
   // The probe kernel is compiled exactly like the executor: if the device can load it, it can load
   // the executor. cudaFuncGetAttributes fails with cudaErrorNoKernelImageForDevice otherwise.
   if (cudaError_t err = probe_attributes(device); err != cudaSuccess) {
     cudaGetLastError();
-    return api::fail(mokUnsupported, "device %d (%s, sm_%d%d) cannot load libmok's device code built for %s: %s",
-                     device, info.name, info.cc_major, info.cc_minor, mokCudaArchitectures(), cudaGetErrorString(err));
+    f.no_image = true;
+    f.error_name = cudaGetErrorName(err);
+    f.error_text = cudaGetErrorString(err);
   }
-  *supported = 1;
-  return mokSuccess;
+  return f;
 }
 
 }  // namespace mok::cuda

@@ -7,7 +7,6 @@
 #include <cstring>
 #include <new>
 
-#include "api/error.hpp"
 #include "core/pass_worker.hpp"
 #include "host/gemm.hpp"
 #include "host/random.hpp"
@@ -93,13 +92,13 @@ void run_worker(void* job, int worker) {
 }
 
 // Counters zeroed and the task graph laid out here, then the workers; their outcome, worded.
-mokStatus_t run(Layer& l, core::PassView& v, bool schedule, core::CallKind call, const char* func) {
+mokStatus_t run(Layer& l, core::PassView& v, bool schedule, core::CallKind call, const char* func, Detail& why) {
   core::prepare_workers(v);
   if (!schedule) core::lay_out_tasks(v);
   Job job{&v, &l, schedule};
   l.pool.run(run_worker, &job);
-  if (!l.group.group_failure.ok()) return fail_group(l, l.group.group_failure, call, func);
-  if (core::failed(l.group)) return status_of(l, func);
+  if (!l.group.group_failure.ok()) return fail_group(l, l.group.group_failure, call, func, why);
+  if (core::failed(l.group)) return status_of(l, func, why);
   return mokSuccess;
 }
 
@@ -115,9 +114,10 @@ core::PeerHeader* own_header(Layer& l) {
 
 }  // namespace
 
-mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory, Layer** out) {
+mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory, Layer** out,
+                   Detail& why) {
   auto* l = new (std::nothrow) Layer();
-  if (!l) return api::fail(mokOutOfMemory, "mokLayerCreate: out of memory");
+  if (!l) return fail(why, mokOutOfMemory, "mokLayerCreate: out of memory");
   l->shape = shape;
   l->peer = core::peer_layout(shape);
   l->local = static_cast<char*>(memory.workspace);
@@ -126,7 +126,8 @@ mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mok
   l->exit_worker = static_cast<int>(fault_from_env("MOK_HOST_FAULT_EXIT", shape.rank));
   if (memory.peer_bases) {
     l->memory.adopt(memory.peer_bases, shape.world);
-  } else if (mokStatus_t s = l->memory.rendezvous(memory.shm_name, shape, l->peer.bytes, timeout_ns); s != mokSuccess) {
+  } else if (mokStatus_t s = l->memory.rendezvous(memory.shm_name, shape, l->peer.bytes, timeout_ns, why);
+             s != mokSuccess) {
     delete l;
     return s;
   }
@@ -139,7 +140,7 @@ mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mok
   // there is, and every pass would run out its timeout.
   if (l->pool.workers() < 2) {
     delete l;
-    return api::fail(mokSystemError, "mokLayerCreate: could not start a worker thread (pthread_create)");
+    return fail(why, mokSystemError, "mokLayerCreate: could not start a worker thread (pthread_create)");
   }
   *out = l;
   return mokSuccess;
@@ -149,25 +150,26 @@ void drop_schedule(Layer& l) {
   core::drop_schedule(l.group);
 }
 
-mokStatus_t build_schedule(Layer& l, const void* topk_ids, bool int64_ids, int tokens) {
+mokStatus_t build_schedule(Layer& l, const void* topk_ids, bool int64_ids, int tokens, Detail& why) {
   const char* func = "mokLayerBuildSchedule";
   const core::CallKind call = core::CallKind::build_schedule;
-  if (core::Refusal why = core::check_call(l.group, own_header(l), call); why != core::Refusal::none)
-    return refuse(l, why, func);
+  if (core::Refusal refusal = core::check_call(l.group, own_header(l), call); refusal != core::Refusal::none)
+    return refuse(l, refusal, func, why);
   l.group.tokens = tokens;
   core::PassView v = view_of(l, PassKind::forward, nullptr);
   core::stage_topk_ids(v, topk_ids, int64_ids, tokens);
-  if (mokStatus_t s = run(l, v, true, call, func); s != mokSuccess) return s;
+  if (mokStatus_t s = run(l, v, true, call, func, why); s != mokSuccess) return s;
   l.group.has_schedule = true;
   return mokSuccess;
 }
 
 mokStatus_t forward(Layer& l, const mokLayerWeights_t& weights, const uint16_t* x, const float* topk_weights,
-                    uint16_t* out, bool with_output) {
+                    uint16_t* out, bool with_output, Detail& why) {
   const char* func = with_output ? "mokLayerForward" : "mokLayerRecompute";
   PassKind kind = with_output ? PassKind::forward : PassKind::recompute;
-  if (core::Refusal why = core::check_call(l.group, own_header(l), core::call_of(kind)); why != core::Refusal::none)
-    return refuse(l, why, func);
+  if (core::Refusal refusal = core::check_call(l.group, own_header(l), core::call_of(kind));
+      refusal != core::Refusal::none)
+    return refuse(l, refusal, func, why);
   core::PassArgs args{};
   args.x = x;
   args.topk_weights = topk_weights;
@@ -176,18 +178,18 @@ mokStatus_t forward(Layer& l, const mokLayerWeights_t& weights, const uint16_t* 
   stage(l, v);
   v.w = weights_in_place(weights);
   l.group.has_context = l.group.ring_kept = false;
-  if (mokStatus_t s = run(l, v, false, core::call_of(kind), func); s != mokSuccess) return s;
+  if (mokStatus_t s = run(l, v, false, core::call_of(kind), func, why); s != mokSuccess) return s;
   l.group.has_context = true;
   l.group.ring_kept = l.group.total_rows <= l.shape.macrobatch;  // no row overwrote another
   return mokSuccess;
 }
 
 mokStatus_t backward(Layer& l, const mokLayerWeights_t& weights, const float* topk_weights, const uint16_t* dout,
-                     const mokLayerGrads_t& grads) {
+                     const mokLayerGrads_t& grads, Detail& why) {
   const char* func = "mokLayerBackward";
   const core::CallKind call = core::CallKind::backward;
-  if (core::Refusal why = core::check_call(l.group, own_header(l), call); why != core::Refusal::none)
-    return refuse(l, why, func);
+  if (core::Refusal refusal = core::check_call(l.group, own_header(l), call); refusal != core::Refusal::none)
+    return refuse(l, refusal, func, why);
   core::PassArgs args{};
   args.topk_weights = topk_weights;
   args.dout = dout;
@@ -206,14 +208,14 @@ mokStatus_t backward(Layer& l, const mokLayerWeights_t& weights, const float* to
   l.group.ring_kept = false;
   stage(l, v);
   v.w = weights_in_place(weights);
-  return run(l, v, false, call, func);
+  return run(l, v, false, call, func, why);
 }
 
-mokStatus_t get_slots(Layer& l, uint16_t* y_slots) {
+mokStatus_t get_slots(Layer& l, uint16_t* y_slots, Detail& why) {
   if (!l.group.has_context)
-    return api::fail(mokInvalidUsage,
-                     "mokLayerGetSlots: needs a mokLayerForward or mokLayerRecompute since the last "
-                     "schedule");
+    return fail(why, mokInvalidUsage,
+                "mokLayerGetSlots: needs a mokLayerForward or mokLayerRecompute since the last "
+                "schedule");
   core::PassView v = view_of(l, PassKind::forward, nullptr);
   for (int t = 0; t < l.group.tokens; ++t) core::copy_slots_token(v, t, y_slots);
   return mokSuccess;

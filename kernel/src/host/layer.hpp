@@ -6,6 +6,7 @@
 
 #include "core/group_state.hpp"
 #include "core/pass.hpp"
+#include "host/detail.hpp"
 #include "host/peer_memory.hpp"
 #include "host/thread_pool.hpp"
 #include "mok/mok.h"
@@ -26,22 +27,25 @@ struct Layer {
   int exit_worker = -1;            // MOK_HOST_FAULT_EXIT: this worker leaves every pass at once; -1 = off
 };
 
+// Every call that returns a status writes why it failed into its `why` (host/detail.hpp).
+
 // Map peer memory (caller bases or shared-memory rendezvous), start the workers, set up the context.
-mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory, Layer** out);
+mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory, Layer** out,
+                   Detail& why);
 
 // The calls below assume validated arguments (api/layer.cpp checks them first).
 // A mokLayerBuildSchedule that fails, for any reason, leaves no schedule and no context: the buffers a caller
 // sized for its token count are never used with an older one. mokLayerBuildSchedule calls it first, before its
 // checks; build_schedule sets the schedule only once it succeeded.
 void drop_schedule(Layer& layer);
-mokStatus_t build_schedule(Layer& layer, const void* topk_ids, bool int64_ids, int tokens);
+mokStatus_t build_schedule(Layer& layer, const void* topk_ids, bool int64_ids, int tokens, Detail& why);
 // with_output == false: a recompute (rebuilds the context only; topk_weights and out unused).
 mokStatus_t forward(Layer& layer, const mokLayerWeights_t& weights, const uint16_t* x, const float* topk_weights,
-                    uint16_t* out, bool with_output);
+                    uint16_t* out, bool with_output, Detail& why);
 mokStatus_t backward(Layer& layer, const mokLayerWeights_t& weights, const float* topk_weights, const uint16_t* dout,
-                     const mokLayerGrads_t& grads);
+                     const mokLayerGrads_t& grads, Detail& why);
 // This rank's y slots [tokens, K, H] of the current context (zeros for -1 routes).
-mokStatus_t get_slots(Layer& layer, uint16_t* y_slots);
+mokStatus_t get_slots(Layer& layer, uint16_t* y_slots, Detail& why);
 void abort(Layer& layer);
 
 // A collective call this rank refuses (its arguments, or its order): `detail` becomes the reason
@@ -57,11 +61,11 @@ mokStatus_t status_for(const core::ErrorRecord& record);
 void error_detail(Layer& layer, const core::ErrorRecord& record, char* out, size_t n);
 const char* peer_reason(Layer& layer);
 // How a rank's call fails: its own record, and the reason a peer left in its header, if any.
-mokStatus_t status_of(Layer& layer, const char* func);
+mokStatus_t status_of(Layer& layer, const char* func, Detail& why);
 // A failure of the group outside the workers (formation, barriers): worded, settled, and returned.
-mokStatus_t fail_group(Layer& layer, core::Failure f, core::CallKind call, const char* func);
+mokStatus_t fail_group(Layer& layer, core::Failure f, core::CallKind call, const char* func, Detail& why);
 // A call refused before it starts (core::check_call), worded; a refused order is told to the peers.
-mokStatus_t refuse(Layer& layer, core::Refusal why, const char* func);
+mokStatus_t refuse(Layer& layer, core::Refusal refusal, const char* func, Detail& why);
 // The reason a rejected call leaves in the own header for its peers.
 void write_reason(Layer& layer, bool order, const char* detail);
 

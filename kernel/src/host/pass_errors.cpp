@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <cstring>
 
-#include "api/error.hpp"
 #include "host/layer.hpp"
 
 namespace mok::host {
@@ -61,45 +60,45 @@ void describe(Layer& l, Failure f, core::CallKind call, char* out, size_t n) {
   }
 }
 
-mokStatus_t aborted_earlier(Layer& l, const char* func) {
+mokStatus_t aborted_earlier(Layer& l, const char* func, Detail& why) {
   core::note_earlier_abort(l.group, l.headers, l.shape.world, l.shape.rank, l.timeout_ns);
   if (const char* reason = peer_reason(l))
-    return api::fail(mokPeerAbort, "%s: the group was aborted: %s; create new contexts", func, reason);
-  return api::fail(mokPeerAbort, "%s: the group was aborted (this or an earlier call); create new contexts", func);
+    return fail(why, mokPeerAbort, "%s: the group was aborted: %s; create new contexts", func, reason);
+  return fail(why, mokPeerAbort, "%s: the group was aborted (this or an earlier call); create new contexts", func);
 }
 
 }  // namespace
 
-mokStatus_t status_of(Layer& l, const char* func) {
+mokStatus_t status_of(Layer& l, const char* func, Detail& why) {
   core::ErrorRecord e{};
   core::read_record(&l.group.error, &e);
   char detail[512];
   error_detail(l, e, detail, sizeof(detail));
   mokStatus_t s = status_for(e);
-  if (detail[0] != '\0') return api::fail(s, "%s: %s", func, detail);
-  return api::fail(s, "%s: rank %d: %s (task %s %d, wait '%s')", func, e.rank,
-                   s == mokTimeout ? "a wait ran out" : "the pass was aborted", core::task_name(e.task_kind),
-                   e.task_index, core::wait_name(static_cast<WaitId>(e.wait)));
+  if (detail[0] != '\0') return fail(why, s, "%s: %s", func, detail);
+  return fail(why, s, "%s: rank %d: %s (task %s %d, wait '%s')", func, e.rank,
+              s == mokTimeout ? "a wait ran out" : "the pass was aborted", core::task_name(e.task_kind), e.task_index,
+              core::wait_name(static_cast<WaitId>(e.wait)));
 }
 
-mokStatus_t fail_group(Layer& l, Failure f, core::CallKind call, const char* func) {
+mokStatus_t fail_group(Layer& l, Failure f, core::CallKind call, const char* func, Detail& why) {
   char detail[256];
   describe(l, f, call, detail, sizeof(detail));
   core::settle_group_failure(l.group, l.headers, l.shape.world, l.shape.rank, l.timeout_ns, f, detail);
-  return status_of(l, func);
+  return status_of(l, func, why);
 }
 
-mokStatus_t refuse(Layer& l, core::Refusal why, const char* func) {
+mokStatus_t refuse(Layer& l, core::Refusal refusal, const char* func, Detail& why) {
   mokStatus_t s = mokInvalidUsage;
-  switch (why) {
+  switch (refusal) {
     case core::Refusal::none: return mokSuccess;
-    case core::Refusal::aborted_earlier: return aborted_earlier(l, func);
-    case core::Refusal::needs_schedule: s = api::fail(s, "%s: call mokLayerBuildSchedule first", func); break;
+    case core::Refusal::aborted_earlier: return aborted_earlier(l, func, why);
+    case core::Refusal::needs_schedule: s = fail(why, s, "%s: call mokLayerBuildSchedule first", func); break;
     case core::Refusal::needs_context:
-      s = api::fail(s, "%s: needs a mokLayerForward or mokLayerRecompute since the last schedule", func);
+      s = fail(why, s, "%s: needs a mokLayerForward or mokLayerRecompute since the last schedule", func);
       break;
   }
-  reject(l, s, api::last_error_message());  // a call refused for its order: the peers are told
+  reject(l, s, why.text);  // a call refused for its order: the peers are told
   return s;
 }
 

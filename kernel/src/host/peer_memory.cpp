@@ -32,7 +32,6 @@
 #include <cstdio>
 #include <cstring>
 
-#include "api/error.hpp"
 #include "core/protocol.hpp"
 #include "host/random.hpp"
 
@@ -96,8 +95,13 @@ struct Segment {
 
 class Setup {
  public:
-  Setup(const char* name, const core::LayerShape& shape, size_t bytes, uint64_t timeout_ns)
-      : name_(name), world_(shape.world), rank_(shape.rank), bytes_(bytes), deadline_(core::now_ns() + timeout_ns) {
+  Setup(const char* name, const core::LayerShape& shape, size_t bytes, uint64_t timeout_ns, Detail& why)
+      : why_(why),
+        name_(name),
+        world_(shape.world),
+        rank_(shape.rank),
+        bytes_(bytes),
+        deadline_(core::now_ns() + timeout_ns) {
     core::group_shape(shape, shape_);
   }
   Setup(const Setup&) = delete;
@@ -140,7 +144,7 @@ class Setup {
     va_start(args, fmt);
     std::vsnprintf(text, sizeof(text), fmt, args);
     va_end(args);
-    status_ = api::fail(status, "mokLayerCreate: %s", text);
+    status_ = fail(why_, status, "mokLayerCreate: %s", text);
     return status_;
   }
 
@@ -433,6 +437,7 @@ class Setup {
     while ((collided_ || load(own()->setup_seen) < static_cast<uint32_t>(world_ - 1)) && !late()) backoff.pause();
   }
 
+  Detail& why_;  // the first failure's words
   const char* name_;
   int world_, rank_;
   int32_t shape_[core::kGroupShapeFields];
@@ -458,8 +463,9 @@ void PeerMemory::adopt(void* const* bases, int world) {
   for (int r = 0; r < world; ++r) bases_[r] = static_cast<char*>(bases[r]);
 }
 
-mokStatus_t PeerMemory::rendezvous(const char* name, const core::LayerShape& shape, size_t bytes, uint64_t timeout_ns) {
-  Setup setup(name, shape, bytes, timeout_ns);
+mokStatus_t PeerMemory::rendezvous(const char* name, const core::LayerShape& shape, size_t bytes, uint64_t timeout_ns,
+                                   Detail& why) {
+  Setup setup(name, shape, bytes, timeout_ns, why);
   if (mokStatus_t s = setup.run(bases_); s != mokSuccess) return s;
   world_ = shape.world;
   mapped_bytes_ = bytes;

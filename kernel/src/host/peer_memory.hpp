@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/shape.hpp"
+#include "host/detail.hpp"
 #include "mok/mok.h"
 
 namespace mok::host {
@@ -36,7 +37,9 @@ class PeerMemory {
   // group, and unlink this rank's own before returning. Detects a second group using the name, a
   // config that differs between ranks and leftovers of crashed ranks (docs/c-api.md, "Shared
   // memory"). Every wait ends by timeout_ns.
-  mokStatus_t rendezvous(const char* name, const core::LayerShape& shape, size_t bytes, uint64_t timeout_ns);
+  // A failure's words go to `why`.
+  mokStatus_t rendezvous(const char* name, const core::LayerShape& shape, size_t bytes, uint64_t timeout_ns,
+                         Detail& why);
 
   char* base(int rank) const { return bases_[rank]; }
   char* const* bases() const { return bases_; }

@@ -1,0 +1,59 @@
+// The executors as the C ABI sees them: one interface every executor's layer implements, and one table from
+// mokExecutor_t to the executors this libmok carries. mokLayerCreate dispatches on config.executor through it, and
+// mokExecutorCompiled, mokExecutorSupportsDevice and mokLayerGetSizes read the same table, so a query never
+// claims what creation then refuses.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/shape.hpp"
+#include "mok/mok.h"
+
+namespace mok::api {
+
+// One rank's layer context on one executor. api/layer.cpp calls it only with validated arguments (it checks
+// them first), and an executor's failure is returned as its status with this thread's detail set.
+class LayerExecutor {
+ public:
+  virtual ~LayerExecutor() = default;
+  virtual const core::LayerShape& shape() const = 0;
+  // The token count of the current schedule (0 without one).
+  virtual int tokens() const = 0;
+  // Forgets the schedule and the context (a mokLayerBuildSchedule that fails leaves neither).
+  virtual void drop_schedule() = 0;
+  virtual mokStatus_t build_schedule(const void* topk_ids, bool int64_ids, int tokens) = 0;
+  // with_output == false: a recompute (topk_weights and out unused).
+  virtual mokStatus_t forward(const mokLayerWeights_t& weights, const uint16_t* x, const float* topk_weights,
+                              uint16_t* out, bool with_output) = 0;
+  virtual mokStatus_t backward(const mokLayerWeights_t& weights, const float* topk_weights, const uint16_t* dout,
+                               const mokLayerGrads_t& grads) = 0;
+  virtual mokStatus_t get_slots(uint16_t* y_slots) = 0;
+  // A collective call this rank refuses: `detail` becomes the reason its peers read, and the group is aborted.
+  virtual void reject(mokStatus_t status, const char* detail) = 0;
+  // The first failure this rank recorded, in `error`'s fields after its stamp; status mokSuccess when none.
+  virtual void error(mokLayerError_t* error) = 0;
+  virtual void abort() = 0;
+};
+
+// Creates one context of an executor over validated arguments.
+using CreateLayer = mokStatus_t (*)(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory,
+                                    std::unique_ptr<LayerExecutor>* out);
+
+// The executor's layer factory, nullptr when this libmok carries no layer for `executor` (an enumerator). Device
+// code built in without a layer (cuda/: device queries) does not count.
+CreateLayer layer_factory(mokExecutor_t executor);
+
+// Whether this libmok runs a layer with `executor`: layer_factory(executor) != nullptr.
+bool layer_compiled(mokExecutor_t executor);
+
+// mokNotCompiled with a detail naming `func` and the `argument` that holds `executor`, and saying that it runs no
+// layer in this libmok.
+mokStatus_t not_compiled(mokExecutor_t executor, const char* argument, const char* func);
+
+// The host executor's factory (api/host_executor.cpp).
+mokStatus_t create_host_layer(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory,
+                              std::unique_ptr<LayerExecutor>* out);
+
+}  // namespace mok::api

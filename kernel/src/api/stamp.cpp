@@ -1,0 +1,74 @@
+// Struct stamps: the layouts every stamped struct of mok.h has had, and the check of a caller's stamp.
+#include "api/stamp.hpp"
+
+#include "api/error.hpp"
+
+namespace mok::api {
+namespace {
+
+// The three fields every stamped struct begins with.
+struct Stamp {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+};
+static_assert(offsetof(mokLayerConfig_t, magic) == offsetof(Stamp, magic) &&
+                  offsetof(mokLayerConfig_t, version) == offsetof(Stamp, version) &&
+                  offsetof(mokLayerMemory_t, version) == offsetof(Stamp, version) &&
+                  offsetof(mokLayerError_t, version) == offsetof(Stamp, version) &&
+                  offsetof(mokDeviceInfo_t, version) == offsetof(Stamp, version),
+              "every stamped struct starts with size, magic, version");
+
+// Layouts, oldest first. A struct grows only at its end, by whole fields that change its sizeof.
+const size_t kDeviceInfoLayouts[] = {sizeof(mokDeviceInfo_t)};
+const size_t kLayerConfigLayouts[] = {sizeof(mokLayerConfig_t)};
+const size_t kLayerSizesLayouts[] = {sizeof(mokLayerSizes_t)};
+// mokLayerMemory_t's first layout ended at workspace_bytes; peer_bytes came after it.
+const size_t kLayerMemoryLayouts[] = {offsetof(mokLayerMemory_t, peer_bytes), sizeof(mokLayerMemory_t)};
+static_assert(offsetof(mokLayerMemory_t, peer_bytes) % alignof(mokLayerMemory_t) == 0,
+              "the first layout's sizeof is where peer_bytes starts");
+const size_t kLayerWeightsLayouts[] = {sizeof(mokLayerWeights_t)};
+const size_t kLayerGradsLayouts[] = {sizeof(mokLayerGrads_t)};
+const size_t kLayerErrorLayouts[] = {sizeof(mokLayerError_t)};
+
+template <size_t N>
+constexpr StampedType stamped(const char* name, const char* init, const size_t (&layouts)[N]) {
+  return {name, init, layouts, static_cast<int>(N)};
+}
+
+}  // namespace
+
+const StampedType kDeviceInfo = stamped("mokDeviceInfo_t", "MOK_DEVICE_INFO_INIT", kDeviceInfoLayouts);
+const StampedType kLayerConfig = stamped("mokLayerConfig_t", "MOK_LAYER_CONFIG_INIT", kLayerConfigLayouts);
+const StampedType kLayerSizes = stamped("mokLayerSizes_t", "MOK_LAYER_SIZES_INIT", kLayerSizesLayouts);
+const StampedType kLayerMemory = stamped("mokLayerMemory_t", "MOK_LAYER_MEMORY_INIT", kLayerMemoryLayouts);
+const StampedType kLayerWeights = stamped("mokLayerWeights_t", "MOK_LAYER_WEIGHTS_INIT", kLayerWeightsLayouts);
+const StampedType kLayerGrads = stamped("mokLayerGrads_t", "MOK_LAYER_GRADS_INIT", kLayerGradsLayouts);
+const StampedType kLayerError = stamped("mokLayerError_t", "MOK_LAYER_ERROR_INIT", kLayerErrorLayouts);
+
+mokStatus_t check_stamp(const void* arg, const StampedType& type, const char* name, const char* func, size_t* size) {
+  if (arg == nullptr) return fail(mokInvalidArgument, "%s: argument '%s' must not be NULL", func, name);
+  Stamp stamp;
+  std::memcpy(&stamp, arg, sizeof(stamp));
+  if (stamp.magic != MOK_STRUCT_MAGIC)
+    return fail(mokInvalidArgument, "%s: argument '%s' has no %s stamp (magic 0x%08x); initialise it with %s", func,
+                name, type.name, stamp.magic, type.init);
+  size_t newest = type.layouts[type.count - 1];
+  unsigned v = stamp.version;
+  if (stamp.size > newest)
+    return fail(mokInvalidArgument,
+                "%s: argument '%s' is a %s of %zu bytes from mok.h %u.%u.%u; this libmok (%s) knows %s up to %zu "
+                "bytes: build against this libmok's mok.h, or load the libmok of that mok.h",
+                func, name, type.name, stamp.size, v / 10000, v / 100 % 100, v % 100, MOK_VERSION_STRING, type.name,
+                newest);
+  for (int i = 0; i < type.count; ++i)
+    if (stamp.size == type.layouts[i]) {
+      *size = stamp.size;
+      return mokSuccess;
+    }
+  return fail(mokInvalidArgument,
+              "%s: argument '%s' has size %zu, which is no layout of %s (mok.h %u.%u.%u); initialise it with %s", func,
+              name, stamp.size, type.name, v / 10000, v / 100 % 100, v % 100, type.init);
+}
+
+}  // namespace mok::api

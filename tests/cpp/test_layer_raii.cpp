@@ -1,0 +1,184 @@
+// mok.hpp's C++ layer: mok::Layer owns one context (created once, destroyed exactly once, also across moves), its
+// calls give what the C calls give, and every failure throws mok::Error with the C call's status and detail.
+#include <dirent.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mok/mok.hpp>
+#include <random>
+#include <type_traits>
+#include <vector>
+
+#include "check.hpp"
+
+namespace {
+
+static_assert(!std::is_copy_constructible_v<mok::Layer> && !std::is_copy_assignable_v<mok::Layer>,
+              "a context has one owner");
+static_assert(std::is_nothrow_move_constructible_v<mok::Layer> && std::is_nothrow_move_assignable_v<mok::Layer>,
+              "a Layer moves into containers");
+
+constexpr int E = 2, H = 32, I = 16, K = 2, T = 8, kWorkers = 3;
+
+// Threads of this process: a context runs comm_workers + compute_workers of them until it is destroyed.
+int threads() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
+mokLayerConfig_t config() {
+  mokLayerConfig_t c = MOK_LAYER_CONFIG_INIT;
+  c.experts_per_rank = E, c.hidden = H, c.intermediate = I, c.top_k = K, c.max_tokens = T;
+  c.expert_padding = 8, c.minibatch = 16, c.macrobatch = 32;
+  c.comm_workers = 1, c.compute_workers = kWorkers - 1;
+  return c;
+}
+
+// Caller memory for one world-1 context.
+struct Memory {
+  Memory() : sizes(mok::layer_sizes(config())) {
+    peer = std::aligned_alloc(64, (sizes.peer_bytes + 63) / 64 * 64);
+    workspace = std::aligned_alloc(64, (sizes.workspace_bytes + 63) / 64 * 64);
+    m.peer_bases = &peer, m.peer_bytes = sizes.peer_bytes;
+    m.workspace = workspace, m.workspace_bytes = sizes.workspace_bytes;
+  }
+  ~Memory() { std::free(peer), std::free(workspace); }
+  mokLayerSizes_t sizes;
+  void *peer, *workspace;
+  mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
+};
+
+// The status and detail a call threw; mokSuccess when it did not throw.
+template <class F>
+mok::Error thrown(F f) {
+  try {
+    f();
+  } catch (const mok::Error& e) {
+    return e;
+  }
+  return mok::Error(mokSuccess, "");
+}
+
+}  // namespace
+
+TEST(create_destroy_once_across_moves) {
+  Memory mem;
+  int base = threads();
+  {
+    mok::Layer a(config(), mem.m);
+    CHECK(a && threads() == base + kWorkers);
+    mok::Layer b(std::move(a));
+    CHECK(!a && b && threads() == base + kWorkers);  // moved, not recreated
+    std::vector<mok::Layer> kept;
+    kept.push_back(std::move(b));
+    kept.reserve(8);  // moved again inside the vector
+    CHECK(threads() == base + kWorkers);
+    mok::Layer c;
+    c = std::move(kept[0]);
+    c = std::move(c);  // self-move keeps the context
+    CHECK(c && threads() == base + kWorkers);
+    Memory other;
+    c = mok::Layer(config(), other.m);  // the old context is destroyed, the new one kept
+    CHECK(c && threads() == base + kWorkers);
+    c.reset();
+    CHECK(!c && threads() == base);
+    c = mok::Layer(config(), mem.m);  // the buffers of a destroyed context are reused as they are
+  }
+  CHECK_MSG(threads() == base, "%d threads left, %d before", threads(), base);
+}
+
+TEST(failures_throw_status_and_detail) {
+  mokLayerConfig_t bad = config();
+  bad.world = 0;
+  mok::Error e = thrown([&] { mok::layer_sizes(bad); });
+  CHECK(e.status() == mokInvalidArgument && e.detail().find("'config.world' (0)") != std::string::npos);
+  CHECK(std::strstr(e.what(), "mokInvalidArgument") && std::strstr(e.what(), e.detail().c_str()));
+
+  Memory mem;
+  mokLayerMemory_t small = mem.m;
+  small.peer_bytes = mem.sizes.peer_bytes - 64;
+  e = thrown([&] { mok::Layer l(config(), small); });
+  CHECK(e.status() == mokInvalidArgument && e.detail().find("memory.peer_bytes") != std::string::npos);
+
+  mok::Layer layer(config(), mem.m);
+  std::vector<uint16_t> x(T * H), out(T * H);
+  std::vector<float> w(T * K);
+  mokLayerWeights_t weights = MOK_LAYER_WEIGHTS_INIT;
+  std::vector<uint16_t> gate(E * I * H), up(E * I * H), down(E * H * I);
+  weights.gate = gate.data(), weights.up = up.data(), weights.down = down.data();
+  e = thrown([&] { layer.forward(weights, x.data(), w.data(), out.data()); });
+  CHECK_MSG(e.status() == mokInvalidUsage && e.detail().find("mokLayerBuildSchedule first") != std::string::npos, "%s",
+            e.what());
+  CHECK(layer.error().status == mokSuccess);  // a refused call in a group of one leaves the context usable
+
+  mok::Layer moved(std::move(layer));
+  e = thrown([&] { layer.build_schedule(static_cast<const int32_t*>(nullptr), 0); });
+  CHECK(e.status() == mokInvalidArgument && e.detail().find("argument 'layer'") != std::string::npos);
+  e = thrown([&] { layer.error(); });
+  CHECK(e.status() == mokInvalidArgument);
+}
+
+// The wrapper's forward, slots and backward against the same calls made through the C ABI: bitwise equal.
+TEST(calls_match_the_c_abi) {
+  std::mt19937_64 rng(mok_test::seed());
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  auto bf16 = [&](size_t n, float scale) {
+    std::vector<uint16_t> v(n);
+    for (uint16_t& b : v) {
+      float f = u(rng) * scale;
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      b = static_cast<uint16_t>(bits >> 16);
+    }
+    return v;
+  };
+  std::vector<uint16_t> gate = bf16(E * I * H, 0.3f), up = bf16(E * I * H, 0.3f), down = bf16(E * H * I, 0.3f);
+  std::vector<uint16_t> x = bf16(T * H, 2.0f), dout = bf16(T * H, 1.0f);
+  std::vector<float> w(T * K);
+  std::vector<int64_t> ids(T * K);
+  for (int i = 0; i < T * K; ++i) w[i] = u(rng), ids[i] = static_cast<int64_t>(rng() % (E + 1)) - 1;
+  mokLayerWeights_t weights = MOK_LAYER_WEIGHTS_INIT;
+  weights.gate = gate.data(), weights.up = up.data(), weights.down = down.data();
+  struct Result {
+    std::vector<uint16_t> out, slots, dx, dgate, dup, ddown;
+    std::vector<float> dw;
+  };
+  auto grads_into = [](Result& r) {
+    r.out.assign(T * H, 0), r.slots.assign(T * K * H, 0), r.dx.assign(T * H, 0), r.dw.assign(T * K, 0.0f);
+    r.dgate.assign(E * I * H, 0), r.dup.assign(E * I * H, 0), r.ddown.assign(E * H * I, 0);
+    mokLayerGrads_t g = MOK_LAYER_GRADS_INIT;
+    g.dx = r.dx.data(), g.dtopk_weights = r.dw.data();
+    g.dgate = r.dgate.data(), g.dup = r.dup.data(), g.ddown = r.ddown.data();
+    return g;
+  };
+  Memory mem;
+  Result cpp, c;
+  {
+    mok::Layer layer(config(), mem.m);
+    mokLayerGrads_t g = grads_into(cpp);
+    layer.build_schedule(ids.data(), T);
+    layer.forward(weights, x.data(), w.data(), cpp.out.data());
+    layer.slots(cpp.slots.data());
+    layer.backward(weights, w.data(), dout.data(), g);
+  }
+  mokLayer_t layer = nullptr;
+  mokLayerConfig_t cfg = config();
+  CHECK(mokLayerCreate(&cfg, &mem.m, &layer) == mokSuccess);
+  mokLayerGrads_t g = grads_into(c);
+  CHECK(mokLayerBuildSchedule(layer, ids.data(), mokIndexInt64, T) == mokSuccess);
+  CHECK(mokLayerForward(layer, &weights, x.data(), w.data(), c.out.data()) == mokSuccess);
+  CHECK(mokLayerGetSlots(layer, c.slots.data()) == mokSuccess);
+  CHECK(mokLayerBackward(layer, &weights, w.data(), dout.data(), &g) == mokSuccess);
+  mokLayerDestroy(layer);
+  CHECK(cpp.out == c.out && cpp.slots == c.slots && cpp.dx == c.dx && cpp.dw == c.dw);
+  CHECK(cpp.dgate == c.dgate && cpp.dup == c.dup && cpp.ddown == c.ddown);
+  bool nonzero = false;
+  for (uint16_t v : c.out) nonzero = nonzero || (v & 0x7fff) != 0;
+  CHECK(nonzero);  // the comparison saw a real result
+}
+
+MOK_TEST_MAIN
