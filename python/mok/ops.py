@@ -5,10 +5,13 @@
     mok::mxfp8_quantize(t) -> (rowwise data, scales, colwise data, scales)
 
 Custom ops take tensors and plain values only, so the expert containers travel as flat tensor lists
-(`flatten_routed` / `unflatten_routed`) and the process group by name. The forward keeps y_slots (the one
-piece of the context with a shape known in advance, needed for the router-weight gradient); the backward
-recomputes the expert-side context (activation recompute) and then runs the backward. Every executor behind
-mok.functional serves these ops; `backend` "" means the default for the device.
+(`flatten_routed` / `unflatten_routed`) and the process group by name (`group_name`, which also registers it for
+`_group`; "mok.LOCAL" for mok.LOCAL). The forward returns y_slots (the one piece of the context with a shape known
+in advance, needed for the router-weight gradient). In eager mode with keep_context, the autograd node also keeps
+the forward's functional context and the backward runs on it (no second schedule, no recompute). Otherwise
+(keep_context=False, or a graph torch.compile traced, where the op's outputs are not the eager tensors) the
+backward op recomputes the expert-side context (activation recompute) and then runs the backward. Every executor
+behind mok.functional serves these ops; `backend` "" means the default for the device.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.distributed as dist
 
 from mok import functional
 from mok.experts import RoutedExperts, RoutedExpertsMXFP8, SharedExpert
@@ -58,13 +60,27 @@ def unflatten_shared(flat: list[torch.Tensor]):
     return SharedExpert(*flat) if flat else None
 
 
+_GROUPS: dict = {}  # group_name -> the ProcessGroup (torch has no public lookup by name)
+
+
 def group_name(group) -> str:
-    """How a process group travels through an op: "" for None (the default group, or no group at all)."""
-    return "" if group is None else group.group_name
+    """How a process group travels through an op: "" for None, "mok.LOCAL" for mok.LOCAL, else its name (and the
+    group is remembered under it for the op's implementation)."""
+    if group is None:
+        return ""
+    if group is not functional.LOCAL:
+        _GROUPS[group.group_name] = group
+    return group.group_name
 
 
 def _group(name: str):
-    return None if name == "" else dist.distributed_c10d._resolve_process_group(name)
+    if name == "":
+        return None
+    if name == functional.LOCAL.group_name:
+        return functional.LOCAL
+    if name not in _GROUPS:
+        raise ValueError(f"group {name!r} is not a process group mok.ops.group_name was given")
+    return _GROUPS[name]
 
 
 def config_to_floats(config: functional.MoKConfig | None) -> list[float]:
@@ -88,19 +104,28 @@ def _config(values: list[float]):
 # The ops
 
 
+class _Kept:
+    """The latest eager forward's functional context, handed from the op's implementation to its autograd
+    setup (which recognises it by its y_slots tensor) and cleared there."""
+
+    y_slots = None
+    context = None
+
+
 @torch.library.custom_op("mok::moe_forward", mutates_args=())
 def moe_forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, routed: list[torch.Tensor],
                 shared: list[torch.Tensor], swiglu_limit: float | None, group: str, backend: str,
-                config: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
+                config: list[float], keep_context: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [T, H] bf16, y_slots [T, K, H] bf16: each route's expert output, kept for the backward)."""
     out, ctx = functional.forward(x, topk_ids, topk_weights, unflatten_routed(routed), unflatten_shared(shared),
                                   group=_group(group), config=_config(config), backend=backend or None,
                                   swiglu_limit=swiglu_limit)
+    _Kept.y_slots, _Kept.context = (ctx.y_slots, ctx) if keep_context else (None, None)
     return out, ctx.y_slots
 
 
 @moe_forward.register_fake
-def _(x, topk_ids, topk_weights, routed, shared, swiglu_limit, group, backend, config):
+def _(x, topk_ids, topk_weights, routed, shared, swiglu_limit, group, backend, config, keep_context):
     tokens, hidden = x.shape
     return x.new_empty(tokens, hidden), x.new_empty(tokens, topk_ids.shape[1], hidden)
 
@@ -125,25 +150,31 @@ def _(dout, x, topk_ids, topk_weights, routed, shared, y_slots, swiglu_limit, gr
 
 
 def _setup_context(ctx, inputs, output):
-    x, topk_ids, topk_weights, routed, shared, swiglu_limit, group, backend, config = inputs
+    x, topk_ids, topk_weights, routed, shared, swiglu_limit, group, backend, config, keep_context = inputs
     ctx.save_for_backward(x, topk_ids, topk_weights, output[1], *routed, *shared)
     ctx.num_routed, ctx.num_shared = len(routed), len(shared)
     ctx.args = (swiglu_limit, group, backend, config)
     ctx.mark_non_differentiable(output[1])
+    kept = _Kept.context if _Kept.y_slots is not None and _Kept.y_slots is output[1] else None
+    ctx.mok_context = kept if keep_context else None
+    _Kept.y_slots = _Kept.context = None
 
 
 def _backward(ctx, dout, _dy_slots):
     x, topk_ids, topk_weights, y_slots, *weights = ctx.saved_tensors
     routed, shared = weights[:ctx.num_routed], weights[ctx.num_routed:]
-    grads = torch.ops.mok.moe_backward(dout.contiguous(), x, topk_ids, topk_weights, routed, shared, y_slots,
-                                       *ctx.args)
+    if ctx.mok_context is not None:  # the forward's own context: no second schedule, no recompute
+        grads = [g for g in functional.backward(ctx.mok_context, dout.contiguous()) if g is not None]
+    else:
+        grads = torch.ops.mok.moe_backward(dout.contiguous(), x, topk_ids, topk_weights, routed, shared, y_slots,
+                                           *ctx.args)
     dx, dw, *dweights = grads
     # Gradients reach the bf16 masters only; MXFP8 forms are derived data.
     routed_grads = dweights[:3] + [None] * (ctx.num_routed - 3)
     # One entry per input, shaped like it: a list for a list of tensors and None for any other value. An empty
     # list counts as a (vacuous) tensor list, a non-empty config list as one value.
     config_grad = None if ctx.args[3] else []
-    return dx, None, dw, routed_grads, dweights[3:], None, None, None, config_grad
+    return dx, None, dw, routed_grads, dweights[3:], None, None, None, config_grad, None
 
 
 torch.library.register_autograd("mok::moe_forward", _backward, setup_context=_setup_context)
