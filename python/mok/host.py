@@ -50,12 +50,18 @@ class _Layers:
 
     def close(self) -> None:
         """Destroy every libmok layer (their group is finished, or the workspace is dropped)."""
-        for layer in self.layers.values():
-            layer.close()
+        for key, layer in self.layers.items():
+            if key[1] == os.getpid():
+                layer.close()
+            else:  # made before a fork: its threads live in the parent, so it is never destroyed here
+                _INHERITED.append((layer, self.memory[key]))
         self.layers.clear()
         self.memory.clear()
         self.latest.clear()
         self.generation += 1
+
+
+_INHERITED: list = []  # layers (and their memory) a forked process inherited and must not destroy
 
 
 @dataclass
@@ -245,7 +251,9 @@ class HostExecutor:
         "rank r rejected its arguments" in the detail (functional.GroupResync)."""
         state = workspace.buffers
         ids = torch.zeros(1, 1, dtype=torch.int32)
-        for layer in state.layers.values():
+        for key, layer in state.layers.items():
+            if key[1] != os.getpid():
+                continue  # another process's layer (inherited over a fork): not this group's
             try:
                 layer.build_schedule(ids.data_ptr(), False, -1)
             except ValueError:
