@@ -112,7 +112,25 @@ class _Kept:
     context = None
 
 
-@torch.library.custom_op("mok::moe_forward", mutates_args=())
+# The ops are defined with torch.library's Library/define/impl rather than torch.library.custom_op: custom_op wraps
+# every implementation in torch._disable_dynamo, whose first call imports torch._dynamo (seconds), which would land
+# on the first mok.moe call of every process. The schemas are functional (no argument is mutated or aliased).
+_LIB = torch.library.Library("mok", "DEF")
+_LIB.define("moe_forward(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor[] routed, Tensor[] shared, "
+            "float? swiglu_limit, str group, str backend, float[] config, bool keep_context) -> (Tensor, Tensor)")
+_LIB.define("moe_backward(Tensor dout, Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor[] routed, "
+            "Tensor[] shared, Tensor y_slots, float? swiglu_limit, str group, str backend, float[] config) -> Tensor[]")
+_LIB.define("mxfp8_quantize(Tensor t) -> (Tensor, Tensor, Tensor, Tensor)")
+
+
+def _impl(name: str):
+    def register(fn):
+        _LIB.impl(name, fn, "CompositeExplicitAutograd")
+        return fn
+    return register
+
+
+@_impl("moe_forward")
 def moe_forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, routed: list[torch.Tensor],
                 shared: list[torch.Tensor], swiglu_limit: float | None, group: str, backend: str,
                 config: list[float], keep_context: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,13 +142,13 @@ def moe_forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     return out, ctx.y_slots
 
 
-@moe_forward.register_fake
+@torch.library.register_fake("mok::moe_forward")
 def _(x, topk_ids, topk_weights, routed, shared, swiglu_limit, group, backend, config, keep_context):
     tokens, hidden = x.shape
     return x.new_empty(tokens, hidden), x.new_empty(tokens, topk_ids.shape[1], hidden)
 
 
-@torch.library.custom_op("mok::moe_backward", mutates_args=())
+@_impl("moe_backward")
 def moe_backward(dout: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                  routed: list[torch.Tensor], shared: list[torch.Tensor], y_slots: torch.Tensor,
                  swiglu_limit: float | None, group: str, backend: str, config: list[float]) -> list[torch.Tensor]:
@@ -144,7 +162,7 @@ def moe_backward(dout: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor, to
     return [g for g in grads if g is not None]
 
 
-@moe_backward.register_fake
+@torch.library.register_fake("mok::moe_backward")
 def _(dout, x, topk_ids, topk_weights, routed, shared, y_slots, swiglu_limit, group, backend, config):
     return [torch.empty_like(t) for t in (x, topk_weights, *routed[:3], *shared)]
 
@@ -174,13 +192,15 @@ def _backward(ctx, dout, _dy_slots):
     # One entry per input, shaped like it: a list for a list of tensors and None for any other value. An empty
     # list counts as a (vacuous) tensor list, a non-empty config list as one value.
     config_grad = None if ctx.args[3] else []
+    # (No schema defaults: the dispatcher drops a trailing argument equal to its default, and autograd would then
+    # expect one entry fewer.)
     return dx, None, dw, routed_grads, dweights[3:], None, None, None, config_grad, None
 
 
 torch.library.register_autograd("mok::moe_forward", _backward, setup_context=_setup_context)
 
 
-@torch.library.custom_op("mok::mxfp8_quantize", mutates_args=())
+@_impl("mxfp8_quantize")
 def quantize(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """mok.quant.mxfp8_quantize of a [M, N] or [E, M, N] tensor in both orientations: (rowwise data, scales,
     colwise data, scales). An op so that compiled code quantises weights without tracing the codec's checks."""
@@ -188,7 +208,7 @@ def quantize(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
     return pair.rowwise.data, pair.rowwise.scales, pair.colwise.data, pair.colwise.scales
 
 
-@quantize.register_fake
+@torch.library.register_fake("mok::mxfp8_quantize")
 def _(t):
     *batch, m, n = t.shape
     fp8, e8m0 = torch.float8_e4m3fn, torch.uint8
@@ -200,6 +220,6 @@ def quantize_routed(routed: RoutedExperts) -> RoutedExpertsMXFP8:
     """routed.to_mxfp8() through the op (traceable by torch.compile); `routed` stays the master."""
     pairs = []
     for p in _PARTS:
-        row_data, row_scales, col_data, col_scales = quantize(getattr(routed, p).detach())
+        row_data, row_scales, col_data, col_scales = torch.ops.mok.mxfp8_quantize(getattr(routed, p).detach())
         pairs.append(MXFP8Pair(MXFP8Tensor(row_data, row_scales, False), MXFP8Tensor(col_data, col_scales, True)))
     return RoutedExpertsMXFP8(routed, *pairs)
