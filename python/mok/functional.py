@@ -11,6 +11,7 @@ executor (libmok's "host" executor through mok._mok, the GPU executors) plugs in
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import math
 import uuid
@@ -264,6 +265,9 @@ def clear_workspaces() -> None:
     Call it on every rank of a group together: the next call makes new workspaces, which is collective."""
     while _WORKSPACES:
         _close(_WORKSPACES.popitem(last=False)[1])
+
+
+atexit.register(clear_workspaces)  # libmok layers end their threads before the interpreter goes
 
 
 def _cache(key: tuple, workspace: Workspace) -> None:

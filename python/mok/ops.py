@@ -182,7 +182,8 @@ def _backward(ctx, dout, _dy_slots):
     x, topk_ids, topk_weights, y_slots, *weights = ctx.saved_tensors
     routed, shared = weights[:ctx.num_routed], weights[ctx.num_routed:]
     if ctx.mok_context is not None:  # the forward's own context: no second schedule, no recompute
-        grads = [g for g in functional.backward(ctx.mok_context, dout.contiguous()) if g is not None]
+        kept, ctx.mok_context = ctx.mok_context, None  # released: a second backward (retain_graph) recomputes
+        grads = [g for g in functional.backward(kept, dout.contiguous()) if g is not None]
     else:
         grads = torch.ops.mok.moe_backward(dout.contiguous(), x, topk_ids, topk_weights, routed, shared, y_slots,
                                            *ctx.args)
