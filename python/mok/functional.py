@@ -113,7 +113,10 @@ class Executor(Protocol):
     that a schedule has `num_tokens`, `topk` and `num_local_experts` and a ctx has `y_slots` ([T, K, H] bf16)."""
 
     name: str
-    agrees_per_call: bool  # True: every call exchanges its arguments (the executor talks over torch.distributed)
+    # True (the default when absent): every call exchanges its arguments. False: only a workspace's first call does,
+    # and the executor reports data faults to every rank itself, stops its peers' pass through `stop_group(ws)`
+    # and raises GroupResync when a peer stopped it (the host executor, through libmok's error record).
+    agrees_per_call: bool
 
     def supports(self, device: torch.device) -> bool: ...
     def create_workspace(self, key: WorkspaceKey, config: MoKConfig) -> Any: ...
@@ -413,7 +416,7 @@ def build_schedule(topk_ids: torch.Tensor, num_local_experts: int, *, group=None
     except (TypeError, ValueError) as e:
         error = e
     timeout = (workspace.config if isinstance(workspace, Workspace) else MoKConfig()).wait_timeout_s
-    if executor is None or executor.agrees_per_call:
+    if executor is None or _per_call(executor):
         _agree(group, world, timeout, error, {}, 0)
     elif error is not None:
         raise error  # a host schedule is local: libmok's forward is the collective step
@@ -473,7 +476,7 @@ def backward(ctx: ForwardContext, dout: torch.Tensor, *, main_grads: MainGrads |
     except (TypeError, ValueError) as e:
         error = e
     timeout = ctx.workspace.config.wait_timeout_s if ctx.workspace is not None else MoKConfig().wait_timeout_s
-    if ctx.executor.agrees_per_call:
+    if _per_call(ctx.executor):
         _agree(ctx.group, ctx.world, timeout, error, {"call": "backward"}, 0)
     elif error is not None:
         _stop_peers(ctx.executor, ctx.workspace)
@@ -538,7 +541,7 @@ def _prepare(name, x, topk_ids, topk_weights, routed, shared, group, config, wor
         shape, executor = _guess(x, topk_ids, routed, shared, swiglu_limit, workspace, config, backend)
     if resync is not None and resync.error is not None:
         error = error or resync.error
-    if executor is None or executor.agrees_per_call or world == 1:
+    if executor is None or _per_call(executor) or world == 1:
         record = {} if error is not None else _call_record(name, shape, executor, config, x.device)
         counts, nonce = _agree(group, world, timeout, error, record, tokens)
         _check_rows(world, max(counts), shape, shape.expert_padding)
@@ -596,6 +599,10 @@ def _guess(x, topk_ids, routed, shared, swiglu_limit, workspace, config, backend
         return shape, select_backend(backend, x.device)
     except Exception:  # noqa: BLE001 - a guess: the call's own error is what gets raised
         return None, None
+
+
+def _per_call(executor) -> bool:
+    return getattr(executor, "agrees_per_call", True)
 
 
 def _stop_peers(executor, workspace) -> None:
