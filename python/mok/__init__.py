@@ -9,7 +9,7 @@ import os as _os
 
 from mok import functional, nn, ops, quant, reference  # noqa: F401
 from mok.experts import RoutedExperts, RoutedExpertsMXFP8, SharedExpert  # noqa: F401
-from mok.functional import MoKConfig  # noqa: F401
+from mok.functional import LOCAL, MoKConfig, clear_workspaces  # noqa: F401
 from mok.layer import moe  # noqa: F401
 from mok.quant import mxfp8_dequantize, mxfp8_quantize  # noqa: F401
 

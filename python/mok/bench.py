@@ -146,7 +146,7 @@ def layer_case(backend: str, x, ids, weights, routed, shared, dout, mxfp8: bool,
 
     def forward():
         state["out"], state["ctx"] = functional.forward(x, ids, weights, routed, shared, backend=backend,
-                                                        config=config)
+                                                        config=config, group=_group())
 
     def backward():
         state["grads"] = functional.backward(state.pop("ctx"), dout)
@@ -354,3 +354,8 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _group():
+    """The benchmark's expert-parallel group: every process of run_group's gloo group."""
+    return dist.group.WORLD if dist.is_initialized() else functional.LOCAL

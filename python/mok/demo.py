@@ -122,7 +122,8 @@ def run_rank(rank: int, args):
         dist.barrier()
         start = time.perf_counter()
         routed_arg = my_routed.to_mxfp8() if args.mxfp8 else my_routed
-        out = mok.moe(leaves[0], ids[tokens].contiguous(), leaves[1], routed_arg, my_shared, backend=args.backend)
+        out = mok.moe(leaves[0], ids[tokens].contiguous(), leaves[1], routed_arg, my_shared, backend=args.backend,
+                      group=dist.group.WORLD)
         out.backward(dout[tokens])
         times.append(time.perf_counter() - start)
         if rank == 0:

@@ -6,12 +6,15 @@ the rows are laid out expert-major and, inside an expert, in canonical order (so
 that fixes every weight-gradient sum and every token-dim MXFP8 block (docs/semantics.md). Because that order
 does not depend on how tokens are spread over ranks, W ranks give bitwise the single-process result.
 
-Works with any backend torch.distributed has (gloo on CPU, NCCL on CUDA); `group=None` with no process group
-initialised runs in-process with no communication at all.
+Works with any backend torch.distributed has (gloo on CPU, NCCL on CUDA); `group=LOCAL` (or `group=None` with
+no process group of more than one rank initialised) runs in-process with no communication at all. Every wait on
+another rank is bounded by the caller's timeout and names what it waited for.
 """
 
 from __future__ import annotations
 
+import datetime
+import pickle
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -22,11 +25,63 @@ from mok import reference
 from mok.experts import RoutedExperts, RoutedExpertsMXFP8, SharedExpert
 
 
+class _Local:
+    """`mok.LOCAL`: the group of this process alone (no expert parallelism, no communication)."""
+
+    group_name = "mok.LOCAL"
+
+    def __repr__(self) -> str:
+        return "mok.LOCAL"
+
+    def __reduce__(self):
+        return "LOCAL"  # pickles (and forks) as the one instance
+
+
+LOCAL = _Local()
+
+
+def resolve_group(group):
+    """The expert-parallel group a call means: LOCAL for LOCAL, and for None when torch.distributed has no group
+    of more than one rank; the group itself otherwise. None with a larger default group is ambiguous (it may be
+    the data-parallel world) and an error."""
+    if group is None:
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            raise ValueError(f"group must be the expert-parallel process group (or mok.LOCAL for this process "
+                             f"alone) when torch.distributed is initialised with {dist.get_world_size()} ranks, "
+                             f"got None")
+        return LOCAL
+    return group
+
+
 def group_rank_and_size(group) -> tuple[int, int]:
-    """(rank, world size) in `group`; (0, 1) when torch.distributed is not initialised and group is None."""
-    if group is None and not (dist.is_available() and dist.is_initialized()):
+    """(rank, world size) in `group` (resolved as resolve_group does); (0, 1) for LOCAL."""
+    group = resolve_group(group)
+    if group is LOCAL:
         return 0, 1
     return dist.get_rank(group), dist.get_world_size(group)
+
+
+def wait(work, timeout_s: float, what: str) -> None:
+    """Wait for an async torch.distributed call at most timeout_s; a wait that runs out is a TimeoutError naming
+    `what` (gloo's own timeout, 30 minutes by default, would otherwise decide)."""
+    try:
+        work.wait(timeout=datetime.timedelta(seconds=timeout_s))
+    except RuntimeError as e:
+        raise TimeoutError(f"waiting for {what} ran out after {timeout_s:g} s (a rank did not call, or is "
+                           f"stuck): {e}") from e
+
+
+def gather_objects(value, group, world: int, timeout_s: float, what: str) -> list:
+    """Every rank's picklable `value`, rank order; two bounded all_gathers (sizes, then the padded bytes)."""
+    data = torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    wait(dist.all_gather(sizes, torch.tensor([data.numel()]), group=group, async_op=True), timeout_s, what)
+    longest = int(max(s.item() for s in sizes))
+    padded = torch.zeros(longest, dtype=torch.uint8)
+    padded[:data.numel()] = data
+    parts = [torch.empty(longest, dtype=torch.uint8) for _ in range(world)]
+    wait(dist.all_gather(parts, padded, group=group, async_op=True), timeout_s, what)
+    return [pickle.loads(p[:int(s.item())].numpy().tobytes()) for p, s in zip(parts, sizes, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -45,6 +100,7 @@ class Schedule:
     group: object
     rank: int
     world: int
+    timeout_s: float
     num_local_experts: int
     num_tokens: int
     topk: int
@@ -63,12 +119,14 @@ class Schedule:
         return [seg.contiguous() for seg in torch.split(rows, self.expert_rows)]
 
 
-def build_schedule(topk_ids: torch.Tensor, num_local_experts: int, group=None) -> Schedule:
+def build_schedule(topk_ids: torch.Tensor, num_local_experts: int, group=None, timeout_s: float = 60.0) -> Schedule:
     """Plan dispatch and combine for `topk_ids` [T, K] (ids already validated; -1 = no route).
 
     One all_to_all of per-expert row counts: every rank learns how many rows each source sends to each of its
-    experts, which is all it needs to lay the received rows out in canonical order.
+    experts, which is all it needs to lay the received rows out in canonical order. Every exchange of this
+    schedule waits at most timeout_s.
     """
+    group = resolve_group(group)
     rank, world = group_rank_and_size(group)
     num_tokens, topk = topk_ids.shape
     ids = topk_ids.reshape(-1).to(torch.int64)
@@ -76,12 +134,13 @@ def build_schedule(topk_ids: torch.Tensor, num_local_experts: int, group=None) -
     # A stable sort by expert keeps (t, k) ascending inside each expert: the canonical order for this source.
     send_routes = routed[torch.sort(ids[routed], stable=True).indices]
     send_counts = torch.bincount(ids[routed], minlength=world * num_local_experts)
-    recv_counts = _exchange_counts(send_counts, group, world)
+    recv_counts = _exchange_counts(send_counts, group, world, timeout_s)
     counts = recv_counts.reshape(world, num_local_experts)
     return Schedule(
         group=group,
         rank=rank,
         world=world,
+        timeout_s=timeout_s,
         num_local_experts=num_local_experts,
         num_tokens=num_tokens,
         topk=topk,
@@ -110,14 +169,14 @@ def combine(schedule: Schedule, expert_rows: torch.Tensor) -> torch.Tensor:
     [T, K, C]; a slot with no route (-1) is zero."""
     received_order = torch.empty_like(expert_rows)
     received_order[schedule.recv_to_canonical] = expert_rows
-    back = _exchange(received_order, schedule.recv_splits, schedule.send_splits, schedule.group)
+    back = _exchange(received_order, schedule.recv_splits, schedule.send_splits, schedule, "the combine's all_to_all")
     slots = expert_rows.new_zeros(schedule.num_tokens * schedule.topk, expert_rows.shape[1])
     slots[schedule.send_routes] = back
     return slots.reshape(schedule.num_tokens, schedule.topk, expert_rows.shape[1])
 
 
 def _to_experts(schedule: Schedule, send: torch.Tensor) -> torch.Tensor:
-    received = _exchange(send, schedule.send_splits, schedule.recv_splits, schedule.group)
+    received = _exchange(send, schedule.send_splits, schedule.recv_splits, schedule, "the dispatch's all_to_all")
     return received[schedule.recv_to_canonical]
 
 
@@ -132,19 +191,23 @@ def _source_major_to_expert_major(counts: torch.Tensor) -> torch.Tensor:
     return torch.arange(total, dtype=torch.int64, device=counts.device) + shift
 
 
-def _exchange_counts(send_counts: torch.Tensor, group, world: int) -> torch.Tensor:
+def _exchange_counts(send_counts: torch.Tensor, group, world: int, timeout_s: float) -> torch.Tensor:
     if world == 1:
         return send_counts
     recv = torch.empty_like(send_counts)
-    dist.all_to_all_single(recv, send_counts, group=group)
+    wait(dist.all_to_all_single(recv, send_counts, group=group, async_op=True), timeout_s,
+         "the schedule's all_to_all of row counts")
     return recv
 
 
-def _exchange(send: torch.Tensor, send_splits: list[int], recv_splits: list[int], group) -> torch.Tensor:
+def _exchange(send: torch.Tensor, send_splits: list[int], recv_splits: list[int], schedule: Schedule,
+              what: str) -> torch.Tensor:
     if len(send_splits) == 1:
         return send
     recv = send.new_empty(sum(recv_splits), *send.shape[1:])
-    dist.all_to_all_single(recv, send.contiguous(), recv_splits, send_splits, group=group)
+    work = dist.all_to_all_single(recv, send.contiguous(), recv_splits, send_splits, group=schedule.group,
+                                  async_op=True)
+    wait(work, schedule.timeout_s, what)
     return recv
 
 

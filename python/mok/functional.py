@@ -11,7 +11,11 @@ executor (libmok's "host" executor through mok._mok, the GPU executors) plugs in
 
 from __future__ import annotations
 
+import atexit
+import dataclasses
 import math
+import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -19,14 +23,17 @@ import torch
 
 from mok import ep, validate
 from mok.ep import MainGrads
+from mok.experts import RoutedExpertsMXFP8
 from mok.quant import mxfp8_quantize  # noqa: F401  (part of the functional API, as in DESIGN 3)
 from mok.reference import Gradients
 
 __all__ = [
     "MoKConfig", "Workspace", "create_workspace", "get_workspace", "build_schedule", "forward", "backward",
     "recompute_forward_context", "mxfp8_quantize", "MainGrads", "Gradients", "register_backend",
-    "unregister_backend", "backends", "select_backend",
+    "unregister_backend", "backends", "select_backend", "clear_workspaces", "LOCAL", "MAX_CACHED_WORKSPACES",
 ]
+
+LOCAL = ep.LOCAL
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -106,6 +113,10 @@ class Executor(Protocol):
     that a schedule has `num_tokens`, `topk` and `num_local_experts` and a ctx has `y_slots` ([T, K, H] bf16)."""
 
     name: str
+    # True (the default when absent): every call exchanges its arguments. False: only a workspace's first call does,
+    # and the executor reports data faults to every rank itself, stops its peers' pass through `stop_group(ws)`
+    # and raises GroupResync when a peer stopped it (the host executor, through libmok's error record).
+    agrees_per_call: bool
 
     def supports(self, device: torch.device) -> bool: ...
     def create_workspace(self, key: WorkspaceKey, config: MoKConfig) -> Any: ...
@@ -154,6 +165,8 @@ class _ReferenceExecutor:
     Its context (ep.Context) keeps the expert side's inputs and activations and the token side's y slots."""
 
     name = "reference"
+    agrees_per_call = True  # its all_to_alls are torch.distributed calls anyway; the exchange gives every rank
+    # a bad argument's reason
 
     def supports(self, device: torch.device) -> bool:
         return True
@@ -162,7 +175,8 @@ class _ReferenceExecutor:
         return None  # all_to_all_single allocates what it needs
 
     def build_schedule(self, topk_ids, num_local_experts, group, workspace):
-        return ep.build_schedule(topk_ids, num_local_experts, group)
+        timeout = (workspace.config if workspace is not None else MoKConfig()).wait_timeout_s
+        return ep.build_schedule(topk_ids, num_local_experts, group, timeout)
 
     def forward(self, x, topk_ids, topk_weights, routed, shared, *, schedule, workspace, swiglu_limit,
                 need_context):
@@ -203,44 +217,84 @@ class WorkspaceKey:
 
 @dataclass(frozen=True)
 class Workspace:
-    """Memory an executor keeps between calls, for one group, device and set of shapes."""
+    """Memory an executor keeps between calls, for one group, device and set of shapes. `nonce` is a name the
+    group agreed on when the workspace was made (the host executor names its shared memory after it)."""
 
     key: WorkspaceKey
     config: MoKConfig
     group: Any
     buffers: Any = field(repr=False, default=None)
+    nonce: str = ""
 
 
 def create_workspace(*, max_tokens: int, hidden: int, topk: int, num_local_experts: int, intermediate: int,
                      shared_intermediate: int = 0, mxfp8: bool = False, group=None, device=None,
                      config: MoKConfig | None = None, backend: str | None = None) -> Workspace:
-    """A new workspace for calls with at most `max_tokens` tokens on any rank and these shapes. Every rank of
-    the group must create it with the same arguments."""
+    """A new workspace for calls with at most `max_tokens` tokens on any rank and these shapes. Collective: every
+    rank of the group creates it with the same arguments (one bounded exchange checks that)."""
     key, config = _workspace_key(max_tokens, hidden, topk, num_local_experts, intermediate, shared_intermediate,
                                  mxfp8, group, device, config, backend)
-    return Workspace(key, config, group, _BACKENDS[key.backend][1].create_workspace(key, config))
+    group = ep.resolve_group(group)
+    _, world = ep.group_rank_and_size(group)
+    _, nonce = _agree(group, world, config.wait_timeout_s, None, {"workspace": _without_group(key)}, 0)
+    return _new_workspace(key, config, group, nonce)
 
 
-_WORKSPACES: dict[tuple, Workspace] = {}
+# Implicit workspaces (mok.moe, and functional calls without one), least recently used last. Bounded: a model with
+# more distinct layer shapes than this re-creates the oldest ones (every rank evicts the same: they make the same
+# calls). clear_workspaces() drops them all.
+MAX_CACHED_WORKSPACES = 8
+_WORKSPACES: OrderedDict[tuple, Workspace] = OrderedDict()
 
 
 def get_workspace(*, max_tokens: int, hidden: int, topk: int, num_local_experts: int, intermediate: int,
                   shared_intermediate: int = 0, mxfp8: bool = False, group=None, device=None,
                   config: MoKConfig | None = None, backend: str | None = None) -> Workspace:
-    """create_workspace's result, made once per group, device, shapes, config and backend, then reused."""
-    args = (max_tokens, hidden, topk, num_local_experts, intermediate, shared_intermediate, mxfp8, group, device,
-            config, backend)
-    key, config = _workspace_key(*args)
-    if (key, config) not in _WORKSPACES:
-        _WORKSPACES[key, config] = Workspace(key, config, group,
-                                             _BACKENDS[key.backend][1].create_workspace(key, config))
-    return _WORKSPACES[key, config]
+    """create_workspace's result, made once per group, device, shapes, config and backend, then reused (the first
+    call is collective, as create_workspace)."""
+    key, config = _workspace_key(max_tokens, hidden, topk, num_local_experts, intermediate, shared_intermediate,
+                                 mxfp8, group, device, config, backend)
+    if ("explicit", key, config) not in _WORKSPACES:
+        _cache(("explicit", key, config), create_workspace(
+            max_tokens=max_tokens, hidden=hidden, topk=topk, num_local_experts=num_local_experts,
+            intermediate=intermediate, shared_intermediate=shared_intermediate, mxfp8=mxfp8, group=group,
+            device=device, config=config, backend=backend))
+    _WORKSPACES.move_to_end(("explicit", key, config))
+    return _WORKSPACES["explicit", key, config]
+
+
+def clear_workspaces() -> None:
+    """Drop every cached workspace and close the executors' resources they hold (libmok layers, shared memory).
+    Call it on every rank of a group together: the next call makes new workspaces, which is collective."""
+    while _WORKSPACES:
+        _close(_WORKSPACES.popitem(last=False)[1])
+
+
+atexit.register(clear_workspaces)  # libmok layers end their threads before the interpreter goes
+
+
+def _cache(key: tuple, workspace: Workspace) -> None:
+    _WORKSPACES[key] = workspace
+    _WORKSPACES.move_to_end(key)
+    while len(_WORKSPACES) > MAX_CACHED_WORKSPACES:
+        _close(_WORKSPACES.popitem(last=False)[1])
+
+
+def _close(workspace: Workspace) -> None:
+    close = getattr(_BACKENDS.get(workspace.key.backend, (0, None))[1], "close_workspace", None)
+    if close is not None:
+        close(workspace)
+
+
+def _new_workspace(key: WorkspaceKey, config: MoKConfig, group, nonce: str) -> Workspace:
+    return Workspace(key, config, group, _BACKENDS[key.backend][1].create_workspace(key, config), nonce)
 
 
 def _workspace_key(max_tokens, hidden, topk, num_local_experts, intermediate, shared_intermediate, mxfp8, group,
                    device, config, backend) -> tuple[WorkspaceKey, MoKConfig]:
     device = torch.device(device if device is not None else "cpu")
     config = _config(config)
+    group = ep.resolve_group(group)
     for name, value, low, high in (("max_tokens", max_tokens, 0, validate.MAX_TOKENS),
                                    ("hidden", hidden, 1, validate.MAX_HIDDEN), ("topk", topk, 1, validate.MAX_TOPK),
                                    ("num_local_experts", num_local_experts, 1, validate.MAX_EXPERTS_PER_RANK),
@@ -256,12 +310,64 @@ def _workspace_key(max_tokens, hidden, topk, num_local_experts, intermediate, sh
     return key, config
 
 
+def _without_group(key: WorkspaceKey) -> WorkspaceKey:
+    return WorkspaceKey(0, *dataclasses.astuple(key)[1:])
+
+
 def _config(config: MoKConfig | None) -> MoKConfig:
     if config is None:
         return MoKConfig()
     if not isinstance(config, MoKConfig):
         raise TypeError(f"config must be a MoKConfig or None, got {type(config).__name__}")
     return config
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Agreement: the one exchange of torch.distributed, bounded by wait_timeout_s
+
+
+_SOURCES = {**validate._FIELD_SOURCE, "backend": "the backend that runs it", "config": "MoKConfig",
+            "device": "x.device.type", "call": "the call (forward, backward)", "workspace": "create_workspace's "
+            "arguments"}
+
+
+class GroupResync(Exception):
+    """Raised by an executor when a peer stopped the group's pass on purpose (mok aborts its executor's group
+    when a rank cannot enter a call: a rejected argument, or more tokens than the workspace holds). Every rank
+    then agrees again: the reason is raised everywhere, or the workspace is rebuilt and the call retried.
+    `error`: this rank's own rejected argument, if that was the cause."""
+
+    def __init__(self, message: str, error: Exception | None = None):
+        super().__init__(message)
+        self.error = error
+
+
+def _agree(group, world: int, timeout_s: float, error: Exception | None, record: dict,
+           tokens: int) -> tuple[list[int], str]:
+    """Raise on every rank if any rank failed its checks or the ranks' records disagree; else return every rank's
+    token count and a name rank 0 drew. One bounded exchange of a small record per rank."""
+    if world == 1:
+        if error is not None:
+            raise error
+        return [tokens], uuid.uuid4().hex[:16]
+    mine = (validate._portable(error), record, tokens, uuid.uuid4().hex[:16])
+    records = ep.gather_objects(mine, group, world, timeout_s, "every rank of the group to agree on the layer's "
+                                "arguments (the workspace agreement)")
+    for rank, (err, _, _, _) in enumerate(records):
+        if err is not None:
+            kind, message = err
+            raise kind(message if message.startswith("rank ") else f"rank {rank}: {message}")
+    for name in record:
+        values = [r.get(name) for _, r, _, _ in records]
+        if any(v != values[0] for v in values):
+            listing = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+            raise ValueError(f"every rank of the group must have the same {name} ({_SOURCES.get(name, name)}), "
+                             f"got {listing}")
+    return [t for _, _, t, _ in records], records[0][3]
+
+
+def _call_record(call: str, shape, executor, config, device) -> dict:
+    return {"call": call, **shape._asdict(), "backend": executor.name, "config": config, "device": device.type}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -280,6 +386,7 @@ class ForwardContext:
     shared: Any
     group: Any
     world: int
+    workspace: Workspace | None = None
 
     @property
     def y_slots(self) -> torch.Tensor:
@@ -290,10 +397,12 @@ class ForwardContext:
 
 def build_schedule(topk_ids: torch.Tensor, num_local_experts: int, *, group=None, workspace: Workspace | None = None,
                    backend: str | None = None):
-    """Where every routed row goes, for these topk_ids [T, K] (one all_to_all of counts). A forward given
-    this schedule must get the same topk_ids; its backward reuses it. Collective: call on every rank."""
+    """Where every routed row goes, for these topk_ids [T, K] (the reference executor: one all_to_all of counts;
+    the host executor: at the forward, inside libmok). A forward given this schedule must get the same
+    topk_ids; its backward reuses it. Collective: call on every rank."""
+    group = ep.resolve_group(group)
     rank, world = ep.group_rank_and_size(group)
-    error = None
+    error, executor = None, None
     try:
         validate._check_tensor(topk_ids, "topk_ids", (torch.int32, torch.int64), ndim=2)
         top = validate.MAX_EXPERTS_PER_RANK
@@ -306,7 +415,11 @@ def build_schedule(topk_ids: torch.Tensor, num_local_experts: int, *, group=None
         executor = select_backend(backend, topk_ids.device)
     except (TypeError, ValueError) as e:
         error = e
-    validate.agree_across_group(group, world, error)
+    timeout = (workspace.config if isinstance(workspace, Workspace) else MoKConfig()).wait_timeout_s
+    if executor is None or _per_call(executor):
+        _agree(group, world, timeout, error, {}, 0)
+    elif error is not None:
+        raise error  # a host schedule is local: libmok's forward is the collective step
     return executor.build_schedule(topk_ids, num_local_experts, group, workspace)
 
 
@@ -318,13 +431,15 @@ def forward(x, topk_ids, topk_weights, routed, shared=None, *, group=None, confi
     x [T, H] bf16; topk_ids [T, K] int32/int64, global expert ids in [0, W * E_local) or -1 (no route);
     topk_weights [T, K] fp32; routed: this rank's RoutedExperts (or RoutedExpertsMXFP8 for MXFP8 mode);
     shared: SharedExpert or None. need_context=False is inference mode: nothing is kept for a backward.
-    Collective over `group` (None: the default group if initialised, else this process alone).
+    Collective over `group`: the expert-parallel process group, or mok.LOCAL for this process alone (None means
+    LOCAL unless torch.distributed is initialised with more than one rank, where it is an error).
     """
-    call = _prepare(x, topk_ids, topk_weights, routed, shared, group, config, workspace, schedule, backend,
-                    swiglu_limit)
-    out, inner = call.executor.forward(x, topk_ids, topk_weights, routed, shared, schedule=call.schedule,
-                                       workspace=call.workspace, swiglu_limit=swiglu_limit,
-                                       need_context=need_context)
+    def run(call):
+        return call.executor.forward(x, topk_ids, topk_weights, routed, shared, schedule=call.schedule,
+                                     workspace=call.workspace, swiglu_limit=swiglu_limit, need_context=need_context)
+
+    call, (out, inner) = _run("forward", run, x, topk_ids, topk_weights, routed, shared, group, config, workspace,
+                              schedule, backend, swiglu_limit)
     return out, (call.context(inner, x, routed, shared) if need_context else None)
 
 
@@ -333,11 +448,13 @@ def recompute_forward_context(x, topk_ids, topk_weights, routed, shared=None, *,
                               backend: str | None = None, swiglu_limit=None, y_slots=None) -> ForwardContext:
     """The context forward(need_context=True) would have returned, for a forward run with need_context=False
     (activation recompute). Same arguments as that forward; bitwise the same context."""
-    call = _prepare(x, topk_ids, topk_weights, routed, shared, group, config, workspace, schedule, backend,
-                    swiglu_limit, y_slots)
-    inner = call.executor.recompute_forward_context(x, topk_ids, topk_weights, routed, shared,
-                                                    schedule=call.schedule, workspace=call.workspace,
-                                                    swiglu_limit=swiglu_limit, y_slots=y_slots)
+    def run(call):
+        return call.executor.recompute_forward_context(x, topk_ids, topk_weights, routed, shared,
+                                                       schedule=call.schedule, workspace=call.workspace,
+                                                       swiglu_limit=swiglu_limit, y_slots=y_slots)
+
+    call, inner = _run("forward", run, x, topk_ids, topk_weights, routed, shared, group, config, workspace,
+                       schedule, backend, swiglu_limit, y_slots)
     return call.context(inner, x, routed, shared)
 
 
@@ -358,8 +475,17 @@ def backward(ctx: ForwardContext, dout: torch.Tensor, *, main_grads: MainGrads |
         validate.check_main_grads(main_grads, ctx.routed, ctx.shared)
     except (TypeError, ValueError) as e:
         error = e
-    validate.agree_across_group(ctx.group, ctx.world, error)
-    return ctx.executor.backward(ctx.inner, dout, main_grads)
+    timeout = ctx.workspace.config.wait_timeout_s if ctx.workspace is not None else MoKConfig().wait_timeout_s
+    if _per_call(ctx.executor):
+        _agree(ctx.group, ctx.world, timeout, error, {"call": "backward"}, 0)
+    elif error is not None:
+        _stop_peers(ctx.executor, ctx.workspace)
+        _agree(ctx.group, ctx.world, timeout, error, {}, 0)
+    try:
+        return ctx.executor.backward(ctx.inner, dout, main_grads)
+    except GroupResync as resync:
+        _agree(ctx.group, ctx.world, timeout, resync.error, {}, 0)  # raises the reason on every rank
+        return ctx.executor.backward(ctx.inner, dout, main_grads)
 
 
 @dataclass
@@ -371,14 +497,29 @@ class _Call:
     world: int
 
     def context(self, inner, x, routed, shared) -> ForwardContext:
-        return ForwardContext(self.executor, inner, tuple(x.shape), x.device, routed, shared, self.group, self.world)
+        return ForwardContext(self.executor, inner, tuple(x.shape), x.device, routed, shared, self.group, self.world,
+                              self.workspace)
 
 
-def _prepare(x, topk_ids, topk_weights, routed, shared, group, config, workspace, schedule, backend,
-             swiglu_limit, y_slots=None) -> _Call:
-    """Check everything on every rank (one small all_gather), then find the executor, workspace and schedule."""
+def _run(name, run, *args):
+    """_prepare, then run(call); a GroupResync (a peer could not enter the call) agrees again with that peer,
+    which raises its reason here too or rebuilds the workspace, and runs the call once more."""
+    call = _prepare(name, *args)
+    try:
+        return call, run(call)
+    except GroupResync as resync:
+        call = _prepare(name, *args, resync=resync)
+        return call, run(call)
+
+
+def _prepare(name, x, topk_ids, topk_weights, routed, shared, group, config, workspace, schedule, backend,
+             swiglu_limit, y_slots=None, resync: GroupResync | None = None) -> _Call:
+    """Check this rank's arguments, then find the executor, workspace and schedule. The first call of a
+    workspace (and a reference-executor call) agrees with the group in one bounded exchange; a host-executor
+    call that fits its workspace has no torch.distributed call at all."""
+    group = ep.resolve_group(group)
     rank, world = ep.group_rank_and_size(group)
-    error, shape = None, None
+    error, shape, executor, tokens = None, None, None, x.shape[0] if isinstance(x, torch.Tensor) else 0
     try:
         config = _config(config)
         shape = validate.check_layer_args(x, topk_ids, topk_weights, routed, shared, swiglu_limit, world)
@@ -389,27 +530,117 @@ def _prepare(x, topk_ids, topk_weights, routed, shared, group, config, workspace
         validate.check_mxfp8_padding(shape.mxfp8, padding)
         _check_workspace(workspace, shape, executor, x, group)
         _check_schedule(schedule, x, shape)
+        _check_rows(world, tokens, shape, padding)
     except (TypeError, ValueError) as e:
         error = e
-    tokens = validate.agree_across_group(group, world, error, shape, x.shape[0] if shape else 0)
-    padding = shape.expert_padding
-    rows = _routed_rows(world, max(tokens), shape, padding)
-    if rows > validate.MAX_ROWS:
-        raise ValueError(f"group size ({world}) x the most tokens on a rank ({max(tokens)}) x topk ({shape.topk}) "
-                         f"+ E_local x expert_padding must be at most 2^31 - 1 routed rows (libmok's limit), "
-                         f"got {rows}")
-    if workspace is None:
-        workspace = get_workspace(max_tokens=_workspace_tokens(max(tokens), world, shape, padding),
-                                  hidden=shape.hidden, topk=shape.topk, num_local_experts=shape.num_local_experts,
-                                  intermediate=shape.intermediate,
-                                  shared_intermediate=shape.shared_intermediate, mxfp8=shape.mxfp8, group=group,
-                                  device=x.device, config=config, backend=executor.name)
-    elif max(tokens) > workspace.key.max_tokens:
-        raise ValueError(f"workspace was made for max_tokens={workspace.key.max_tokens}, but a rank has "
-                         f"{max(tokens)} tokens")
+    timeout = (workspace.config if isinstance(workspace, Workspace) else
+               config if isinstance(config, MoKConfig) else MoKConfig()).wait_timeout_s
+    if error is not None and (shape is None or executor is None):
+        # A rank with a bad value (an id out of range) still has to stop its peers' pass on the workspace they
+        # are in: the one these shapes name.
+        shape, executor = _guess(x, topk_ids, routed, shared, swiglu_limit, workspace, config, backend)
+    if resync is not None and resync.error is not None:
+        error = error or resync.error
+    if executor is None or _per_call(executor) or world == 1:
+        record = {} if error is not None else _call_record(name, shape, executor, config, x.device)
+        counts, nonce = _agree(group, world, timeout, error, record, tokens)
+        _check_rows(world, max(counts), shape, shape.expert_padding)
+        if workspace is not None and max(counts) > workspace.key.max_tokens:
+            raise ValueError(f"workspace was made for max_tokens={workspace.key.max_tokens}, but a rank has "
+                             f"{max(counts)} tokens")
+        workspace = workspace or _implicit(group, x.device, shape, config, executor, world, max(counts), nonce)
+    else:
+        workspace = _steady_workspace(name, group, world, timeout, error, x, shape, config, executor, workspace,
+                                      tokens, resync)
+    if workspace.key.max_tokens < tokens:
+        raise ValueError(f"workspace was made for max_tokens={workspace.key.max_tokens}, but this rank has "
+                         f"{tokens} tokens")
     if schedule is None:
         schedule = executor.build_schedule(topk_ids, shape.num_local_experts, group, workspace)
     return _Call(executor, workspace, schedule, group, world)
+
+
+def _steady_workspace(name, group, world, timeout, error, x, shape, config, executor, workspace, tokens, resync):
+    """The workspace of a call on an executor whose pass reports data faults itself (libmok's error record): no
+    exchange while the call fits. Otherwise this rank stops its peers' pass (they get GroupResync) and agrees
+    with them: an error is raised on every rank, or every rank makes the workspace the call needs."""
+    implicit = workspace is None
+    key = _implicit_key(group, x.device, shape, config, executor) if shape is not None else None
+    current = _WORKSPACES.get(key) if implicit and key is not None else workspace
+    if resync is None and error is None and current is not None and tokens <= current.key.max_tokens:
+        if implicit:
+            _WORKSPACES.move_to_end(key)
+        return current
+    if resync is None and current is not None:
+        _stop_peers(executor, current)
+    if error is None and not implicit and tokens > workspace.key.max_tokens:
+        error = ValueError(f"workspace was made for max_tokens={workspace.key.max_tokens}, but this rank has "
+                           f"{tokens} tokens")
+    record = {} if error is not None else _call_record(name, shape, executor, config, x.device)
+    counts, nonce = _agree(group, world, timeout, error, record, tokens)
+    _check_rows(world, max(counts), shape, shape.expert_padding)
+    if not implicit:
+        return workspace
+    most = max(counts + ([current.key.max_tokens] if current is not None else []))
+    if current is not None:
+        _close(_WORKSPACES.pop(key))
+    return _implicit(group, x.device, shape, config, executor, world, most, nonce)
+
+
+def _guess(x, topk_ids, routed, shared, swiglu_limit, workspace, config, backend):
+    """(shape, executor) of a call whose checks failed, as far as its arguments tell; (None, None) if they don't."""
+    try:
+        master = routed.master if isinstance(routed, RoutedExpertsMXFP8) else routed
+        padding = (workspace.config if isinstance(workspace, Workspace) else config).expert_padding
+        shape = validate.LayerShape(x.shape[1], topk_ids.shape[1], master.gate.shape[0], master.gate.shape[1],
+                                    0 if shared is None else shared.gate.shape[0],
+                                    isinstance(routed, RoutedExpertsMXFP8), validate.check_swiglu_limit(swiglu_limit),
+                                    padding)
+        return shape, select_backend(backend, x.device)
+    except Exception:  # noqa: BLE001 - a guess: the call's own error is what gets raised
+        return None, None
+
+
+def _per_call(executor) -> bool:
+    return getattr(executor, "agrees_per_call", True)
+
+
+def _stop_peers(executor, workspace) -> None:
+    """Make the peers' pass on `workspace` return at once (they then agree with this rank, see GroupResync)."""
+    stop = getattr(executor, "stop_group", None)
+    if stop is not None and workspace is not None:
+        stop(workspace)
+
+
+def _implicit_key(group, device, shape, config, executor) -> tuple:
+    return ("implicit", id(group), device, shape, config, executor.name)
+
+
+def _implicit(group, device, shape, config, executor, world, tokens, nonce) -> Workspace:
+    """The cached workspace for these shapes, made (without another exchange: the caller has just agreed) if the
+    cached one is missing or too small."""
+    key = _implicit_key(group, device, shape, config, executor)
+    cached = _WORKSPACES.get(key)
+    if cached is not None and cached.key.max_tokens >= tokens:
+        _WORKSPACES.move_to_end(key)
+        return cached
+    if cached is not None:
+        _close(_WORKSPACES.pop(key))
+    padding = shape.expert_padding
+    made = WorkspaceKey(id(group), device, _workspace_tokens(tokens, world, shape, padding), shape.hidden,
+                        shape.topk, shape.num_local_experts, shape.intermediate, shape.shared_intermediate,
+                        shape.mxfp8, executor.name)
+    workspace = _new_workspace(made, config, group, nonce)
+    _cache(key, workspace)
+    return workspace
+
+
+def _check_rows(world: int, tokens: int, shape, padding: int) -> None:
+    rows = _routed_rows(world, tokens, shape, padding)
+    if rows > validate.MAX_ROWS:
+        raise ValueError(f"group size ({world}) x the most tokens on a rank ({tokens}) x topk ({shape.topk}) "
+                         f"+ E_local x expert_padding must be at most 2^31 - 1 routed rows (libmok's limit), "
+                         f"got {rows}")
 
 
 def _check_workspace(workspace, shape, executor, x, group) -> None:

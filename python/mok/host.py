@@ -1,21 +1,26 @@
 """backend="host": libmok's CPU executor (kernel/src/host) through its C ABI.
 
 Each rank is a process; the ranks' peer-visible memory is POSIX shared memory that libmok creates and maps under a
-name agreed over the torch.distributed group, and unlinks once every rank has mapped it. libmok keeps the schedule
-and the forward context inside its layer object; a context that is no longer the layer's latest (another forward
-ran since) is rebuilt before its backward by re-running the schedule and a recompute, which is bitwise the same.
+name made from the workspace's nonce (agreed when the workspace was made: no torch.distributed call after that),
+and unlinks once every rank has mapped it. libmok keeps the schedule and the forward context inside its layer
+object; a context that is no longer the layer's latest (another forward ran since) is rebuilt before its backward
+by re-running the schedule and a recompute, which is bitwise the same.
+
+A pass that fails finishes libmok's group (every later call would return mokPeerAbort): the workspace then closes
+its libmok layers, warns, and the next call creates new ones. A peer's deliberate stop (mok's own mokLayerAbort,
+see functional.GroupResync) is told apart by the error record's wait ("aborted by mokLayerAbort").
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import uuid
+import struct
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from mok import _mok, ep, functional, validate
 from mok.ep import MainGrads
@@ -41,6 +46,22 @@ class _Layers:
     layers: dict = field(default_factory=dict)
     memory: dict = field(default_factory=dict)
     latest: dict = field(default_factory=dict)  # layer -> the token of the schedule/context it holds now
+    generation: int = 0  # layers closed after a failure so far: part of the next layers' shared-memory name
+
+    def close(self) -> None:
+        """Destroy every libmok layer (their group is finished, or the workspace is dropped)."""
+        for key, layer in self.layers.items():
+            if key[1] == os.getpid():
+                layer.close()
+            else:  # made before a fork: its threads live in the parent, so it is never destroyed here
+                _INHERITED.append((layer, self.memory[key]))
+        self.layers.clear()
+        self.memory.clear()
+        self.latest.clear()
+        self.generation += 1
+
+
+_INHERITED: list = []  # layers (and their memory) a forked process inherited and must not destroy
 
 
 @dataclass
@@ -58,6 +79,7 @@ class _Schedule:
 @dataclass
 class _Context:
     state: _Layers
+    workspace: Any
     layer: Any
     schedule: _Schedule
     x: torch.Tensor
@@ -72,12 +94,11 @@ class _Context:
 _tokens = itertools.count()
 
 
-def _shm_name(group) -> str:
-    """A name for this group's shared memory that every rank agrees on (rank 0 draws it)."""
-    name = [f"mok-{os.getpid()}-{uuid.uuid4().hex[:12]}"]
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
-        dist.broadcast_object_list(name, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
-    return name[0]
+def _shm_name(workspace, state: _Layers, swiglu_limit) -> str:
+    """A name for this layer's shared memory that every rank derives alike: the workspace's agreed nonce, how many
+    times its layers were closed after a failure, and the clamp (one layer per clamp)."""
+    clamp = "none" if swiglu_limit is None else struct.pack("<d", float(swiglu_limit)).hex()
+    return f"mok-{workspace.nonce}-{state.generation}-{clamp}"
 
 
 def _ring_rows(key, config, world: int) -> tuple[int, int]:
@@ -87,10 +108,11 @@ def _ring_rows(key, config, world: int) -> tuple[int, int]:
     return minibatch, min(config.macrobatch_size, -(-worst // minibatch) * minibatch)
 
 
-def _layer(state: _Layers, group, swiglu_limit: float | None):
+def _layer(workspace, group, swiglu_limit: float | None):
     """This workspace's libmok layer for `swiglu_limit`, created collectively on first use. Keyed by process and
     group shape too: a forked process (or one that initialised torch.distributed since) must not reuse a layer
     whose shared memory and ranks belong to another group."""
+    workspace_of, state = workspace, workspace.buffers
     rank, world = ep.group_rank_and_size(group)
     key = (swiglu_limit, os.getpid(), world, rank)
     if key in state.layers:
@@ -105,11 +127,12 @@ def _layer(state: _Layers, group, swiglu_limit: float | None):
                timeout_ms=validate.timeout_ms(config.wait_timeout_s), **_workers(config, world))
     with _python_names():
         _, workspace_bytes = _mok.layer_sizes(cfg)
-    workspace = torch.empty(workspace_bytes + 64, dtype=torch.uint8)
-    offset = -workspace.data_ptr() % 64  # libmok wants 64-byte alignment
+    memory = torch.empty(workspace_bytes + 64, dtype=torch.uint8)
+    offset = -memory.data_ptr() % 64  # libmok wants 64-byte alignment
     with _python_names():
-        layer = _mok.Layer(cfg, _shm_name(group), workspace.data_ptr() + offset, workspace_bytes)
-    state.layers[key], state.memory[key] = layer, workspace
+        layer = _mok.Layer(cfg, _shm_name(workspace_of, state, swiglu_limit), memory.data_ptr() + offset,
+                           workspace_bytes)
+    state.layers[key], state.memory[key] = layer, memory
     return layer
 
 
@@ -185,10 +208,60 @@ def _weights(routed, shared) -> dict:
     return w
 
 
+class _guard:
+    """Around libmok's collective calls on `state`'s layer: a failure that finished the group closes the
+    workspace's layers (the next call creates new ones). A rejected call (this rank's, or a peer's: libmok's
+    detail says "rejected its arguments") is a GroupResync, since every rank is alive to agree on what to do; any
+    other failure warns and raises."""
+
+    def __init__(self, state: _Layers, layer):
+        self.state, self.layer = state, layer
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        if kind is None or not issubclass(kind, Exception):
+            return False
+        record = self.layer.error()
+        if record["status"] == 0:
+            return False  # rejected locally (world 1): the layer is still usable
+        self.state.close()
+        if issubclass(kind, ValueError):
+            raise functional.GroupResync(str(error), error) from error
+        if _REJECTED in record["detail"] or _REJECTED in str(error):
+            raise functional.GroupResync(str(error)) from error
+        warnings.warn(f"mok: the host executor's group failed ({error}); its libmok layers are closed and the next "
+                      f"call creates new ones", RuntimeWarning, stacklevel=3)
+        return False
+
+
+_REJECTED = "rejected its arguments"  # libmok's words for a peer's refused call (docs/c-api.md)
+
+
 class HostExecutor:
     """functional.Executor over libmok's host executor: CPU tensors, gloo (or no) process groups."""
 
     name = "host"
+    agrees_per_call = False  # libmok's error record carries a pass's faults to every rank
+
+    def stop_group(self, workspace) -> None:
+        """Stop the group of every libmok layer of `workspace` and close them: this rank is not entering the call.
+        A schedule of -1 tokens, which libmok rejects: its peers' current call returns mokPeerAbort at once, with
+        "rank r rejected its arguments" in the detail (functional.GroupResync)."""
+        state = workspace.buffers
+        ids = torch.zeros(1, 1, dtype=torch.int32)
+        for key, layer in state.layers.items():
+            if key[1] != os.getpid():
+                continue  # another process's layer (inherited over a fork): not this group's
+            try:
+                layer.build_schedule(ids.data_ptr(), False, -1)
+            except ValueError:
+                pass  # the rejection: what this is for
+        state.close()
+
+    def close_workspace(self, workspace) -> None:
+        workspace.buffers.close()
 
     def supports(self, device: torch.device) -> bool:
         return device.type == "cpu"
@@ -210,7 +283,7 @@ class HostExecutor:
 
     def backward(self, ctx: _Context, dout, main_grads: MainGrads | None) -> Gradients:
         if ctx.state.latest.get(ctx.layer) != ctx.token:
-            self._load(ctx)
+            self._load(ctx)  # another forward ran since, or the layer was closed after a failure
         main = main_grads or MainGrads()
         masters = _masters(ctx.routed, ctx.shared)
         accumulate = any(getattr(main, n) is not None for n in masters)
@@ -229,7 +302,7 @@ class HostExecutor:
         weights = _weights(ctx.routed, ctx.shared)
         topk_weights = _pointer(ctx.topk_weights, "topk_weights", torch.float32)
         dout_address = _pointer(dout, "dout", torch.bfloat16, ctx.x.shape)
-        with _python_names():
+        with _guard(ctx.state, ctx.layer), _python_names():
             ctx.layer.backward(weights, topk_weights, dout_address, grads)
         bf16 = {n: None if getattr(main, n) is not None else g.to(torch.bfloat16) for n, g in out.items()}
         return Gradients(dx, dw, *(bf16.get(n) for n in MainGrads._fields))
@@ -237,13 +310,13 @@ class HostExecutor:
     def _run(self, x, topk_weights, routed, shared, schedule: _Schedule, workspace, swiglu_limit, want_output):
         """Schedule, then forward (-> out) or recompute (-> None) on libmok's layer: (context, out)."""
         state = workspace.buffers
-        layer = _layer(state, schedule.group, swiglu_limit)
-        ctx = _Context(state, layer, schedule, x.contiguous(), topk_weights.contiguous(), routed, shared, swiglu_limit,
-                       next(_tokens))
-        _schedule(layer, schedule.topk_ids)
+        layer = _layer(workspace, schedule.group, swiglu_limit)
+        ctx = _Context(state, workspace, layer, schedule, x.contiguous(), topk_weights.contiguous(), routed, shared,
+                       swiglu_limit, next(_tokens))
+        _schedule(state, layer, schedule.topk_ids)
         out, (t, k), h = None, schedule.topk_ids.shape, ctx.x.shape[1]
         weights, x_address = _weights(routed, shared), _pointer(ctx.x, "x", torch.bfloat16)
-        with _python_names():
+        with _guard(state, layer), _python_names():
             if want_output:
                 out = torch.empty_like(ctx.x)
                 layer.forward(weights, x_address, _pointer(ctx.topk_weights, "topk_weights", torch.float32, (t, k)),
@@ -256,16 +329,18 @@ class HostExecutor:
         return ctx, out
 
     def _load(self, ctx: _Context) -> None:
-        """Make `ctx` the layer's current schedule and context again (bitwise what it was)."""
-        _schedule(ctx.layer, ctx.schedule.topk_ids)
-        with _python_names():
+        """Make `ctx` the layer's current schedule and context again (bitwise what it was); the layer is created
+        again if it was closed after a failure."""
+        ctx.layer = _layer(ctx.workspace, ctx.schedule.group, ctx.swiglu_limit)
+        _schedule(ctx.state, ctx.layer, ctx.schedule.topk_ids)
+        with _guard(ctx.state, ctx.layer), _python_names():
             ctx.layer.recompute(_weights(ctx.routed, ctx.shared), _pointer(ctx.x, "x", torch.bfloat16))
         ctx.state.latest[ctx.layer] = ctx.token
 
 
-def _schedule(layer, ids: torch.Tensor) -> None:
+def _schedule(state: _Layers, layer, ids: torch.Tensor) -> None:
     address = _pointer(ids, "topk_ids", torch.int32 if ids.dtype == torch.int32 else torch.int64)
-    with _python_names():
+    with _guard(state, layer), _python_names():
         layer.build_schedule(address, ids.dtype == torch.int64, ids.shape[0])
 
 

@@ -4,26 +4,32 @@ from __future__ import annotations
 
 import torch
 
-from mok import ep, ops, validate
+from mok import ep, functional, ops, validate
 from mok.experts import RoutedExperts, RoutedExpertsMXFP8, SharedExpert
 from mok.functional import MoKConfig
 
 
 def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, routed, shared=None, *, group=None,
-        config: MoKConfig | None = None, backend: str | None = None, swiglu_limit: float | None = None):
+        config: MoKConfig | None = None, backend: str | None = None, swiglu_limit: float | None = None,
+        keep_context: bool = True):
     """The MoE layer's output [T, H] bf16 for this rank's tokens, differentiable with autograd.
 
     x [T, H] bf16; topk_ids [T, K] int32/int64: global expert ids in [0, W * E_local) or -1 (no route);
     topk_weights [T, K] fp32; routed: this rank's experts, RoutedExperts or RoutedExpertsMXFP8 (MXFP8 forward and
     backward; gradients go to its bf16 masters); shared: SharedExpert or None; group: the expert-parallel process
-    group (None: the default group if torch.distributed is initialised, else this process alone). Gradients reach
-    x, topk_weights and every bf16 weight. Collective: every rank of the group calls it, with any token count.
+    group, or mok.LOCAL for this process alone (None means mok.LOCAL when torch.distributed is not initialised
+    or has one rank, and is an error otherwise). Gradients reach x, topk_weights and every bf16 weight.
+    keep_context: the backward runs on the forward's context (True), or recomputes it from the saved inputs
+    (False: less memory held between forward and backward). Collective: every rank of the group calls it, with
+    any token count.
     """
+    group = ep.resolve_group(group)
     _check_before_op(x, topk_ids, topk_weights, routed, shared, config, group, swiglu_limit, backend)
     out, _ = torch.ops.mok.moe_forward(
         x, topk_ids, topk_weights, ops.flatten_routed(routed), ops.flatten_shared(shared),
         None if swiglu_limit is None else float(swiglu_limit), ops.group_name(group), backend or "",
-        ops.config_to_floats(config))
+        ops.config_to_floats(config), bool(keep_context))
+    ops._Kept.y_slots = ops._Kept.context = None  # the autograd node has it, or nothing needs it (no_grad)
     return out
 
 
@@ -59,4 +65,5 @@ def _check_before_op(x, topk_ids, topk_weights, routed, shared, config, group, s
     except (TypeError, ValueError) as e:
         error = e
     if error is not None:
-        validate.agree_across_group(group, ep.group_rank_and_size(group)[1], error)
+        timeout = config.wait_timeout_s if isinstance(config, MoKConfig) else MoKConfig().wait_timeout_s
+        functional._agree(group, ep.group_rank_and_size(group)[1], timeout, error, {}, 0)

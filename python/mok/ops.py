@@ -5,10 +5,13 @@
     mok::mxfp8_quantize(t) -> (rowwise data, scales, colwise data, scales)
 
 Custom ops take tensors and plain values only, so the expert containers travel as flat tensor lists
-(`flatten_routed` / `unflatten_routed`) and the process group by name. The forward keeps y_slots (the one
-piece of the context with a shape known in advance, needed for the router-weight gradient); the backward
-recomputes the expert-side context (activation recompute) and then runs the backward. Every executor behind
-mok.functional serves these ops; `backend` "" means the default for the device.
+(`flatten_routed` / `unflatten_routed`) and the process group by name (`group_name`, which also registers it for
+`_group`; "mok.LOCAL" for mok.LOCAL). The forward returns y_slots (the one piece of the context with a shape known
+in advance, needed for the router-weight gradient). In eager mode with keep_context, the autograd node also keeps
+the forward's functional context and the backward runs on it (no second schedule, no recompute). Otherwise
+(keep_context=False, or a graph torch.compile traced, where the op's outputs are not the eager tensors) the
+backward op recomputes the expert-side context (activation recompute) and then runs the backward. Every executor
+behind mok.functional serves these ops; `backend` "" means the default for the device.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.distributed as dist
 
 from mok import functional
 from mok.experts import RoutedExperts, RoutedExpertsMXFP8, SharedExpert
@@ -58,13 +60,27 @@ def unflatten_shared(flat: list[torch.Tensor]):
     return SharedExpert(*flat) if flat else None
 
 
+_GROUPS: dict = {}  # group_name -> the ProcessGroup (torch has no public lookup by name)
+
+
 def group_name(group) -> str:
-    """How a process group travels through an op: "" for None (the default group, or no group at all)."""
-    return "" if group is None else group.group_name
+    """How a process group travels through an op: "" for None, "mok.LOCAL" for mok.LOCAL, else its name (and the
+    group is remembered under it for the op's implementation)."""
+    if group is None:
+        return ""
+    if group is not functional.LOCAL:
+        _GROUPS[group.group_name] = group
+    return group.group_name
 
 
 def _group(name: str):
-    return None if name == "" else dist.distributed_c10d._resolve_process_group(name)
+    if name == "":
+        return None
+    if name == functional.LOCAL.group_name:
+        return functional.LOCAL
+    if name not in _GROUPS:
+        raise ValueError(f"group {name!r} is not a process group mok.ops.group_name was given")
+    return _GROUPS[name]
 
 
 def config_to_floats(config: functional.MoKConfig | None) -> list[float]:
@@ -88,24 +104,51 @@ def _config(values: list[float]):
 # The ops
 
 
-@torch.library.custom_op("mok::moe_forward", mutates_args=())
+class _Kept:
+    """The latest eager forward's functional context, handed from the op's implementation to its autograd
+    setup (which recognises it by its y_slots tensor) and cleared there."""
+
+    y_slots = None
+    context = None
+
+
+# The ops are defined with torch.library's Library/define/impl rather than torch.library.custom_op: custom_op wraps
+# every implementation in torch._disable_dynamo, whose first call imports torch._dynamo (seconds), which would land
+# on the first mok.moe call of every process. The schemas are functional (no argument is mutated or aliased).
+_LIB = torch.library.Library("mok", "DEF")
+_LIB.define("moe_forward(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor[] routed, Tensor[] shared, "
+            "float? swiglu_limit, str group, str backend, float[] config, bool keep_context) -> (Tensor, Tensor)")
+_LIB.define("moe_backward(Tensor dout, Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor[] routed, "
+            "Tensor[] shared, Tensor y_slots, float? swiglu_limit, str group, str backend, float[] config) -> Tensor[]")
+_LIB.define("mxfp8_quantize(Tensor t) -> (Tensor, Tensor, Tensor, Tensor)")
+
+
+def _impl(name: str):
+    def register(fn):
+        _LIB.impl(name, fn, "CompositeExplicitAutograd")
+        return fn
+    return register
+
+
+@_impl("moe_forward")
 def moe_forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, routed: list[torch.Tensor],
                 shared: list[torch.Tensor], swiglu_limit: float | None, group: str, backend: str,
-                config: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
+                config: list[float], keep_context: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [T, H] bf16, y_slots [T, K, H] bf16: each route's expert output, kept for the backward)."""
     out, ctx = functional.forward(x, topk_ids, topk_weights, unflatten_routed(routed), unflatten_shared(shared),
                                   group=_group(group), config=_config(config), backend=backend or None,
                                   swiglu_limit=swiglu_limit)
+    _Kept.y_slots, _Kept.context = (ctx.y_slots, ctx) if keep_context else (None, None)
     return out, ctx.y_slots
 
 
-@moe_forward.register_fake
-def _(x, topk_ids, topk_weights, routed, shared, swiglu_limit, group, backend, config):
+@torch.library.register_fake("mok::moe_forward")
+def _(x, topk_ids, topk_weights, routed, shared, swiglu_limit, group, backend, config, keep_context):
     tokens, hidden = x.shape
     return x.new_empty(tokens, hidden), x.new_empty(tokens, topk_ids.shape[1], hidden)
 
 
-@torch.library.custom_op("mok::moe_backward", mutates_args=())
+@_impl("moe_backward")
 def moe_backward(dout: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                  routed: list[torch.Tensor], shared: list[torch.Tensor], y_slots: torch.Tensor,
                  swiglu_limit: float | None, group: str, backend: str, config: list[float]) -> list[torch.Tensor]:
@@ -119,37 +162,46 @@ def moe_backward(dout: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor, to
     return [g for g in grads if g is not None]
 
 
-@moe_backward.register_fake
+@torch.library.register_fake("mok::moe_backward")
 def _(dout, x, topk_ids, topk_weights, routed, shared, y_slots, swiglu_limit, group, backend, config):
     return [torch.empty_like(t) for t in (x, topk_weights, *routed[:3], *shared)]
 
 
 def _setup_context(ctx, inputs, output):
-    x, topk_ids, topk_weights, routed, shared, swiglu_limit, group, backend, config = inputs
+    x, topk_ids, topk_weights, routed, shared, swiglu_limit, group, backend, config, keep_context = inputs
     ctx.save_for_backward(x, topk_ids, topk_weights, output[1], *routed, *shared)
     ctx.num_routed, ctx.num_shared = len(routed), len(shared)
     ctx.args = (swiglu_limit, group, backend, config)
     ctx.mark_non_differentiable(output[1])
+    kept = _Kept.context if _Kept.y_slots is not None and _Kept.y_slots is output[1] else None
+    ctx.mok_context = kept if keep_context else None
+    _Kept.y_slots = _Kept.context = None
 
 
 def _backward(ctx, dout, _dy_slots):
     x, topk_ids, topk_weights, y_slots, *weights = ctx.saved_tensors
     routed, shared = weights[:ctx.num_routed], weights[ctx.num_routed:]
-    grads = torch.ops.mok.moe_backward(dout.contiguous(), x, topk_ids, topk_weights, routed, shared, y_slots,
-                                       *ctx.args)
+    if ctx.mok_context is not None:  # the forward's own context: no second schedule, no recompute
+        kept, ctx.mok_context = ctx.mok_context, None  # released: a second backward (retain_graph) recomputes
+        grads = [g for g in functional.backward(kept, dout.contiguous()) if g is not None]
+    else:
+        grads = torch.ops.mok.moe_backward(dout.contiguous(), x, topk_ids, topk_weights, routed, shared, y_slots,
+                                           *ctx.args)
     dx, dw, *dweights = grads
     # Gradients reach the bf16 masters only; MXFP8 forms are derived data.
     routed_grads = dweights[:3] + [None] * (ctx.num_routed - 3)
     # One entry per input, shaped like it: a list for a list of tensors and None for any other value. An empty
     # list counts as a (vacuous) tensor list, a non-empty config list as one value.
     config_grad = None if ctx.args[3] else []
-    return dx, None, dw, routed_grads, dweights[3:], None, None, None, config_grad
+    # (No schema defaults: the dispatcher drops a trailing argument equal to its default, and autograd would then
+    # expect one entry fewer.)
+    return dx, None, dw, routed_grads, dweights[3:], None, None, None, config_grad, None
 
 
 torch.library.register_autograd("mok::moe_forward", _backward, setup_context=_setup_context)
 
 
-@torch.library.custom_op("mok::mxfp8_quantize", mutates_args=())
+@_impl("mxfp8_quantize")
 def quantize(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """mok.quant.mxfp8_quantize of a [M, N] or [E, M, N] tensor in both orientations: (rowwise data, scales,
     colwise data, scales). An op so that compiled code quantises weights without tracing the codec's checks."""
@@ -157,7 +209,7 @@ def quantize(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
     return pair.rowwise.data, pair.rowwise.scales, pair.colwise.data, pair.colwise.scales
 
 
-@quantize.register_fake
+@torch.library.register_fake("mok::mxfp8_quantize")
 def _(t):
     *batch, m, n = t.shape
     fp8, e8m0 = torch.float8_e4m3fn, torch.uint8
@@ -169,6 +221,6 @@ def quantize_routed(routed: RoutedExperts) -> RoutedExpertsMXFP8:
     """routed.to_mxfp8() through the op (traceable by torch.compile); `routed` stays the master."""
     pairs = []
     for p in _PARTS:
-        row_data, row_scales, col_data, col_scales = quantize(getattr(routed, p).detach())
+        row_data, row_scales, col_data, col_scales = torch.ops.mok.mxfp8_quantize(getattr(routed, p).detach())
         pairs.append(MXFP8Pair(MXFP8Tensor(row_data, row_scales, False), MXFP8Tensor(col_data, col_scales, True)))
     return RoutedExpertsMXFP8(routed, *pairs)

@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+import torch.distributed as dist
 from backends import BACKENDS, needs_host
 from dist_utils import run_group
 from test_layer import make_inputs
@@ -136,12 +137,12 @@ def group_worker(rank, world, seed):
         if rank == bad_rank:
             spoil(args)
         try:
-            mok.layer.moe(*args.values())
+            mok.layer.moe(*args.values(), group=dist.group.WORLD)
             raised[name] = None
         except (TypeError, ValueError) as e:
             raised[name] = (type(e), str(e))
     args = good()
-    out, ctx = functional.forward(*args.values())
+    out, ctx = functional.forward(*args.values(), group=dist.group.WORLD)
     bad_dout = torch.randn(T, 64) if rank == 1 else torch.randn(T, 64).to(torch.bfloat16)
     try:
         functional.backward(ctx, bad_dout)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from dist_utils import run_group
+from dist_utils import ep_group, run_group
 
 from mok import bench, functional
 
@@ -43,7 +43,7 @@ def test_formula_counts_three_gemms_per_route_and_the_shared_expert():
 
 def _composed_against_reference(rank, world, problem, seed):
     x, ids, weights, routed, shared, dout, _ = bench.rank_share(problem, world, rank, seed)
-    want, ctx = functional.forward(x, ids, weights, routed, shared, backend="reference")
+    want, ctx = functional.forward(x, ids, weights, routed, shared, backend="reference", group=ep_group())
     grads = functional.backward(ctx, dout)
     leaves = [t.clone().requires_grad_(True) for t in (x, weights, routed.gate, routed.up, routed.down)]
     shared_leaves = [w.clone().requires_grad_(True) for w in (shared.gate, shared.up, shared.down)]

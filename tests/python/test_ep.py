@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from dist_utils import run_group
+from dist_utils import ep_group, run_group
 
 import mok.layer
 from mok import functional
@@ -135,6 +135,7 @@ def run_layer(s: Scenario, x, ids, weights, routed, shared, dout, group=None, *,
         shared = SharedExpert(*(w.detach().clone().requires_grad_(True) for w in (shared.gate, shared.up,
                                                                                    shared.down)))
         leaves += [shared.gate, shared.up, shared.down]
+    group = ep_group() if group is None else group
     out = mok.layer.moe(x, ids, weights, routed.to_mxfp8() if s.mxfp8 else routed, shared, group=group,
                         swiglu_limit=s.swiglu_limit, backend=backend)
     out.backward(dout)
@@ -168,9 +169,11 @@ def ep_worker(rank: int, world: int, seed: int, backend: str):
 def functional_path(s: Scenario, x, ids, weights, routed, shared, dout, *, backend: str):
     """Inference forward, then recompute_forward_context and backward into fp32 main_grad buffers."""
     args = (x, ids, weights, routed, shared)
-    out, ctx = functional.forward(*args, swiglu_limit=s.swiglu_limit, need_context=False, backend=backend)
+    group = ep_group()
+    out, ctx = functional.forward(*args, swiglu_limit=s.swiglu_limit, need_context=False, backend=backend,
+                                  group=group)
     assert ctx is None
-    ctx = functional.recompute_forward_context(*args, swiglu_limit=s.swiglu_limit, backend=backend)
+    ctx = functional.recompute_forward_context(*args, swiglu_limit=s.swiglu_limit, backend=backend, group=group)
     main = functional.MainGrads(*(torch.full(w.shape, 0.5) for w in (routed.gate, routed.up, routed.down,
                                                                       shared.gate, shared.up, shared.down)))
     grads = functional.backward(ctx, dout, main_grads=main)

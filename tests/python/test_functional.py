@@ -3,6 +3,8 @@ recompute and main_grad accumulation."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from test_layer import make_inputs
@@ -59,7 +61,8 @@ def test_forward_checks_the_workspace_fits(seed):
     other = functional.create_workspace(**workspace_args(hidden=32))
     with pytest.raises(ValueError, match="workspace must match"):
         functional.forward(x, ids, weights, routed, shared, workspace=other)
-    elsewhere = functional.create_workspace(**workspace_args(group=object()))
+    made = functional.create_workspace(**workspace_args())
+    elsewhere = dataclasses.replace(made, key=dataclasses.replace(made.key, group_id=made.key.group_id + 1))
     with pytest.raises(ValueError, match="workspace must have been made for this call's group"):
         functional.forward(x, ids, weights, routed, shared, workspace=elsewhere)
     fits = functional.create_workspace(**workspace_args(max_tokens=20))

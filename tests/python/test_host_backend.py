@@ -14,7 +14,7 @@ import random
 
 import pytest
 import torch
-from dist_utils import run_group
+from dist_utils import ep_group, run_group
 from test_ep import E_LOCAL, GRAD_NAMES, H, Scenario, global_inputs, local_part, scenarios, token_counts
 
 from mok import functional
@@ -26,6 +26,7 @@ CONFIG = functional.MoKConfig(expert_padding=32, minibatch_size=64, macrobatch_s
 
 def run(backend: str, s, x, ids, weights, routed, shared, dout, group=None):
     routed = routed.to_mxfp8() if s.mxfp8 else routed
+    group = ep_group() if group is None else group
     out, ctx = functional.forward(x, ids, weights, routed, shared, group=group, config=CONFIG, backend=backend,
                                   swiglu_limit=s.swiglu_limit)
     grads = functional.backward(ctx, dout)

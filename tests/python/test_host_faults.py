@@ -8,7 +8,7 @@ import os
 import time
 
 import torch
-from dist_utils import run_group
+from dist_utils import ep_group, run_group
 
 from mok import functional
 from mok.experts import RoutedExperts
@@ -27,7 +27,8 @@ def stalled_worker(rank: int, world: int, seed: int):
                                                                                      (E, H, I))))
     start = time.monotonic()
     try:
-        functional.forward(x, ids, torch.rand(T, 2, generator=g), routed, None, config=CONFIG, backend="host")
+        functional.forward(x, ids, torch.rand(T, 2, generator=g), routed, None, config=CONFIG, backend="host",
+                           group=ep_group())
     except (TimeoutError, RuntimeError) as e:
         return type(e).__name__, str(e), time.monotonic() - start
     return "no error", "", time.monotonic() - start

@@ -8,7 +8,7 @@ import os
 
 import pytest
 import torch
-from dist_utils import run_group
+from dist_utils import ep_group, run_group
 
 from mok import functional, ops
 from mok.experts import RoutedExperts
@@ -33,13 +33,13 @@ def layer_call(rank: int, world: int, config: functional.MoKConfig, calls: int) 
     routed = RoutedExperts(*(torch.randn(E_LOCAL, *shape, generator=g).to(torch.bfloat16) / 4
                              for shape in ((I, H), (I, H), (H, I))))
     ws = functional.create_workspace(max_tokens=T, hidden=H, topk=K, num_local_experts=E_LOCAL, intermediate=I,
-                                     config=config, backend="host")
+                                     config=config, backend="host", group=ep_group())
     start, counts = mok_threads(), []
     for _ in range(calls):
         x = torch.randn(T, H, generator=g).to(torch.bfloat16)
         ids = torch.randint(0, world * E_LOCAL, (T, K), generator=g, dtype=torch.int32)
         weights = torch.rand(T, K, generator=g)
-        functional.forward(x, ids, weights, routed, workspace=ws, backend="host", need_context=False)
+        functional.forward(x, ids, weights, routed, workspace=ws, backend="host", need_context=False, group=ep_group())
         counts.append(mok_threads() - start)
     return counts
 
