@@ -28,10 +28,14 @@ using core::Operand;
 using detail::kMaxPanelCols;
 using detail::kPanelRows;
 
-// A micro-kernel and the width of the b panels it reads (its tile is 6 x cols).
+using KernelFn = void (*)(int depth, const float* a, const float* b, float* c, int64_t ldc);
+
+// A path's micro-kernels and the width of the b panels they read (their tile is 6 x cols): `fused` runs
+// where the panels' products are exact, as `range` reads them (null: the path has no FMA).
 struct Kernel {
-  void (*run)(int depth, const float* a, const float* b, float* c, int64_t ldc);
+  KernelFn run, fused;
   int cols;
+  detail::ValueRange (*range)(const float* v, size_t n);
 };
 
 // core's e4m3 and e8m0 decoders, tabulated once: a code's value is then one load, the same float.
@@ -210,23 +214,22 @@ void pack_b(const core::Gemm& g, int j0, int n, int width, float* panel) {
 // One 6 x kernel.cols tile of c (nr x nc of it inside c): start, run the kernel over the whole depth, store.
 // A whole tile that accumulates runs in place in c; the others go through a local tile.
 void run_tile(const core::Gemm& g, int i0, int nr, int j0, int nc, int depth, const float* a, const float* b,
-              Kernel kernel) {
+              KernelFn run, int w) {
   float* c32 = static_cast<float*>(g.c) + i0 * g.c_stride + j0;
-  if (g.epilogue == core::Epilogue::accumulate_f32 && nr == kPanelRows && nc == kernel.cols) {
-    kernel.run(depth, a, b, c32, g.c_stride);
+  if (g.epilogue == core::Epilogue::accumulate_f32 && nr == kPanelRows && nc == w) {
+    run(depth, a, b, c32, g.c_stride);
     return;
   }
   alignas(64) float tile[kPanelRows * kMaxPanelCols] = {};
-  int w = kernel.cols;
   if (g.epilogue == core::Epilogue::accumulate_f32) {
     for (int r = 0; r < nr; ++r)
       for (int j = 0; j < nc; ++j) tile[r * w + j] = c32[r * g.c_stride + j];
-    kernel.run(depth, a, b, tile, w);
+    run(depth, a, b, tile, w);
     for (int r = 0; r < nr; ++r)
       for (int j = 0; j < nc; ++j) c32[r * g.c_stride + j] = tile[r * w + j];
     return;
   }
-  kernel.run(depth, a, b, tile, w);
+  run(depth, a, b, tile, w);
   core::bf16_t* c16 = static_cast<core::bf16_t*>(g.c) + i0 * g.c_stride + j0;
   for (int r = 0; r < nr; ++r)
     for (int j = 0; j < nc; ++j) c16[r * g.c_stride + j] = core::float_to_bf16(tile[r * w + j]);
@@ -234,11 +237,13 @@ void run_tile(const core::Gemm& g, int i0, int nr, int j0, int nc, int depth, co
 
 Kernel kernel_for(GemmIsa isa) {
 #if defined(__x86_64__)
-  if (isa == GemmIsa::avx512) return {detail::micro_kernel_avx512, 32};
-  if (isa == GemmIsa::avx2) return {detail::micro_kernel_avx2, 16};
+  if (isa == GemmIsa::avx512)
+    return {detail::micro_kernel_avx512, detail::micro_kernel_avx512_fused, 32, detail::value_range_avx2};
+  if (isa == GemmIsa::avx2)
+    return {detail::micro_kernel_avx2, detail::micro_kernel_avx2_fused, 16, detail::value_range_avx2};
 #endif
   (void)isa;
-  return {detail::micro_kernel_scalar, 16};
+  return {detail::micro_kernel_scalar, nullptr, 16, nullptr};
 }
 
 [[noreturn]] void misuse(const char* what) {
@@ -272,12 +277,17 @@ void gemm(const core::Gemm& g, float* scratch, size_t scratch_floats, GemmIsa is
   for (int i0 = 0; i0 < g.rows; i0 += chunk) {
     int rows = std::min(chunk, g.rows - i0);
     pack_a(g, i0, rows, depth, a);
+    size_t row_panels = (static_cast<size_t>(rows) + kPanelRows - 1) / kPanelRows;
+    detail::ValueRange a_range = kernel.fused ? kernel.range(a, row_panels * kPanelRows * depth) : detail::ValueRange{};
     for (int j0 = 0; j0 < g.cols; j0 += kernel.cols) {
       int cols = std::min(kernel.cols, g.cols - j0);
       pack_b(g, j0, cols, kernel.cols, b);
+      bool exact =
+          kernel.fused && detail::products_exact(a_range, kernel.range(b, static_cast<size_t>(kernel.cols) * depth));
+      KernelFn run = exact ? kernel.fused : kernel.run;
       for (int p = 0; p * kPanelRows < rows; ++p)
         run_tile(g, i0 + p * kPanelRows, std::min(kPanelRows, rows - p * kPanelRows), j0, cols, depth,
-                 a + static_cast<int64_t>(p) * kPanelRows * depth, b, kernel);
+                 a + static_cast<int64_t>(p) * kPanelRows * depth, b, run, kernel.cols);
     }
   }
 }
@@ -291,7 +301,7 @@ bool gemm_isa_available(GemmIsa isa) {
 #if defined(__x86_64__)
   __builtin_cpu_init();  // idempotent; needed when the first call comes from another object's constructor
   if (isa == GemmIsa::avx512) return __builtin_cpu_supports("avx512f");
-  return isa == GemmIsa::avx2 && __builtin_cpu_supports("avx2");
+  return isa == GemmIsa::avx2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else
   return false;
 #endif
@@ -319,6 +329,27 @@ const char* gemm_isa_name(GemmIsa isa) {
 }
 
 namespace detail {
+
+ValueRange value_range(const float* v, size_t n) {
+  // Branch-free over the bits so the compiler vectorises it: zeros leave the minimum alone; a subnormal
+  // (exponent 0, nonzero), an Inf or NaN (255) or a value with low mantissa bits clears `narrow`.
+  uint32_t min_exponent = 255, max_exponent = 0, wide = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits = core::float_bits(v[i]) & 0x7fffffffu, exponent = bits >> 23;
+    uint32_t zero = bits == 0;
+    min_exponent = std::min(min_exponent, zero ? 255u : exponent);
+    max_exponent = std::max(max_exponent, exponent);
+    wide |= (bits & 0xffffu) | static_cast<uint32_t>(!zero && (exponent == 0 || exponent == 255));
+  }
+  return ValueRange{static_cast<int>(min_exponent), static_cast<int>(max_exponent), wide == 0};
+}
+
+bool products_exact(ValueRange a, ValueRange b) {
+  // Nonzero x, y with at most 8 significant bits and biased exponents ex, ey: 2^(ex+ey-254) <= |x·y| <
+  // 2^(ex+ey-252), with at most 16 significant bits. It is normal when ex+ey-254 >= -126 and finite (below
+  // 2^128, where 16 bits always fit under fp32's largest value) when ex+ey-252 <= 128.
+  return a.narrow && b.narrow && a.min_exponent + b.min_exponent >= 128 && a.max_exponent + b.max_exponent <= 380;
+}
 
 void mx_round_trip_block(float* v, int n, int stride) {
   float amax = core::mx_block_amax(v, n, stride);

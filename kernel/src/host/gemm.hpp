@@ -4,7 +4,10 @@
 // of 6 rows and b into panels of 16 or 32 columns, both [depth][width] with the parts' depths
 // concatenated, and runs a register-blocked micro-kernel: every element multiplies, rounds, then adds,
 // in k order, part 0 then part 1, from 0 or from c. The kernel is chosen at run time (AVX-512, AVX2,
-// portable scalar code); all give the same bits (docs/core.md, "The host GEMM").
+// portable scalar code); all give the same bits (docs/core.md, "The host GEMM"). Where every product of
+// an a panel and a b panel is exact in fp32 (bf16 and MXFP8 values away from the ends of fp32's range),
+// the AVX kernels fuse each product into its add: an FMA then rounds once where the contract rounds
+// twice, the first rounding being exact, so the bits are the same.
 #pragma once
 
 #include <cstddef>
@@ -30,7 +33,7 @@ void gemm(const core::Gemm& g, float* scratch, size_t scratch_floats);
 // The same on a given path (tests compare the paths); `isa` must be available.
 void gemm(const core::Gemm& g, float* scratch, size_t scratch_floats, GemmIsa isa);
 
-// The path gemm takes in this process: the widest the CPU supports (avx512, avx2, scalar), or the one the
+// The path gemm takes in this process: the widest the CPU supports (avx512; avx2 with FMA; scalar), or the one the
 // environment variable MOK_HOST_ISA names ("scalar", "avx2", "avx512") when the CPU has it. Read once.
 GemmIsa gemm_isa();
 bool gemm_isa_available(GemmIsa isa);
@@ -45,12 +48,32 @@ constexpr int kMaxPanelCols = 32;  // columns of b per micro-kernel tile: 16 (sc
 // place of frexpf / ldexpf / nearbyint per element (test_host_gemm compares the two).
 void mx_round_trip_block(float* v, int n, int stride);
 
+// What decides whether the products of two panels are exact: the biased exponent range of a panel's
+// nonzero values, and whether every value is finite, zero or normal, with at most 8 significant bits
+// (its low 16 mantissa bits zero: every bf16 and every MXFP8 value is).
+struct ValueRange {
+  int min_exponent = 255, max_exponent = 0;
+  bool narrow = true;
+};
+ValueRange value_range(const float* v, size_t n);
+#if defined(__x86_64__)
+ValueRange value_range_avx2(const float* v, size_t n);  // the same, 8 values at a time
+#endif
+
+// True when every product of a value in `a` and a value in `b` is 0 or a normal fp32 with at most 16
+// significant bits, so exact: fma(x, y, c) then rounds as c + round(x · y) does, on any sums and under
+// any MXCSR flush mode (an exact normal product is never flushed).
+bool products_exact(ValueRange a, ValueRange b);
+
 // c[r * ldc + j] += Σ_k a[k * 6 + r] · b[k * w + j] for r < 6, j < w, one product and one add at a time,
-// k = 0, 1, ...; w = 16 for the scalar and AVX2 kernels, 32 for AVX-512.
+// k = 0, 1, ...; w = 16 for the scalar and AVX2 kernels, 32 for AVX-512. The _fused kernels do each
+// product and add as one FMA: the same bits only where products_exact holds for the panels.
 void micro_kernel_scalar(int depth, const float* a, const float* b, float* c, int64_t ldc);
 #if defined(__x86_64__)
 void micro_kernel_avx2(int depth, const float* a, const float* b, float* c, int64_t ldc);
+void micro_kernel_avx2_fused(int depth, const float* a, const float* b, float* c, int64_t ldc);
 void micro_kernel_avx512(int depth, const float* a, const float* b, float* c, int64_t ldc);
+void micro_kernel_avx512_fused(int depth, const float* a, const float* b, float* c, int64_t ldc);
 #endif
 
 }  // namespace detail
