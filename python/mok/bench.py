@@ -154,6 +154,11 @@ def layer_case(backend: str, x, ids, weights, routed, shared, dout, mxfp8: bool,
     return forward, backward
 
 
+def _group():
+    """The benchmark's expert-parallel group: every process of run_group's gloo group."""
+    return dist.group.WORLD if dist.is_initialized() else functional.LOCAL
+
+
 def composed_case(x, ids, weights, routed, shared, dout, world: int):
     """The layer as a user composes it from torch ops, with autograd for the backward."""
     leaves = [t.clone().requires_grad_(True) for t in (x, weights, routed.gate, routed.up, routed.down)]
@@ -354,8 +359,3 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def _group():
-    """The benchmark's expert-parallel group: every process of run_group's gloo group."""
-    return dist.group.WORLD if dist.is_initialized() else functional.LOCAL

@@ -11,9 +11,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "c_checks.h"
 #include "mok/mok.h"
-
-static int failures = 0;
 
 static void expect(mokStatus_t got, const char* names, const char* call, int value, int line) {
   const char* detail = mokGetLastError();
@@ -24,26 +23,6 @@ static void expect(mokStatus_t got, const char* names, const char* call, int val
   }
 }
 #define EXPECT(call, names, value) expect((call), (names), #call, (value), __LINE__)
-#define CHECK(cond)                                           \
-  do {                                                        \
-    if (!(cond)) {                                            \
-      printf("line %d: CHECK failed: %s\n", __LINE__, #cond); \
-      ++failures;                                             \
-    }                                                         \
-  } while (0)
-
-static mokLayerConfig_t small_config(void) {
-  mokLayerConfig_t c = MOK_LAYER_CONFIG_INIT;
-  c.experts_per_rank = 2;
-  c.hidden = 16;
-  c.intermediate = 8;
-  c.top_k = 2;
-  c.max_tokens = 4;
-  c.expert_padding = 8;
-  c.minibatch = 16;
-  c.macrobatch = 32;
-  return c;
-}
 
 /* 64-byte aligned view of a zeroed allocation (C99 has no aligned_alloc). */
 static void* aligned(void* raw) {

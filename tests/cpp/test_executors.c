@@ -8,30 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "c_checks.h"
 #include "mok/mok.h"
 
-static int failures = 0;
-
-#define CHECK(cond, ...)                                      \
-  do {                                                        \
-    if (!(cond)) {                                            \
-      printf("line %d: CHECK failed: %s: ", __LINE__, #cond); \
-      printf(__VA_ARGS__);                                    \
-      printf("\n");                                           \
-      ++failures;                                             \
-    }                                                         \
-  } while (0)
-
-static mokLayerConfig_t small_config(mokExecutor_t executor) {
-  mokLayerConfig_t c = MOK_LAYER_CONFIG_INIT;
-  c.experts_per_rank = 2;
-  c.hidden = 16;
-  c.intermediate = 8;
-  c.top_k = 2;
-  c.max_tokens = 4;
-  c.expert_padding = 8;
-  c.minibatch = 16;
-  c.macrobatch = 32;
+static mokLayerConfig_t config_for(mokExecutor_t executor) {
+  mokLayerConfig_t c = small_config();
   c.executor = executor;
   return c;
 }
@@ -39,7 +20,7 @@ static mokLayerConfig_t small_config(mokExecutor_t executor) {
 /* mokLayerCreate with `executor` over heap memory sized by the host executor's layout (the sizes of an executor
  * that cannot run are refused, so they cannot be asked); the detail of a failure goes to `detail`. */
 static mokStatus_t create(mokExecutor_t executor, char* detail, size_t n) {
-  mokLayerConfig_t host = small_config(mokExecutorHost), c = small_config(executor);
+  mokLayerConfig_t host = small_config(), c = config_for(executor);
   mokLayerSizes_t s = MOK_LAYER_SIZES_INIT;
   mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
   mokLayer_t layer = NULL;
@@ -54,7 +35,7 @@ static mokStatus_t create(mokExecutor_t executor, char* detail, size_t n) {
   status = mokLayerCreate(&c, &m, &layer);
   snprintf(detail, n, "%s", mokGetLastError());
   if (status == mokSuccess) {
-    CHECK(layer != NULL, "a created layer");
+    CHECK_MSG(layer != NULL, "a created layer");
     mokLayerDestroy(layer);
   }
   free(peer);
@@ -69,23 +50,23 @@ static void executor_agrees(mokExecutor_t executor) {
   int compiled = -7, supported_anywhere = 0, i;
   mokStatus_t not_supported = mokNotCompiled;
   char detail[1024];
-  mokLayerConfig_t c = small_config(executor);
+  mokLayerConfig_t c = config_for(executor);
   mokLayerSizes_t s = MOK_LAYER_SIZES_INIT;
   mokStatus_t sizes, created;
-  CHECK(name != NULL, "executor %d has a name", (int)executor);
-  CHECK(mokExecutorCompiled(executor, &compiled) == mokSuccess && (compiled == 0 || compiled == 1),
-        "mokExecutorCompiled(%s): %d, '%s'", name, compiled, mokGetLastError());
+  CHECK_MSG(name != NULL, "executor %d has a name", (int)executor);
+  CHECK_MSG(mokExecutorCompiled(executor, &compiled) == mokSuccess && (compiled == 0 || compiled == 1),
+            "mokExecutorCompiled(%s): %d, '%s'", name, compiled, mokGetLastError());
   for (i = 0; i < 3; ++i) {
     int supported = -7;
     mokStatus_t st = mokExecutorSupportsDevice(executor, devices[i], &supported);
-    CHECK(supported == (st == mokSuccess), "mokExecutorSupportsDevice(%s, %d): %s, supported %d", name, devices[i],
-          mokGetStatusString(st), supported);
-    CHECK(st == mokSuccess || strstr(mokGetLastError(), "mokExecutorSupportsDevice") != NULL,
-          "the detail names the call: '%s'", mokGetLastError());
+    CHECK_MSG(supported == (st == mokSuccess), "mokExecutorSupportsDevice(%s, %d): %s, supported %d", name, devices[i],
+              mokGetStatusString(st), supported);
+    CHECK_MSG(st == mokSuccess || strstr(mokGetLastError(), "mokExecutorSupportsDevice") != NULL,
+              "the detail names the call: '%s'", mokGetLastError());
     if (!compiled)
-      CHECK(st == mokNotCompiled && strstr(mokGetLastError(), name) != NULL,
-            "a not compiled executor is supported nowhere: %s on device %d says %s, '%s'", name, devices[i],
-            mokGetStatusString(st), mokGetLastError());
+      CHECK_MSG(st == mokNotCompiled && strstr(mokGetLastError(), name) != NULL,
+                "a not compiled executor is supported nowhere: %s on device %d says %s, '%s'", name, devices[i],
+                mokGetStatusString(st), mokGetLastError());
     if (supported) supported_anywhere = 1;
     if (st != mokSuccess && devices[i] == (executor == mokExecutorHost ? -1 : 0)) not_supported = st;
   }
@@ -94,14 +75,14 @@ static void executor_agrees(mokExecutor_t executor) {
   printf("%-8s compiled %d, supported somewhere %d; mokLayerGetSizes %s; mokLayerCreate %s%s%s\n", name, compiled,
          supported_anywhere, mokGetStatusString(sizes), mokGetStatusString(created), detail[0] ? ": " : "", detail);
   if (compiled && supported_anywhere) {
-    CHECK(sizes == mokSuccess && created == mokSuccess, "%s claims it runs, but: sizes %s, create %s ('%s')", name,
-          mokGetStatusString(sizes), mokGetStatusString(created), detail);
+    CHECK_MSG(sizes == mokSuccess && created == mokSuccess, "%s claims it runs, but: sizes %s, create %s ('%s')", name,
+              mokGetStatusString(sizes), mokGetStatusString(created), detail);
   } else {
-    CHECK(created == not_supported && sizes == created,
-          "%s: the queries say %s, mokLayerGetSizes %s, mokLayerCreate %s ('%s')", name,
-          mokGetStatusString(not_supported), mokGetStatusString(sizes), mokGetStatusString(created), detail);
-    CHECK(strstr(detail, name) != NULL && strstr(detail, "mokLayerCreate: argument 'config.executor'") != NULL,
-          "the refusal names the call, the argument and the executor: '%s'", detail);
+    CHECK_MSG(created == not_supported && sizes == created,
+              "%s: the queries say %s, mokLayerGetSizes %s, mokLayerCreate %s ('%s')", name,
+              mokGetStatusString(not_supported), mokGetStatusString(sizes), mokGetStatusString(created), detail);
+    CHECK_MSG(strstr(detail, name) != NULL && strstr(detail, "mokLayerCreate: argument 'config.executor'") != NULL,
+              "the refusal names the call, the argument and the executor: '%s'", detail);
   }
 }
 
@@ -109,10 +90,10 @@ int main(void) {
   int e, compiled = 0, supported = 0;
   for (e = 0; e < mokNumExecutors; ++e) executor_agrees((mokExecutor_t)e);
   /* The host executor runs here, on the CPU only. */
-  CHECK(mokExecutorCompiled(mokExecutorHost, &compiled) == mokSuccess && compiled == 1, "host compiled");
-  CHECK(mokExecutorSupportsDevice(mokExecutorHost, -1, &supported) == mokSuccess && supported == 1, "host on -1");
-  CHECK(mokExecutorSupportsDevice(mokExecutorHost, 0, &supported) == mokUnsupported && supported == 0,
-        "host on device 0");
+  CHECK_MSG(mokExecutorCompiled(mokExecutorHost, &compiled) == mokSuccess && compiled == 1, "host compiled");
+  CHECK_MSG(mokExecutorSupportsDevice(mokExecutorHost, -1, &supported) == mokSuccess && supported == 1, "host on -1");
+  CHECK_MSG(mokExecutorSupportsDevice(mokExecutorHost, 0, &supported) == mokUnsupported && supported == 0,
+            "host on device 0");
   /* Device queries: a failure names the C call first (the CUDA call that failed, if any, comes after it). */
   {
     mokDeviceInfo_t info = MOK_DEVICE_INFO_INIT;
@@ -120,8 +101,9 @@ int main(void) {
     for (i = 0; i < 2; ++i) {
       mokStatus_t st = mokGetDeviceInfo(devices[i], &info);
       printf("mokGetDeviceInfo(%d): %s %s\n", devices[i], mokGetStatusString(st), mokGetLastError());
-      CHECK(st == mokSuccess || strncmp(mokGetLastError(), "mokGetDeviceInfo: ", 18) == 0, "'%s'", mokGetLastError());
-      CHECK(st != mokSuccess || info.device == devices[i], "device %d", info.device);
+      CHECK_MSG(st == mokSuccess || strncmp(mokGetLastError(), "mokGetDeviceInfo: ", 18) == 0, "'%s'",
+                mokGetLastError());
+      CHECK_MSG(st != mokSuccess || info.device == devices[i], "device %d", info.device);
     }
   }
   printf("%d failed checks\n", failures);

@@ -11,9 +11,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "c_checks.h"
 #include "mok/mok.h"
-
-static int failures = 0;
 
 static void expect(mokStatus_t got, mokStatus_t want, const char* needle, const char* call, int line) {
   const char* detail = mokGetLastError();
@@ -24,13 +23,6 @@ static void expect(mokStatus_t got, mokStatus_t want, const char* needle, const 
   }
 }
 #define EXPECT(call, want, needle) expect((call), (want), (needle), #call, __LINE__)
-#define CHECK(cond)                                           \
-  do {                                                        \
-    if (!(cond)) {                                            \
-      printf("line %d: CHECK failed: %s\n", __LINE__, #cond); \
-      ++failures;                                             \
-    }                                                         \
-  } while (0)
 
 /* The version a newer mok.h would stamp, and how the library names it. */
 #define NEWER_VERSION MOK_VERSION_CODE(MOK_VERSION_MAJOR, MOK_VERSION_MINOR + 1, 3)
@@ -89,19 +81,6 @@ static void* aligned(size_t bytes) {
 }
 
 enum { E = 2, H = 16, I = 8, K = 2, T = 4 };
-
-static mokLayerConfig_t small_config(void) {
-  mokLayerConfig_t c = MOK_LAYER_CONFIG_INIT;
-  c.experts_per_rank = E;
-  c.hidden = H;
-  c.intermediate = I;
-  c.top_k = K;
-  c.max_tokens = T;
-  c.expert_padding = 8;
-  c.minibatch = 16;
-  c.macrobatch = 32;
-  return c;
-}
 
 static void config_sizes(void) {
   mokLayerConfig_t c = small_config();

@@ -1,0 +1,36 @@
+/* What the C tests share: the failure count their exit status reports, CHECK / CHECK_MSG, and a small layer
+ * config every executor can size. C99, so each test sees mok.h as a C caller does. */
+#ifndef MOK_TESTS_C_CHECKS_H
+#define MOK_TESTS_C_CHECKS_H
+
+#include <stdio.h>
+
+#include "mok/mok.h"
+
+static int failures = 0;
+
+#define CHECK_MSG(cond, ...)                                  \
+  do {                                                        \
+    if (!(cond)) {                                            \
+      printf("line %d: CHECK failed: %s: ", __LINE__, #cond); \
+      printf(__VA_ARGS__);                                    \
+      printf("\n");                                           \
+      ++failures;                                             \
+    }                                                         \
+  } while (0)
+#define CHECK(cond) CHECK_MSG(cond, "%s", "")
+
+static mokLayerConfig_t small_config(void) {
+  mokLayerConfig_t c = MOK_LAYER_CONFIG_INIT;
+  c.experts_per_rank = 2;
+  c.hidden = 16;
+  c.intermediate = 8;
+  c.top_k = 2;
+  c.max_tokens = 4;
+  c.expert_padding = 8;
+  c.minibatch = 16;
+  c.macrobatch = 32;
+  return c;
+}
+
+#endif
