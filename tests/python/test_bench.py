@@ -1,5 +1,5 @@
-"""python -m mok.bench: the "tiny" preset, run as the user runs it, prints and writes every figure; the composed baseline it
-times computes the layer. Never asserts a speed (the machine is shared)."""
+"""python -m mok.bench: the "tiny" preset, run as the user runs it, prints and writes every figure; the composed
+baseline it times computes the layer. Never asserts a speed (the machine is shared)."""
 
 from __future__ import annotations
 

@@ -99,23 +99,35 @@ void fill_panel(int n, int depth, int width, int64_t rs, int64_t ds, float* pane
 }
 
 #if defined(__x86_64__)
-// 8 bf16 values as fp32 (each one's bits in the high half of a 32-bit lane: bf16_to_float exactly).
-void store_bf16x8(float* out, __m128i v) {
+// The first n (4, 6 or 8) of 8 bf16 values as fp32 (each one's bits in the high half of a 32-bit lane:
+// bf16_to_float exactly).
+void store_bf16(float* out, __m128i v, int n) {
   __m128i zero = _mm_setzero_si128();
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_unpacklo_epi16(zero, v));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 4), _mm_unpackhi_epi16(zero, v));
+  __m128i high = _mm_unpackhi_epi16(zero, v);
+  if (n == 8) _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 4), high);
+  if (n == 6) _mm_storel_epi64(reinterpret_cast<__m128i*>(out + 4), high);
 }
 
 __m128i load8(const core::bf16_t* p) {
   return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
 }
 
-// 8 rows x 8 k of a K-major bf16 operand (row i at d + i * rs) into panel[k * width + i]: an 8 x 8
-// transpose of 16-bit values in three rounds of unpacks.
-void transpose_bf16_8x8(const core::bf16_t* d, int64_t rs, float* panel, int width) {
+// n (6 or 8) consecutive bf16 values, reading no further.
+__m128i load_row(const core::bf16_t* p, int n) {
+  if (n == 8) return load8(p);
+  int32_t last;
+  std::memcpy(&last, p + 4, sizeof(last));
+  return _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), _mm_cvtsi32_si128(last));
+}
+
+// n (6 or 8) rows x 8 k of a K-major bf16 operand (row i at d + i * rs) into panel[k * width + i]: an 8 x 8
+// transpose of 16-bit values in three rounds of unpacks, rows n .. 7 zero and never stored.
+void transpose_bf16_8k(const core::bf16_t* d, int64_t rs, int n, float* panel, int width) {
   __m128i t[8], u[8];
   for (int i = 0; i < 8; i += 2) {
-    __m128i x = load8(d + i * rs), y = load8(d + (i + 1) * rs);
+    __m128i zero = _mm_setzero_si128();
+    __m128i x = i < n ? load8(d + i * rs) : zero, y = i + 1 < n ? load8(d + (i + 1) * rs) : zero;
     t[i] = _mm_unpacklo_epi16(x, y);      // k 0..3 of rows i, i + 1, interleaved
     t[i + 1] = _mm_unpackhi_epi16(x, y);  // k 4..7
   }
@@ -125,26 +137,28 @@ void transpose_bf16_8x8(const core::bf16_t* d, int64_t rs, float* panel, int wid
       u[4 * h + 2 * q + 1] = _mm_unpackhi_epi32(t[4 * h + q], t[4 * h + 2 + q]);  // k 4q + 2, 4q + 3
     }
   for (int p = 0; p < 4; ++p) {  // k 2p and 2p + 1 of all 8 rows
-    store_bf16x8(panel + (2 * p) * width, _mm_unpacklo_epi64(u[p], u[4 + p]));
-    store_bf16x8(panel + (2 * p + 1) * width, _mm_unpackhi_epi64(u[p], u[4 + p]));
+    store_bf16(panel + (2 * p) * width, _mm_unpacklo_epi64(u[p], u[4 + p]), n);
+    store_bf16(panel + (2 * p + 1) * width, _mm_unpackhi_epi64(u[p], u[4 + p]), n);
   }
 }
 #endif
 
-// A full bf16 panel (n == width, a multiple of 8) stored K-major or MN-major, with SSE2 (x86-64's baseline):
-// the same values as the element loop. False when the panel is not one of those.
+// A full bf16 panel (n == width: 6 rows of a, or a multiple of 8 columns of b) stored K-major or MN-major,
+// with SSE2 (x86-64's baseline): the same values as the element loop. False when the panel is not one of those.
 bool decode_bf16_sse2(const core::bf16_t* d, int64_t rs, int64_t ds, int n, int depth, int width, float* panel) {
 #if defined(__x86_64__)
-  if (n != width || width % 8 != 0 || (ds != 1 && rs != 1)) return false;
+  int group = width == 6 ? 6 : 8;  // rows per load: an a panel's 6, or 8 of a b panel's columns
+  if (n != width || width % group != 0 || (ds != 1 && rs != 1)) return false;
   if (rs == 1) {  // MN-major: a k's rows are contiguous
     for (int k = 0; k < depth; ++k)
-      for (int i = 0; i < n; i += 8) store_bf16x8(panel + static_cast<int64_t>(k) * width + i, load8(d + k * ds + i));
+      for (int i = 0; i < n; i += group)
+        store_bf16(panel + static_cast<int64_t>(k) * width + i, load_row(d + k * ds + i, group), group);
     return true;
   }
   int k = 0;
   for (; k + 8 <= depth; k += 8)
-    for (int i = 0; i < n; i += 8)
-      transpose_bf16_8x8(d + i * rs + k, rs, panel + static_cast<int64_t>(k) * width + i, width);
+    for (int i = 0; i < n; i += group)
+      transpose_bf16_8k(d + i * rs + k, rs, group, panel + static_cast<int64_t>(k) * width + i, width);
   for (; k < depth; ++k)
     for (int i = 0; i < n; ++i) panel[static_cast<int64_t>(k) * width + i] = core::bf16_to_float(d[i * rs + k]);
   return true;
