@@ -127,6 +127,35 @@ TEST(quantize_fp32_bitwise) {
   check_quantize(mokDataFloat32);
 }
 
+// SwiGLU with the executor's sigmoid table gives expf's bits: every bf16 g (NaN, ±Inf, subnormals and both
+// zeros included), random bf16 u and dh, clamps that are bf16 values, that are not (a looked-up g never
+// meets them) and none; and a g that is not a bf16 value takes expf.
+TEST(swiglu_sigmoid_table_is_expf_bitwise) {
+  std::vector<float> table(mok::core::kSigmoidTableSize);
+  mok::core::fill_sigmoid_table(table.data());
+  std::mt19937_64 rng(seed());
+  auto bits = [](float f) { return mok::core::float_bits(f); };
+  int differ = 0;
+  for (float limit : {INFINITY, 2.0f, 1.2345678f, -0.3f}) {
+    mok::core::Swiglu plain{limit}, looked_up{limit, table.data()};
+    for (int b = 0; b < mok::core::kSigmoidTableSize; ++b) {
+      float g = mok::core::bf16_to_float(static_cast<mok::core::bf16_t>(b));
+      if (rng() % 8 == 0) g = std::nextafter(g, 0.0f);  // not a bf16 value now and then
+      float u = mok::core::bf16_to_float(static_cast<mok::core::bf16_t>(rng()));
+      float dh = mok::core::bf16_to_float(static_cast<mok::core::bf16_t>(rng()));
+      float dg0, du0, dg1, du1;
+      plain.backward(g, u, dh, &dg0, &du0);
+      looked_up.backward(g, u, dh, &dg1, &du1);
+      bool same = bits(plain.forward(g, u)) == bits(looked_up.forward(g, u)) && bits(dg0) == bits(dg1) &&
+                  bits(du0) == bits(du1);
+      if (!same && differ++ < 5)
+        CHECK_MSG(false, "L %g: g %a u %a dh %a: h %a / %a, dg %a / %a, du %a / %a", limit, g, u, dh,
+                  plain.forward(g, u), looked_up.forward(g, u), dg0, dg1, du0, du1);
+    }
+  }
+  CHECK_MSG(differ == 0, "%d inputs differ", differ);
+}
+
 // NaN in g, u or dh comes out as NaN wherever the formula uses it, with or without a clamp; a
 // gradient the clamp stops (g > L, |u| > L) is 0 whatever dh is, as torch.where gives.
 TEST(swiglu_propagates_nan) {

@@ -61,11 +61,27 @@ MOK_HD inline float sigmoid(float z) {
   return 1.0f / (1.0f + expf(-z));
 }
 
+// sigmoid of every bf16 value, indexed by its 16 bits: SwiGLU's inputs are bf16, so with this table
+// (memory the executor supplies, filled once) almost every sigmoid is one load of the same float.
+constexpr int kSigmoidTableSize = 1 << 16;
+
+MOK_HD inline void fill_sigmoid_table(float* table) {
+  for (int b = 0; b < kSigmoidTableSize; ++b) table[b] = sigmoid(bf16_to_float(static_cast<bf16_t>(b)));
+}
+
 // The SwiGLU clamp L; no clamp is L = +inf. NaN propagates (docs/semantics.md, "NaN"): the clamps
 // are written as comparisons that keep a NaN (fminf / fmaxf would replace it by the other argument),
 // and a gradient is masked only where the clamp moved the value, which a NaN never is.
 struct Swiglu {
   float limit;
+  const float* sigmoid_table = nullptr;  // fill_sigmoid_table's, or null: expf every time
+
+  // sigmoid(z): looked up when z is a bf16 value (its low 16 bits zero) and the table is there.
+  MOK_HD float sigmoid_of(float z) const {
+    uint32_t bits = float_bits(z);
+    if (sigmoid_table != nullptr && (bits & 0xffffu) == 0) return sigmoid_table[bits >> 16];
+    return sigmoid(z);
+  }
 
   MOK_HD float clamp_g(float g) const { return g > limit ? limit : g; }
   MOK_HD float clamp_u(float u) const { return u > limit ? limit : (u < -limit ? -limit : u); }
@@ -73,14 +89,14 @@ struct Swiglu {
   // h = silu(min(g, L)) * clamp(u, -L, L), in fp32.
   MOK_HD float forward(float g, float u) const {
     float gc = clamp_g(g);
-    return mul_rn(mul_rn(gc, sigmoid(gc)), clamp_u(u));
+    return mul_rn(mul_rn(gc, sigmoid_of(gc)), clamp_u(u));
   }
 
   // dg, du from the stored g, u and the incoming dh. The gradient is 0 where g > L, and where
   // |u| > L: torch.clamp's masks for every number (inclusive at +-L); a NaN passes as NaN.
   MOK_HD void backward(float g, float u, float dh, float* dg, float* du) const {
     float gc = clamp_g(g), uc = clamp_u(u);
-    float s = sigmoid(gc);
+    float s = sigmoid_of(gc);
     float dsilu = mul_rn(s, add_rn(1.0f, mul_rn(gc, add_rn(1.0f, -s))));
     *dg = g > limit ? 0.0f : mul_rn(mul_rn(dh, uc), dsilu);
     *du = (u > limit || u < -limit) ? 0.0f : mul_rn(dh, mul_rn(gc, s));

@@ -115,7 +115,8 @@ struct PassView {
   size_t chunk_values;
   float* sums;  // per worker, sums_floats each: a weight-gradient task's sums
   size_t sums_floats;
-  int tokens;  // this rank's tokens
+  const float* sigmoid_table;  // the executor's fill_sigmoid_table, or null (SwiGLU then calls expf)
+  int tokens;                  // this rank's tokens
   uint64_t timeout_ns;
   ErrorRecord* error;
   const PassArgs* args;  // the call's tensors (null in a schedule build)

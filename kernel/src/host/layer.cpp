@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "core/pass_worker.hpp"
 #include "host/gemm.hpp"
@@ -43,12 +44,23 @@ core::LayerShape fit_workers(core::LayerShape s, int available) {
   return s;
 }
 
+// core's sigmoid of every bf16 value, built once per process: SwiGLU looks its sigmoids up.
+const float* sigmoid_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(core::kSigmoidTableSize);
+    core::fill_sigmoid_table(t.data());
+    return t;
+  }();
+  return table.data();
+}
+
 // Core's view of this rank's memory, run by the workers the layer has threads for.
 core::PassView view_of(Layer& l, PassKind kind, const core::PassArgs* args) {
   core::PassView v = core::pass_view_at(l.shape, kind, l.local, l.memory.bases(), l.headers, &l.group, l.group.tokens,
                                         l.group.total_rows, l.timeout_ns, &l.group.error);
   v.s = fit_workers(l.shape, l.pool.workers());
   v.args = args;
+  v.sigmoid_table = sigmoid_table();
   return v;
 }
 
