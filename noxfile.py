@@ -39,7 +39,8 @@ def cuda_env(session: nox.Session) -> dict[str, str]:
 def cmake_build(session: nox.Session, name: str, build_type: str, archs: str, *extra: str) -> Path:
     """Configure, build and install libmok; returns the install prefix."""
     build, prefix = BUILD / name, BUILD / name / "install"
-    cuda = ["-DMOK_ENABLE_CUDA=OFF"] if not archs else [f"-DMOK_CUDA_ARCHITECTURES={archs}"]
+    # Explicit ON: a CI build for GPUs fails when nvcc is missing instead of turning host-only (AUTO's default).
+    cuda = ["-DMOK_ENABLE_CUDA=OFF"] if not archs else ["-DMOK_ENABLE_CUDA=ON", f"-DMOK_CUDA_ARCHITECTURES={archs}"]
     session.run("cmake", "-S", str(ROOT), "-B", str(build), "-G", "Ninja", f"-DCMAKE_BUILD_TYPE={build_type}",
                 f"-DCMAKE_INSTALL_PREFIX={prefix}", *cuda, *extra, external=True)
     session.run("cmake", "--build", str(build), external=True)
