@@ -39,7 +39,8 @@ def cuda_env(session: nox.Session) -> dict[str, str]:
 def cmake_build(session: nox.Session, name: str, build_type: str, archs: str, *extra: str) -> Path:
     """Configure, build and install libmok; returns the install prefix."""
     build, prefix = BUILD / name, BUILD / name / "install"
-    cuda = ["-DMOK_ENABLE_CUDA=OFF"] if not archs else [f"-DMOK_CUDA_ARCHITECTURES={archs}"]
+    # Explicit ON: a CI build for GPUs fails when nvcc is missing instead of turning host-only (AUTO's default).
+    cuda = ["-DMOK_ENABLE_CUDA=OFF"] if not archs else ["-DMOK_ENABLE_CUDA=ON", f"-DMOK_CUDA_ARCHITECTURES={archs}"]
     session.run("cmake", "-S", str(ROOT), "-B", str(build), "-G", "Ninja", f"-DCMAKE_BUILD_TYPE={build_type}",
                 f"-DCMAKE_INSTALL_PREFIX={prefix}", *cuda, *extra, external=True)
     session.run("cmake", "--build", str(build), external=True)
@@ -87,6 +88,10 @@ def consumer(session: nox.Session) -> None:
     env = {"PKG_CONFIG_PATH": str(prefix / "lib" / "pkgconfig")}
     session.run("make", "-C", str(ROOT / "examples" / "cpp"), f"O={out}", env=env, external=True)
     session.run(str(out / "mok_consumer_pc"), external=True)
+    # README.md's one-liner as a user types it: the program finds libmok.so.0 through mok.pc's rpath alone.
+    main, line = ROOT / "examples" / "cpp" / "main.cpp", out / "mok_consumer_line"
+    session.run("sh", "-c", f"c++ {main} -o {line} $(pkg-config --cflags --libs mok)", env=env, external=True)
+    session.run(str(line), env={"LD_LIBRARY_PATH": None}, external=True)
 
 
 @nox.session(python="3.11")

@@ -26,7 +26,7 @@ def prefix(cuda_bin: Path) -> Path:
     build = ROOT / "build" / "pytest" / "libmok"
     install = build / "install"
     env = {**os.environ, "CUDACXX": str(cuda_bin / "nvcc")}
-    run("cmake", "-S", ROOT, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+    run("cmake", "-S", ROOT, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DMOK_ENABLE_CUDA=ON",
         f"-DCMAKE_INSTALL_PREFIX={install}", env=env)
     run("cmake", "--build", build, env=env)
     run("cmake", "--install", build, env=env)

@@ -33,7 +33,27 @@ def test_pkg_config(prefix, tmp_path):
     shutil.copytree(ROOT / "examples" / "cpp", src)
     env = {**os.environ, "PKG_CONFIG_PATH": str(prefix / "lib" / "pkgconfig")}
     run("make", "-C", src, f"O={tmp_path}", env=env)
-    check_output(run(tmp_path / "mok_consumer_pc").stdout)
+    check_output(run(tmp_path / "mok_consumer_pc", env=without_library_path()).stdout)
+
+
+def without_library_path() -> dict[str, str]:
+    """The environment without LD_LIBRARY_PATH: a consumer finds libmok.so.0 through its own rpath or not at all."""
+    return {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+
+
+@pytest.mark.skipif(not have("pkg-config"), reason="pkg-config is not installed")
+def test_readme_pkg_config_line_runs(host_only_prefix, tmp_path):
+    """README.md's one-liner, as written there, gives a program that finds libmok.so.0 at run time: mok.pc's Libs
+    carry the rpath (without it the loader fails with "libmok.so.0: cannot open shared object file")."""
+    readme = (ROOT / "README.md").read_text()
+    line = "c++ main.cpp $(pkg-config --cflags --libs mok)"
+    assert f"\n{line}\n" in readme, "README.md's pkg-config line changed: update this test with it"
+    shutil.copy(ROOT / "examples" / "cpp" / "main.cpp", tmp_path)
+    env = {**without_library_path(), "PKG_CONFIG_PATH": str(host_only_prefix / "lib" / "pkgconfig")}
+    run("sh", "-c", line, cwd=tmp_path, env=env)
+    text = run(tmp_path / "a.out", env=without_library_path()).stdout
+    assert "executor host     compiled=1 usable=1" in text, text
+    assert "every result matches the float64 reference" in text, text
 
 
 def test_host_only_build(host_only_prefix, tmp_path):

@@ -1,0 +1,66 @@
+"""MOK_ENABLE_CUDA's choice at configure time (configure only, no build): AUTO, the default, gives a host-only
+libmok and says so where no CUDA compiler is found; ON without one fails naming nvcc and the switch."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from buildutil import ROOT, cccl_include_dir
+
+
+def without_nvcc() -> tuple[dict[str, str], list[str]]:
+    """An environment and CMake arguments under which no nvcc can be found: every PATH dir holding one is dropped
+    and its prefix ignored by CMake's searches (which also look in the system prefixes, /usr/local among them)."""
+    dirs = os.environ.get("PATH", "").split(os.pathsep)
+    nvcc_dirs = [d for d in dirs if (Path(d) / "nvcc").exists()]
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDACXX", "CUDA_PATH", "CUDAToolkit_ROOT")}
+    env["PATH"] = os.pathsep.join(d for d in dirs if d not in nvcc_dirs)
+    assert shutil.which("nvcc", path=env["PATH"]) is None
+    ignored = sorted({str(Path(d).parent) for d in nvcc_dirs} | {"/usr/local"})
+    return env, [f"-DCMAKE_IGNORE_PREFIX_PATH={';'.join(ignored)}"]
+
+
+def configure(build: Path, *args: str) -> subprocess.CompletedProcess:
+    env, ignore = without_nvcc()
+    cmd = ["cmake", "-S", str(ROOT), "-B", str(build), "-G", "Ninja", f"-DMOK_CCCL_INCLUDE_DIR={cccl_include_dir()}",
+           *ignore, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env)
+
+
+def cache_entry(build: Path, name: str) -> str:
+    for line in (build / "CMakeCache.txt").read_text().splitlines():
+        if line.startswith(f"{name}:"):
+            return line.split("=", 1)[1]
+    raise AssertionError(f"{name} is not in {build}/CMakeCache.txt")
+
+
+def test_auto_without_nvcc_builds_host_only(tmp_path):
+    proc = configure(tmp_path / "b")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "no CUDA compiler found" in out and "building a host-only libmok" in out, out
+    assert "-DMOK_ENABLE_CUDA=ON" in out, f"the message must name the switch:\n{out}"
+    assert cache_entry(tmp_path / "b", "MOK_ENABLE_CUDA") == "AUTO"
+    # The host-only library: no CUDA language enabled, and the build config the library reports says so.
+    assert not list((tmp_path / "b" / "CMakeFiles").glob("*/CMakeCUDACompiler.cmake"))
+    assert "MOK_WITH_CUDA=0" in (tmp_path / "b" / "build.ninja").read_text()
+
+
+def test_explicit_on_without_nvcc_fails_naming_nvcc(tmp_path):
+    proc = configure(tmp_path / "b", "-DMOK_ENABLE_CUDA=ON")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "MOK_ENABLE_CUDA=ON but no CUDA compiler is found: nvcc is not on PATH" in out, out
+    assert "CUDACXX" in out and "-DMOK_ENABLE_CUDA=OFF" in out, out
+    assert "Failed to find nvcc" not in out, out
+
+
+def test_explicit_off_never_looks(tmp_path):
+    proc = configure(tmp_path / "b", "-DMOK_ENABLE_CUDA=OFF")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "CUDA compiler" not in out, out
+    assert "MOK_WITH_CUDA=0" in (tmp_path / "b" / "build.ninja").read_text()
