@@ -17,8 +17,8 @@
 // the waits on this rank alive, its own workers' and its peers'. The waits for the others are bounded
 // but do not give up on an abort: a barrier the whole group completed completes despite a later abort,
 // and worker 0 only settles the pass once every worker has left it. A failed local wait is recorded
-// and aborts the group (fail_pass); a failure of the group's own
-// waits (formation, barriers) is left in GroupState::group_failure for the executor to word.
+// and aborts the group (fail_pass); a failure of the group's own waits (formation, barriers) is left
+// in GroupState::group_failure for the executor to word.
 #pragma once
 
 #include <cstddef>

@@ -439,10 +439,11 @@ MOK_HD inline uint64_t arrival_word(uint64_t epoch, CallKind call) {
 // before it are visible to every rank after it. Arrivals are single-writer: each rank stores its
 // own epoch, so no rank ever resets a word a peer writes. A peer at the same epoch from another call
 // fails the barrier at once (call_mismatch; Failure::peer names it); a timeout names a peer that
-// did not arrive; the wait restarts its timeout while a peer that has not arrived shows progress, so a
-// peer with far more work than the others keeps the group alive. Unlike other waits, a barrier every rank has reached
-// completes even when an abort was raised since (a failed rank never arrives): a rank that passed it and then aborted
-// the group (it rejected its next call) does not fail a call its peers completed too.
+// did not arrive. The wait restarts its timeout while the peers that have not arrived show progress,
+// so a peer with far more work than the others keeps the group alive. Unlike other waits, a barrier
+// every rank has reached completes even when an abort was raised since (a failed rank never arrives):
+// a rank that passed it and then aborted the group (it rejected its next call) does not fail a call
+// its peers completed too.
 MOK_HD inline Failure barrier(PeerHeader* const* headers, int world, int rank, uint64_t epoch, CallKind call,
                               uint64_t timeout_ns, WaitId what) {
   SystemAtomic<uint64_t>(headers[rank]->arrival).store(arrival_word(epoch, call), cuda::std::memory_order_release);
