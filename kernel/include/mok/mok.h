@@ -152,7 +152,9 @@ typedef struct {
   int macrobatch;           /* 1..2^26: rows of the receive ring buffer; >= minibatch and a multiple of it */
   int comm_workers;         /* host threads moving rows, 1..64 */
   int compute_workers;      /* host threads computing tiles, 1..256 */
-  int timeout_ms;           /* 1..86400000 (24 h): every wait on another worker or rank gives up after this */
+  int timeout_ms;           /* 1..86400000 (24 h): every wait on another worker or rank gives up after this
+                               long without progress of the ranks it waits for (tasks they finish);
+                               docs/c-api.md, "Failures of the group" */
   mokExecutor_t executor;   /* mokExecutorHost: the only one compiled so far (others: mokNotCompiled) */
 } mokLayerConfig_t;
 #define MOK_LAYER_CONFIG_INIT   \

@@ -13,10 +13,12 @@
 //   does its share of the home sums (a range of tokens) and, in backward, of the gradient write-out (a
 //   range of every gradient's elements); counts itself out (kFinished), which worker 0 waits for.
 // Every worker passes every count on every path, failure included, so each wait for the others ends.
-// Those waits are bounded but do not give up on an abort: a barrier the whole group completed
-// completes despite a later abort, and worker 0 only settles the pass once every worker has left it.
-// A failed local wait is recorded and aborts the group (fail_pass); a failure of the group's own
-// waits (formation, barriers) is left in GroupState::group_failure for the executor to word.
+// Every task and share a worker finishes counts as its rank's progress (core/protocol.hpp): it keeps
+// the waits on this rank alive, its own workers' and its peers'. The waits for the others are bounded
+// but do not give up on an abort: a barrier the whole group completed completes despite a later abort,
+// and worker 0 only settles the pass once every worker has left it. A failed local wait is recorded
+// and aborts the group (fail_pass); a failure of the group's own waits (formation, barriers) is left
+// in GroupState::group_failure for the executor to word.
 #pragma once
 
 #include <cstddef>
@@ -94,24 +96,26 @@ MOK_HD inline void lay_out_tasks(PassView& v) {
 
 // ---- the workers' hand-overs --------------------------------------------------------------------
 
-// Wait until `word` reaches `target`, bounded, not cut short by an abort (see the top of this file).
+// Wait until `word` reaches `target`, bounded (by a timeout without progress of the ranks `watched`), not
+// cut short by an abort (see the top of this file).
 MOK_HD inline Failure wait_workers(const PassView& v, SyncWord word, uint32_t target, uint64_t timeout_ns,
-                                   WaitId what) {
+                                   Watched watched, WaitId what) {
   DeviceAtomic<uint32_t> c(v.c.sync[word]);
-  uint64_t start = now_ns();
+  Patience patience(timeout_ns);
   Backoff backoff;
   for (;;) {
     if (c.load(cuda::std::memory_order_acquire) >= target) return kNoFailure;
-    if (now_ns() - start > timeout_ns) return Failure{Outcome::timeout, what};
+    if (patience.run_out(watched)) return Failure{Outcome::timeout, what};
     backoff.pause();
   }
 }
 
 // A worker waiting for worker 0's release: worker 0 may spend a timeout in each of two waits first
-// (formation and a barrier, or a wait for the others and a barrier), so the bound is three timeouts.
+// (formation and a barrier, or a wait for the others and a barrier), so the bound is three timeouts
+// in which no rank of the group made progress (worker 0 may be waiting for any of them).
 // True: carry on; false: stop (worker 0 said so, or it never did, which fails the pass).
 MOK_HD inline bool released(const PassView& v, SyncWord word, WaitId what) {
-  Failure f = wait_workers(v, word, 1, 3 * v.timeout_ns, what);
+  Failure f = wait_workers(v, word, 1, 3 * v.timeout_ns, Watched{v.headers, 0, v.s.world}, what);
   if (!f.ok()) {
     fail_pass(v, f, nullptr);
     return false;
@@ -125,7 +129,8 @@ MOK_HD inline void release(const PassView& v, SyncWord word, bool go) {
 
 // Worker 0: every worker has passed `word`; a worker that never does fails the pass.
 MOK_HD inline bool all_passed(const PassView& v, SyncWord word, WaitId what) {
-  Failure f = wait_workers(v, word, static_cast<uint32_t>(workers_of(v)), v.timeout_ns, what);
+  Failure f = wait_workers(v, word, static_cast<uint32_t>(workers_of(v)), v.timeout_ns,
+                           Watched{v.headers, v.s.rank, v.s.rank + 1}, what);
   if (f.ok()) return true;
   fail_pass(v, f, nullptr);
   return false;
@@ -151,6 +156,7 @@ MOK_HD void take_tasks(const PassView& v, WorkerClass cls, Ops& ops) {
     if (ops.stop_here(v, taken, task) || !task) return;
     Failure f = run_task(v, *task, ops);
     if (!f.ok()) return fail_pass(v, f, task);
+    note_progress(own_header(v));
   }
 }
 
@@ -231,7 +237,10 @@ MOK_HD void run_pass_worker(const PassView& v, int worker, Ops& ops) {
   if (go) take_tasks(v, class_of(v, worker), ops);
   bump(&v.c.sync[kOut]);
   go = worker == 0 ? close_pass(v, go) : released(v, kClosed, WaitId::pass_closed);
-  if (go) finish_share(v, worker);
+  if (go) {
+    finish_share(v, worker);
+    note_progress(own_header(v));
+  }
   bump(&v.c.sync[kFinished]);
   if (worker == 0) all_passed(v, kFinished, WaitId::workers_finished);
 }
@@ -255,6 +264,7 @@ MOK_HD inline void run_schedule_worker(const PassView& v, int worker) {
   Routing routing{ids, tokens};
   Schedule s = v.sched;
   for (int e = worker; go && e < v.s.experts_per_rank; e += n) s.experts[2 * e] = count_expert(v.s, routing, e);
+  if (go) note_progress(own_header(v));
   bump(&v.c.sync[kCounted]);
   if (worker == 0) {
     go = all_passed(v, kCounted, WaitId::schedule_counted) && go;
@@ -264,6 +274,7 @@ MOK_HD inline void run_schedule_worker(const PassView& v, int worker) {
     go = released(v, kLaidOut, WaitId::schedule_laid_out);
   }
   for (int e = worker; go && e < v.s.experts_per_rank; e += n) place_expert(v.s, routing, s, e);
+  if (go) note_progress(own_header(v));
   bump(&v.c.sync[kPlaced]);
   if (worker != 0) return;
   go = all_passed(v, kPlaced, WaitId::schedule_placed) && go;

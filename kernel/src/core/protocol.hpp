@@ -1,6 +1,9 @@
 // How workers and ranks hand work to each other: counters with release/acquire at explicit scopes,
 // bounded waits with backoff that also watch an abort flag, the group's formation, barriers, and the
-// error record.
+// error record. A wait's bound is a time without progress: it gives up once `timeout` passes in which
+// the ranks it waits for (its own rank, for a wait on the rank's own workers) finished no work, so a
+// slow rank that keeps working never fails its group, and a dead or frozen one does within about one
+// timeout of its last task.
 //
 // Peer-header words (the buffer may hold an earlier group's data or garbage: nothing in it is read
 // as this group's until its owner has shown, by acknowledging the reader's incarnation, that it
@@ -13,6 +16,8 @@
 //   `abort`        any rank writes the owner's incarnation into it once the group is aborting; sticky;
 //   `reason`       why the owner aborted the group (e.g. the arguments it rejected), valid once
 //                  `reason_stamp` holds the owner's incarnation;
+//   `progress`     the owner's workers add 1 as they finish a task or a share (relaxed; monotonic for
+//                  the life of the group): a wait on the owner gives up only once it stops moving;
 //   `mapped`       shared-memory setup: each rank adds 1 once it has mapped this rank's buffer.
 //   The pass-local counters (ready, done, freed, stage, wgrad chain, queue heads) live in the rank's
 //   private workspace and are zeroed by the rank before its entry barrier; see core/pass.hpp.
@@ -77,6 +82,7 @@ struct PeerHeader {
   alignas(64) uint64_t arrival;           // owner: (epoch << 8) | CallKind of the last barrier it entered
   alignas(64) uint64_t abort;             // any rank: the owner's incarnation once the group is aborting
   alignas(64) uint64_t reason_stamp;      // owner: its incarnation once `reason` says why it aborted the group
+  alignas(64) uint64_t progress;          // owner's workers: tasks and shares finished (relaxed)
   alignas(64) int32_t tokens;             // owner: its token count, staged with its topk ids
   int32_t shape[kGroupShapeFields];       // owner: what every rank of the group must agree on
   alignas(64) char reason[kReasonBytes];  // owner: e.g. the detail of the arguments it rejected
@@ -230,6 +236,7 @@ MOK_HD inline void reset_header(PeerHeader* own, const int32_t* shape, uint64_t 
   store_word(own->arrival, 0);
   store_word(own->abort, 0);
   store_word(own->reason_stamp, 0);
+  store_word(own->progress, 0);
   for (int r = 0; r < kMaxWorld; ++r) store_word(own->seen[r], 0);
   own->tokens = 0;
   for (int i = 0; i < kGroupShapeFields; ++i) own->shape[i] = shape[i];
@@ -343,17 +350,68 @@ MOK_HD inline Failure form_group(PeerHeader* const* headers, int world, int rank
   }
 }
 
-// Wait until `ready()` holds, the abort flag is seen, or `timeout_ns` passes. `ready` must do its own
-// acquire loads.
+// ---- progress: what keeps a wait alive ----------------------------------------------------------
+
+// The owner's workers finished a task or a share. Relaxed: the word only tells waiters that the rank
+// is alive and working; nothing is read because of it.
+MOK_HD inline void note_progress(PeerHeader* own) {
+  SystemAtomic<uint64_t>(own->progress).fetch_add(1, cuda::std::memory_order_relaxed);
+}
+
+// The ranks [first, end) whose progress a wait watches (their headers belong to the group).
+struct Watched {
+  PeerHeader* const* headers;
+  int first, end;
+};
+
+// Their progress words summed: each only grows, so the sum moves exactly when one of them does.
+MOK_HD inline uint64_t progress_of(Watched w) {
+  uint64_t sum = 0;
+  for (int q = w.first; q < w.end; ++q)
+    sum += SystemAtomic<uint64_t>(w.headers[q]->progress).load(cuda::std::memory_order_relaxed);
+  return sum;
+}
+
+// A wait's clock: it runs out once `timeout_ns` passes with no move of the progress it watches. The
+// progress is read every timeout / 16 of waiting, never in a wait that ends sooner, so a wait gives up
+// between one and about 1.13 timeouts after the last progress it could see.
+struct Patience {
+  uint64_t timeout_ns;
+  uint64_t since;       // the wait's start, or when it last saw progress
+  uint64_t sampled_at;  // when the progress was last read
+  uint64_t seen = 0;    // what it read then
+  bool sampled = false;
+
+  MOK_HD explicit Patience(uint64_t timeout) : timeout_ns(timeout), since(now_ns()), sampled_at(since) {}
+
+  MOK_HD bool run_out(Watched w) {
+    uint64_t now = now_ns();
+    if (now - sampled_at < timeout_ns / 16) return false;
+    uint64_t p = progress_of(w);
+    if (sampled && p != seen) since = now;
+    seen = p;
+    sampled = true;
+    sampled_at = now;
+    return now - since > timeout_ns;
+  }
+};
+
+// A wait on the own rank's workers watches the own progress word.
+MOK_HD inline Watched own_rank(PeerHeader* const& own) {
+  return Watched{&own, 0, 1};
+}
+
+// Wait until `ready()` holds, the abort flag is seen, or `timeout_ns` passes in which the own rank's
+// workers finished nothing. `ready` must do its own acquire loads.
 // The abort flag is looked at first: once a pass is aborting, no wait succeeds.
 template <class Ready>
 MOK_HD Failure wait_for(Ready ready, PeerHeader* own, uint64_t timeout_ns, WaitId what) {
-  uint64_t start = now_ns();
+  Patience patience(timeout_ns);
   Backoff backoff;
   for (;;) {
     if (abort_seen(own)) return Failure{Outcome::peer_abort, what};
     if (ready()) return kNoFailure;
-    if (now_ns() - start > timeout_ns) return Failure{Outcome::timeout, what};
+    if (patience.run_out(own_rank(own))) return Failure{Outcome::timeout, what};
     backoff.pause();
   }
 }
@@ -381,13 +439,15 @@ MOK_HD inline uint64_t arrival_word(uint64_t epoch, CallKind call) {
 // before it are visible to every rank after it. Arrivals are single-writer: each rank stores its
 // own epoch, so no rank ever resets a word a peer writes. A peer at the same epoch from another call
 // fails the barrier at once (call_mismatch; Failure::peer names it); a timeout names a peer that
-// did not arrive. Unlike other waits, a barrier every rank has reached completes even when an abort
-// was raised since (a failed rank never arrives): a rank that passed it and then aborted the group
-// (it rejected its next call) does not fail a call its peers completed too.
+// did not arrive. The wait restarts its timeout while the peers that have not arrived show progress,
+// so a peer with far more work than the others keeps the group alive. Unlike other waits, a barrier
+// every rank has reached completes even when an abort was raised since (a failed rank never arrives):
+// a rank that passed it and then aborted the group (it rejected its next call) does not fail a call
+// its peers completed too.
 MOK_HD inline Failure barrier(PeerHeader* const* headers, int world, int rank, uint64_t epoch, CallKind call,
                               uint64_t timeout_ns, WaitId what) {
   SystemAtomic<uint64_t>(headers[rank]->arrival).store(arrival_word(epoch, call), cuda::std::memory_order_release);
-  uint64_t start = now_ns();
+  Patience patience(timeout_ns);
   Backoff backoff;
   for (int next = 0;;) {  // peers before `next` have arrived
     for (; next < world; ++next) {
@@ -399,7 +459,7 @@ MOK_HD inline Failure barrier(PeerHeader* const* headers, int world, int rank, u
     }
     if (next == world) return kNoFailure;
     if (abort_seen(headers[rank])) return Failure{Outcome::peer_abort, what, -1};
-    if (now_ns() - start > timeout_ns) return Failure{Outcome::timeout, what, next};
+    if (patience.run_out(Watched{headers, next, world})) return Failure{Outcome::timeout, what, next};
     backoff.pause();
   }
 }

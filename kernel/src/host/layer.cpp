@@ -2,10 +2,12 @@
 // over the caller's workspace and the ranks' peer buffers.
 #include "host/layer.hpp"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <thread>
 #include <vector>
 
 #include "core/pass_worker.hpp"
@@ -72,12 +74,15 @@ struct HostOps {
   core::bf16_t* chunk;
   float* sums;
   int64_t stall_after;  // MOK_HOST_FAULT_STALL on this worker; -1 = off
+  int64_t slow_us;      // MOK_HOST_FAULT_SLOW on this rank; -1 = off
 
   void gemm(const core::Gemm& g) { host::gemm(g, scratch, scratch_floats); }
 
-  // With fault injection, the worker stalls after `stall_after` tasks, or when its queue runs out
-  // first: the rank hangs whatever the schedule gave it to do.
+  // With fault injection, the worker starts each task `slow_us` late (a slow rank that keeps working),
+  // and stalls after `stall_after` tasks, or when its queue runs out first: the rank hangs whatever the
+  // schedule gave it to do.
   bool stop_here(const core::PassView& v, int64_t taken, const core::Task* task) const {
+    if (slow_us > 0 && task) std::this_thread::sleep_for(std::chrono::microseconds(slow_us));
     if (stall_after < 0 || (taken != stall_after && task)) return false;
     Failure f = core::wait_for([] { return false; }, core::own_header(v), v.timeout_ns, WaitId::stalled_worker);
     core::fail_pass(v, f, task);
@@ -97,9 +102,12 @@ void run_worker(void* job, int worker) {
   if (j.schedule) return core::run_schedule_worker(*j.view, worker);
   if (worker == j.layer->exit_worker) return;  // fault injection: a worker that is gone
   const core::PassView& v = *j.view;
-  HostOps ops{v.scratch + static_cast<size_t>(worker) * v.scratch_floats, v.scratch_floats,
+  HostOps ops{v.scratch + static_cast<size_t>(worker) * v.scratch_floats,
+              v.scratch_floats,
               v.chunk + static_cast<size_t>(worker) * v.chunk_values,
-              v.sums + static_cast<size_t>(worker) * v.sums_floats, worker == 0 ? j.layer->stall_after_tasks : -1};
+              v.sums + static_cast<size_t>(worker) * v.sums_floats,
+              worker == 0 ? j.layer->stall_after_tasks : -1,
+              j.layer->slow_task_us};
   core::run_pass_worker(*j.view, worker, ops);
 }
 
@@ -136,6 +144,7 @@ mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mok
   l->timeout_ns = timeout_ns;
   l->stall_after_tasks = fault_from_env("MOK_HOST_FAULT_STALL", shape.rank);
   l->exit_worker = static_cast<int>(fault_from_env("MOK_HOST_FAULT_EXIT", shape.rank));
+  l->slow_task_us = fault_from_env("MOK_HOST_FAULT_SLOW", shape.rank);
   if (memory.peer_bases) {
     l->memory.adopt(memory.peer_bases, shape.world);
   } else if (mokStatus_t s = l->memory.rendezvous(memory.shm_name, shape, l->peer.bytes, timeout_ns, why);

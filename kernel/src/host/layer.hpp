@@ -25,6 +25,7 @@ struct Layer {
   // Fault injection (tests of the timeout and abort paths), from the environment at creation:
   int64_t stall_after_tasks = -1;  // MOK_HOST_FAULT_STALL: worker 0 stops after this many tasks; -1 = off
   int exit_worker = -1;            // MOK_HOST_FAULT_EXIT: this worker leaves every pass at once; -1 = off
+  int64_t slow_task_us = -1;       // MOK_HOST_FAULT_SLOW: every worker starts each task this late; -1 = off
 };
 
 // Every call that returns a status writes why it failed into its `why` (host/detail.hpp).
