@@ -169,7 +169,7 @@ struct MxWeights {
     scales[slot].resize(static_cast<size_t>(mok::core::MxScaleLayout::of(rows, cols).batch_bytes(batch)));
     scales[slot + 1].resize(static_cast<size_t>(mok::core::MxScaleLayout::of(cols, rows).batch_bytes(batch)));
     mokStatus_t s = mokMxfp8Quantize(w.data(), mokDataBF16, batch, rows, cols, data[slot].data(), scales[slot].data(),
-                                     data[slot + 1].data(), scales[slot + 1].data());
+                                     data[slot + 1].data(), scales[slot + 1].data(), nullptr);
     CHECK_MSG(s == mokSuccess, "%s", mokGetLastError());
   }
   mokMxfp8Matrix_t matrix(int slot) const { return {data[slot].data(), scales[slot].data()}; }
@@ -264,17 +264,17 @@ inline void run_rank(const ref::Problem& p, const Knobs& k, int r, void* const* 
     w.down_colwise = mx.matrix(5);
   }
   o.out[r].assign(static_cast<size_t>(T) * H, 0);
-  bool ok = step(mokLayerBuildSchedule(layer, ids, k.int64_ids ? mokIndexInt64 : mokIndexInt32, T));
+  bool ok = step(mokLayerBuildSchedule(layer, ids, k.int64_ids ? mokIndexInt64 : mokIndexInt32, T, nullptr));
   if (r == k.absent_rank) ok = false;
-  if (ok && r == k.abort_rank) step(mokLayerAbort(layer));
+  if (ok && r == k.abort_rank) step(mokLayerAbort(layer, nullptr));
   auto t0 = std::chrono::steady_clock::now();
-  ok = ok && step(mokLayerForward(layer, &w, p.x[r].data(), p.topk_weights[r].data(), o.out[r].data()));
+  ok = ok && step(mokLayerForward(layer, &w, p.x[r].data(), p.topk_weights[r].data(), o.out[r].data(), nullptr));
   o.forward_ms[r] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (ok) {
     o.slots[r].assign(static_cast<size_t>(T) * K * H, 0xffff);
-    ok = step(mokLayerGetSlots(layer, o.slots[r].data()));
+    ok = step(mokLayerGetSlots(layer, o.slots[r].data(), nullptr));
   }
-  if (ok && k.recompute) ok = step(mokLayerRecompute(layer, &w, p.x[r].data()));
+  if (ok && k.recompute) ok = step(mokLayerRecompute(layer, &w, p.x[r].data(), nullptr));
   if (ok && k.backward) {
     size_t eih = static_cast<size_t>(p.experts) * p.inter * H, sih = static_cast<size_t>(p.shared_inter) * H;
     o.dx[r].assign(static_cast<size_t>(T) * H, 0);
@@ -308,7 +308,7 @@ inline void run_rank(const ref::Problem& p, const Knobs& k, int r, void* const* 
       g.dshared_down = o.dsdown[r].data();
     }
     auto t1 = std::chrono::steady_clock::now();
-    step(mokLayerBackward(layer, &w, p.topk_weights[r].data(), p.dout[r].data(), &g));
+    step(mokLayerBackward(layer, &w, p.topk_weights[r].data(), p.dout[r].data(), &g, nullptr));
     o.backward_ms[r] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
   }
   if (o.status[r] != mokSuccess) mokLayerGetError(layer, &o.error[r]);

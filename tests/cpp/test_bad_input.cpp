@@ -283,26 +283,27 @@ TEST(schedule_rules) {
   Solo s;
   s.create();
   int32_t ids[8] = {0, 1, 1, 0, 0, 0, 1, 1};
-  EXPECT(mokLayerBuildSchedule(nullptr, ids, mokIndexInt32, 4), mokInvalidArgument, "'layer'");
+  EXPECT(mokLayerBuildSchedule(nullptr, ids, mokIndexInt32, 4, nullptr), mokInvalidArgument, "'layer'");
   // An out-of-range index_type can only come from C (test_enum_args.c): a C++ cast to it is undefined.
-  EXPECT(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, -1), mokInvalidArgument, "'num_tokens' (-1)",
+  EXPECT(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, -1, nullptr), mokInvalidArgument, "'num_tokens' (-1)",
          "[0, config.max_tokens = 4]");
-  EXPECT(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 5), mokInvalidArgument, "'num_tokens' (5)",
+  EXPECT(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 5, nullptr), mokInvalidArgument, "'num_tokens' (5)",
          "[0, config.max_tokens = 4]");
-  EXPECT(mokLayerBuildSchedule(s.layer, nullptr, mokIndexInt32, 4), mokInvalidArgument, "topk_ids");
+  EXPECT(mokLayerBuildSchedule(s.layer, nullptr, mokIndexInt32, 4, nullptr), mokInvalidArgument, "topk_ids");
   int64_t wide[8] = {0, 1, 1, 0, 0, 0, 1, 1};
-  EXPECT(mokLayerBuildSchedule(s.layer, reinterpret_cast<char*>(wide) + 4, mokIndexInt64, 3), mokInvalidArgument,
+  EXPECT(mokLayerBuildSchedule(s.layer, reinterpret_cast<char*>(wide) + 4, mokIndexInt64, 3, nullptr),
+         mokInvalidArgument,
          "topk_ids");  // misaligned
   ids[5] = 2;          // world * experts_per_rank = 2
-  EXPECT(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 4), mokInvalidArgument, "'topk_ids' [2][1] = 2",
+  EXPECT(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 4, nullptr), mokInvalidArgument, "'topk_ids' [2][1] = 2",
          "-1 or in [0, 2)");
   ids[5] = -2;
-  EXPECT(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 4), mokInvalidArgument, "'topk_ids' [2][1] = -2");
+  EXPECT(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 4, nullptr), mokInvalidArgument, "'topk_ids' [2][1] = -2");
   ids[5] = 1;  // the largest expert id
-  CHECK(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 4) == mokSuccess);
+  CHECK(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 4, nullptr) == mokSuccess);
   ids[5] = -1;
-  CHECK(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 4) == mokSuccess);
-  CHECK(mokLayerBuildSchedule(s.layer, nullptr, mokIndexInt32, 0) == mokSuccess);  // no tokens, no ids
+  CHECK(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 4, nullptr) == mokSuccess);
+  CHECK(mokLayerBuildSchedule(s.layer, nullptr, mokIndexInt32, 0, nullptr) == mokSuccess);  // no tokens, no ids
 }
 
 TEST(pass_rules) {
@@ -318,9 +319,9 @@ TEST(pass_rules) {
   w.gate = gate.data();
   w.up = up.data();
   w.down = down.data();
-  EXPECT(mokLayerForward(s.layer, &w, x.data(), tw, out.data()), mokInvalidUsage, "mokLayerBuildSchedule");
+  EXPECT(mokLayerForward(s.layer, &w, x.data(), tw, out.data(), nullptr), mokInvalidUsage, "mokLayerBuildSchedule");
   int32_t ids[8] = {0, 1, 1, 0, 0, -1, 1, 1};
-  CHECK(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 4) == mokSuccess);
+  CHECK(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 4, nullptr) == mokSuccess);
   std::vector<uint16_t> dx(4 * 16), dgate(gate.size()), dup(up.size()), ddown(down.size());
   std::vector<float> dw(8);
   mokLayerGrads_t g = MOK_LAYER_GRADS_INIT;
@@ -329,43 +330,45 @@ TEST(pass_rules) {
   g.dgate = dgate.data();
   g.dup = dup.data();
   g.ddown = ddown.data();
-  EXPECT(mokLayerBackward(s.layer, &w, tw, dout.data(), &g), mokInvalidUsage, "mokLayerForward");
-  EXPECT(mokLayerForward(s.layer, nullptr, x.data(), tw, out.data()), mokInvalidArgument, "'weights'");
+  EXPECT(mokLayerBackward(s.layer, &w, tw, dout.data(), &g, nullptr), mokInvalidUsage, "mokLayerForward");
+  EXPECT(mokLayerForward(s.layer, nullptr, x.data(), tw, out.data(), nullptr), mokInvalidArgument, "'weights'");
   mokLayerWeights_t bad = w;
   bad.size = 0;
-  EXPECT(mokLayerForward(s.layer, &bad, x.data(), tw, out.data()), mokInvalidArgument, "MOK_LAYER_WEIGHTS_INIT");
+  EXPECT(mokLayerForward(s.layer, &bad, x.data(), tw, out.data(), nullptr), mokInvalidArgument,
+         "MOK_LAYER_WEIGHTS_INIT");
   bad = w;
   bad.down = nullptr;
-  EXPECT(mokLayerForward(s.layer, &bad, x.data(), tw, out.data()), mokInvalidArgument, "weights.down");
+  EXPECT(mokLayerForward(s.layer, &bad, x.data(), tw, out.data(), nullptr), mokInvalidArgument, "weights.down");
   bad.down = reinterpret_cast<const char*>(down.data()) + 1;
-  EXPECT(mokLayerForward(s.layer, &bad, x.data(), tw, out.data()), mokInvalidArgument, "weights.down");
+  EXPECT(mokLayerForward(s.layer, &bad, x.data(), tw, out.data(), nullptr), mokInvalidArgument, "weights.down");
   bad = w;
   bad.shared_gate = gate.data();  // a shared expert the config does not have
-  EXPECT(mokLayerForward(s.layer, &bad, x.data(), tw, out.data()), mokInvalidArgument, "weights.shared_gate");
-  EXPECT(mokLayerForward(s.layer, &w, nullptr, tw, out.data()), mokInvalidArgument, "'x'");
-  EXPECT(mokLayerForward(s.layer, &w, reinterpret_cast<const char*>(x.data()) + 1, tw, out.data()), mokInvalidArgument,
-         "'x'");
-  EXPECT(mokLayerForward(s.layer, &w, x.data(), nullptr, out.data()), mokInvalidArgument, "topk_weights");
-  EXPECT(mokLayerForward(s.layer, &w, x.data(), tw, nullptr), mokInvalidArgument, "'out'");
-  EXPECT(mokLayerRecompute(s.layer, &w, nullptr), mokInvalidArgument, "'x'");
+  EXPECT(mokLayerForward(s.layer, &bad, x.data(), tw, out.data(), nullptr), mokInvalidArgument, "weights.shared_gate");
+  EXPECT(mokLayerForward(s.layer, &w, nullptr, tw, out.data(), nullptr), mokInvalidArgument, "'x'");
+  EXPECT(mokLayerForward(s.layer, &w, reinterpret_cast<const char*>(x.data()) + 1, tw, out.data(), nullptr),
+         mokInvalidArgument, "'x'");
+  EXPECT(mokLayerForward(s.layer, &w, x.data(), nullptr, out.data(), nullptr), mokInvalidArgument, "topk_weights");
+  EXPECT(mokLayerForward(s.layer, &w, x.data(), tw, nullptr, nullptr), mokInvalidArgument, "'out'");
+  EXPECT(mokLayerRecompute(s.layer, &w, nullptr, nullptr), mokInvalidArgument, "'x'");
   for (uint16_t v : out) CHECK(v == 0xbeef);  // nothing written
-  CHECK(mokLayerForward(s.layer, &w, x.data(), tw, out.data()) == mokSuccess);
-  EXPECT(mokLayerBackward(s.layer, &w, tw, dout.data(), nullptr), mokInvalidArgument, "'grads'");
+  CHECK(mokLayerForward(s.layer, &w, x.data(), tw, out.data(), nullptr) == mokSuccess);
+  EXPECT(mokLayerBackward(s.layer, &w, tw, dout.data(), nullptr, nullptr), mokInvalidArgument, "'grads'");
   mokLayerGrads_t bg = g;
   bg.accumulate = 2;
-  EXPECT(mokLayerBackward(s.layer, &w, tw, dout.data(), &bg), mokInvalidArgument, "'grads.accumulate' (2)", "0 or 1");
+  EXPECT(mokLayerBackward(s.layer, &w, tw, dout.data(), &bg, nullptr), mokInvalidArgument, "'grads.accumulate' (2)",
+         "0 or 1");
   bg.accumulate = -1;
-  EXPECT(mokLayerBackward(s.layer, &w, tw, dout.data(), &bg), mokInvalidArgument, "'grads.accumulate' (-1)");
+  EXPECT(mokLayerBackward(s.layer, &w, tw, dout.data(), &bg, nullptr), mokInvalidArgument, "'grads.accumulate' (-1)");
   bg = g;
   bg.dx = nullptr;
-  EXPECT(mokLayerBackward(s.layer, &w, tw, dout.data(), &bg), mokInvalidArgument, "grads.dx");
+  EXPECT(mokLayerBackward(s.layer, &w, tw, dout.data(), &bg, nullptr), mokInvalidArgument, "grads.dx");
   bg = g;
   bg.accumulate = 1;
   bg.ddown = reinterpret_cast<char*>(ddown.data()) + 2;  // fp32 main_grad must be 4-byte aligned
-  EXPECT(mokLayerBackward(s.layer, &w, tw, dout.data(), &bg), mokInvalidArgument, "grads.ddown");
-  EXPECT(mokLayerBackward(s.layer, &w, tw, nullptr, &g), mokInvalidArgument, "'dout'");
+  EXPECT(mokLayerBackward(s.layer, &w, tw, dout.data(), &bg, nullptr), mokInvalidArgument, "grads.ddown");
+  EXPECT(mokLayerBackward(s.layer, &w, tw, nullptr, &g, nullptr), mokInvalidArgument, "'dout'");
   for (uint16_t v : dx) CHECK(v == 0);  // nothing written
-  CHECK_MSG(mokLayerBackward(s.layer, &w, tw, dout.data(), &g) == mokSuccess, "%s", mokGetLastError());
+  CHECK_MSG(mokLayerBackward(s.layer, &w, tw, dout.data(), &g, nullptr) == mokSuccess, "%s", mokGetLastError());
 }
 
 // A schedule call that fails leaves no schedule: a caller sizes its buffers by the token count it passed,
@@ -384,12 +387,14 @@ TEST(failed_schedule_leaves_no_context) {
   w.up = up.data();
   w.down = down.data();
   int32_t ids[8] = {0, 1, 1, 0, 0, -1, 1, 1}, bad_ids[2] = {0, 7};
-  CHECK(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 4) == mokSuccess);
-  CHECK(mokLayerForward(s.layer, &w, x.data(), tw, out.data()) == mokSuccess);
-  EXPECT(mokLayerBuildSchedule(s.layer, bad_ids, mokIndexInt32, 1), mokInvalidArgument, "'topk_ids' [0][1] = 7");
+  CHECK(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 4, nullptr) == mokSuccess);
+  CHECK(mokLayerForward(s.layer, &w, x.data(), tw, out.data(), nullptr) == mokSuccess);
+  EXPECT(mokLayerBuildSchedule(s.layer, bad_ids, mokIndexInt32, 1, nullptr), mokInvalidArgument,
+         "'topk_ids' [0][1] = 7");
   std::vector<uint16_t> slots(2 * 16, 0xbeef);  // [1 token, K, H]: what the failed call's caller allocated
-  EXPECT(mokLayerGetSlots(s.layer, slots.data()), mokInvalidUsage, "mokLayerForward or mokLayerRecompute");
-  EXPECT(mokLayerForward(s.layer, &w, x.data(), tw, out.data()), mokInvalidUsage, "mokLayerBuildSchedule first");
+  EXPECT(mokLayerGetSlots(s.layer, slots.data(), nullptr), mokInvalidUsage, "mokLayerForward or mokLayerRecompute");
+  EXPECT(mokLayerForward(s.layer, &w, x.data(), tw, out.data(), nullptr), mokInvalidUsage,
+         "mokLayerBuildSchedule first");
   for (uint16_t v : slots) CHECK(v == 0xbeef);
 }
 
@@ -397,14 +402,14 @@ TEST(mxfp8_weights_required) {
   Solo s(mokPrecisionMXFP8);
   s.create();
   int32_t ids[8] = {0, 1, 1, 0, 0, 1, 1, 0};
-  CHECK(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 4) == mokSuccess);
+  CHECK(mokLayerBuildSchedule(s.layer, ids, mokIndexInt32, 4, nullptr) == mokSuccess);
   std::mt19937_64 rng(seed());
   auto gate = random_bf16(2 * 8 * 16, 0.25, rng), x = random_bf16(4 * 16, 1, rng);
   float tw[8] = {1, 1, 1, 1, 1, 1, 1, 1};
   std::vector<uint16_t> out(4 * 16);
   mokLayerWeights_t w = MOK_LAYER_WEIGHTS_INIT;
   w.gate = w.up = w.down = gate.data();  // bf16 weights where MXFP8 forms are needed
-  EXPECT(mokLayerForward(s.layer, &w, x.data(), tw, out.data()), mokInvalidArgument, "weights.gate_rowwise");
+  EXPECT(mokLayerForward(s.layer, &w, x.data(), tw, out.data(), nullptr), mokInvalidArgument, "weights.gate_rowwise");
 }
 
 TEST(quantize_rules) {
@@ -414,24 +419,26 @@ TEST(quantize_rules) {
   for (float& x : v) x = value(rng);
   uint8_t d[64], sc[512], dc[64], scc[512];  // [2, 32]: one 128 x 4 scale tile each way
   std::memset(d, 0x5a, sizeof(d));
-  EXPECT(mokMxfp8Quantize(nullptr, mokDataFloat32, 1, 2, 32, d, sc, nullptr, nullptr), mokInvalidArgument, "'src'");
+  EXPECT(mokMxfp8Quantize(nullptr, mokDataFloat32, 1, 2, 32, d, sc, nullptr, nullptr, nullptr), mokInvalidArgument,
+         "'src'");
   // An out-of-range dtype can only come from C (test_enum_args.c): a C++ cast to it is undefined.
-  EXPECT(mokMxfp8Quantize(v, mokDataFloat32, 0, 2, 32, d, sc, nullptr, nullptr), mokInvalidArgument, "'batch' (0)",
-         ">= 1");
-  EXPECT(mokMxfp8Quantize(v, mokDataFloat32, 1, 0, 32, d, sc, nullptr, nullptr), mokInvalidArgument, "'rows' (0)",
-         ">= 1");
-  EXPECT(mokMxfp8Quantize(v, mokDataFloat32, 1, 2, -1, d, sc, nullptr, nullptr), mokInvalidArgument, "'cols' (-1)",
-         ">= 1");
-  EXPECT(mokMxfp8Quantize(v, mokDataFloat32, 1, 2, 32, d, nullptr, nullptr, nullptr), mokInvalidArgument, "_scales");
-  EXPECT(mokMxfp8Quantize(v, mokDataFloat32, 1, 2, 32, nullptr, nullptr, nullptr, nullptr), mokInvalidArgument,
+  EXPECT(mokMxfp8Quantize(v, mokDataFloat32, 0, 2, 32, d, sc, nullptr, nullptr, nullptr), mokInvalidArgument,
+         "'batch' (0)", ">= 1");
+  EXPECT(mokMxfp8Quantize(v, mokDataFloat32, 1, 0, 32, d, sc, nullptr, nullptr, nullptr), mokInvalidArgument,
+         "'rows' (0)", ">= 1");
+  EXPECT(mokMxfp8Quantize(v, mokDataFloat32, 1, 2, -1, d, sc, nullptr, nullptr, nullptr), mokInvalidArgument,
+         "'cols' (-1)", ">= 1");
+  EXPECT(mokMxfp8Quantize(v, mokDataFloat32, 1, 2, 32, d, nullptr, nullptr, nullptr, nullptr), mokInvalidArgument,
+         "_scales");
+  EXPECT(mokMxfp8Quantize(v, mokDataFloat32, 1, 2, 32, nullptr, nullptr, nullptr, nullptr, nullptr), mokInvalidArgument,
          "rowwise_data");
   v[40] = NAN;
-  EXPECT(mokMxfp8Quantize(v, mokDataFloat32, 1, 2, 32, d, sc, dc, scc), mokInvalidArgument, "'src'");
+  EXPECT(mokMxfp8Quantize(v, mokDataFloat32, 1, 2, 32, d, sc, dc, scc, nullptr), mokInvalidArgument, "'src'");
   v[40] = INFINITY;
-  EXPECT(mokMxfp8Quantize(v, mokDataFloat32, 1, 2, 32, d, sc, dc, scc), mokInvalidArgument, "element 40");
+  EXPECT(mokMxfp8Quantize(v, mokDataFloat32, 1, 2, 32, d, sc, dc, scc, nullptr), mokInvalidArgument, "element 40");
   for (uint8_t b : d) CHECK(b == 0x5a);  // nothing written
   v[40] = value(rng);
-  CHECK(mokMxfp8Quantize(v, mokDataFloat32, 1, 2, 32, d, sc, nullptr, nullptr) == mokSuccess);
+  CHECK(mokMxfp8Quantize(v, mokDataFloat32, 1, 2, 32, d, sc, nullptr, nullptr, nullptr) == mokSuccess);
   uint8_t want[64];            // valid arguments: each row is one block, as core's block quantiser writes it
   for (int r = 0; r < 2; ++r)  // row r's first scale at 16 r in the SM100 layout
     CHECK(sc[16 * r] == mok::core::mx_quantize_block(v + 32 * r, 32, 1, want + 32 * r, 1));
@@ -442,16 +449,16 @@ TEST(quantize_rules) {
 // next rule, so nothing is read), 2^40 + 1 = 257 x 4278255361 x 1 does not; no product overflows.
 TEST(quantize_size_limit) {
   uint8_t d[64], sc[2];
-  EXPECT(mokMxfp8Quantize(nullptr, mokDataBF16, 1, 1 << 20, 1 << 20, d, sc, nullptr, nullptr), mokInvalidArgument,
-         "'src' must not be NULL");
-  EXPECT(mokMxfp8Quantize(nullptr, mokDataBF16, 1 << 10, 1 << 20, 1 << 10, d, sc, nullptr, nullptr), mokInvalidArgument,
-         "'src' must not be NULL");
-  EXPECT(mokMxfp8Quantize(nullptr, mokDataBF16, 257, 4278255361ll, 1, d, sc, nullptr, nullptr), mokInvalidArgument,
-         "'batch' x 'rows' x 'cols' (257 x 4278255361 x 1)", "at most 2^40 = 1099511627776");
-  EXPECT(mokMxfp8Quantize(nullptr, mokDataBF16, 1, 1 << 20, (1 << 20) + 1, d, sc, nullptr, nullptr), mokInvalidArgument,
-         "(1 x 1048576 x 1048577)");
+  EXPECT(mokMxfp8Quantize(nullptr, mokDataBF16, 1, 1 << 20, 1 << 20, d, sc, nullptr, nullptr, nullptr),
+         mokInvalidArgument, "'src' must not be NULL");
+  EXPECT(mokMxfp8Quantize(nullptr, mokDataBF16, 1 << 10, 1 << 20, 1 << 10, d, sc, nullptr, nullptr, nullptr),
+         mokInvalidArgument, "'src' must not be NULL");
+  EXPECT(mokMxfp8Quantize(nullptr, mokDataBF16, 257, 4278255361ll, 1, d, sc, nullptr, nullptr, nullptr),
+         mokInvalidArgument, "'batch' x 'rows' x 'cols' (257 x 4278255361 x 1)", "at most 2^40 = 1099511627776");
+  EXPECT(mokMxfp8Quantize(nullptr, mokDataBF16, 1, 1 << 20, (1 << 20) + 1, d, sc, nullptr, nullptr, nullptr),
+         mokInvalidArgument, "(1 x 1048576 x 1048577)");
   int64_t huge = std::numeric_limits<int64_t>::max();
-  EXPECT(mokMxfp8Quantize(nullptr, mokDataBF16, huge, huge, huge, d, sc, nullptr, nullptr), mokInvalidArgument,
+  EXPECT(mokMxfp8Quantize(nullptr, mokDataBF16, huge, huge, huge, d, sc, nullptr, nullptr, nullptr), mokInvalidArgument,
          "at most 2^40");
 }
 
@@ -464,7 +471,7 @@ TEST(error_query_rules) {
   EXPECT(mokLayerGetError(s.layer, &e), mokInvalidArgument, "MOK_LAYER_ERROR_INIT");
   e = mokLayerError_t MOK_LAYER_ERROR_INIT;
   CHECK(mokLayerGetError(s.layer, &e) == mokSuccess && e.status == mokSuccess);
-  EXPECT(mokLayerAbort(nullptr), mokInvalidArgument, "'layer'");
+  EXPECT(mokLayerAbort(nullptr, nullptr), mokInvalidArgument, "'layer'");
 }
 
 // Ranks whose configs disagree on a group-wide field: every rank fails the schedule build, naming

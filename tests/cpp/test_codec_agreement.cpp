@@ -84,7 +84,8 @@ Floats codec_round_trip(const Floats& v) {
   int n = static_cast<int>(v.size());
   mok::core::MxScaleLayout layout = mok::core::MxScaleLayout::of(1, n);
   std::vector<uint8_t> data(n), scales(layout.matrix_bytes());
-  mokStatus_t s = mokMxfp8Quantize(v.data(), mokDataFloat32, 1, 1, n, data.data(), scales.data(), nullptr, nullptr);
+  mokStatus_t s =
+      mokMxfp8Quantize(v.data(), mokDataFloat32, 1, 1, n, data.data(), scales.data(), nullptr, nullptr, nullptr);
   CHECK_MSG(s == mokSuccess, "%s", mokGetLastError());
   Floats out(n);
   for (int i = 0; i < n; ++i)

@@ -87,7 +87,7 @@ void check_quantize(mokDataType_t dtype) {
   // The scales in the SM100 layout (docs/mxfp8.md), filled with NaN scales that every byte must replace.
   mok::core::MxScaleLayout rl = mok::core::MxScaleLayout::of(R, C), cl = mok::core::MxScaleLayout::of(C, R);
   std::vector<uint8_t> rd(v.size()), rs(rl.batch_bytes(B), 0xff), cd(v.size()), cs(cl.batch_bytes(B), 0xff);
-  CHECK(mokMxfp8Quantize(src, dtype, B, R, C, rd.data(), rs.data(), cd.data(), cs.data()) == mokSuccess);
+  CHECK(mokMxfp8Quantize(src, dtype, B, R, C, rd.data(), rs.data(), cd.data(), cs.data(), nullptr) == mokSuccess);
   int bad = 0;
   for (int b = 0; b < B; ++b) {
     for (int r = 0; r < R; ++r)

@@ -105,7 +105,7 @@ TEST(abort_from_another_thread_mid_pass) {
   std::thread watcher([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     for (int i = 0; i < 1000 && !rank0.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    CHECK(rank0.load() && mokLayerAbort(rank0.load()) == mokSuccess);
+    CHECK(rank0.load() && mokLayerAbort(rank0.load(), nullptr) == mokSuccess);
     aborted = true;
   });
   Outputs o;

@@ -56,14 +56,14 @@ struct Rank {
     m.workspace_bytes = workspace_bytes;
     return note(mokLayerCreate(&c, &m, &layer)) == mokSuccess;
   }
-  mokStatus_t schedule() { return note(mokLayerBuildSchedule(layer, ids.data(), mokIndexInt32, p.tokens[r])); }
+  mokStatus_t schedule() { return note(mokLayerBuildSchedule(layer, ids.data(), mokIndexInt32, p.tokens[r], nullptr)); }
   mokStatus_t forward() {
-    return note(mokLayerForward(layer, &w, p.x[r].data(), p.topk_weights[r].data(), out.data()));
+    return note(mokLayerForward(layer, &w, p.x[r].data(), p.topk_weights[r].data(), out.data(), nullptr));
   }
-  mokStatus_t recompute() { return note(mokLayerRecompute(layer, &w, p.x[r].data())); }
+  mokStatus_t recompute() { return note(mokLayerRecompute(layer, &w, p.x[r].data(), nullptr)); }
   mokStatus_t backward() {
     mokLayerGrads_t g = grads.grads();
-    return note(mokLayerBackward(layer, &w, p.topk_weights[r].data(), p.dout[r].data(), &g));
+    return note(mokLayerBackward(layer, &w, p.topk_weights[r].data(), p.dout[r].data(), &g, nullptr));
   }
   mokLayerError_t error() const {
     mokLayerError_t e = MOK_LAYER_ERROR_INIT;
@@ -273,7 +273,7 @@ TEST(rejected_arguments_reach_every_rank) {
     return r.schedule();
   };
   auto no_x = [](Rank& r) {
-    return r.note(mokLayerForward(r.layer, &r.w, nullptr, r.p.topk_weights[r.r].data(), r.out.data()));
+    return r.note(mokLayerForward(r.layer, &r.w, nullptr, r.p.topk_weights[r.r].data(), r.out.data(), nullptr));
   };
   const Case cases[] = {
       {"first call, bad id", false, &Rank::schedule, bad_id, mokInvalidArgument,
@@ -326,7 +326,7 @@ TEST(abort_before_the_first_call_reaches_peers) {
   ref::Problem p = problem(3, 61);
   Group g(p, kLongTimeoutMs);
   double ms = g.run([](Rank& r) {
-    if (r.r == 2) CHECK(mokLayerAbort(r.layer) == mokSuccess);
+    if (r.r == 2) CHECK(mokLayerAbort(r.layer, nullptr) == mokSuccess);
     r.schedule();
   });
   CHECK_MSG(ms < kFastMs, "took %.0f ms", ms);

@@ -66,15 +66,15 @@ TEST(every_backward_of_a_context_gives_the_same_bits_kept_or_not) {
     auto backward = [&] {
       run.grads.emplace_back(p, r, 0x7fc0, -1.0f);
       mokLayerGrads_t g = run.grads.back().grads();
-      return ok(mokLayerBackward(layer, &w, p.topk_weights[r].data(), p.dout[r].data(), &g), "backward");
+      return ok(mokLayerBackward(layer, &w, p.topk_weights[r].data(), p.dout[r].data(), &g, nullptr), "backward");
     };
-    auto schedule = [&] { return ok(mokLayerBuildSchedule(layer, ids.data(), mokIndexInt32, T), "schedule"); };
+    auto schedule = [&] { return ok(mokLayerBuildSchedule(layer, ids.data(), mokIndexInt32, T, nullptr), "schedule"); };
     auto forward = [&](const ref::Problem& q) {
-      return ok(mokLayerForward(layer, &w, q.x[r].data(), p.topk_weights[r].data(), out.data()), "forward");
+      return ok(mokLayerForward(layer, &w, q.x[r].data(), p.topk_weights[r].data(), out.data(), nullptr), "forward");
     };
     // 0 kept, 1 plain; recompute: 2 kept; other x: 3 kept, 4 plain; schedule rebuilt: 5 kept.
     bool go = schedule() && forward(p) && backward() && backward();
-    go = go && ok(mokLayerRecompute(layer, &w, p.x[r].data()), "recompute") && backward();
+    go = go && ok(mokLayerRecompute(layer, &w, p.x[r].data(), nullptr), "recompute") && backward();
     go = go && forward(other) && backward() && backward();
     go = go && schedule() && forward(p) && backward();
     mokLayerDestroy(layer);

@@ -98,7 +98,7 @@ Group make_group(int world, const char* tag) {
   int T = p.tokens[r], H = p.hidden, K = p.top_k;
   std::vector<int32_t> ids(p.ids[r].begin(), p.ids[r].end());
   me->phase = kSchedule;
-  step(kSchedule, mokLayerBuildSchedule(layer, ids.data(), mokIndexInt32, T));
+  step(kSchedule, mokLayerBuildSchedule(layer, ids.data(), mokIndexInt32, T, nullptr));
   mokLayerWeights_t w = MOK_LAYER_WEIGHTS_INIT;
   w.gate = p.gate[r].data();
   w.up = p.up[r].data();
@@ -108,7 +108,7 @@ Group make_group(int world, const char* tag) {
   size_t eih = static_cast<size_t>(p.experts) * p.inter * H;
   std::vector<uint16_t> dgate(eih), dup(eih), ddown(eih);
   me->phase = kForward;
-  step(kForward, mokLayerForward(layer, &w, p.x[r].data(), p.topk_weights[r].data(), out.data()));
+  step(kForward, mokLayerForward(layer, &w, p.x[r].data(), p.topk_weights[r].data(), out.data(), nullptr));
   mokLayerGrads_t gr = MOK_LAYER_GRADS_INIT;
   gr.dx = dx.data();
   gr.dtopk_weights = dw.data();
@@ -117,7 +117,7 @@ Group make_group(int world, const char* tag) {
   gr.ddown = ddown.data();
   me->phase = kBackward;
   while (hold_before_backward) pause();
-  step(kBackward, mokLayerBackward(layer, &w, p.topk_weights[r].data(), p.dout[r].data(), &gr));
+  step(kBackward, mokLayerBackward(layer, &w, p.topk_weights[r].data(), p.dout[r].data(), &gr, nullptr));
   me->phase = kFinished;
   mokLayerDestroy(layer);
   _exit(0);

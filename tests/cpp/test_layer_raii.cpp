@@ -125,6 +125,26 @@ TEST(failures_throw_status_and_detail) {
   CHECK(e.status() == mokInvalidArgument);
 }
 
+// The stream parameter (last, nullptr by default) and mokLayerAbort's reason through the wrapper: a stream on the
+// host executor throws mokInvalidArgument naming 'stream'; the reason, the pass and the rank reach error().
+TEST(streams_and_abort_reason) {
+  Memory mem;
+  mok::Layer layer(config(), mem.m);
+  std::vector<int32_t> ids(T * K, 1);
+  int not_a_stream = 0;
+  mok::Error e = thrown([&] { layer.build_schedule(ids.data(), T, &not_a_stream); });
+  CHECK_MSG(e.status() == mokInvalidArgument && e.detail().find("argument 'stream'") != std::string::npos, "%s",
+            e.what());
+  layer.build_schedule(ids.data(), T);  // the default: no stream
+  CHECK(layer.error().status == mokSuccess && layer.error().pass == 2);
+  layer.abort("the trainer stops");
+  mokLayerError_t record = layer.error();
+  CHECK_MSG(record.status == mokPeerAbort && record.abort_rank == 0 && record.pass == 2 &&
+                std::string(record.detail) == "rank 0 aborted the group: the trainer stops",
+            "status %d abort_rank %d pass %llu detail '%s'", record.status, record.abort_rank,
+            static_cast<unsigned long long>(record.pass), record.detail);
+}
+
 // The wrapper's forward, slots and backward against the same calls made through the C ABI: bitwise equal.
 TEST(calls_match_the_c_abi) {
   std::mt19937_64 rng(mok_test::seed());
@@ -172,10 +192,10 @@ TEST(calls_match_the_c_abi) {
   mokLayerConfig_t cfg = config();
   CHECK(mokLayerCreate(&cfg, &mem.m, &layer) == mokSuccess);
   mokLayerGrads_t g = grads_into(c);
-  CHECK(mokLayerBuildSchedule(layer, ids.data(), mokIndexInt64, T) == mokSuccess);
-  CHECK(mokLayerForward(layer, &weights, x.data(), w.data(), c.out.data()) == mokSuccess);
-  CHECK(mokLayerGetSlots(layer, c.slots.data()) == mokSuccess);
-  CHECK(mokLayerBackward(layer, &weights, w.data(), dout.data(), &g) == mokSuccess);
+  CHECK(mokLayerBuildSchedule(layer, ids.data(), mokIndexInt64, T, nullptr) == mokSuccess);
+  CHECK(mokLayerForward(layer, &weights, x.data(), w.data(), c.out.data(), nullptr) == mokSuccess);
+  CHECK(mokLayerGetSlots(layer, c.slots.data(), nullptr) == mokSuccess);
+  CHECK(mokLayerBackward(layer, &weights, w.data(), dout.data(), &g, nullptr) == mokSuccess);
   mokLayerDestroy(layer);
   CHECK(cpp.out == c.out && cpp.slots == c.slots && cpp.dx == c.dx && cpp.dw == c.dw);
   CHECK(cpp.dgate == c.dgate && cpp.dup == c.dup && cpp.ddown == c.ddown);

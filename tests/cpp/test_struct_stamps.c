@@ -218,27 +218,27 @@ static void pass_structs(void) {
   for (i = 0; i < T * K; ++i) ids[i] = (int32_t)((rng = rng * 1664525u + 1013904223u) >> 16) % E, tw[i] = uniform();
   w.gate = weight[0], w.up = weight[1], w.down = weight[2];
   g.dx = dx, g.dtopk_weights = dtw, g.dgate = grad[0], g.dup = grad[1], g.ddown = grad[2];
-  EXPECT(mokLayerBuildSchedule(layer, ids, mokIndexInt32, T), mokSuccess, NULL);
+  EXPECT(mokLayerBuildSchedule(layer, ids, mokIndexInt32, T, NULL), mokSuccess, NULL);
 
   memset(&newer_w, 0, sizeof(newer_w));
   newer_w.now = w;
   stamp_newer(&newer_w, sizeof(newer_w));
   memset(out, 0xcd, sizeof(out));
-  EXPECT(mokLayerForward(layer, &newer_w.now, x, tw, out), mokInvalidArgument, newer_name);
+  EXPECT(mokLayerForward(layer, &newer_w.now, x, tw, out, NULL), mokInvalidArgument, newer_name);
   CHECK(untouched(out, 0, sizeof(out), 0xcd));
   w.size -= 8;
-  EXPECT(mokLayerForward(layer, &w, x, tw, out), mokInvalidArgument, "MOK_LAYER_WEIGHTS_INIT");
+  EXPECT(mokLayerForward(layer, &w, x, tw, out, NULL), mokInvalidArgument, "MOK_LAYER_WEIGHTS_INIT");
   w.size += 8;
-  EXPECT(mokLayerForward(layer, &w, x, tw, out), mokSuccess, NULL);
+  EXPECT(mokLayerForward(layer, &w, x, tw, out, NULL), mokSuccess, NULL);
   CHECK(!untouched(out, 0, sizeof(out), 0xcd));
 
   memset(&newer_g, 0, sizeof(newer_g));
   newer_g.now = g;
   stamp_newer(&newer_g, sizeof(newer_g));
   memset(dx, 0xcd, sizeof(dx));
-  EXPECT(mokLayerBackward(layer, &w, tw, dout, &newer_g.now), mokInvalidArgument, newer_name);
+  EXPECT(mokLayerBackward(layer, &w, tw, dout, &newer_g.now, NULL), mokInvalidArgument, newer_name);
   CHECK(untouched(dx, 0, sizeof(dx), 0xcd));
-  EXPECT(mokLayerBackward(layer, &w, tw, dout, &g), mokSuccess, NULL);
+  EXPECT(mokLayerBackward(layer, &w, tw, dout, &g, NULL), mokSuccess, NULL);
   CHECK(!untouched(dx, 0, sizeof(dx), 0xcd));
 
   memset(&newer_e, 0xab, sizeof(newer_e));

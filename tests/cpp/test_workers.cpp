@@ -105,12 +105,12 @@ TEST(threads_are_made_once_per_layer) {
   std::vector<uint16_t> out(static_cast<size_t>(T) * p.hidden);
   Bf16Grads grads(p, 0);
   mokLayerGrads_t g = grads.grads();
-  CHECK(mokLayerBuildSchedule(layer, ids.data(), mokIndexInt32, T) == mokSuccess);
+  CHECK(mokLayerBuildSchedule(layer, ids.data(), mokIndexInt32, T, nullptr) == mokSuccess);
   std::vector<uint16_t> first_out, first_dgate;
   for (int pass = 0; pass < 20; pass += 2) {  // 10 forwards and 10 backwards
-    CHECK(mokLayerForward(layer, &w, p.x[0].data(), p.topk_weights[0].data(), out.data()) == mokSuccess);
+    CHECK(mokLayerForward(layer, &w, p.x[0].data(), p.topk_weights[0].data(), out.data(), nullptr) == mokSuccess);
     CHECK(threads_now() == created);
-    CHECK(mokLayerBackward(layer, &w, p.topk_weights[0].data(), p.dout[0].data(), &g) == mokSuccess);
+    CHECK(mokLayerBackward(layer, &w, p.topk_weights[0].data(), p.dout[0].data(), &g, nullptr) == mokSuccess);
     CHECK_MSG(threads_now() == created, "pass %d: the layer's threads changed", pass + 1);
     if (pass == 0) {
       first_out = out;

@@ -14,11 +14,11 @@ void fuzz_set_executor(mokLayerConfig_t* config, int value) {
 }
 
 mokStatus_t fuzz_build_schedule(mokLayer_t layer, const void* topk_ids, int index_type, int num_tokens) {
-  return mokLayerBuildSchedule(layer, topk_ids, (mokIndexType_t)index_type, num_tokens);
+  return mokLayerBuildSchedule(layer, topk_ids, (mokIndexType_t)index_type, num_tokens, NULL);
 }
 
 mokStatus_t fuzz_quantize(const void* src, int dtype, int64_t batch, int64_t rows, int64_t cols, uint8_t* rowwise_data,
                           uint8_t* rowwise_scales, uint8_t* colwise_data, uint8_t* colwise_scales) {
   return mokMxfp8Quantize(src, (mokDataType_t)dtype, batch, rows, cols, rowwise_data, rowwise_scales, colwise_data,
-                          colwise_scales);
+                          colwise_scales, NULL);
 }

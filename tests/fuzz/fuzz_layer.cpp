@@ -455,9 +455,10 @@ mokStatus_t call_forward(Rank& r, int rank, const Op& op, bool with_output) {
       fill_bf16(x.block, op.seed ^ rank, op.specials);
       out = make_arg(th * 2, 2, what == 4, what == 5);
     }
-    st = mokLayerForward(r.layer, null_weights ? nullptr : &w, x.ptr, static_cast<const float*>(weights.ptr), out.ptr);
+    st = mokLayerForward(r.layer, null_weights ? nullptr : &w, x.ptr, static_cast<const float*>(weights.ptr), out.ptr,
+                         nullptr);
   } else {
-    st = mokLayerRecompute(r.layer, null_weights ? nullptr : &w, x.ptr);
+    st = mokLayerRecompute(r.layer, null_weights ? nullptr : &w, x.ptr, nullptr);
   }
   checked(st, rank, call);
   expect_rejected(st, bad || null_weights || x.bad || out.bad || (with_output && weights.bad), rank, call,
@@ -496,9 +497,9 @@ mokStatus_t call_backward(Rank& r, int rank, const Op& op) {
     for (int i = 3; i < 6; ++i) *slots[i] = nullptr;
   if (what == 11) g.size = sizeof(g) - 8, bad = true;
   if (what == 12) bad = true;  // no grads at all
-  mokStatus_t st = checked(
-      mokLayerBackward(r.layer, &w, static_cast<const float*>(weights.ptr), dout.ptr, what == 12 ? nullptr : &g), rank,
-      "mokLayerBackward");
+  mokStatus_t st = checked(mokLayerBackward(r.layer, &w, static_cast<const float*>(weights.ptr), dout.ptr,
+                                            what == 12 ? nullptr : &g, nullptr),
+                           rank, "mokLayerBackward");
   for (const Arg* a : {&weights, &dout, &dx, &dtw}) bad |= a->bad;
   for (const Arg& a : dw) bad |= a.bad && (&a - dw.data() < 3 || c.shared_intermediate > 0);
   expect_rejected(st, bad, rank, "mokLayerBackward", "a bad argument");
@@ -512,7 +513,7 @@ void call_slots(Rank& r, int rank, const Op& op) {
   size_t n = static_cast<size_t>(r.tokens) * r.config.top_k * r.config.hidden * 2;
   int what = op.victim == rank ? op.fault % 2 : -1;
   Arg slots = make_arg(n, 2, what == 0, what == 1);
-  mokStatus_t st = checked(mokLayerGetSlots(r.layer, slots.ptr), rank, "mokLayerGetSlots");
+  mokStatus_t st = checked(mokLayerGetSlots(r.layer, slots.ptr, nullptr), rank, "mokLayerGetSlots");
   expect_rejected(st, slots.bad, rank, "mokLayerGetSlots", "a bad y_slots");
   expect_untouched(st, slots.block, rank, "mokLayerGetSlots", "y_slots");
 }
@@ -764,7 +765,7 @@ void run_ops(Group& g, int rank, const std::vector<Op>& ops, bool collectives) {
       case kSlots: call_slots(r, rank, op); break;
       case kError: call_error(r, rank, op); break;
       default:
-        if (op.victim == rank) checked(mokLayerAbort(r.layer), rank, "mokLayerAbort");
+        if (op.victim == rank) checked(mokLayerAbort(r.layer, nullptr), rank, "mokLayerAbort");
         break;
     }
   }

@@ -118,6 +118,13 @@ MOK_API mokStatus_t mokExecutorSupportsDevice(mokExecutor_t executor, int device
  * mokInvalidArgument (mokInvalidUsage) and, with world > 1, aborts the group: its peers return
  * mokPeerAbort with its reason. Tensors are row-major and contiguous; bf16 tensors are passed as raw
  * 16-bit words.
+ *
+ * Streams: every pass call takes the stream it runs on as its last parameter, `void* stream`: a
+ * cudaStream_t for a device executor (none is compiled yet), on which the call is asynchronous; the
+ * host executor runs every call on the calling thread and requires NULL (any other stream:
+ * mokInvalidArgument, nothing written, rejected as any other argument). On the host executor every
+ * call is synchronous and its status is the pass's outcome (docs/c-api.md, "Streams, completion and
+ * errors").
  */
 typedef struct mokLayer* mokLayer_t;
 
@@ -221,7 +228,7 @@ MOK_API mokStatus_t mokLayerDestroy(mokLayer_t layer);
  * used by the following forward, recompute and backward calls.
  */
 MOK_API mokStatus_t mokLayerBuildSchedule(mokLayer_t layer, const void* topk_ids, mokIndexType_t index_type,
-                                          int num_tokens);
+                                          int num_tokens, void* stream);
 
 typedef struct {
   const uint8_t* data;   /* e4m3fn bytes */
@@ -257,9 +264,9 @@ typedef struct {
  * Keeps x and the expert outputs as the context the backward needs.
  */
 MOK_API mokStatus_t mokLayerForward(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x,
-                                    const float* topk_weights, void* out);
+                                    const float* topk_weights, void* out, void* stream);
 /* Collective. Rebuilds the forward context from x (activation checkpointing) without an output. */
-MOK_API mokStatus_t mokLayerRecompute(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x);
+MOK_API mokStatus_t mokLayerRecompute(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x, void* stream);
 
 typedef struct {
   size_t size;          /* sizeof(mokLayerGrads_t), set by MOK_LAYER_GRADS_INIT */
@@ -280,13 +287,14 @@ typedef struct {
  * them (every row fitted in the ring) and recomputes them from these weights otherwise.
  */
 MOK_API mokStatus_t mokLayerBackward(mokLayer_t layer, const mokLayerWeights_t* weights, const float* topk_weights,
-                                     const void* dout, mokLayerGrads_t* grads);
+                                     const void* dout, mokLayerGrads_t* grads, void* stream);
 
 /*
  * Not collective. y_slots [num_tokens, K, H] bf16: each route's expert output y_k of the current context, as the
- * combine summed it (zeros for a -1 route). Autograd layers keep it for the router-weight gradient.
+ * combine summed it (zeros for a -1 route). Autograd layers keep it for the router-weight gradient. A stream
+ * the executor refuses (any but NULL on the host) is mokInvalidArgument without aborting the group.
  */
-MOK_API mokStatus_t mokLayerGetSlots(mokLayer_t layer, void* y_slots);
+MOK_API mokStatus_t mokLayerGetSlots(mokLayer_t layer, void* y_slots, void* stream);
 
 typedef struct {
   size_t size;          /* sizeof(mokLayerError_t), set by MOK_LAYER_ERROR_INIT */
@@ -298,16 +306,29 @@ typedef struct {
   int task_index;       /* its minibatch, tile or chunk; -1 outside a task */
   char wait[48];        /* the wait that gave up ("closing barrier", "group formation", ...) */
   /* The message, where there is one: a differing config field or call, a wait's missing rank, or the
-     reason the rank that aborted the group gave ("rank 1 rejected its arguments: ..."); "" otherwise. */
+     reason the rank that aborted the group gave ("rank 1 rejected its arguments: ...", "rank 1 aborted
+     the group: <its mokLayerAbort reason>"); "" otherwise. */
   char detail[256];
+  /* Added in 0.2 (an older caller's smaller struct is filled up to detail): */
+  /* Which collective call of this context the record is about, counting every collective call since
+     mokLayerCreate from 1 (mokLayerBuildSchedule, mokLayerForward, mokLayerRecompute, mokLayerBackward,
+     rejected ones included): with a failure, the call that was running, or the last one begun, when it
+     was recorded (0: before the first call); with mokSuccess, the calls made so far (0 = none yet). */
+  uint64_t pass;
+  /* The rank that aborted the group on purpose, by a rejected call or mokLayerAbort (this rank
+     included); -1 when the failure is no such abort (a timeout, a mismatch) or there is none. */
+  int abort_rank;
 } mokLayerError_t;
-#define MOK_LAYER_ERROR_INIT {MOK_STAMP(mokLayerError_t), mokSuccess, -1, {0}, -1, {0}, {0}}
+#define MOK_LAYER_ERROR_INIT {MOK_STAMP(mokLayerError_t), mokSuccess, -1, {0}, -1, {0}, {0}, 0, -1}
 
-/* The first failure this rank recorded (readable from any thread, also while a pass runs). */
+/* The first failure this rank recorded (readable from any thread, also while a pass runs, without
+   synchronising with any stream). */
 MOK_API mokStatus_t mokLayerGetError(mokLayer_t layer, mokLayerError_t* error);
 /* Make every rank's current and future passes wind down with mokPeerAbort; any thread may call it,
-   concurrently with any call on `layer` except mokLayerDestroy. */
-MOK_API mokStatus_t mokLayerAbort(mokLayer_t layer);
+   concurrently with any call on `layer` except mokLayerDestroy. `reason` (NULL: "no reason given") reaches
+   every rank's detail as "rank R aborted the group: <reason>", cut to the detail's size (at a character
+   boundary of UTF-8 text), with abort_rank R; the first reason given to the group stands. */
+MOK_API mokStatus_t mokLayerAbort(mokLayer_t layer, const char* reason);
 
 /*
  * MXFP8 quantisation (contracts "MXFP8"): src [batch, rows, cols] bf16 or fp32. rowwise: data
@@ -320,11 +341,13 @@ MOK_API mokStatus_t mokLayerAbort(mokLayer_t layer);
  * and takes ceil(R / 128) * kt * 512 bytes, padding rows (to 128) and blocks (to 4) included, which
  * hold 127 (2^0); matrix l of the batch starts at l times that. dtype: mokDataBF16 or mokDataFloat32;
  * batch, rows, cols >= 1 each and batch * rows * cols <= 2^40 (2^40 itself accepted). A broken rule,
- * or NaN or Inf in src: mokInvalidArgument, nothing written.
+ * or NaN or Inf in src: mokInvalidArgument, nothing written. A host function today: it runs on the
+ * calling thread over host memory, and `stream` must be NULL (the parameter is there for a device
+ * quantiser; any other stream: mokInvalidArgument).
  */
 MOK_API mokStatus_t mokMxfp8Quantize(const void* src, mokDataType_t dtype, int64_t batch, int64_t rows, int64_t cols,
                                      uint8_t* rowwise_data, uint8_t* rowwise_scales, uint8_t* colwise_data,
-                                     uint8_t* colwise_scales);
+                                     uint8_t* colwise_scales, void* stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

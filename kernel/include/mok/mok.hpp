@@ -112,33 +112,41 @@ class Layer {
   mokLayer_t get() const noexcept { return layer_; }
   explicit operator bool() const noexcept { return layer_ != nullptr; }
 
+  // Every pass call takes the stream it runs on last: NULL (the default) on the host executor, which requires it;
+  // a cudaStream_t for a device executor (docs/c-api.md, "Streams, completion and errors").
+
   // Collective. topk_ids [num_tokens, top_k].
-  void build_schedule(const int32_t* topk_ids, int num_tokens) {
-    check(mokLayerBuildSchedule(layer_, topk_ids, mokIndexInt32, num_tokens));
+  void build_schedule(const int32_t* topk_ids, int num_tokens, void* stream = nullptr) {
+    check(mokLayerBuildSchedule(layer_, topk_ids, mokIndexInt32, num_tokens, stream));
   }
-  void build_schedule(const int64_t* topk_ids, int num_tokens) {
-    check(mokLayerBuildSchedule(layer_, topk_ids, mokIndexInt64, num_tokens));
+  void build_schedule(const int64_t* topk_ids, int num_tokens, void* stream = nullptr) {
+    check(mokLayerBuildSchedule(layer_, topk_ids, mokIndexInt64, num_tokens, stream));
   }
   // Collective. x [T, H] bf16, topk_weights [T, K] -> out [T, H] bf16; keeps the context for backward.
-  void forward(const mokLayerWeights_t& weights, const void* x, const float* topk_weights, void* out) {
-    check(mokLayerForward(layer_, &weights, x, topk_weights, out));
+  void forward(const mokLayerWeights_t& weights, const void* x, const float* topk_weights, void* out,
+               void* stream = nullptr) {
+    check(mokLayerForward(layer_, &weights, x, topk_weights, out, stream));
   }
   // Collective. Rebuilds the forward's context from x (activation checkpointing).
-  void recompute(const mokLayerWeights_t& weights, const void* x) { check(mokLayerRecompute(layer_, &weights, x)); }
+  void recompute(const mokLayerWeights_t& weights, const void* x, void* stream = nullptr) {
+    check(mokLayerRecompute(layer_, &weights, x, stream));
+  }
   // Collective. dout [T, H] bf16 -> grads (dx, dtopk_weights, the weight gradients).
-  void backward(const mokLayerWeights_t& weights, const float* topk_weights, const void* dout, mokLayerGrads_t& grads) {
-    check(mokLayerBackward(layer_, &weights, topk_weights, dout, &grads));
+  void backward(const mokLayerWeights_t& weights, const float* topk_weights, const void* dout, mokLayerGrads_t& grads,
+                void* stream = nullptr) {
+    check(mokLayerBackward(layer_, &weights, topk_weights, dout, &grads, stream));
   }
   // y_slots [T, K, H] bf16 of the current context.
-  void slots(void* y_slots) { check(mokLayerGetSlots(layer_, y_slots)); }
-  // The first failure this rank recorded (status mokSuccess when none).
+  void slots(void* y_slots, void* stream = nullptr) { check(mokLayerGetSlots(layer_, y_slots, stream)); }
+  // The first failure this rank recorded (status mokSuccess when none; pass and abort_rank as in mok.h).
   mokLayerError_t error() const {
     mokLayerError_t error = MOK_LAYER_ERROR_INIT;
     check(mokLayerGetError(layer_, &error));
     return error;
   }
-  // Every rank's current and later passes wind down with mokPeerAbort (any thread).
-  void abort() { check(mokLayerAbort(layer_)); }
+  // Every rank's current and later passes wind down with mokPeerAbort (any thread); peers read "rank R aborted
+  // the group: <reason>" (nullptr: "no reason given").
+  void abort(const char* reason = nullptr) { check(mokLayerAbort(layer_, reason)); }
 
  private:
   mokLayer_t layer_ = nullptr;

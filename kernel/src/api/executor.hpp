@@ -14,27 +14,37 @@
 namespace mok::api {
 
 // One rank's layer context on one executor. api/layer.cpp calls it only with validated arguments (it checks
-// them first), and an executor's failure is returned as its status with this thread's detail set.
+// them first), and an executor's failure is returned as its status with this thread's detail set. Every pass
+// call carries the caller's stream (NULL, or a cudaStream_t for a device executor, which enqueues the pass on it
+// and returns); the executor's own rule on streams is check_stream, run with the other argument checks.
 class LayerExecutor {
  public:
   virtual ~LayerExecutor() = default;
   virtual const core::LayerShape& shape() const = 0;
   // The token count of the current schedule (0 without one).
   virtual int tokens() const = 0;
+  // `stream` as this executor takes it: mokSuccess, or mokInvalidArgument with a detail naming `func`, the
+  // argument 'stream' and the rule. Nothing is written either way.
+  virtual mokStatus_t check_stream(void* stream, const char* func) const = 0;
+  // Every collective call begins here, before its checks: `pass` numbers this context's collective calls from 1
+  // (the error record's `pass`).
+  virtual void begin_pass(uint64_t pass) = 0;
   // Forgets the schedule and the context (a mokLayerBuildSchedule that fails leaves neither).
   virtual void drop_schedule() = 0;
-  virtual mokStatus_t build_schedule(const void* topk_ids, bool int64_ids, int tokens) = 0;
+  virtual mokStatus_t build_schedule(const void* topk_ids, bool int64_ids, int tokens, void* stream) = 0;
   // with_output == false: a recompute (topk_weights and out unused).
   virtual mokStatus_t forward(const mokLayerWeights_t& weights, const uint16_t* x, const float* topk_weights,
-                              uint16_t* out, bool with_output) = 0;
+                              uint16_t* out, bool with_output, void* stream) = 0;
   virtual mokStatus_t backward(const mokLayerWeights_t& weights, const float* topk_weights, const uint16_t* dout,
-                               const mokLayerGrads_t& grads) = 0;
-  virtual mokStatus_t get_slots(uint16_t* y_slots) = 0;
+                               const mokLayerGrads_t& grads, void* stream) = 0;
+  virtual mokStatus_t get_slots(uint16_t* y_slots, void* stream) = 0;
   // A collective call this rank refuses: `detail` becomes the reason its peers read, and the group is aborted.
   virtual void reject(mokStatus_t status, const char* detail) = 0;
   // The first failure this rank recorded, in `error`'s fields after its stamp; status mokSuccess when none.
+  // Readable from any thread at any time, without waiting for a stream.
   virtual void error(mokLayerError_t* error) = 0;
-  virtual void abort() = 0;
+  // mokLayerAbort: `reason` is never NULL here.
+  virtual void abort(const char* reason) = 0;
 };
 
 // Creates one context of an executor over validated arguments.

@@ -1,5 +1,7 @@
 // The host executor (kernel/src/host) behind api/executor.hpp's interface: its calls report their failures in
 // words (host::Detail), which become this thread's detail here.
+#include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <new>
 
@@ -24,31 +26,50 @@ class HostLayer final : public LayerExecutor {
 
   const core::LayerShape& shape() const override { return l_->shape; }
   int tokens() const override { return l_->group.tokens; }
+  // The host executor runs every call on the calling thread: there is no stream to enqueue a pass on.
+  mokStatus_t check_stream(void* stream, const char* func) const override {
+    if (stream == nullptr) return mokSuccess;
+    return fail(mokInvalidArgument,
+                "%s: argument 'stream' (%p) must be NULL: the host executor runs on the calling thread: stream must "
+                "be NULL",
+                func, stream);
+  }
+  void begin_pass(uint64_t pass) override {
+    settle_pass();  // a failure recorded so far belongs to the calls before this one
+    pass_.store(pass);
+  }
   void drop_schedule() override { host::drop_schedule(*l_); }
-  mokStatus_t build_schedule(const void* topk_ids, bool int64_ids, int tokens) override {
+  mokStatus_t build_schedule(const void* topk_ids, bool int64_ids, int tokens, void*) override {
     host::Detail why;
     return reported(host::build_schedule(*l_, topk_ids, int64_ids, tokens, why), why);
   }
   mokStatus_t forward(const mokLayerWeights_t& weights, const uint16_t* x, const float* topk_weights, uint16_t* out,
-                      bool with_output) override {
+                      bool with_output, void*) override {
     host::Detail why;
     return reported(host::forward(*l_, weights, x, topk_weights, out, with_output, why), why);
   }
   mokStatus_t backward(const mokLayerWeights_t& weights, const float* topk_weights, const uint16_t* dout,
-                       const mokLayerGrads_t& grads) override {
+                       const mokLayerGrads_t& grads, void*) override {
     host::Detail why;
     return reported(host::backward(*l_, weights, topk_weights, dout, grads, why), why);
   }
-  mokStatus_t get_slots(uint16_t* y_slots) override {
+  mokStatus_t get_slots(uint16_t* y_slots, void*) override {
     host::Detail why;
     return reported(host::get_slots(*l_, y_slots, why), why);
   }
   void reject(mokStatus_t status, const char* detail) override { host::reject(*l_, status, detail); }
-  void abort() override { host::abort(*l_); }
+  void abort(const char* reason) override {
+    host::abort(*l_, reason);
+    settle_pass();
+  }
 
   void error(mokLayerError_t* out) override {
+    settle_pass();
     core::ErrorRecord rec{};
-    if (!core::read_record(&l_->group.error, &rec)) return;
+    if (!core::read_record(&l_->group.error, &rec)) {
+      out->pass = pass_.load();  // no failure: the calls made so far
+      return;
+    }
     out->status = host::status_for(rec);
     out->rank = rec.rank;
     std::snprintf(out->task, sizeof(out->task), "%s", rec.task_kind < 0 ? "" : core::task_name(rec.task_kind));
@@ -56,10 +77,24 @@ class HostLayer final : public LayerExecutor {
     std::snprintf(out->wait, sizeof(out->wait), "%s",
                   rec.wait == 0 ? "aborted by mokLayerAbort" : core::wait_name(static_cast<core::WaitId>(rec.wait)));
     host::error_detail(*l_, rec, out->detail, sizeof(out->detail));
+    out->pass = failed_pass_.load();
+    out->abort_rank = host::abort_rank(*l_, rec);
   }
 
  private:
+  // Once a failure is recorded, the record is about the call that was running, or last begun, then: the first
+  // look at the record after it (a call's start, mokLayerGetError, mokLayerAbort) fixes that call's number. A
+  // call's workers are done when it returns, so its failure is seen before the next call is numbered.
+  void settle_pass() {
+    if (!core::failed(l_->group)) return;
+    uint64_t unsettled = kUnsettled;
+    failed_pass_.compare_exchange_strong(unsettled, pass_.load());
+  }
+
+  static constexpr uint64_t kUnsettled = UINT64_MAX;
   host::Layer* l_;
+  std::atomic<uint64_t> pass_{0};  // the collective call running, or last begun (0: none yet)
+  std::atomic<uint64_t> failed_pass_{kUnsettled};
 };
 
 }  // namespace

@@ -13,6 +13,7 @@ using mok::api::fail;
 
 struct mokLayer {
   std::unique_ptr<mok::api::LayerExecutor> impl;
+  uint64_t passes = 0;  // collective calls so far (made by the calling thread, one at a time)
 };
 
 namespace {
@@ -31,6 +32,13 @@ int tokens_of(mokLayer_t layer) {
 // Elements of a [tokens, width] tensor of this rank's current schedule.
 int64_t per_token(mokLayer_t layer, int64_t width) {
   return static_cast<int64_t>(tokens_of(layer)) * width;
+}
+
+// A collective call's first step once its context is valid: it is numbered (the error record's `pass`), and the
+// executor checks the stream (with a bad one the call is rejected as for any other argument).
+mokStatus_t begin_pass(mokLayer_t layer, void* stream, const char* func) {
+  layer->impl->begin_pass(++layer->passes);
+  return layer->impl->check_stream(stream, func);
 }
 
 // A collective call with a live context whose arguments break a rule: the group is told why (its
@@ -91,20 +99,22 @@ MOK_API mokStatus_t mokLayerDestroy(mokLayer_t layer) {
 }
 
 MOK_API mokStatus_t mokLayerBuildSchedule(mokLayer_t layer, const void* topk_ids, mokIndexType_t index_type,
-                                          int num_tokens) {
+                                          int num_tokens, void* stream) {
   mok::api::clear_error();
   if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
   layer->impl->drop_schedule();
+  if (mokStatus_t s = begin_pass(layer, stream, __func__); s != mokSuccess) return rejected(layer, s);
   if (mokStatus_t s = mok::api::check_topk_ids(topk_ids, index_type, num_tokens, layer->impl->shape(), __func__);
       s != mokSuccess)
     return rejected(layer, s);
-  return layer->impl->build_schedule(topk_ids, index_type == mokIndexInt64, num_tokens);
+  return layer->impl->build_schedule(topk_ids, index_type == mokIndexInt64, num_tokens, stream);
 }
 
 MOK_API mokStatus_t mokLayerForward(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x,
-                                    const float* topk_weights, void* out) {
+                                    const float* topk_weights, void* out, void* stream) {
   mok::api::clear_error();
   if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
+  if (mokStatus_t s = begin_pass(layer, stream, __func__); s != mokSuccess) return rejected(layer, s);
   mokLayerWeights_t w;
   if (mokStatus_t s = check_pass(layer, weights, __func__, &w); s != mokSuccess) return rejected(layer, s);
   int64_t th = per_token(layer, layer->impl->shape().hidden), tk = per_token(layer, layer->impl->shape().top_k);
@@ -112,23 +122,26 @@ MOK_API mokStatus_t mokLayerForward(mokLayer_t layer, const mokLayerWeights_t* w
   if (mokStatus_t s = check_array(topk_weights, "topk_weights", tk, 4, __func__); s != mokSuccess)
     return rejected(layer, s);
   if (mokStatus_t s = check_array(out, "out", th, 2, __func__); s != mokSuccess) return rejected(layer, s);
-  return layer->impl->forward(w, static_cast<const uint16_t*>(x), topk_weights, static_cast<uint16_t*>(out), true);
+  return layer->impl->forward(w, static_cast<const uint16_t*>(x), topk_weights, static_cast<uint16_t*>(out), true,
+                              stream);
 }
 
-MOK_API mokStatus_t mokLayerRecompute(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x) {
+MOK_API mokStatus_t mokLayerRecompute(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x, void* stream) {
   mok::api::clear_error();
   if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
+  if (mokStatus_t s = begin_pass(layer, stream, __func__); s != mokSuccess) return rejected(layer, s);
   mokLayerWeights_t w;
   if (mokStatus_t s = check_pass(layer, weights, __func__, &w); s != mokSuccess) return rejected(layer, s);
   if (mokStatus_t s = check_array(x, "x", per_token(layer, layer->impl->shape().hidden), 2, __func__); s != mokSuccess)
     return rejected(layer, s);
-  return layer->impl->forward(w, static_cast<const uint16_t*>(x), nullptr, nullptr, false);
+  return layer->impl->forward(w, static_cast<const uint16_t*>(x), nullptr, nullptr, false, stream);
 }
 
 MOK_API mokStatus_t mokLayerBackward(mokLayer_t layer, const mokLayerWeights_t* weights, const float* topk_weights,
-                                     const void* dout, mokLayerGrads_t* grads) {
+                                     const void* dout, mokLayerGrads_t* grads, void* stream) {
   mok::api::clear_error();
   if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
+  if (mokStatus_t s = begin_pass(layer, stream, __func__); s != mokSuccess) return rejected(layer, s);
   mokLayerWeights_t w;
   if (mokStatus_t s = check_pass(layer, weights, __func__, &w); s != mokSuccess) return rejected(layer, s);
   const mok::core::LayerShape& shape = layer->impl->shape();
@@ -139,16 +152,18 @@ MOK_API mokStatus_t mokLayerBackward(mokLayer_t layer, const mokLayerWeights_t* 
   mokLayerGrads_t g;
   if (mokStatus_t s = mok::api::check_grads(grads, shape, tokens_of(layer), __func__, &g); s != mokSuccess)
     return rejected(layer, s);
-  return layer->impl->backward(w, topk_weights, static_cast<const uint16_t*>(dout), g);
+  return layer->impl->backward(w, topk_weights, static_cast<const uint16_t*>(dout), g, stream);
 }
 
-MOK_API mokStatus_t mokLayerGetSlots(mokLayer_t layer, void* y_slots) {
+MOK_API mokStatus_t mokLayerGetSlots(mokLayer_t layer, void* y_slots, void* stream) {
   mok::api::clear_error();
   if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
+  // Not collective: a refused stream is this call's failure alone, as its other arguments are.
+  if (mokStatus_t s = layer->impl->check_stream(stream, __func__); s != mokSuccess) return s;
   const mok::core::LayerShape& shape = layer->impl->shape();
   int64_t count = per_token(layer, static_cast<int64_t>(shape.top_k) * shape.hidden);
   if (mokStatus_t s = check_array(y_slots, "y_slots", count, 2, __func__); s != mokSuccess) return s;
-  return layer->impl->get_slots(static_cast<uint16_t*>(y_slots));
+  return layer->impl->get_slots(static_cast<uint16_t*>(y_slots), stream);
 }
 
 MOK_API mokStatus_t mokLayerGetError(mokLayer_t layer, mokLayerError_t* error) {
@@ -163,10 +178,10 @@ MOK_API mokStatus_t mokLayerGetError(mokLayer_t layer, mokLayerError_t* error) {
   return mokSuccess;
 }
 
-MOK_API mokStatus_t mokLayerAbort(mokLayer_t layer) {
+MOK_API mokStatus_t mokLayerAbort(mokLayer_t layer, const char* reason) {
   mok::api::clear_error();
   if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
-  layer->impl->abort();
+  layer->impl->abort(reason != nullptr ? reason : "no reason given");
   return mokSuccess;
 }
 

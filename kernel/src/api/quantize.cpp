@@ -1,4 +1,4 @@
-// C ABI: MXFP8 quantisation of a [batch, rows, cols] tensor, rowwise and/or colwise (transposed).
+// C ABI: MXFP8 quantisation of a [batch, rows, cols] tensor, rowwise and/or colwise (transposed), on the host.
 #include <cmath>
 
 #include "api/c_enum.hpp"
@@ -58,9 +58,14 @@ mokStatus_t check_dims(int64_t batch, int64_t rows, int64_t cols, const char* fu
 
 extern "C" MOK_API mokStatus_t mokMxfp8Quantize(const void* src, mokDataType_t dtype, int64_t batch, int64_t rows,
                                                 int64_t cols, uint8_t* rowwise_data, uint8_t* rowwise_scales,
-                                                uint8_t* colwise_data, uint8_t* colwise_scales) {
+                                                uint8_t* colwise_data, uint8_t* colwise_scales, void* stream) {
   mok::api::clear_error();
   const char* func = "mokMxfp8Quantize";
+  // A host function today: it works on the calling thread, so there is no stream to enqueue it on.
+  if (stream != nullptr)
+    return fail(mokInvalidArgument,
+                "%s: argument 'stream' (%p) must be NULL: mokMxfp8Quantize runs on the host, on the calling thread",
+                func, stream);
   int32_t type = mok::api::enum_bits(dtype);
   if (type != mokDataBF16 && type != mokDataFloat32)
     return fail(mokInvalidArgument, "%s: argument 'dtype' (%d) must be mokDataBF16 (0) or mokDataFloat32 (1)", func,

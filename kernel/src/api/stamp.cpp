@@ -29,7 +29,10 @@ static_assert(offsetof(mokLayerMemory_t, peer_bytes) % alignof(mokLayerMemory_t)
               "the first layout's sizeof is where peer_bytes starts");
 const size_t kLayerWeightsLayouts[] = {sizeof(mokLayerWeights_t)};
 const size_t kLayerGradsLayouts[] = {sizeof(mokLayerGrads_t)};
-const size_t kLayerErrorLayouts[] = {sizeof(mokLayerError_t)};
+// mokLayerError_t's first layout (0.1) ended at detail; pass and abort_rank came after it (0.2).
+const size_t kLayerErrorLayouts[] = {offsetof(mokLayerError_t, pass), sizeof(mokLayerError_t)};
+static_assert(offsetof(mokLayerError_t, pass) % alignof(mokLayerError_t) == 0,
+              "the first layout's sizeof is where pass starts");
 
 template <size_t N>
 constexpr StampedType stamped(const char* name, const char* init, const size_t (&layouts)[N]) {

@@ -242,7 +242,17 @@ mokStatus_t get_slots(Layer& l, uint16_t* y_slots, Detail& why) {
   return mokSuccess;
 }
 
-void abort(Layer& l) {
+void abort(Layer& l, const char* reason) {
+  core::PeerHeader* own = own_header(l);
+  if (!core::group_aborted(l.group, own)) {  // the group's first reason stands
+    char text[core::kReasonBytes];
+    int n = std::snprintf(text, sizeof(text), "rank %d aborted the group: ", l.shape.rank);
+    copy_text(text + n, sizeof(text) - n, reason);
+    stamp_reason(l, text);
+  }
+  bool mine = core::load_word(own->reason_stamp) == core::load_word(own->incarnation);
+  core::record_failure(&l.group.error, Failure{core::Outcome::peer_abort, WaitId::none}, l.shape.rank, -1, -1,
+                       mine ? own->reason : nullptr);
   core::abort_group(l.group, l.headers, l.shape.world, l.shape.rank);
 }
 

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 
 #include "core/group_state.hpp"
 #include "core/pass.hpp"
@@ -26,6 +27,7 @@ struct Layer {
   int64_t stall_after_tasks = -1;  // MOK_HOST_FAULT_STALL: worker 0 stops after this many tasks; -1 = off
   int exit_worker = -1;            // MOK_HOST_FAULT_EXIT: this worker leaves every pass at once; -1 = off
   int64_t slow_task_us = -1;       // MOK_HOST_FAULT_SLOW: every worker starts each task this late; -1 = off
+  std::mutex reason_lock;          // the own header's reason has one writer at a time (stamp_reason)
 };
 
 // Every call that returns a status writes why it failed into its `why` (host/detail.hpp).
@@ -47,7 +49,9 @@ mokStatus_t backward(Layer& layer, const mokLayerWeights_t& weights, const float
                      const mokLayerGrads_t& grads, Detail& why);
 // This rank's y slots [tokens, K, H] of the current context (zeros for -1 routes).
 mokStatus_t get_slots(Layer& layer, uint16_t* y_slots, Detail& why);
-void abort(Layer& layer);
+// mokLayerAbort: "rank R aborted the group: <reason>" becomes the reason every peer reads, unless the group
+// had one already, and this rank's record (if it had none).
+void abort(Layer& layer, const char* reason);
 
 // A collective call this rank refuses (its arguments, or its order): `detail` becomes the reason
 // every peer reads, and the group is aborted so that no peer waits for this rank. Nothing else is
@@ -69,6 +73,13 @@ mokStatus_t fail_group(Layer& layer, core::Failure f, core::CallKind call, const
 mokStatus_t refuse(Layer& layer, core::Refusal refusal, const char* func, Detail& why);
 // The reason a rejected call leaves in the own header for its peers.
 void write_reason(Layer& layer, bool order, const char* detail);
+// The own header's reason, stamped: the first one stands (a rejected call on the calling thread and mokLayerAbort
+// on another may race); cut at a character boundary of UTF-8 text where it does not fit.
+void stamp_reason(Layer& layer, const char* text);
+// The rank that aborted the group on purpose (a rejected call, or mokLayerAbort) as `record` tells, -1 if none.
+int abort_rank(Layer& layer, const core::ErrorRecord& record);
+// `text` into out[n], cut at a character boundary of UTF-8 text where it does not fit.
+void copy_text(char* out, size_t n, const char* text);
 
 // The caller's weights (bf16, or MXFP8 rowwise and colwise), read in place by the pass.
 core::LayerWeights weights_in_place(const mokLayerWeights_t& weights);

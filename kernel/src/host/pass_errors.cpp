@@ -3,6 +3,7 @@
 // core's (core/group_state.hpp).
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 
 #include "host/layer.hpp"
 
@@ -103,19 +104,62 @@ mokStatus_t refuse(Layer& l, core::Refusal refusal, const char* func, Detail& wh
 }
 
 void write_reason(Layer& l, bool order, const char* detail) {
-  core::PeerHeader* own = l.headers[l.shape.rank];
-  std::snprintf(own->reason, sizeof(own->reason), "rank %d rejected its %s: %s", l.shape.rank,
-                order ? "call" : "arguments", detail);
+  char text[core::kReasonBytes];
+  int n = std::snprintf(text, sizeof(text), "rank %d rejected its %s: ", l.shape.rank, order ? "call" : "arguments");
+  copy_text(text + n, sizeof(text) - n, detail);
+  stamp_reason(l, text);
 }
 
-const char* peer_reason(Layer& l) {
+void stamp_reason(Layer& l, const char* text) {
+  std::lock_guard<std::mutex> hold(l.reason_lock);
+  core::PeerHeader* own = l.headers[l.shape.rank];
+  uint64_t incarnation = core::load_word(own->incarnation);
+  if (core::load_word(own->reason_stamp) == incarnation) return;  // peers may be reading the first one
+  copy_text(own->reason, sizeof(own->reason), text);
+  core::store_word(own->reason_stamp, incarnation);
+}
+
+void copy_text(char* out, size_t n, const char* text) {
+  size_t len = std::strlen(text);
+  if (len >= n) {
+    len = n - 1;
+    while (len > 0 && (static_cast<unsigned char>(text[len]) & 0xC0) == 0x80) --len;  // not inside a character
+  }
+  std::memcpy(out, text, len);
+  out[len] = '\0';
+}
+
+namespace {
+
+// The peer (of this group) whose header holds a stamped reason, -1 if none.
+int peer_with_reason(Layer& l) {
   for (int q = 0; q < l.shape.world; ++q) {
     core::PeerHeader* h = l.headers[q];
     if (q != l.shape.rank && core::joined(l.headers, l.shape.rank, q) &&
         core::load_word(h->reason_stamp) == core::load_word(h->incarnation))
-      return h->reason;
+      return q;
   }
-  return nullptr;
+  return -1;
+}
+
+}  // namespace
+
+const char* peer_reason(Layer& l) {
+  int q = peer_with_reason(l);
+  return q < 0 ? nullptr : l.headers[q]->reason;
+}
+
+int abort_rank(Layer& l, const core::ErrorRecord& e) {
+  switch (static_cast<core::Outcome>(e.outcome)) {
+    case core::Outcome::rejected_arguments:
+    case core::Outcome::rejected_order: return l.shape.rank;
+    case core::Outcome::peer_abort: break;
+    default: return -1;
+  }
+  core::PeerHeader* own = l.headers[l.shape.rank];
+  bool own_reason = core::load_word(own->reason_stamp) == core::load_word(own->incarnation);
+  if (e.wait == static_cast<int32_t>(WaitId::none) && own_reason) return l.shape.rank;  // its own mokLayerAbort
+  return peer_with_reason(l);
 }
 
 mokStatus_t status_for(const core::ErrorRecord& e) {
