@@ -98,11 +98,13 @@ void run_rank(int r, const mokLayerConfig_t& base, void* const* peer_bases, cons
     grads.dtopk_weights = rank.dtopk_weights.data();
     grads.dgate = rank.dgate.data(), grads.dup = rank.dup.data(), grads.ddown = rank.ddown.data();
 
+    // Each pass call's last argument is its stream: nullptr, as the host executor requires (it runs every call
+    // on this thread, and each returns when its pass is done); a device executor would take a cudaStream_t.
     auto t0 = std::chrono::steady_clock::now();
-    layer.build_schedule(rank.ids.data(), kTokens);
-    layer.forward(weights, rank.x.data(), rank.topk_weights.data(), rank.out.data());
+    layer.build_schedule(rank.ids.data(), kTokens, nullptr);
+    layer.forward(weights, rank.x.data(), rank.topk_weights.data(), rank.out.data(), nullptr);
     auto t1 = std::chrono::steady_clock::now();
-    layer.backward(weights, rank.topk_weights.data(), rank.dout.data(), grads);
+    layer.backward(weights, rank.topk_weights.data(), rank.dout.data(), grads, nullptr);
     auto t2 = std::chrono::steady_clock::now();
     rank.forward_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
     rank.backward_ms = std::chrono::duration<double, std::milli>(t2 - t1).count();

@@ -7,8 +7,11 @@ object; a context that is no longer the layer's latest (another forward ran sinc
 by re-running the schedule and a recompute, which is bitwise the same.
 
 A pass that fails finishes libmok's group (every later call would return mokPeerAbort): the workspace then closes
-its libmok layers, warns, and the next call creates new ones. A peer's deliberate stop (mok's own mokLayerAbort,
-see functional.GroupResync) is told apart by the error record's wait ("aborted by mokLayerAbort").
+its libmok layers, warns, and the next call creates new ones. A peer's deliberate stop (a call it made libmok reject,
+see functional.GroupResync and HostExecutor.stop_group) is told apart by the error record's `abort_rank`: the rank
+that aborted the group on purpose.
+
+Every pass runs on the calling thread: libmok's stream argument is NULL (_NO_STREAM) on the host executor.
 """
 
 from __future__ import annotations
@@ -210,9 +213,9 @@ def _weights(routed, shared) -> dict:
 
 class _guard:
     """Around libmok's collective calls on `state`'s layer: a failure that finished the group closes the
-    workspace's layers (the next call creates new ones). A rejected call (this rank's, or a peer's: libmok's
-    detail says "rejected its arguments") is a GroupResync, since every rank is alive to agree on what to do; any
-    other failure warns and raises."""
+    workspace's layers (the next call creates new ones). A rejected call (this rank's ValueError, or a peer's:
+    the error record's abort_rank names that peer) is a GroupResync, since every rank is alive to agree on what to
+    do; any other failure (a timeout, a dead peer: abort_rank -1) warns and raises."""
 
     def __init__(self, state: _Layers, layer):
         self.state, self.layer = state, layer
@@ -229,14 +232,14 @@ class _guard:
         self.state.close()
         if issubclass(kind, ValueError):
             raise functional.GroupResync(str(error), error) from error
-        if _REJECTED in record["detail"] or _REJECTED in str(error):
+        if record["abort_rank"] not in (-1, record["rank"]):  # a peer stopped the group on purpose
             raise functional.GroupResync(str(error)) from error
         warnings.warn(f"mok: the host executor's group failed ({error}); its libmok layers are closed and the next "
                       f"call creates new ones", RuntimeWarning, stacklevel=3)
         return False
 
 
-_REJECTED = "rejected its arguments"  # libmok's words for a peer's refused call (docs/c-api.md)
+_NO_STREAM = 0  # libmok's stream argument (NULL): the host executor runs every pass on the calling thread
 
 
 class HostExecutor:
@@ -248,14 +251,14 @@ class HostExecutor:
     def stop_group(self, workspace) -> None:
         """Stop the group of every libmok layer of `workspace` and close them: this rank is not entering the call.
         A schedule of -1 tokens, which libmok rejects: its peers' current call returns mokPeerAbort at once, with
-        "rank r rejected its arguments" in the detail (functional.GroupResync)."""
+        "rank r rejected its arguments" in the detail and abort_rank r in the record (functional.GroupResync)."""
         state = workspace.buffers
         ids = torch.zeros(1, 1, dtype=torch.int32)
         for key, layer in state.layers.items():
             if key[1] != os.getpid():
                 continue  # another process's layer (inherited over a fork): not this group's
             try:
-                layer.build_schedule(ids.data_ptr(), False, -1)
+                layer.build_schedule(ids.data_ptr(), False, -1, _NO_STREAM)
             except ValueError:
                 pass  # the rejection: what this is for
         state.close()
@@ -303,7 +306,7 @@ class HostExecutor:
         topk_weights = _pointer(ctx.topk_weights, "topk_weights", torch.float32)
         dout_address = _pointer(dout, "dout", torch.bfloat16, ctx.x.shape)
         with _guard(ctx.state, ctx.layer), _python_names():
-            ctx.layer.backward(weights, topk_weights, dout_address, grads)
+            ctx.layer.backward(weights, topk_weights, dout_address, grads, _NO_STREAM)
         bf16 = {n: None if getattr(main, n) is not None else g.to(torch.bfloat16) for n, g in out.items()}
         return Gradients(dx, dw, *(bf16.get(n) for n in MainGrads._fields))
 
@@ -320,11 +323,11 @@ class HostExecutor:
             if want_output:
                 out = torch.empty_like(ctx.x)
                 layer.forward(weights, x_address, _pointer(ctx.topk_weights, "topk_weights", torch.float32, (t, k)),
-                              _pointer(out, "out", torch.bfloat16))
+                              _pointer(out, "out", torch.bfloat16), _NO_STREAM)
             else:
-                layer.recompute(weights, x_address)
+                layer.recompute(weights, x_address, _NO_STREAM)
             ctx.y_slots = torch.empty(t, k, h, dtype=torch.bfloat16)
-            layer.slots(_pointer(ctx.y_slots, "y_slots", torch.bfloat16))
+            layer.slots(_pointer(ctx.y_slots, "y_slots", torch.bfloat16), _NO_STREAM)
         state.latest[layer] = ctx.token
         return ctx, out
 
@@ -334,14 +337,14 @@ class HostExecutor:
         ctx.layer = _layer(ctx.workspace, ctx.schedule.group, ctx.swiglu_limit)
         _schedule(ctx.state, ctx.layer, ctx.schedule.topk_ids)
         with _guard(ctx.state, ctx.layer), _python_names():
-            ctx.layer.recompute(_weights(ctx.routed, ctx.shared), _pointer(ctx.x, "x", torch.bfloat16))
+            ctx.layer.recompute(_weights(ctx.routed, ctx.shared), _pointer(ctx.x, "x", torch.bfloat16), _NO_STREAM)
         ctx.state.latest[ctx.layer] = ctx.token
 
 
 def _schedule(state: _Layers, layer, ids: torch.Tensor) -> None:
     address = _pointer(ids, "topk_ids", torch.int32 if ids.dtype == torch.int32 else torch.int64)
     with _guard(state, layer), _python_names():
-        layer.build_schedule(address, ids.dtype == torch.int64, ids.shape[0])
+        layer.build_schedule(address, ids.dtype == torch.int64, ids.shape[0], _NO_STREAM)
 
 
 # The default on CPU tensors: libmok's own executor, ahead of the pure-PyTorch "reference".

@@ -2,10 +2,12 @@
 // Python (mok/host.py) owns the tensors and checks each one's dtype, shape, device and layout (contiguous, no
 // stride 0) before its address comes here; libmok checks pointers and values again.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "errors.hpp"
@@ -99,27 +101,33 @@ class Layer {
     layer_ = nullptr;
   }
 
-  void build_schedule(uintptr_t ids, bool int64, int num_tokens) {
+  // `stream`: the address of the stream the pass runs on (a cudaStream_t for a device executor); 0 on the host
+  // executor, which refuses any other (ValueError naming 'stream').
+  void build_schedule(uintptr_t ids, bool int64, int num_tokens, uintptr_t stream) {
     mokLayer_t layer = get();
     mok::python::released([&] {
-      return mokLayerBuildSchedule(layer, ptr<const void>(ids), int64 ? mokIndexInt64 : mokIndexInt32, num_tokens);
+      return mokLayerBuildSchedule(layer, ptr<const void>(ids), int64 ? mokIndexInt64 : mokIndexInt32, num_tokens,
+                                   ptr<void>(stream));
     });
   }
 
-  void forward(const nb::dict& weights, uintptr_t x, uintptr_t topk_weights, uintptr_t out) {
+  void forward(const nb::dict& weights, uintptr_t x, uintptr_t topk_weights, uintptr_t out, uintptr_t stream) {
     mokLayerWeights_t w = make_weights(weights);
     mokLayer_t layer = get();
-    mok::python::released(
-        [&] { return mokLayerForward(layer, &w, ptr<const void>(x), ptr<const float>(topk_weights), ptr<void>(out)); });
+    mok::python::released([&] {
+      return mokLayerForward(layer, &w, ptr<const void>(x), ptr<const float>(topk_weights), ptr<void>(out),
+                             ptr<void>(stream));
+    });
   }
 
-  void recompute(const nb::dict& weights, uintptr_t x) {
+  void recompute(const nb::dict& weights, uintptr_t x, uintptr_t stream) {
     mokLayerWeights_t w = make_weights(weights);
     mokLayer_t layer = get();
-    mok::python::released([&] { return mokLayerRecompute(layer, &w, ptr<const void>(x)); });
+    mok::python::released([&] { return mokLayerRecompute(layer, &w, ptr<const void>(x), ptr<void>(stream)); });
   }
 
-  void backward(const nb::dict& weights, uintptr_t topk_weights, uintptr_t dout, const nb::dict& grads) {
+  void backward(const nb::dict& weights, uintptr_t topk_weights, uintptr_t dout, const nb::dict& grads,
+                uintptr_t stream) {
     mokLayerWeights_t w = make_weights(weights);
     mokLayerGrads_t g = MOK_LAYER_GRADS_INIT;
     g.dx = ptr<void>(grads, "dx");
@@ -132,13 +140,14 @@ class Layer {
     g.dshared_up = ptr<void>(grads, "shared_up");
     g.dshared_down = ptr<void>(grads, "shared_down");
     mokLayer_t layer = get();
-    mok::python::released(
-        [&] { return mokLayerBackward(layer, &w, ptr<const float>(topk_weights), ptr<const void>(dout), &g); });
+    mok::python::released([&] {
+      return mokLayerBackward(layer, &w, ptr<const float>(topk_weights), ptr<const void>(dout), &g, ptr<void>(stream));
+    });
   }
 
-  void slots(uintptr_t y_slots) {
+  void slots(uintptr_t y_slots, uintptr_t stream) {
     mokLayer_t layer = get();
-    mok::python::released([&] { return mokLayerGetSlots(layer, ptr<void>(y_slots)); });
+    mok::python::released([&] { return mokLayerGetSlots(layer, ptr<void>(y_slots), ptr<void>(stream)); });
   }
 
   nb::dict error() {
@@ -151,10 +160,15 @@ class Layer {
     d["task_index"] = e.task_index;
     d["wait"] = std::string(e.wait);
     d["detail"] = std::string(e.detail);
+    d["pass"] = e.pass;
+    d["abort_rank"] = e.abort_rank;
     return d;
   }
 
-  void abort() { mok::python::check(mokLayerAbort(get())); }
+  // reason None: libmok's "no reason given".
+  void abort(std::optional<std::string> reason) {
+    mok::python::check(mokLayerAbort(get(), reason ? reason->c_str() : nullptr));
+  }
 
  private:
   mokLayer_t get() const {
@@ -181,20 +195,27 @@ void bind_layer(nb::module_& m) {
       .def(nb::init<const nb::dict&, const std::string&, uintptr_t, size_t>(), nb::arg("config"), nb::arg("shm_name"),
            nb::arg("workspace"), nb::arg("workspace_bytes"))
       .def("close", &Layer::close)
-      .def("build_schedule", &Layer::build_schedule)
-      .def("forward", &Layer::forward)
-      .def("recompute", &Layer::recompute)
-      .def("backward", &Layer::backward)
-      .def("slots", &Layer::slots)
+      .def("build_schedule", &Layer::build_schedule, nb::arg("ids"), nb::arg("int64"), nb::arg("num_tokens"),
+           nb::arg("stream") = 0)
+      .def("forward", &Layer::forward, nb::arg("weights"), nb::arg("x"), nb::arg("topk_weights"), nb::arg("out"),
+           nb::arg("stream") = 0)
+      .def("recompute", &Layer::recompute, nb::arg("weights"), nb::arg("x"), nb::arg("stream") = 0)
+      .def("backward", &Layer::backward, nb::arg("weights"), nb::arg("topk_weights"), nb::arg("dout"), nb::arg("grads"),
+           nb::arg("stream") = 0)
+      .def("slots", &Layer::slots, nb::arg("y_slots"), nb::arg("stream") = 0)
       .def("error", &Layer::error)
-      .def("abort", &Layer::abort);
+      .def("abort", &Layer::abort, nb::arg("reason").none() = nb::none());
 
-  m.def("mxfp8_quantize", [](uintptr_t src, bool fp32, int64_t batch, int64_t rows, int64_t cols, uintptr_t rw_data,
-                             uintptr_t rw_scales, uintptr_t cw_data, uintptr_t cw_scales) {
-    mok::python::released([&] {
-      return mokMxfp8Quantize(ptr<const void>(src), fp32 ? mokDataFloat32 : mokDataBF16, batch, rows, cols,
-                              ptr<uint8_t>(rw_data), ptr<uint8_t>(rw_scales), ptr<uint8_t>(cw_data),
-                              ptr<uint8_t>(cw_scales));
-    });
-  });
+  m.def(
+      "mxfp8_quantize",
+      [](uintptr_t src, bool fp32, int64_t batch, int64_t rows, int64_t cols, uintptr_t rw_data, uintptr_t rw_scales,
+         uintptr_t cw_data, uintptr_t cw_scales, uintptr_t stream) {
+        mok::python::released([&] {
+          return mokMxfp8Quantize(ptr<const void>(src), fp32 ? mokDataFloat32 : mokDataBF16, batch, rows, cols,
+                                  ptr<uint8_t>(rw_data), ptr<uint8_t>(rw_scales), ptr<uint8_t>(cw_data),
+                                  ptr<uint8_t>(cw_scales), ptr<void>(stream));
+        });
+      },
+      nb::arg("src"), nb::arg("fp32"), nb::arg("batch"), nb::arg("rows"), nb::arg("cols"), nb::arg("rowwise_data"),
+      nb::arg("rowwise_scales"), nb::arg("colwise_data"), nb::arg("colwise_scales"), nb::arg("stream") = 0);
 }

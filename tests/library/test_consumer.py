@@ -10,7 +10,7 @@ from buildutil import ROOT, have, run
 
 
 def check_output(text: str) -> None:
-    assert "libmok 0.1.0 (header 0.1.0)" in text, text
+    assert "libmok 0.2.0 (header 0.2.0)" in text, text
     assert "executor host     compiled=1 usable=1" in text, text
     assert "CUDA architectures: 100a;103a" in text, text
     # No GPU executor runs a layer yet, whatever device code is built in (docs/c-api.md, Executors).

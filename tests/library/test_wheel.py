@@ -50,4 +50,4 @@ def test_wheel(mode, prefix, cuda_bin, tmp_path):
     else:
         assert not bundled, f"a wheel built against an installed libmok must not carry one: {bundled}"
     out = import_in_fresh_env(wheel, tmp_path, "" if mode == "bundled" else str(prefix / "lib"))
-    assert out.startswith("0.1.0 ") and "'host'" in out, out
+    assert out.startswith("0.2.0 ") and "'host'" in out, out
