@@ -46,7 +46,7 @@ def test_device_kernels_and_their_resources(libmok, cuda_bin):
             assert r["LOCAL"] == 0, f"{arch} {kernel}: {r['LOCAL']} bytes of local memory"
             # The per-thread stack lives in local memory too. The only stacks in the device code are arrays
             # indexed by rank, which cannot be kept in registers: the comm task's int64_t cursor[kMaxWorld]
-            # (core/comm_tasks.hpp run_dispatch): 8 * 72 = 576 bytes in run_workers; the schedule build's
+            # (core/comm_tasks.hpp pull_rows): 8 * 72 = 576 bytes in run_workers; the schedule build's
             # Routing, a pointer and a token count per rank (core/pass_worker.hpp run_schedule_worker):
             # 12 * 72 = 864 bytes in run_schedule_workers; nothing anywhere else. More means register spills or
             # a new per-thread array: raise this deliberately, not silently.

@@ -9,17 +9,84 @@
 
 namespace mok::core {
 
-MOK_HD inline void pull_row(const PassView& v, int64_t j) {
+// Row j's x (unless the backward keeps the forward's) and, in backward, its dy = bf16(w_k · dout) into
+// x_dst and dy_dst: the ring's rows (bf16 mode) or a block's rows on their way to quantisation (MXFP8).
+MOK_HD inline void pull_row(const PassView& v, int64_t j, bf16_t* x_dst, bf16_t* dy_dst) {
   RowRef ref = v.sched.rows[j];
   int h = v.s.hidden;
   int64_t slot = static_cast<int64_t>(ref.token) * v.s.top_k + ref.k;
   if (v.kind != PassKind::backward_kept)  // else the forward's x is still in the ring
-    copy_row(peer_array<const bf16_t>(v, ref.rank, v.peer.x) + static_cast<int64_t>(ref.token) * h, h,
-             ring_row(v, v.ring_x, j, h));
+    copy_row(peer_array<const bf16_t>(v, ref.rank, v.peer.x) + static_cast<int64_t>(ref.token) * h, h, x_dst);
   if (!is_backward(v.kind)) return;
   float weight = peer_array<const float>(v, ref.rank, v.peer.topk_weights)[slot];
   const bf16_t* dout = peer_array<const bf16_t>(v, ref.rank, v.peer.dout) + static_cast<int64_t>(ref.token) * h;
-  scaled_row(weight, dout, h, ring_row(v, v.ring_dy, j, h));
+  scaled_row(weight, dout, h, dy_dst);
+}
+
+// Rows [lo, hi) of the ring, sources served round-robin, each rank starting at its next peer, which
+// spreads the load over peers; the rows' places (and so the math) are fixed. Padding rows are skipped.
+// Each row goes to its ring rows, or with a `staging` block (MXFP8 mode) to its row there: x at
+// staging + (j - lo) · H, dy kMxStagingRows rows further.
+MOK_HD inline void pull_rows(const PassView& v, int64_t lo, int64_t hi, bf16_t* staging) {
+  int h = v.s.hidden;
+  int64_t cursor[kMaxWorld];
+  for (int r = 0; r < v.s.world; ++r) cursor[r] = lo;
+  for (bool pulled = true; pulled;) {
+    pulled = false;
+    for (int i = 0; i < v.s.world; ++i) {
+      int r = (v.s.rank + 1 + i) % v.s.world;
+      int64_t j = cursor[r];
+      while (j < hi && v.sched.rows[j].rank != r) ++j;
+      if (j < hi) {
+        bf16_t* x = staging ? staging + (j - lo) * h : ring_row(v, v.ring_x, j, h);
+        bf16_t* dy = staging ? staging + (kMxStagingRows + j - lo) * h : ring_row(v, v.ring_dy, j, h);
+        pull_row(v, j, x, dy);
+        pulled = true;
+      }
+      cursor[r] = j < hi ? j + 1 : hi;
+    }
+  }
+}
+
+// ---- MXFP8 mode: x and dy quantised as they arrive -----------------------------------------------
+
+// Ring rows [row0, row0 + 32) of an MXFP8 ring from their bf16 values (`block`, [32, H]; a padding row
+// all zeros), in both orientations a GEMM reads: each row along H (gate_up, dgrad_h), and each column's
+// 32 values along the tokens (the weight gradients). row0 is a multiple of 32 (P % 32 == 0), so the rows
+// lie in one tile and are one token block of it: the blocks a GEMM that starts at the tile's first row
+// reads. A zero row changes no block's scale and decodes to 0, so the codes are those of the tile's
+// routed rows alone, and a GPU that reads whole blocks reads zeros past them.
+MOK_HD_NOINLINE void quantize_ring_block(const LayerShape& s, MxRing ring, int64_t row0, const bf16_t* block) {
+  int h = s.hidden;
+  int64_t at = row0 % s.macrobatch;
+  MxScaleLayout rows = ring_row_scales(s), tokens = ring_token_scales(s);
+  for (int r = 0; r < kMxBlock; ++r)
+    mx_quantize_row(block + r * h, h, rows, at + r, ring.rows + (at + r) * h, ring.row_scales);
+  uint8_t* scales = ring.token_scales + (at / s.expert_padding) * tokens.matrix_bytes();
+  int64_t k_block = (at % s.expert_padding) / kMxBlock;
+  for (int c = 0; c < h; ++c)
+    scales[tokens.offset(c, k_block)] = mx_quantize_block(block + c, kMxBlock, h, ring.tokens + at * h + c, h);
+  if (at % s.expert_padding != 0) return;
+  // The slot's first block also writes the padding scales the MMA reads: k blocks past P / 32, rows past H.
+  for (int c = 0; c < h; ++c)
+    for (int64_t b = tokens.k_blocks; b < tokens.padded_k_blocks(); ++b) scales[tokens.offset(c, b)] = kMxPadScale;
+  mx_fill_pad_rows(tokens, scales);
+}
+
+// Rows [lo, hi) (whole 32-row blocks) pulled a block at a time into the worker's `staging` (2 x [32, H]
+// bf16: x and dy) and quantised from there into mx_x and mx_dy: the bf16 values never reach the ring.
+MOK_HD inline void pull_quantized(const PassView& v, int64_t lo, int64_t hi, bf16_t* staging) {
+  int h = v.s.hidden;
+  bf16_t *xs = staging, *dys = staging + static_cast<int64_t>(kMxStagingRows) * h;
+  bool pull_x = v.kind != PassKind::backward_kept, backward = is_backward(v.kind);
+  for (int64_t b = lo; b < hi; b += kMxBlock) {
+    for (int r = 0; r < kMxBlock; ++r)
+      if (v.sched.rows[b + r].rank < 0)
+        for (int c = 0; c < h; ++c) xs[r * h + c] = dys[r * h + c] = 0;
+    pull_rows(v, b, b + kMxBlock, staging);
+    if (pull_x) quantize_ring_block(v.s, v.mx_x, b, xs);
+    if (backward) quantize_ring_block(v.s, v.mx_dy, b, dys);
+  }
 }
 
 // The wgrad tasks that read minibatch m's rows: every part holding them, one per expert with tiles in m.
@@ -34,9 +101,9 @@ MOK_HD inline uint32_t wgrad_tasks_over(const PassView& v, int64_t m) {
   return experts * static_cast<uint32_t>(wgrad_tasks_per_part(v.s));
 }
 
-// Pull minibatch m's rows. Within the minibatch, sources are served round-robin, each rank starting
-// at its next peer, which spreads the load over peers; the rows' places (and so the math) are fixed.
-MOK_HD inline Failure run_dispatch(const PassView& v, int64_t m) {
+// Pull minibatch m's rows into the ring: bf16, or in MXFP8 mode the e4m3 bytes of x and dy, through
+// `staging` (the worker's, mx_staging_values bf16).
+MOK_HD inline Failure run_dispatch(const PassView& v, int64_t m, bf16_t* staging) {
   int64_t ring = ring_minibatches(v.s);
   if (m >= ring) {
     Failure f = wait_local(v, &v.c.freed[m - ring], 1, WaitId::ring_slot_free);
@@ -46,21 +113,10 @@ MOK_HD inline Failure run_dispatch(const PassView& v, int64_t m) {
   }
   int64_t lo = m * v.s.minibatch,
           hi = lo + v.s.minibatch < v.sched.total_rows ? lo + v.s.minibatch : v.sched.total_rows;
-  int64_t cursor[kMaxWorld];
-  for (int r = 0; r < v.s.world; ++r) cursor[r] = lo;
-  for (bool pulled = true; pulled;) {
-    pulled = false;
-    for (int i = 0; i < v.s.world; ++i) {
-      int r = (v.s.rank + 1 + i) % v.s.world;
-      int64_t j = cursor[r];
-      while (j < hi && v.sched.rows[j].rank != r) ++j;
-      if (j < hi) {
-        pull_row(v, j);
-        pulled = true;
-      }
-      cursor[r] = j < hi ? j + 1 : hi;
-    }
-  }
+  if (v.s.mxfp8)
+    pull_quantized(v, lo, hi, staging);
+  else
+    pull_rows(v, lo, hi, nullptr);
   publish(&v.c.ready[m], 1);
   return kNoFailure;
 }

@@ -44,8 +44,17 @@ MOK_HD inline void finish_stage(const PassView& v, const TileInfo& t, TaskKind k
 
 // ---- GEMM operands (core decides every address and orientation; the executor computes) ----------
 
+// The operand from its row `first` on: a block of output columns (b) or of output rows (a). An e4m3
+// operand keeps its matrix's scales and counts the rows it skips: the layout places rows in tiles of 128.
+MOK_HD inline Operand from_row(Operand o, int64_t first) {
+  int size = o.dtype == Dtype::f32 ? 4 : (o.dtype == Dtype::bf16 ? 2 : 1);
+  o.data = static_cast<const char*>(o.data) + first * o.row_stride * size;
+  o.scale_row0 += first;
+  return o;
+}
+
 // Ring rows [row0, row0 + rows) of width `width` as a GEMM's a: K-major along the row, quantised along
-// it in MXFP8 mode.
+// it in MXFP8 mode (g, u, h: their bf16 values are SwiGLU's too).
 MOK_HD inline Operand ring_rows(const PassView& v, bf16_t* ring, int64_t row0, int width) {
   return bf16_operand(ring_row(v, ring, row0, width), width, 1, v.s.mxfp8 != 0);
 }
@@ -54,6 +63,27 @@ MOK_HD inline Operand ring_rows(const PassView& v, bf16_t* ring, int64_t row0, i
 // weight gradient's operand, quantised along the tokens in MXFP8 mode.
 MOK_HD inline Operand ring_columns(const PassView& v, bf16_t* ring, int64_t row0, int width) {
   return bf16_operand(ring_row(v, ring, row0, width), 1, width, v.s.mxfp8 != 0);
+}
+
+// x or dy rows from row0 on (width H) as a GEMM's a: the bf16 ring, or in MXFP8 mode the e4m3 codes
+// quantised along H with the ring's [macrobatch, H] scales, from ring row row0 on.
+MOK_HD inline Operand input_rows(const PassView& v, bf16_t* ring, const MxRing& mx, int64_t row0) {
+  if (!v.s.mxfp8) return ring_rows(v, ring, row0, v.s.hidden);
+  return from_row(e4m3_operand(mx.rows, v.s.hidden, mx.row_scales, ring_row_scales(v.s)), row0 % v.s.macrobatch);
+}
+
+// x or dy rows of the tile that starts at row0 read down their columns (a weight gradient's operand over
+// the tile's rows): the bf16 ring, or in MXFP8 mode the codes quantised along the tokens, MN-major
+// (code (i, k) at (row0 + k) * H + i), with the tile slot's [H, P] scales.
+MOK_HD inline Operand input_columns(const PassView& v, bf16_t* ring, const MxRing& mx, int64_t row0) {
+  int h = v.s.hidden;
+  if (!v.s.mxfp8) return ring_columns(v, ring, row0, h);
+  int64_t at = row0 % v.s.macrobatch;
+  MxScaleLayout layout = ring_token_scales(v.s);
+  Operand o =
+      e4m3_operand(mx.tokens + at * h, 1, mx.token_scales + at / v.s.expert_padding * layout.matrix_bytes(), layout);
+  o.depth_stride = h;
+  return o;
 }
 
 // Expert e's [rows, cols] weight (rows the GEMM's output columns, cols its depth): bf16 in place, or
@@ -75,15 +105,6 @@ MOK_HD inline Operand weight_columns(const PassView& v, const bf16_t* bf16, cons
   if (!v.s.mxfp8) return bf16_operand(bf16 + at, 1, rows, false);
   MxScaleLayout layout = MxScaleLayout::of(rows, cols);
   return e4m3_operand(colwise.data + at, cols, colwise.scales + e * layout.matrix_bytes(), layout);
-}
-
-// The operand from its row `first` on: a block of output columns (b) or of output rows (a). An e4m3
-// operand keeps its matrix's scales and counts the rows it skips: the layout places rows in tiles of 128.
-MOK_HD inline Operand from_row(Operand o, int64_t first) {
-  int size = o.dtype == Dtype::f32 ? 4 : (o.dtype == Dtype::bf16 ? 2 : 1);
-  o.data = static_cast<const char*>(o.data) + first * o.row_stride * size;
-  o.scale_row0 += first;
-  return o;
 }
 
 MOK_HD inline Gemm gemm_one(int rows, int cols, Operand a, Operand b, int depth, void* c, int64_t c_stride,
@@ -124,7 +145,7 @@ MOK_HD Failure run_gate_up(const PassView& v, const TileInfo& t, Ops& ops) {
   Failure f = wait_stage(v, t, TaskKind::gate_up);
   if (!f.ok()) return f;
   int h = v.s.hidden, in = v.s.intermediate;
-  Operand x = ring_rows(v, v.ring_x, t.row0, h);
+  Operand x = input_rows(v, v.ring_x, v.mx_x, t.row0);
   Operand gate = from_row(weight_rows(v, v.w.gate, v.w.gate_rowwise, t.expert, in, h), t.col0);
   Operand up = from_row(weight_rows(v, v.w.up, v.w.up_rowwise, t.expert, in, h), t.col0);
   ops.gemm(gemm_one(t.rows, t.cols, x, gate, h, ring_row(v, v.ring_g, t.row0, in) + t.col0, in, Epilogue::store_bf16));
@@ -165,7 +186,7 @@ MOK_HD Failure run_dgrad_h(const PassView& v, const TileInfo& t, Ops& ops) {
   if (!f.ok()) return f;
   int h = v.s.hidden, in = v.s.intermediate;
   Operand down = from_row(weight_columns(v, v.w.down, v.w.down_colwise, t.expert, in, h), t.col0);
-  ops.gemm(gemm_one(t.rows, t.cols, ring_rows(v, v.ring_dy, t.row0, h), down, h,
+  ops.gemm(gemm_one(t.rows, t.cols, input_rows(v, v.ring_dy, v.mx_dy, t.row0), down, h,
                     ring_row(v, v.ring_h, t.row0, in) + t.col0, in, Epilogue::store_bf16));
   finish_stage(v, t, TaskKind::dgrad_h);
   return kNoFailure;
@@ -218,15 +239,17 @@ MOK_HD inline WgradBlock wgrad_block(const LayerShape& s, int task) {
 
 // Tile t's rows added to the block's sums, in row order: dW_down += dyᵀ h, dW_gate += dgᵀ x,
 // dW_up += duᵀ x. A tile's rows are contiguous in the ring (tiles never straddle its end), and in MXFP8
-// mode a tile starts a 32-row block of its segment (expert_padding % 32 == 0).
+// mode a tile starts a 32-row block of its segment (expert_padding % 32 == 0): dy and x are read as
+// dispatch quantised them along the tokens, the tile slot's blocks.
 template <class Ops>
 MOK_HD void add_tile(const PassView& v, const WgradBlock& b, int64_t tile, int expert, float* sums, Ops& ops) {
-  int h = v.s.hidden, in = v.s.intermediate;
+  int in = v.s.intermediate;
   int64_t row0 = tile * v.s.expert_padding;
   int rows = tile_rows(v.s, v.sched, tile, expert);
-  bf16_t* ring = b.matrix == 0 ? v.ring_dy : (b.matrix == 1 ? v.ring_g : v.ring_u);
-  Operand a = from_row(ring_columns(v, ring, row0, b.matrix == 0 ? h : in), b.row0);
-  Operand other = b.matrix == 0 ? ring_columns(v, v.ring_h, row0, in) : ring_columns(v, v.ring_x, row0, h);
+  Operand a = b.matrix == 0 ? input_columns(v, v.ring_dy, v.mx_dy, row0)
+                            : ring_columns(v, b.matrix == 1 ? v.ring_g : v.ring_u, row0, in);
+  a = from_row(a, b.row0);
+  Operand other = b.matrix == 0 ? ring_columns(v, v.ring_h, row0, in) : input_columns(v, v.ring_x, v.mx_x, row0);
   ops.gemm(gemm_one(b.rows, b.cols, a, other, rows, sums, b.cols, Epilogue::accumulate_f32));
 }
 

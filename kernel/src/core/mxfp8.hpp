@@ -26,11 +26,21 @@ MOK_HD inline float quiet_nan() {
   return bits_float(0x7fc00000u);
 }
 
-// The largest |v| of a block, or NaN when the block holds a NaN or an infinity (fmaxf would skip a NaN).
-MOK_HD inline float mx_block_amax(const float* v, int n, int stride) {
+// A value as the codec reads it: fp32 as is, bf16 widened (exactly).
+MOK_HD inline float mx_load_float(const float* v, int64_t i) {
+  return v[i];
+}
+MOK_HD inline float mx_load_float(const bf16_t* v, int64_t i) {
+  return bf16_to_float(v[i]);
+}
+
+// The largest |v| of a block (fp32 or bf16 values), or NaN when the block holds a NaN or an infinity
+// (fmaxf would skip a NaN).
+template <class T>
+MOK_HD float mx_block_amax(const T* v, int n, int64_t stride) {
   float amax = 0.0f;
   for (int i = 0; i < n; ++i) {
-    float a = fabsf(v[i * stride]);
+    float a = fabsf(mx_load_float(v, i * stride));
     if (!(a <= kFloatMax)) return quiet_nan();
     amax = a > amax ? a : amax;
   }
@@ -89,9 +99,11 @@ MOK_HD inline float e4m3_decode(uint8_t q) {
   return (q & 0x80) ? -a : a;
 }
 
-// One block of n <= 32 values read with `stride`: writes n codes (stride `qstride`) and returns the
-// e8m0 scale; a non-finite block gets the NaN scale and NaN codes.
-MOK_HD inline uint8_t mx_quantize_block(const float* v, int n, int stride, uint8_t* q, int qstride) {
+// One block of n <= 32 values (fp32 or bf16) read with `stride`: writes n codes (stride `qstride`) and
+// returns the e8m0 scale; a non-finite block gets the NaN scale and NaN codes. No local array: a device
+// thread quantises a column of rows in place.
+template <class T>
+MOK_HD uint8_t mx_quantize_block(const T* v, int n, int64_t stride, uint8_t* q, int64_t qstride) {
   float amax = mx_block_amax(v, n, stride);
   if (amax != amax) {
     for (int i = 0; i < n; ++i) q[i * qstride] = kE4m3Nan;
@@ -99,7 +111,7 @@ MOK_HD inline uint8_t mx_quantize_block(const float* v, int n, int stride, uint8
   }
   int e = mx_scale_exponent(amax);
   for (int i = 0; i < n; ++i) {
-    float scaled = ldexpf(v[i * stride], -e);  // exact: a power-of-two scale
+    float scaled = ldexpf(mx_load_float(v, i * stride), -e);  // exact: a power-of-two scale
     scaled = fminf(fmaxf(scaled, -kE4m3Max), kE4m3Max);
     q[i * qstride] = e4m3_encode(scaled);
   }

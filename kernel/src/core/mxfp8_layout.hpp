@@ -61,30 +61,21 @@ struct MxScaleLayout {
   }
 };
 
-MOK_HD inline float mx_load_float(const float* v, int64_t i) {
-  return v[i];
-}
-MOK_HD inline float mx_load_float(const bf16_t* v, int64_t i) {
-  return bf16_to_float(v[i]);
-}
-
 // Row `row` of an operand: `layout`'s depth values from `src` (fp32 or bf16) quantised along depth into
 // `data` (depth e4m3 codes) and their scales into `scales`, the row's padding k blocks included. Rows
 // quantised by different workers write disjoint bytes.
 template <class T>
-MOK_HD void mx_quantize_row(const T* src, int64_t depth, const MxScaleLayout& layout, int64_t row, uint8_t* data,
+MOK_HD void mx_quantize_row(const T* src, int64_t depth, MxScaleLayout layout, int64_t row, uint8_t* data,
                             uint8_t* scales) {
-  float block[kMxBlock];
   for (int64_t b = 0; b < layout.k_blocks; ++b) {
     int n = depth - b * kMxBlock < kMxBlock ? static_cast<int>(depth - b * kMxBlock) : kMxBlock;
-    for (int i = 0; i < n; ++i) block[i] = mx_load_float(src, b * kMxBlock + i);
-    scales[layout.offset(row, b)] = mx_quantize_block(block, n, 1, data + b * kMxBlock, 1);
+    scales[layout.offset(row, b)] = mx_quantize_block(src + b * kMxBlock, n, 1, data + b * kMxBlock, 1);
   }
   for (int64_t b = layout.k_blocks; b < layout.padded_k_blocks(); ++b) scales[layout.offset(row, b)] = kMxPadScale;
 }
 
 // The padding rows' scales (rows .. padded_rows()), every k block: what no row of mx_quantize_row writes.
-MOK_HD inline void mx_fill_pad_rows(const MxScaleLayout& layout, uint8_t* scales) {
+MOK_HD inline void mx_fill_pad_rows(MxScaleLayout layout, uint8_t* scales) {
   for (int64_t r = layout.rows; r < layout.padded_rows(); ++r)
     for (int64_t b = 0; b < layout.padded_k_blocks(); ++b) scales[layout.offset(r, b)] = kMxPadScale;
 }

@@ -10,13 +10,15 @@
 namespace mok::core {
 
 // Ops is the executor's tile interface (docs/core.md, "The pass and the executor seam"): ops.gemm(const
-// Gemm&) computes one tile GEMM; ops.chunk (chunk_values bf16) and ops.sums (sums_floats fp32) are the
-// worker's rows for the shared expert and its weight-gradient sums.
+// Gemm&) computes one tile GEMM; ops.scratch (scratch_floats fp32) is the worker's GEMM scratch, which a
+// comm worker's dispatch uses in MXFP8 mode to stage a block of rows (mx_staging_values bf16); ops.chunk
+// (chunk_values bf16) and ops.sums (sums_floats fp32) are the worker's rows for the shared expert and
+// its weight-gradient sums.
 template <class Ops>
 MOK_HD Failure run_task(const PassView& v, Task task, Ops& ops) {
   int h = v.s.hidden, in = v.s.intermediate;
   switch (task.kind) {
-    case TaskKind::dispatch: return run_dispatch(v, task.index);
+    case TaskKind::dispatch: return run_dispatch(v, task.index, reinterpret_cast<bf16_t*>(ops.scratch));
     case TaskKind::combine: return run_combine(v, task.index);
     case TaskKind::shared: return run_shared(v, task.index, ops);
     case TaskKind::wgrad: return run_wgrad(v, task, ops);

@@ -93,6 +93,14 @@ struct PassArgs {
   int accumulate;
 };
 
+// x or dy in MXFP8 mode: the bytes the block-scaled GEMMs read (shape.hpp's MxRingLayout), written by
+// dispatch (comm_tasks.hpp). rows: e4m3 [macrobatch, H] in blocks of 32 along H, scales ring_row_scales;
+// tokens: e4m3 [macrobatch, H] in blocks of 32 ring rows per column, from each tile's first row, scales
+// per tile slot ring_token_scales.
+struct MxRing {
+  uint8_t *rows, *row_scales, *tokens, *token_scales;
+};
+
 struct GroupState;  // core/group_state.hpp
 
 struct PassView {
@@ -105,6 +113,7 @@ struct PassView {
   TaskGraph graph;
   Counters c;
   bf16_t *ring_x, *ring_dy, *ring_g, *ring_u, *ring_h, *ring_y;  // ring_y: y (forward) or dx (backward)
+  MxRing mx_x, mx_dy;  // MXFP8 mode: x and dy (ring_x and ring_dy are then empty)
   LayerWeights w;
   Accumulators acc;
   float* slots;        // max_slots x [dW_down, dW_gate, dW_up] fp32: experts with several parts
@@ -149,6 +158,12 @@ MOK_HD inline PassView pass_view_at(const LayerShape& s, PassKind kind, char* lo
   v.ring_u = reinterpret_cast<bf16_t*>(at(l.ring_u));
   v.ring_h = reinterpret_cast<bf16_t*>(at(l.ring_h));
   v.ring_y = reinterpret_cast<bf16_t*>(at(l.ring_y));
+  auto mx_ring = [&](const MxRingLayout& r) {
+    return MxRing{reinterpret_cast<uint8_t*>(at(r.rows)), reinterpret_cast<uint8_t*>(at(r.row_scales)),
+                  reinterpret_cast<uint8_t*>(at(r.tokens)), reinterpret_cast<uint8_t*>(at(r.token_scales))};
+  };
+  v.mx_x = mx_ring(l.mx_x);
+  v.mx_dy = mx_ring(l.mx_dy);
   float* shared_acc = reinterpret_cast<float*>(at(l.shared_acc));
   int64_t is_h = static_cast<int64_t>(s.shared_intermediate) * s.hidden;
   v.acc = Accumulators{shared_acc, shared_acc + is_h, shared_acc + 2 * is_h};

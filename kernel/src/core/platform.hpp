@@ -9,6 +9,14 @@
 #define MOK_HD
 #endif
 
+// A function kept out of line on the device: a large body inlined into the worker's loop can push the
+// loop itself out of line, and a call then stacks the loop's frame on its caller's.
+#if defined(__CUDACC__)
+#define MOK_HD_NOINLINE __host__ __device__ __noinline__
+#else
+#define MOK_HD_NOINLINE inline
+#endif
+
 #if !defined(__CUDA_ARCH__)
 #include <sched.h>
 #include <time.h>

@@ -128,15 +128,54 @@ MOK_HD inline PeerLayout peer_layout(const LayerShape& s) {
   return p;
 }
 
+// The scales of an MXFP8 ring (x or dy, MXFP8 mode; see MxRingLayout). Rowwise: one [macrobatch, H]
+// matrix, ring row r its row r. Token-direction: per tile slot of the ring (macrobatch / P of them), the
+// [H, P] matrix that slot's weight-gradient GEMMs read (rows the columns of H, depth the slot's P rows,
+// blocks of 32 rows from the slot's first), matrix_bytes() apart.
+MOK_HD inline MxScaleLayout ring_row_scales(const LayerShape& s) {
+  return MxScaleLayout::of(s.macrobatch, s.hidden);
+}
+MOK_HD inline MxScaleLayout ring_token_scales(const LayerShape& s) {
+  return MxScaleLayout::of(s.hidden, s.expert_padding);
+}
+
+// An MXFP8 ring's four ranges (offsets): the e4m3 codes of its rows quantised along H (rows) and along
+// the tokens (tokens, laid out like the rows: code (r, c) at r * H + c), and their scales. Empty in
+// bf16 mode.
+struct MxRingLayout {
+  size_t rows, row_scales, tokens, token_scales;
+};
+
+MOK_HD inline MxRingLayout take_mx_ring(Carver& c, const LayerShape& s) {
+  size_t codes = s.mxfp8 ? static_cast<size_t>(s.macrobatch) * static_cast<size_t>(s.hidden) : 0;
+  size_t tiles = static_cast<size_t>(s.macrobatch / s.expert_padding);
+  MxRingLayout r{};
+  r.rows = c.take(codes);
+  r.row_scales = c.take(s.mxfp8 ? static_cast<size_t>(ring_row_scales(s).matrix_bytes()) : 0);
+  r.tokens = c.take(codes);
+  r.token_scales = c.take(s.mxfp8 ? tiles * static_cast<size_t>(ring_token_scales(s).matrix_bytes()) : 0);
+  return r;
+}
+
+// bf16 values of a dispatch's staging in MXFP8 mode (comm_tasks.hpp): one 32-row block of x and one of
+// dy, in the worker's GEMM scratch.
+constexpr int kMxStagingRows = kMxBlock;
+MOK_HD inline size_t mx_staging_values(const LayerShape& s) {
+  return 2 * static_cast<size_t>(kMxStagingRows) * static_cast<size_t>(s.hidden);
+}
+
 // The private workspace of one rank: schedule, task graph, counters, ring buffers, weight-gradient
 // accumulators, the shared expert's output, worker scratch. Weights are read in place from the caller's
-// tensors; rows are bf16 (every value a ring holds is a bf16 store of the layer, DESIGN 1).
+// tensors; rows are bf16 (every value a ring holds is a bf16 store of the layer, DESIGN 1), except x and
+// dy in MXFP8 mode: there they are held only as the e4m3 bytes their GEMMs read (mx_x, mx_dy), and the
+// bf16 rings x and dy are empty.
 struct LocalLayout {
   size_t schedule_experts;                         // int32 [E_local][2]: count, first row
   size_t rows;                                     // RowRef [max_recv_rows]
   size_t tasks;                                    // Task [max tasks]
   size_t counters;                                 // uint32 [num_counters]
-  size_t ring_x, ring_dy, ring_g, ring_u, ring_h;  // bf16 [macrobatch, H or I]
+  size_t ring_x, ring_dy, ring_g, ring_u, ring_h;  // bf16 [macrobatch, H or I]; x, dy: bf16 mode only
+  MxRingLayout mx_x, mx_dy;                        // MXFP8 mode: x and dy as e4m3, both orientations
   size_t ring_y;                                   // bf16 [out_ring_rows, H]: y (forward) or dx (backward)
   size_t parts;                                    // WgradPart [max_parts]
   size_t slots;       // fp32 [max_slots][3 x I x H]: dW_down, dW_gate, dW_up of an expert with several parts
@@ -187,8 +226,11 @@ MOK_HD inline LocalLayout local_layout(const LayerShape& s) {
   l.rows = c.take(static_cast<size_t>(max_recv_rows(s)) * 12);
   l.tasks = c.take(static_cast<size_t>(max_tasks(s)) * 8);
   l.counters = c.take(static_cast<size_t>(num_counters(s)) * 4);
-  l.ring_x = c.take(m * h * 2);
-  l.ring_dy = c.take(m * h * 2);
+  size_t bf16_input_ring = s.mxfp8 ? 0 : m * h * 2;
+  l.ring_x = c.take(bf16_input_ring);
+  l.ring_dy = c.take(bf16_input_ring);
+  l.mx_x = take_mx_ring(c, s);
+  l.mx_dy = take_mx_ring(c, s);
   l.ring_g = c.take(m * i * 2);
   l.ring_u = c.take(m * i * 2);
   l.ring_h = c.take(m * i * 2);
@@ -201,6 +243,8 @@ MOK_HD inline LocalLayout local_layout(const LayerShape& s) {
   // sums two parts), or a weight-gradient tile of H, I or I_s rows over p tokens, which accumulates in place.
   size_t wide = max_value(max_value(h, i), is), deep = max_value(h, 2 * max_value(i, is));
   l.scratch_floats = max_value(gemm_scratch_floats(p, wide, deep, true), gemm_scratch_floats(wide, wide, p, false));
+  // A comm worker's dispatch stages its blocks of x and dy rows in it in MXFP8 mode (already far larger).
+  l.scratch_floats = max_value(l.scratch_floats, (mx_staging_values(s) * 2 + f - 1) / f);
   l.scratch = c.take(static_cast<size_t>(s.comm_workers + s.compute_workers) * l.scratch_floats * f);
   l.chunk_values = 4 * p * is;
   l.chunk = c.take(static_cast<size_t>(s.comm_workers + s.compute_workers) * l.chunk_values * 2);
