@@ -375,11 +375,11 @@ void gemm(const core::Gemm& g, float* scratch, size_t scratch_floats, GemmIsa is
       for (int k0 = 0; k0 == 0 || k0 < depth; k0 += kDepthBlock) {
         int block = std::min(kDepthBlock, depth - k0);
         for (int p = 0; p < panels; ++p) {
-          TileSums t{g,    i0 + p * kPanelRows, std::min(kPanelRows, rows - p * kPanelRows), j0, cols, kernel.cols,
-                     blocked ? sums + p * kPanelRows * kMaxPanelCols : tile};
+          TileSums t{g,    i0 + p * kPanelRows, std::min(kPanelRows, rows - p * kPanelRows),           j0,
+                     cols, kernel.cols,         blocked ? sums + p * kPanelRows * kMaxPanelCols : tile};
           if (k0 == 0) t.start();
-          run(block, a + (static_cast<int64_t>(p) * depth + k0) * kPanelRows, b + static_cast<int64_t>(k0) * kernel.cols,
-              t.target(), t.stride());
+          run(block, a + (static_cast<int64_t>(p) * depth + k0) * kPanelRows,
+              b + static_cast<int64_t>(k0) * kernel.cols, t.target(), t.stride());
           if (k0 + block >= depth) t.finish();
         }
       }
