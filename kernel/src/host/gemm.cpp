@@ -312,7 +312,8 @@ struct TileSums {
       return;
     }
     core::bf16_t* c16 = static_cast<core::bf16_t*>(g.c) + i0 * g.c_stride + j0;
-    for (int r = 0; r < nr; ++r) detail::round_to_bf16(sums + r * w, nc, c16 + r * g.c_stride);
+    for (int r = 0; r < nr; ++r)
+      for (int j = 0; j < nc; ++j) c16[r * g.c_stride + j] = core::float_to_bf16(sums[r * w + j]);
   }
 };
 
@@ -423,27 +424,6 @@ const char* gemm_isa_name(GemmIsa isa) {
 }
 
 namespace detail {
-
-void round_to_bf16(const float* v, int n, core::bf16_t* out) {
-  int i = 0;
-#if defined(__x86_64__)
-  // core::float_to_bf16 on 4 lanes, branch-free: round to nearest even, or a NaN's high half with its quiet bit.
-  const __m128i magnitude = _mm_set1_epi32(0x7fffffff), infinity = _mm_set1_epi32(0x7f800000);
-  const __m128i half = _mm_set1_epi32(0x7fff), one = _mm_set1_epi32(1), quiet = _mm_set1_epi32(0x40);
-  auto four = [&](const float* p) {
-    __m128i u = _mm_castps_si128(_mm_loadu_ps(p));
-    __m128i nan = _mm_cmpgt_epi32(_mm_and_si128(u, magnitude), infinity);
-    __m128i odd = _mm_and_si128(_mm_srli_epi32(u, 16), one);
-    __m128i rounded = _mm_srli_epi32(_mm_add_epi32(u, _mm_add_epi32(half, odd)), 16);
-    __m128i quieted = _mm_or_si128(_mm_srli_epi32(u, 16), quiet);
-    __m128i word = _mm_or_si128(_mm_and_si128(nan, quieted), _mm_andnot_si128(nan, rounded));
-    return _mm_srai_epi32(_mm_slli_epi32(word, 16), 16);  // sign-extended, so packs_epi32 keeps the 16 bits
-  };
-  for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm_packs_epi32(four(v + i), four(v + i + 4)));
-#endif
-  for (; i < n; ++i) out[i] = core::float_to_bf16(v[i]);
-}
 
 #if defined(__x86_64__)
 ValueRange value_range_bf16(const core::bf16_t* v, size_t n) {

@@ -51,9 +51,6 @@ constexpr int kDepthBlock = 256;
 // place of frexpf / ldexpf / nearbyint per element (test_host_gemm compares the two).
 void mx_round_trip_block(float* v, int n, int stride);
 
-// out[i] = core::float_to_bf16(v[i]) for i < n, 8 at a time with SSE2 on x86-64: a stored tile's epilogue.
-void round_to_bf16(const float* v, int n, core::bf16_t* out);
-
 // What decides whether the products of two panels are exact: the biased exponent range of a panel's
 // nonzero values, and whether every value is finite, zero or normal, with at most 8 significant bits
 // (its low 16 mantissa bits zero: every bf16 and every MXFP8 value is).
