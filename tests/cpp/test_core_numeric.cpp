@@ -33,6 +33,20 @@ TEST(bf16_round_to_nearest_even) {
   }
 }
 
+// The ends of the range: NaNs stay NaN (payload in the low half only: quieted), Inf stays Inf, the largest
+// floats round up to Inf, subnormals and zeros keep their sign.
+TEST(bf16_specials) {
+  struct Case {
+    uint32_t f;
+    uint16_t want;
+  } cases[] = {{0x7f800001u, 0x7fc0}, {0xff800001u, 0xffc0}, {0x7fc00000u, 0x7fc0}, {0x7f812345u, 0x7fc1},
+               {0x7f800000u, 0x7f80}, {0xff800000u, 0xff80}, {0x7f7fffffu, 0x7f80}, {0xff7f8000u, 0xff80},
+               {0x00008000u, 0x0000}, {0x00018000u, 0x0002}, {0x80000000u, 0x8000}, {0x3f808000u, 0x3f80}};
+  for (const Case& c : cases)
+    CHECK_MSG(mok::core::float_to_bf16(mok::core::bits_float(c.f)) == c.want, "%#x: got %#x want %#x", c.f,
+              mok::core::float_to_bf16(mok::core::bits_float(c.f)), c.want);
+}
+
 TEST(e4m3_encode_matches_nearest_value_search) {
   std::vector<double> probes;
   for (int c = 0; c < 0x7f; ++c) {  // every value and every midpoint (the ties)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from buildutil import ROOT, cccl_include_dir
@@ -23,10 +24,13 @@ def without_nvcc() -> tuple[dict[str, str], list[str]]:
     return env, [f"-DCMAKE_IGNORE_PREFIX_PATH={';'.join(ignored)}"]
 
 
-def configure(build: Path, *args: str) -> subprocess.CompletedProcess:
+def configure(build: Path, *args: str, cccl: bool = True, env_extra: dict | None = None,
+              ignore_extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     env, ignore = without_nvcc()
-    cmd = ["cmake", "-S", str(ROOT), "-B", str(build), "-G", "Ninja", f"-DMOK_CCCL_INCLUDE_DIR={cccl_include_dir()}",
-           *ignore, *args]
+    env.update(env_extra or {})
+    ignore = [f"{ignore[0]};{';'.join(ignore_extra)}"] if ignore_extra else ignore
+    given = [f"-DMOK_CCCL_INCLUDE_DIR={cccl_include_dir()}"] if cccl else []
+    cmd = ["cmake", "-S", str(ROOT), "-B", str(build), "-G", "Ninja", *given, *ignore, *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=env)
 
 
@@ -64,3 +68,23 @@ def test_explicit_off_never_looks(tmp_path):
     assert proc.returncode == 0, out
     assert "CUDA compiler" not in out, out
     assert "MOK_WITH_CUDA=0" in (tmp_path / "b" / "build.ninja").read_text()
+
+
+def test_host_only_build_takes_cccl_from_the_wheel(tmp_path):
+    """pip builds the package with nvidia-cuda-cccl in its build environment (python/pyproject.toml): without a
+    CUDA toolkit and without MOK_CCCL_INCLUDE_DIR, CMake finds CCCL's headers in that wheel's place, through the
+    Python that runs the build (here a site dir laid out as the wheel installs: nvidia/cu13/include/cccl)."""
+    site = tmp_path / "site"
+    (site / "nvidia" / "cu13" / "include").mkdir(parents=True)
+    (site / "nvidia" / "cu13" / "include" / "cccl").symlink_to(cccl_include_dir())
+    no_toolkit = {"PYTHONPATH": str(site), "CUDA_HOME": "", "CONDA_PREFIX": ""}
+    toolkit = str(cccl_include_dir().parent.parent)  # the pinned toolkit's prefix: not searched this time
+    python = (f"-DPython_EXECUTABLE={sys.executable}", "-DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON")
+    found = configure(tmp_path / "b", *python, cccl=False, env_extra=no_toolkit, ignore_extra=(toolkit,))
+    assert found.returncode == 0, found.stdout + found.stderr
+    assert cache_entry(tmp_path / "b", "MOK_CCCL_INCLUDE_DIR") == str(site / "nvidia" / "cu13" / "include" / "cccl")
+    # Without the wheel the error names it and the switch.
+    missing = configure(tmp_path / "c", *python, cccl=False,
+                        env_extra={**no_toolkit, "PYTHONPATH": str(tmp_path / "empty")}, ignore_extra=(toolkit,))
+    out = missing.stdout + missing.stderr
+    assert missing.returncode != 0 and "nvidia-cuda-cccl==13.0.85" in out and "MOK_CCCL_INCLUDE_DIR" in out, out

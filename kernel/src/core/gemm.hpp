@@ -91,10 +91,11 @@ MOK_HD inline void load_operand_row(const Operand& o, int64_t i, int depth, floa
 
 // Floats of scratch a worker holds for one GEMM of `rows` x `cols` whose parts' depths add up to `depth`:
 // a in fp32 (decoded, or packed into panels of up to 8 rows), one panel of up to 32 columns of b (or one
-// row of it), and, when the epilogue stores, the tile's fp32 sums. Core sizes every worker's scratch with
-// it; reference_gemm and the host executor's micro-kernels fit in it.
+// row of it), the running sums of 32 columns per row (rounded up to 8 rows), and, when the epilogue stores,
+// the tile's fp32 sums. Core sizes every worker's scratch with it; reference_gemm and the host executor's
+// micro-kernels fit in it.
 MOK_HD inline size_t gemm_scratch_floats(size_t rows, size_t cols, size_t depth, bool stores) {
-  return (rows + 40) * depth + (stores ? rows * cols : 0);
+  return (rows + 40) * depth + (rows + 8) * 32 + (stores ? rows * cols : 0);
 }
 
 // The contract's order, one element at a time. Reads every operand before it writes c, so c may not

@@ -25,17 +25,19 @@ namespace {
 
 using core::Dtype;
 using core::Operand;
+using detail::kDepthBlock;
 using detail::kMaxPanelCols;
 using detail::kPanelRows;
 
 using KernelFn = void (*)(int depth, const float* a, const float* b, float* c, int64_t ldc);
+using RangeFn = detail::ValueRange (*)(const float* v, size_t n);
 
 // A path's micro-kernels and the width of the b panels they read (their tile is 6 x cols): `fused` runs
 // where the panels' products are exact, as `range` reads them (null: the path has no FMA).
 struct Kernel {
   KernelFn run, fused;
   int cols;
-  detail::ValueRange (*range)(const float* v, size_t n);
+  RangeFn range;
 };
 
 // core's e4m3 and e8m0 decoders, tabulated once: a code's value is then one load, the same float.
@@ -121,13 +123,41 @@ __m128i load_row(const core::bf16_t* p, int n) {
   return _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), _mm_cvtsi32_si128(last));
 }
 
+// detail::value_range of bf16 words as they are decoded, 8 at a time with SSE2 (no second pass over the panel):
+// each word's exponent field stays in place (bits 7..14), a zero takes part in the maximum only. Every bf16 value
+// has 8 significant bits; a subnormal (exponent 0) or an Inf or NaN (exponent 255) clears `narrow`.
+struct Bf16Range {
+  __m128i lowest = _mm_set1_epi16(0x7f80), highest = _mm_setzero_si128();
+
+  void add(__m128i words) {
+    const __m128i field = _mm_set1_epi16(0x7f80);
+    __m128i exponent = _mm_and_si128(words, field);
+    __m128i zero = _mm_cmpeq_epi16(_mm_and_si128(words, _mm_set1_epi16(0x7fff)), _mm_setzero_si128());
+    lowest = _mm_min_epi16(lowest, _mm_or_si128(exponent, _mm_and_si128(zero, field)));
+    highest = _mm_max_epi16(highest, exponent);
+  }
+  void add(core::bf16_t word) { add(_mm_set1_epi16(static_cast<int16_t>(word))); }
+
+  detail::ValueRange range() const {
+    alignas(16) int16_t low[8], high[8];
+    _mm_store_si128(reinterpret_cast<__m128i*>(low), lowest);
+    _mm_store_si128(reinterpret_cast<__m128i*>(high), highest);
+    int min_field = 0x7f80, max_field = 0;
+    for (int lane = 0; lane < 8; ++lane) min_field = std::min<int>(min_field, low[lane]);
+    for (int lane = 0; lane < 8; ++lane) max_field = std::max<int>(max_field, high[lane]);
+    return detail::ValueRange{min_field >> 7, max_field >> 7, min_field >= 0x80 && max_field <= 0x7f00};
+  }
+};
+
 // n (6 or 8) rows x 8 k of a K-major bf16 operand (row i at d + i * rs) into panel[k * width + i]: an 8 x 8
-// transpose of 16-bit values in three rounds of unpacks, rows n .. 7 zero and never stored.
-void transpose_bf16_8k(const core::bf16_t* d, int64_t rs, int n, float* panel, int width) {
+// transpose of 16-bit values in three rounds of unpacks, rows n .. 7 zero and never stored; `range` (if any)
+// takes in the values.
+void transpose_bf16_8k(const core::bf16_t* d, int64_t rs, int n, float* panel, int width, Bf16Range* range) {
   __m128i t[8], u[8];
   for (int i = 0; i < 8; i += 2) {
     __m128i zero = _mm_setzero_si128();
     __m128i x = i < n ? load8(d + i * rs) : zero, y = i + 1 < n ? load8(d + (i + 1) * rs) : zero;
+    if (range != nullptr) range->add(x), range->add(y);
     t[i] = _mm_unpacklo_epi16(x, y);      // k 0..3 of rows i, i + 1, interleaved
     t[i + 1] = _mm_unpackhi_epi16(x, y);  // k 4..7
   }
@@ -144,33 +174,46 @@ void transpose_bf16_8k(const core::bf16_t* d, int64_t rs, int n, float* panel, i
 #endif
 
 // A full bf16 panel (n == width: 6 rows of a, or a multiple of 8 columns of b) stored K-major or MN-major,
-// with SSE2 (x86-64's baseline): the same values as the element loop. False when the panel is not one of those.
-bool decode_bf16_sse2(const core::bf16_t* d, int64_t rs, int64_t ds, int n, int depth, int width, float* panel) {
+// with SSE2 (x86-64's baseline): the same values as the element loop, and, when `range` is asked for, their
+// detail::value_range. False when the panel is not one of those.
+bool decode_bf16_sse2(const core::bf16_t* d, int64_t rs, int64_t ds, int n, int depth, int width, float* panel,
+                      detail::ValueRange* range) {
 #if defined(__x86_64__)
   int group = width == 6 ? 6 : 8;  // rows per load: an a panel's 6, or 8 of a b panel's columns
   if (n != width || width % group != 0 || (ds != 1 && rs != 1)) return false;
+  Bf16Range seen;
+  Bf16Range* track = range != nullptr ? &seen : nullptr;
   if (rs == 1) {  // MN-major: a k's rows are contiguous
     for (int k = 0; k < depth; ++k)
+      for (int i = 0; i < n; i += group) {
+        __m128i words = load_row(d + k * ds + i, group);  // a 6-row load's last two words are 0
+        if (track != nullptr) track->add(words);
+        store_bf16(panel + static_cast<int64_t>(k) * width + i, words, group);
+      }
+  } else {
+    int k = 0;
+    for (; k + 8 <= depth; k += 8)
       for (int i = 0; i < n; i += group)
-        store_bf16(panel + static_cast<int64_t>(k) * width + i, load_row(d + k * ds + i, group), group);
-    return true;
+        transpose_bf16_8k(d + i * rs + k, rs, group, panel + static_cast<int64_t>(k) * width + i, width, track);
+    for (; k < depth; ++k)
+      for (int i = 0; i < n; ++i) {
+        if (track != nullptr) track->add(d[i * rs + k]);
+        panel[static_cast<int64_t>(k) * width + i] = core::bf16_to_float(d[i * rs + k]);
+      }
   }
-  int k = 0;
-  for (; k + 8 <= depth; k += 8)
-    for (int i = 0; i < n; i += group)
-      transpose_bf16_8k(d + i * rs + k, rs, group, panel + static_cast<int64_t>(k) * width + i, width);
-  for (; k < depth; ++k)
-    for (int i = 0; i < n; ++i) panel[static_cast<int64_t>(k) * width + i] = core::bf16_to_float(d[i * rs + k]);
+  if (range != nullptr) *range = seen.range();
   return true;
 #else
-  (void)d, (void)rs, (void)ds, (void)n, (void)depth, (void)width, (void)panel;
+  (void)d, (void)rs, (void)ds, (void)n, (void)depth, (void)width, (void)panel, (void)range;
   return false;
 #endif
 }
 
 // Rows row0 .. row0 + n - 1 of o over `depth` as the GEMM reads them (core::load_operand_row's
-// values), into a [depth][width] panel.
-void decode_panel(const Operand& o, int row0, int n, int depth, int width, float* panel) {
+// values), into a [depth][width] panel; with `range`, their value range as `range` finds it.
+detail::ValueRange decode_panel(const Operand& o, int row0, int n, int depth, int width, float* panel, RangeFn range) {
+  detail::ValueRange seen;
+  bool found = false;
   int64_t rs = o.row_stride, ds = o.depth_stride;
   switch (o.dtype) {
     case Dtype::f32: {
@@ -180,8 +223,11 @@ void decode_panel(const Operand& o, int row0, int n, int depth, int width, float
     }
     case Dtype::bf16: {
       const core::bf16_t* d = static_cast<const core::bf16_t*>(o.data) + row0 * rs;
-      if (!decode_bf16_sse2(d, rs, ds, n, depth, width, panel))
+      found = range != nullptr && !o.quantize;  // the SSE2 decoder finds the values' range on the way
+      if (!decode_bf16_sse2(d, rs, ds, n, depth, width, panel, found ? &seen : nullptr)) {
+        found = false;
         fill_panel(n, depth, width, rs, ds, panel, [&](int, int, int64_t at) { return core::bf16_to_float(d[at]); });
+      }
       break;
     }
     case Dtype::e4m3: {
@@ -201,53 +247,75 @@ void decode_panel(const Operand& o, int row0, int n, int depth, int width, float
       break;
     }
   }
-  if (!o.quantize) return;
-  // The round trip along depth, blocks of 32 from the part's k = 0, on each row where it lies (stride width).
-  for (int r = 0; r < n; ++r)
-    for (int k = 0; k < depth; k += core::kMxBlock)
-      detail::mx_round_trip_block(panel + static_cast<int64_t>(k) * width + r, std::min(core::kMxBlock, depth - k),
-                                  width);
+  if (o.quantize)  // the round trip along depth, blocks of 32 from the part's k = 0, on each row (stride width)
+    for (int r = 0; r < n; ++r)
+      for (int k = 0; k < depth; k += core::kMxBlock)
+        detail::mx_round_trip_block(panel + static_cast<int64_t>(k) * width + r, std::min(core::kMxBlock, depth - k),
+                                    width);
+  if (range == nullptr || found) return seen;
+  return range(panel, static_cast<size_t>(depth) * width);
 }
 
-// Rows i0 .. i0 + n - 1 of every part's a, as panels of 6 rows, [depth][6] each, parts end to end in k.
-void pack_a(const core::Gemm& g, int i0, int n, int depth, float* packed) {
+detail::ValueRange merge(detail::ValueRange x, detail::ValueRange y) {
+  return detail::ValueRange{std::min(x.min_exponent, y.min_exponent), std::max(x.max_exponent, y.max_exponent),
+                            x.narrow && y.narrow};
+}
+
+// Rows i0 .. i0 + n - 1 of every part's a, as panels of 6 rows, [depth][6] each, parts end to end in k; their
+// value range when `range` is given.
+detail::ValueRange pack_a(const core::Gemm& g, int i0, int n, int depth, float* packed, RangeFn range) {
+  detail::ValueRange seen;
   for (int p = 0; p * kPanelRows < n; ++p) {
     float* panel = packed + static_cast<int64_t>(p) * kPanelRows * depth;
     int rows = std::min(kPanelRows, n - p * kPanelRows);
     for (int q = 0, k0 = 0; q < g.num_parts; k0 += g.parts[q].depth, ++q)
-      decode_panel(g.parts[q].a, i0 + p * kPanelRows, rows, g.parts[q].depth, kPanelRows, panel + k0 * kPanelRows);
+      seen = merge(seen, decode_panel(g.parts[q].a, i0 + p * kPanelRows, rows, g.parts[q].depth, kPanelRows,
+                                      panel + k0 * kPanelRows, range));
   }
+  return seen;
 }
 
-// Columns j0 .. j0 + n - 1 (n <= width) of every part's b as one [depth][width] panel.
-void pack_b(const core::Gemm& g, int j0, int n, int width, float* panel) {
+// Columns j0 .. j0 + n - 1 (n <= width) of every part's b as one [depth][width] panel, and its range likewise.
+detail::ValueRange pack_b(const core::Gemm& g, int j0, int n, int width, float* panel, RangeFn range) {
+  detail::ValueRange seen;
   for (int q = 0, k0 = 0; q < g.num_parts; k0 += g.parts[q].depth, ++q)
-    decode_panel(g.parts[q].b, j0, n, g.parts[q].depth, width, panel + k0 * width);
+    seen = merge(seen, decode_panel(g.parts[q].b, j0, n, g.parts[q].depth, width, panel + k0 * width, range));
+  return seen;
 }
 
-// One 6 x kernel.cols tile of c (nr x nc of it inside c): start, run the kernel over the whole depth, store.
-// A whole tile that accumulates runs in place in c; the others go through a local tile.
-void run_tile(const core::Gemm& g, int i0, int nr, int j0, int nc, int depth, const float* a, const float* b,
-              KernelFn run, int w) {
-  float* c32 = static_cast<float*>(g.c) + i0 * g.c_stride + j0;
-  if (g.epilogue == core::Epilogue::accumulate_f32 && nr == kPanelRows && nc == w) {
-    run(depth, a, b, c32, g.c_stride);
-    return;
+// Where a 6 x w tile of c (nr x nc of it inside c) keeps its running sums while the kernel walks the depth
+// block by block: c itself for a whole tile that accumulates, otherwise `sums` (6 x w, from 0 for a store,
+// from c's values for an accumulation), copied into c after the last block.
+struct TileSums {
+  const core::Gemm& g;
+  int i0, nr, j0, nc, w;
+  float* sums;
+
+  bool in_place() const { return g.epilogue == core::Epilogue::accumulate_f32 && nr == kPanelRows && nc == w; }
+  float* c32() const { return static_cast<float*>(g.c) + i0 * g.c_stride + j0; }
+  float* target() const { return in_place() ? c32() : sums; }
+  int64_t stride() const { return in_place() ? g.c_stride : w; }
+
+  void start() const {
+    if (in_place()) return;
+    std::memset(sums, 0, sizeof(float) * kPanelRows * w);
+    if (g.epilogue == core::Epilogue::accumulate_f32)
+      for (int r = 0; r < nr; ++r)
+        for (int j = 0; j < nc; ++j) sums[r * w + j] = c32()[r * g.c_stride + j];
   }
-  alignas(64) float tile[kPanelRows * kMaxPanelCols] = {};
-  if (g.epilogue == core::Epilogue::accumulate_f32) {
+
+  void finish() const {
+    if (in_place()) return;
+    if (g.epilogue == core::Epilogue::accumulate_f32) {
+      for (int r = 0; r < nr; ++r)
+        for (int j = 0; j < nc; ++j) c32()[r * g.c_stride + j] = sums[r * w + j];
+      return;
+    }
+    core::bf16_t* c16 = static_cast<core::bf16_t*>(g.c) + i0 * g.c_stride + j0;
     for (int r = 0; r < nr; ++r)
-      for (int j = 0; j < nc; ++j) tile[r * w + j] = c32[r * g.c_stride + j];
-    run(depth, a, b, tile, w);
-    for (int r = 0; r < nr; ++r)
-      for (int j = 0; j < nc; ++j) c32[r * g.c_stride + j] = tile[r * w + j];
-    return;
+      for (int j = 0; j < nc; ++j) c16[r * g.c_stride + j] = core::float_to_bf16(sums[r * w + j]);
   }
-  run(depth, a, b, tile, w);
-  core::bf16_t* c16 = static_cast<core::bf16_t*>(g.c) + i0 * g.c_stride + j0;
-  for (int r = 0; r < nr; ++r)
-    for (int j = 0; j < nc; ++j) c16[r * g.c_stride + j] = core::float_to_bf16(tile[r * w + j]);
-}
+};
 
 Kernel kernel_for(GemmIsa isa) {
 #if defined(__x86_64__)
@@ -270,7 +338,8 @@ Kernel kernel_for(GemmIsa isa) {
 size_t gemm_scratch_floats(int rows, int cols, int max_depth) {
   (void)cols;  // b is packed one panel (at most 32 columns, whichever kernel runs) at a time
   size_t row_panels = (static_cast<size_t>(rows) + kPanelRows - 1) / kPanelRows;
-  return (row_panels * kPanelRows + kMaxPanelCols) * static_cast<size_t>(max_depth);
+  size_t sums = max_depth > kDepthBlock ? row_panels * kPanelRows * kMaxPanelCols : 0;
+  return (row_panels * kPanelRows + kMaxPanelCols) * static_cast<size_t>(max_depth) + sums;
 }
 
 void gemm(const core::Gemm& g, float* scratch, size_t scratch_floats, GemmIsa isa) {
@@ -280,28 +349,40 @@ void gemm(const core::Gemm& g, float* scratch, size_t scratch_floats, GemmIsa is
   if (scratch_floats < gemm_scratch_floats(kPanelRows, g.cols, depth))
     misuse("scratch smaller than gemm_scratch_floats(6, cols, depth)");
   Kernel kernel = kernel_for(isa);
-  // The b panel first, then as many a panels as the scratch holds (all of them when sized for the tile).
+  // The b panel first, then as many a panels as the scratch holds (all of them when sized for the tile),
+  // each with room for its tile's running sums when the depth takes more than one block.
+  bool blocked = depth > kDepthBlock;
   size_t b_floats = static_cast<size_t>(kMaxPanelCols) * depth;
-  float *b = scratch, *a = scratch + b_floats;
+  size_t panel_floats = static_cast<size_t>(kPanelRows) * depth + (blocked ? kPanelRows * kMaxPanelCols : 0);
   int chunk = g.rows;
-  if (depth > 0) {
-    size_t panels = (scratch_floats - b_floats) / (static_cast<size_t>(kPanelRows) * depth);
-    chunk = static_cast<int>(std::min<size_t>(static_cast<size_t>(g.rows), panels * kPanelRows));
-  }
+  if (depth > 0)
+    chunk = static_cast<int>(
+        std::min<size_t>(static_cast<size_t>(g.rows), (scratch_floats - b_floats) / panel_floats * kPanelRows));
+  float *b = scratch, *a = scratch + b_floats;
+  float* sums = a + static_cast<size_t>(chunk + kPanelRows - 1) / kPanelRows * kPanelRows * depth;
+  alignas(64) float tile[kPanelRows * kMaxPanelCols];
   for (int i0 = 0; i0 < g.rows; i0 += chunk) {
-    int rows = std::min(chunk, g.rows - i0);
-    pack_a(g, i0, rows, depth, a);
-    size_t row_panels = (static_cast<size_t>(rows) + kPanelRows - 1) / kPanelRows;
-    detail::ValueRange a_range = kernel.fused ? kernel.range(a, row_panels * kPanelRows * depth) : detail::ValueRange{};
+    int rows = std::min(chunk, g.rows - i0), panels = (rows + kPanelRows - 1) / kPanelRows;
+    RangeFn range = kernel.fused ? kernel.range : nullptr;  // a path without FMA needs no range
+    detail::ValueRange a_range = pack_a(g, i0, rows, depth, a, range);
     for (int j0 = 0; j0 < g.cols; j0 += kernel.cols) {
       int cols = std::min(kernel.cols, g.cols - j0);
-      pack_b(g, j0, cols, kernel.cols, b);
-      bool exact =
-          kernel.fused && detail::products_exact(a_range, kernel.range(b, static_cast<size_t>(kernel.cols) * depth));
+      detail::ValueRange b_range = pack_b(g, j0, cols, kernel.cols, b, range);
+      bool exact = kernel.fused && detail::products_exact(a_range, b_range);
       KernelFn run = exact ? kernel.fused : kernel.run;
-      for (int p = 0; p * kPanelRows < rows; ++p)
-        run_tile(g, i0 + p * kPanelRows, std::min(kPanelRows, rows - p * kPanelRows), j0, cols, depth,
-                 a + static_cast<int64_t>(p) * kPanelRows * depth, b, run, kernel.cols);
+      // Block by block of depth, every a panel over the b panel's block while it is in L1; each element's
+      // sum still runs k = 0, 1, ... (a block continues from the sums the last one left).
+      for (int k0 = 0; k0 == 0 || k0 < depth; k0 += kDepthBlock) {
+        int block = std::min(kDepthBlock, depth - k0);
+        for (int p = 0; p < panels; ++p) {
+          TileSums t{g,    i0 + p * kPanelRows, std::min(kPanelRows, rows - p * kPanelRows),           j0,
+                     cols, kernel.cols,         blocked ? sums + p * kPanelRows * kMaxPanelCols : tile};
+          if (k0 == 0) t.start();
+          run(block, a + (static_cast<int64_t>(p) * depth + k0) * kPanelRows,
+              b + static_cast<int64_t>(k0) * kernel.cols, t.target(), t.stride());
+          if (k0 + block >= depth) t.finish();
+        }
+      }
     }
   }
 }
@@ -343,6 +424,16 @@ const char* gemm_isa_name(GemmIsa isa) {
 }
 
 namespace detail {
+
+#if defined(__x86_64__)
+ValueRange value_range_bf16(const core::bf16_t* v, size_t n) {
+  Bf16Range seen;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) seen.add(load8(v + i));
+  for (; i < n; ++i) seen.add(v[i]);
+  return seen.range();
+}
+#endif
 
 ValueRange value_range(const float* v, size_t n) {
   // Branch-free over the bits so the compiler vectorises it: zeros leave the minimum alone; a subnormal

@@ -43,6 +43,9 @@ namespace detail {
 
 constexpr int kPanelRows = 6;      // rows of a per micro-kernel tile
 constexpr int kMaxPanelCols = 32;  // columns of b per micro-kernel tile: 16 (scalar, AVX2) or 32 (AVX-512)
+// The depth a kernel call walks: a b panel's block of it (32 x 256 floats, 32 KiB) stays in L1 while every a
+// panel passes over it; a deeper GEMM keeps its tiles' running sums in scratch between blocks.
+constexpr int kDepthBlock = 256;
 
 // core::mx_round_trip_block's values, bit for bit, with bit operations and multiplications by powers of two in
 // place of frexpf / ldexpf / nearbyint per element (test_host_gemm compares the two).
@@ -58,6 +61,8 @@ struct ValueRange {
 ValueRange value_range(const float* v, size_t n);
 #if defined(__x86_64__)
 ValueRange value_range_avx2(const float* v, size_t n);  // the same, 8 values at a time
+// The same of n bf16 words, as the SSE2 bf16 decoder finds it while it decodes a panel.
+ValueRange value_range_bf16(const core::bf16_t* v, size_t n);
 #endif
 
 // True when every product of a value in `a` and a value in `b` is 0 or a normal fp32 with at most 16
