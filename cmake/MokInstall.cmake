@@ -13,8 +13,15 @@ set(MOK_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/mok)
 install(EXPORT mokTargets NAMESPACE mok:: DESTINATION ${MOK_CMAKE_DIR} COMPONENT dev)
 configure_package_config_file(cmake/mokConfig.cmake.in ${PROJECT_BINARY_DIR}/mokConfig.cmake
   INSTALL_DESTINATION ${MOK_CMAKE_DIR})
+# The same ABI as the SONAME: 0.x releases are compatible within their minor, later ones within their major.
+if(PROJECT_VERSION_MAJOR EQUAL 0)
+  set(_mok_compatibility SameMinorVersion)
+else()
+  set(_mok_compatibility SameMajorVersion)
+endif()
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/mokConfigVersion.cmake
-  COMPATIBILITY SameMajorVersion)
+  COMPATIBILITY ${_mok_compatibility})
+unset(_mok_compatibility)
 install(FILES ${PROJECT_BINARY_DIR}/mokConfig.cmake ${PROJECT_BINARY_DIR}/mokConfigVersion.cmake
   DESTINATION ${MOK_CMAKE_DIR} COMPONENT dev)
 
