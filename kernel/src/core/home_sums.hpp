@@ -8,61 +8,76 @@
 
 namespace mok::core {
 
-// The home sums run over blocks of kSumBlock elements of H (of kSumBlock slots for the router-weight
-// gradient): a block's running sums are independent, so they stay in registers or vectors and their adds
-// overlap, while each element still adds its terms in the contract's order.
+// The home sums run over blocks of N elements of H (of N slots for the router-weight gradient), N a
+// constant: a block's running sums are independent, so they stay in registers (vectors on the host) and
+// their adds overlap, while each element still adds its terms in the contract's order. Full blocks take
+// N = kSumBlock, the rest N = 1.
 constexpr int kSumBlock = 16;
 
-MOK_HD inline int block_size(int total, int first) {
-  return total - first < kSumBlock ? total - first : kSumBlock;
+// The shared term of elements [i0, i0 + N) of token t, or 0 without a shared expert.
+template <int N>
+MOK_HD void start_sums(const PassView& v, int64_t t, int i0, float* acc) {
+  int h = v.s.hidden;
+  for (int i = 0; i < N; ++i) acc[i] = v.s.shared_intermediate > 0 ? bf16_to_float(v.shared_out[t * h + i0 + i]) : 0.0f;
+}
+
+template <int N>
+MOK_HD void combine_forward_block(const PassView& v, int64_t t, int i0, const float* topk_weights, bf16_t* out) {
+  int h = v.s.hidden, k = v.s.top_k;
+  const int32_t* ids = peer_array<const int32_t>(v, v.s.rank, v.peer.topk_ids) + t * k;
+  const bf16_t* y = peer_array<const bf16_t>(v, v.s.rank, v.peer.y_slots) + t * k * h + i0;
+  float acc[N];
+  start_sums<N>(v, t, i0, acc);
+  for (int s = 0; s < k; ++s) {
+    if (ids[s] < 0) continue;
+    float w = topk_weights[t * k + s];
+    for (int i = 0; i < N; ++i) acc[i] = add_rn(acc[i], mul_rn(w, bf16_to_float(y[s * h + i])));
+  }
+  for (int i = 0; i < N; ++i) out[t * h + i0 + i] = float_to_bf16(acc[i]);
 }
 
 // out_t = bf16(s_t + sum_k w_k y_k), in fp32, shared term first, then k in order.
 MOK_HD inline void combine_forward_token(const PassView& v, int64_t t, const float* topk_weights, bf16_t* out) {
+  int i0 = 0;
+  for (; i0 + kSumBlock <= v.s.hidden; i0 += kSumBlock) combine_forward_block<kSumBlock>(v, t, i0, topk_weights, out);
+  for (; i0 < v.s.hidden; ++i0) combine_forward_block<1>(v, t, i0, topk_weights, out);
+}
+
+template <int N>
+MOK_HD void combine_dx_block(const PassView& v, int64_t t, int i0, bf16_t* dx) {
   int h = v.s.hidden, k = v.s.top_k;
   const int32_t* ids = peer_array<const int32_t>(v, v.s.rank, v.peer.topk_ids) + t * k;
-  const bf16_t* y = peer_array<const bf16_t>(v, v.s.rank, v.peer.y_slots) + t * k * h;
-  for (int i0 = 0; i0 < h; i0 += kSumBlock) {
-    int n = block_size(h, i0);
-    float acc[kSumBlock];
-    for (int i = 0; i < n; ++i)
-      acc[i] = v.s.shared_intermediate > 0 ? bf16_to_float(v.shared_out[t * h + i0 + i]) : 0.0f;
-    for (int s = 0; s < k; ++s) {
-      if (ids[s] < 0) continue;
-      float w = topk_weights[t * k + s];
-      for (int i = 0; i < n; ++i) acc[i] = add_rn(acc[i], mul_rn(w, bf16_to_float(y[s * h + i0 + i])));
-    }
-    for (int i = 0; i < n; ++i) out[t * h + i0 + i] = float_to_bf16(acc[i]);
+  const bf16_t* dxs = peer_array<const bf16_t>(v, v.s.rank, v.peer.dx_slots) + t * k * h + i0;
+  float acc[N];
+  start_sums<N>(v, t, i0, acc);
+  for (int s = 0; s < k; ++s)
+    if (ids[s] >= 0)
+      for (int i = 0; i < N; ++i) acc[i] = add_rn(acc[i], bf16_to_float(dxs[s * h + i]));
+  for (int i = 0; i < N; ++i) dx[t * h + i0 + i] = float_to_bf16(acc[i]);
+}
+
+// dw of slots [s0, s0 + N): each slot's dot runs over H in order, N chains of adds in flight.
+template <int N>
+MOK_HD void router_gradient_block(const PassView& v, int64_t t, int s0, const bf16_t* dout, float* dw) {
+  int h = v.s.hidden, k = v.s.top_k;
+  const int32_t* ids = peer_array<const int32_t>(v, v.s.rank, v.peer.topk_ids) + t * k;
+  const bf16_t* y = peer_array<const bf16_t>(v, v.s.rank, v.peer.y_slots) + (t * k + s0) * h;
+  float acc[N];
+  for (int s = 0; s < N; ++s) acc[s] = 0.0f;
+  for (int i = 0; i < h; ++i) {
+    float d = bf16_to_float(dout[t * h + i]);
+    for (int s = 0; s < N; ++s) acc[s] = add_rn(acc[s], mul_rn(d, bf16_to_float(y[s * h + i])));
   }
+  for (int s = 0; s < N; ++s) dw[t * k + s0 + s] = ids[s0 + s] >= 0 ? acc[s] : 0.0f;
 }
 
 // dx_t = bf16(dxs_t + sum_k dx_k) in k order; dw_k = <dOut_t, y_k> over H in fp32 (0 for a -1 route).
 MOK_HD inline void combine_backward_token(const PassView& v, int64_t t, const bf16_t* dout, bf16_t* dx, float* dw) {
-  int h = v.s.hidden, k = v.s.top_k;
-  const int32_t* ids = peer_array<const int32_t>(v, v.s.rank, v.peer.topk_ids) + t * k;
-  const bf16_t* y = peer_array<const bf16_t>(v, v.s.rank, v.peer.y_slots) + t * k * h;
-  const bf16_t* dxs = peer_array<const bf16_t>(v, v.s.rank, v.peer.dx_slots) + t * k * h;
-  for (int i0 = 0; i0 < h; i0 += kSumBlock) {
-    int n = block_size(h, i0);
-    float acc[kSumBlock];
-    for (int i = 0; i < n; ++i)
-      acc[i] = v.s.shared_intermediate > 0 ? bf16_to_float(v.shared_out[t * h + i0 + i]) : 0.0f;
-    for (int s = 0; s < k; ++s)
-      if (ids[s] >= 0)
-        for (int i = 0; i < n; ++i) acc[i] = add_rn(acc[i], bf16_to_float(dxs[s * h + i0 + i]));
-    for (int i = 0; i < n; ++i) dx[t * h + i0 + i] = float_to_bf16(acc[i]);
-  }
-  // Each slot's dot runs over H in order; kSumBlock slots at a time keep that many chains of adds in flight.
-  for (int s0 = 0; s0 < k; s0 += kSumBlock) {
-    int n = block_size(k, s0);
-    float acc[kSumBlock];
-    for (int s = 0; s < n; ++s) acc[s] = 0.0f;
-    for (int i = 0; i < h; ++i) {
-      float d = bf16_to_float(dout[t * h + i]);
-      for (int s = 0; s < n; ++s) acc[s] = add_rn(acc[s], mul_rn(d, bf16_to_float(y[(s0 + s) * h + i])));
-    }
-    for (int s = 0; s < n; ++s) dw[t * k + s0 + s] = ids[s0 + s] >= 0 ? acc[s] : 0.0f;
-  }
+  int i0 = 0, s0 = 0;
+  for (; i0 + kSumBlock <= v.s.hidden; i0 += kSumBlock) combine_dx_block<kSumBlock>(v, t, i0, dx);
+  for (; i0 < v.s.hidden; ++i0) combine_dx_block<1>(v, t, i0, dx);
+  for (; s0 + kSumBlock <= v.s.top_k; s0 += kSumBlock) router_gradient_block<kSumBlock>(v, t, s0, dout, dw);
+  for (; s0 < v.s.top_k; ++s0) router_gradient_block<1>(v, t, s0, dout, dw);
 }
 
 // Slot (t, k) as the combine read it: expert output y_k, zeros for a -1 route (nothing was pushed there).
