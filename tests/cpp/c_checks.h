@@ -3,7 +3,10 @@
 #ifndef MOK_TESTS_C_CHECKS_H
 #define MOK_TESTS_C_CHECKS_H
 
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "mok/mok.h"
 
@@ -19,6 +22,21 @@ static int failures = 0;
     }                                                         \
   } while (0)
 #define CHECK(cond) CHECK_MSG(cond, "%s", "")
+
+/* f's high half: a bf16 value (truncated; the tests need bf16 values, not a rounding rule). */
+static inline uint16_t bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof(u));
+  return (uint16_t)(u >> 16);
+}
+
+/* bytes (at least 64) 64-byte aligned, each one `fill`; NULL when out of memory. */
+static inline void* aligned_fill(size_t bytes, int fill) {
+  void* p = NULL;
+  if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
+  memset(p, fill, bytes ? bytes : 64);
+  return p;
+}
 
 static mokLayerConfig_t small_config(void) {
   mokLayerConfig_t c = MOK_LAYER_CONFIG_INIT;

@@ -4,6 +4,7 @@
  * Built as C so the values arrive exactly as a C caller stores them; under
  * -fsanitize=undefined,enum the library must not report an enum load either. Exit status: the
  * number of failed checks. */
+#define _POSIX_C_SOURCE 200112L /* posix_memalign (c_checks.h) */
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -39,17 +39,6 @@ static uint32_t next_random(void) {
 static float uniform(float a) { /* in [-a, a) */
   return a * ((float)next_random() / (float)(1 << 23) - 1.0f);
 }
-static uint16_t bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof(u));
-  return (uint16_t)(u >> 16);
-}
-static void* aligned(size_t bytes) {
-  void* p = NULL;
-  if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
-  memset(p, SENTINEL, bytes ? bytes : 64);
-  return p;
-}
 /* Every byte of p[0, n) still SENTINEL. */
 static int untouched(const void* p, size_t n) {
   const unsigned char* b = (const unsigned char*)p;
@@ -93,7 +82,7 @@ static mokLayerConfig_t config_of(int world, int rank) {
 }
 
 static uint16_t* bf16_array(size_t n, float a) {
-  uint16_t* p = (uint16_t*)aligned(n * 2);
+  uint16_t* p = (uint16_t*)aligned_fill(n * 2, SENTINEL);
   size_t i;
   for (i = 0; i < n; ++i) p[i] = bf16(uniform(a));
   return p;
@@ -119,7 +108,7 @@ static void make_peers(int world) {
   mokLayerSizes_t s = MOK_LAYER_SIZES_INIT;
   int q;
   CHECK(mokLayerGetSizes(&c, &s) == mokSuccess);
-  for (q = 0; q < world; ++q) peer_bases[q] = aligned(s.peer_bytes);
+  for (q = 0; q < world; ++q) peer_bases[q] = aligned_fill(s.peer_bytes, SENTINEL);
 }
 
 /* Rank `rank` of a `world`-rank group over peer_bases (heap), with its inputs drawn. */
@@ -135,7 +124,7 @@ static int make_rank(rank_t* r, int world, int rank) {
   if (mokLayerGetSizes(&c, &s) != mokSuccess) return 0;
   m.peer_bases = peer_bases;
   m.peer_bytes = s.peer_bytes;
-  m.workspace = r->workspace = aligned(s.workspace_bytes);
+  m.workspace = r->workspace = aligned_fill(s.workspace_bytes, SENTINEL);
   m.workspace_bytes = s.workspace_bytes;
   if (mokLayerCreate(&c, &m, &r->layer) != mokSuccess) {
     printf("rank %d: mokLayerCreate: %s\n", rank, mokGetLastError());
@@ -147,9 +136,10 @@ static int make_rank(rank_t* r, int world, int rank) {
     r->ids[i] = (int32_t)(next_random() % (uint32_t)(world * E)), r->topk_weights[i] = 0.05f + uniform(0.5f) + 0.5f;
   r->x = bf16_array(T * H, 1.0f), r->dout = bf16_array(T * H, 1.0f);
   r->gate = bf16_array(EIH, 0.25f), r->up = bf16_array(EIH, 0.25f), r->down = bf16_array(EIH, 0.35f);
-  r->out = (uint16_t*)aligned(T * H * 2), r->slots = (uint16_t*)aligned(T * K * H * 2);
-  r->dx = (uint16_t*)aligned(T * H * 2), r->dtopk_weights = (float*)aligned(T * K * 4);
-  r->dgate = (uint16_t*)aligned(EIH * 2), r->dup = (uint16_t*)aligned(EIH * 2), r->ddown = (uint16_t*)aligned(EIH * 2);
+  r->out = (uint16_t*)aligned_fill(T * H * 2, SENTINEL), r->slots = (uint16_t*)aligned_fill(T * K * H * 2, SENTINEL);
+  r->dx = (uint16_t*)aligned_fill(T * H * 2, SENTINEL), r->dtopk_weights = (float*)aligned_fill(T * K * 4, SENTINEL);
+  r->dgate = (uint16_t*)aligned_fill(EIH * 2, SENTINEL), r->dup = (uint16_t*)aligned_fill(EIH * 2, SENTINEL),
+  r->ddown = (uint16_t*)aligned_fill(EIH * 2, SENTINEL);
   w.gate = r->gate, w.up = r->up, w.down = r->down;
   g.dx = r->dx, g.dtopk_weights = r->dtopk_weights, g.dgate = r->dgate, g.dup = r->dup, g.ddown = r->ddown;
   r->weights = w, r->grads = g;
@@ -252,8 +242,8 @@ static void one_rank(void) {
 
   /* mokMxfp8Quantize runs on the host: a stream is refused before anything is written. */
   for (i = 0; i < 2 * 64; ++i) src[i] = uniform(4.0f);
-  rd = (uint8_t*)aligned(2 * 64), cd = (uint8_t*)aligned(2 * 64), rs = (uint8_t*)aligned(512),
-  cs = (uint8_t*)aligned(1024);
+  rd = (uint8_t*)aligned_fill(2 * 64, SENTINEL), cd = (uint8_t*)aligned_fill(2 * 64, SENTINEL),
+  rs = (uint8_t*)aligned_fill(512, SENTINEL), cs = (uint8_t*)aligned_fill(1024, SENTINEL);
   REFUSED(mokMxfp8Quantize(src, mokDataFloat32, 1, 2, 64, rd, rs, cd, cs, STREAM), "mokMxfp8Quantize");
   CHECK_MSG(untouched(rd, 128) && untouched(rs, 512) && untouched(cd, 128) && untouched(cs, 1024),
             "a refused mokMxfp8Quantize wrote");

@@ -68,17 +68,6 @@ static float uniform(void) { /* in [-1, 1) */
   rng = rng * 1664525u + 1013904223u;
   return (float)(rng >> 8) / (float)(1 << 23) - 1.0f;
 }
-static uint16_t bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof(u));
-  return (uint16_t)(u >> 16);
-}
-static void* aligned(size_t bytes) {
-  void* p = NULL;
-  if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
-  memset(p, 0, bytes ? bytes : 64);
-  return p;
-}
 
 enum { E = 2, H = 16, I = 8, K = 2, T = 4 };
 
@@ -136,8 +125,8 @@ static void memory_layouts(void) {
   mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
   NEWER(mokLayerMemory_t) newer;
   CHECK(mokLayerGetSizes(&c, &s) == mokSuccess);
-  peer = aligned(s.peer_bytes);
-  workspace = aligned(s.workspace_bytes);
+  peer = aligned_fill(s.peer_bytes, 0);
+  workspace = aligned_fill(s.workspace_bytes, 0);
   bases[0] = peer;
 
   CHECK(sizeof(memory_v0_t) < sizeof(mokLayerMemory_t));
@@ -200,9 +189,9 @@ static void pass_structs(void) {
   mokLayer_t layer = NULL;
   int i, j, n = E * I * H;
   CHECK(mokLayerGetSizes(&c, &s) == mokSuccess);
-  bases[0] = aligned(s.peer_bytes);
+  bases[0] = aligned_fill(s.peer_bytes, 0);
   m.peer_bases = bases;
-  m.workspace = aligned(s.workspace_bytes);
+  m.workspace = aligned_fill(s.workspace_bytes, 0);
   m.workspace_bytes = s.workspace_bytes;
   if (mokLayerCreate(&c, &m, &layer) != mokSuccess) {
     printf("mokLayerCreate: %s\n", mokGetLastError());
@@ -210,8 +199,8 @@ static void pass_structs(void) {
     return;
   }
   for (i = 0; i < 3; ++i) {
-    weight[i] = (uint16_t*)aligned(n * sizeof(uint16_t));
-    grad[i] = (uint16_t*)aligned(n * sizeof(uint16_t));
+    weight[i] = (uint16_t*)aligned_fill(n * sizeof(uint16_t), 0);
+    grad[i] = (uint16_t*)aligned_fill(n * sizeof(uint16_t), 0);
     for (j = 0; j < n; ++j) weight[i][j] = bf16(uniform());
   }
   for (i = 0; i < T * H; ++i) x[i] = bf16(uniform()), dout[i] = bf16(uniform());
