@@ -135,11 +135,11 @@ def _check_weight(w, name: str, ndim: int) -> None:
         raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(w.shape)}")
     if any(s == 0 for s in w.shape):
         raise ValueError(f"{name} must have no empty dim, got shape {tuple(w.shape)}")
-    if not w.is_contiguous():
-        # Checked where the weight is handed in: executors read it as one dense row-major array, and a copy made
-        # here would be a second tensor that an optimiser's in-place step on the caller's one never reaches.
-        raise ValueError(f"{name} must be contiguous (call .contiguous() on the slice or view), got shape "
-                         f"{tuple(w.shape)} strides {w.stride()}")
+    # Checked where the weight is handed in: executors read it as one dense row-major array, and a copy made here
+    # would be a second tensor that an optimiser's in-place step on the caller's one never reaches.
+    from mok.validate import check_layout  # here: validate imports this module
+
+    check_layout(w, name)
 
 
 def _check_shape(w: torch.Tensor, name: str, expected: tuple, rule: str) -> None:

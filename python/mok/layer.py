@@ -64,7 +64,8 @@ _FLAT_NAMES = ("gate", "up", "down", *(f"{p}.{form}.{kind}" for p in ("gate", "u
 
 def _check_before_op(x, topk_ids, topk_weights, routed, shared, config, group, swiglu_limit, backend) -> None:
     """What must hold before the arguments can become the op's (the op's implementation checks the rest): types,
-    and one device (the dispatcher would route a call with a meta tensor to the shape-only implementation).
+    dense weights, and one device (the dispatcher would route a call with a meta tensor to the shape-only
+    implementation).
     A failure still goes through the group's agreement step, so the other ranks raise too instead of waiting."""
     error = None
     try:
@@ -81,6 +82,8 @@ def _check_before_op(x, topk_ids, topk_weights, routed, shared, config, group, s
             for part, w in zip(_FLAT_NAMES, tensors, strict=False):
                 if w.device != x.device:
                     raise ValueError(f"{name}.{part} must be on x's device {x.device}, got {w.device}")
+                # The op rebuilds the containers from these tensors, and the containers reject a strided one.
+                validate.check_layout(w, f"{name}.{part}")
         if config is not None and not isinstance(config, MoKConfig):
             raise TypeError(f"config must be a MoKConfig or None, got {type(config).__name__}")
         if backend is not None and not isinstance(backend, str):

@@ -104,11 +104,13 @@ def test_non_contiguous_weights_rejected_when_wrapped(part):
     parts = {"gate": gate, "up": up, "down": down}
     full = torch.randn(8, *parts[part].shape[1:]).to(torch.bfloat16)
     parts[part] = full[::2]  # every other expert of a larger tensor: a strided slice
-    with pytest.raises(ValueError, match=f"{part} must be contiguous .*strides"):
+    with pytest.raises(ValueError, match=fr"^{part} must be contiguous \(call .contiguous\(\)\), got shape .* strides"):
         RoutedExperts(**parts)
     RoutedExperts(**{**parts, part: parts[part].contiguous()})  # the same values, dense: accepted
     with pytest.raises(ValueError, match="down must be contiguous"):
         SharedExpert(gate[0], up[0], down[0].t().contiguous().t())
+    with pytest.raises(ValueError, match=r"up must be contiguous .*dim 0 has stride 0: an expand\(\)ed view"):
+        RoutedExperts(gate, up[:1].expand(4, 16, 8), down)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
