@@ -25,7 +25,10 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-ROUTERS = ("softmax_topk", "topk_softmax", "sigmoid_topk")
+__all__ = ["ROUTERS", "Routing", "Router", "topk", "softmax_topk", "topk_softmax", "sigmoid_topk",
+           "load_balancing_loss", "router_z_loss"]
+
+ROUTERS = ("softmax_topk", "topk_softmax", "sigmoid_topk")  # Router's kinds, one per function below
 
 
 class Routing(NamedTuple):

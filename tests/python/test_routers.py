@@ -143,6 +143,17 @@ def test_ties_go_to_the_lower_expert_id(seed, route):
         assert got.ids[t].tolist() == want, f"token {t}: {logits[t].tolist()}"
 
 
+def test_routers_compile_to_the_same_routing(seed):
+    """torch.compile(fullgraph=True) of a router (the stable sort, the group mask) traces without a graph break
+    and gives the eager result (aot_eager, as test_compile.py: inductor's C++ build takes minutes here)."""
+    router = Router(32, 16, 4, kind="sigmoid_topk", correction_bias=True, n_group=4, topk_group=2, normalize=True,
+                    routed_scaling_factor=2.5)
+    router.e_score_correction_bias.copy_(torch.randn(16) * 0.3)
+    x = torch.randn(24, 32)
+    got, want = torch.compile(router, fullgraph=True, backend="aot_eager")(x), router(x)
+    assert torch.equal(got.ids, want.ids) and torch.equal(got.weights, want.weights)
+
+
 def test_ties_between_groups_go_to_the_lower_group(seed):
     logits = torch.zeros(8, 16)  # every group scores the same
     got = routers.sigmoid_topk(logits, 4, n_group=4, topk_group=1)
