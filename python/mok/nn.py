@@ -51,6 +51,9 @@ class MoE(nn.Module):
             raise ValueError(f"score must be one of {SCORES}, got {score!r}")
         if router is not None:
             _check_router(router, hidden, num_experts, topk)
+            if score != "softmax" or normalize_topk:
+                raise ValueError("score and normalize_topk describe the default router: with router=, set its kind "
+                                 "and normalize instead")
         self.topk, self.score, self.normalize_topk = topk, score, normalize_topk
         self.swiglu_limit, self.mxfp8 = swiglu_limit, mxfp8
         self.group, self.backend, self.config = group, backend, config

@@ -278,3 +278,5 @@ def test_moe_rejects_a_mismatched_router():
         mok.nn.MoE(32, 16, 8, 2, router=Router(32, 8, 3))
     with pytest.raises(TypeError, match="router must be a mok.routers.Router or None"):
         mok.nn.MoE(32, 16, 8, 2, router=torch.nn.Linear(32, 8))
+    with pytest.raises(ValueError, match="score and normalize_topk describe the default router"):
+        mok.nn.MoE(32, 16, 8, 2, normalize_topk=True, router=Router(32, 8, 2))
