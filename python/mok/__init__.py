@@ -1,13 +1,13 @@
 """mok: the Python face of libmok, a fused mixture-of-experts layer library.
 
 `mok.moe(...)` is the one call most users need; `mok.functional` exposes the pieces (config, workspace, schedule,
-forward, backward), `mok.nn.MoE` is a drop-in module, `mok.ops` holds the torch custom ops, `mok.reference` the
-exact math every executor is checked against, `mok.quant` the MXFP8 codec.
+forward, backward), `mok.nn.MoE` is a drop-in module, `mok.routers` holds its routers and losses, `mok.ops` the
+torch custom ops, `mok.reference` the exact math every executor is checked against, `mok.quant` the MXFP8 codec.
 """
 
 import os as _os
 
-from mok import functional, nn, ops, quant, reference  # noqa: F401
+from mok import functional, nn, ops, quant, reference, routers  # noqa: F401
 from mok.experts import RoutedExperts, RoutedExpertsMXFP8, SharedExpert  # noqa: F401
 from mok.functional import LOCAL, MoKConfig, clear_workspaces  # noqa: F401
 from mok.layer import moe  # noqa: F401

@@ -45,6 +45,7 @@ class RoutedExperts:
         _check_shape(self.up, "up", (e, i, h), "gate's [E_local, I, H]")
         _check_shape(self.down, "down", (e, h, i), "[E_local, H, I] with gate's E_local, I, H")
         _check_same_device(self)
+        _check_dense(self)
 
     @property
     def num_experts(self) -> int:
@@ -113,6 +114,7 @@ class SharedExpert:
         _check_shape(self.up, "up", (i, h), "gate's [I_s, H]")
         _check_shape(self.down, "down", (h, i), "[H, I_s] with gate's I_s, H")
         _check_same_device(self)
+        _check_dense(self)
 
     @property
     def hidden_size(self) -> int:
@@ -140,6 +142,16 @@ def _check_weight(w, name: str, ndim: int) -> None:
 def _check_shape(w: torch.Tensor, name: str, expected: tuple, rule: str) -> None:
     if tuple(w.shape) != expected:
         raise ValueError(f"{name} must have shape {expected} ({rule}), got {tuple(w.shape)}")
+
+
+def _check_dense(experts) -> None:
+    """Checked where the weights are handed in (after their shapes, which say more when both are wrong):
+    executors read each as one dense row-major array, and a copy made here would be a second tensor that an
+    optimiser's in-place step on the caller's one never reaches."""
+    from mok.validate import check_layout  # here: validate imports this module
+
+    for name in ("gate", "up", "down"):
+        check_layout(getattr(experts, name), name)
 
 
 def _check_same_device(experts) -> None:

@@ -12,6 +12,7 @@ executor (libmok's "host" executor through mok._mok, the GPU executors) plugs in
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import math
 import uuid
@@ -435,8 +436,10 @@ def forward(x, topk_ids, topk_weights, routed, shared=None, *, group=None, confi
     LOCAL unless torch.distributed is initialised with more than one rank, where it is an error).
     """
     def run(call):
-        return call.executor.forward(x, topk_ids, topk_weights, routed, shared, schedule=call.schedule,
-                                     workspace=call.workspace, swiglu_limit=swiglu_limit, need_context=need_context)
+        with no_autocast(x.device):
+            return call.executor.forward(x, topk_ids, topk_weights, routed, shared, schedule=call.schedule,
+                                         workspace=call.workspace, swiglu_limit=swiglu_limit,
+                                         need_context=need_context)
 
     call, (out, inner) = _run("forward", run, x, topk_ids, topk_weights, routed, shared, group, config, workspace,
                               schedule, backend, swiglu_limit)
@@ -449,9 +452,10 @@ def recompute_forward_context(x, topk_ids, topk_weights, routed, shared=None, *,
     """The context forward(need_context=True) would have returned, for a forward run with need_context=False
     (activation recompute). Same arguments as that forward; bitwise the same context."""
     def run(call):
-        return call.executor.recompute_forward_context(x, topk_ids, topk_weights, routed, shared,
-                                                       schedule=call.schedule, workspace=call.workspace,
-                                                       swiglu_limit=swiglu_limit, y_slots=y_slots)
+        with no_autocast(x.device):
+            return call.executor.recompute_forward_context(x, topk_ids, topk_weights, routed, shared,
+                                                           schedule=call.schedule, workspace=call.workspace,
+                                                           swiglu_limit=swiglu_limit, y_slots=y_slots)
 
     call, inner = _run("forward", run, x, topk_ids, topk_weights, routed, shared, group, config, workspace,
                        schedule, backend, swiglu_limit, y_slots)
@@ -481,11 +485,22 @@ def backward(ctx: ForwardContext, dout: torch.Tensor, *, main_grads: MainGrads |
     elif error is not None:
         _stop_peers(ctx.executor, ctx.workspace)
         _agree(ctx.group, ctx.world, timeout, error, {}, 0)
-    try:
-        return ctx.executor.backward(ctx.inner, dout, main_grads)
-    except GroupResync as resync:
-        _agree(ctx.group, ctx.world, timeout, resync.error, {}, 0)  # raises the reason on every rank
-        return ctx.executor.backward(ctx.inner, dout, main_grads)
+    with no_autocast(ctx.device):
+        try:
+            return ctx.executor.backward(ctx.inner, dout, main_grads)
+        except GroupResync as resync:
+            _agree(ctx.group, ctx.world, timeout, resync.error, {}, 0)  # raises the reason on every rank
+            return ctx.executor.backward(ctx.inner, dout, main_grads)
+
+
+def no_autocast(device: torch.device):
+    """Autocast off for device's type while an executor runs: its math has fixed rounding points
+    (docs/semantics.md), which an enclosing autocast region would otherwise lower to bf16 (the reference
+    executor's fp32 GEMMs; a backward run inside the caller's region inherits it too)."""
+    kind = device.type
+    if kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind):
+        return torch.autocast(kind, enabled=False)
+    return contextlib.nullcontext()
 
 
 @dataclass

@@ -12,6 +12,7 @@ from mok.experts import RoutedExperts, SharedExpert
 from mok.functional import MoKConfig
 from mok.layer import moe
 from mok.ops import quantize_routed
+from mok.routers import Router, Routing
 
 SCORES = ("softmax", "sigmoid")
 
@@ -21,8 +22,11 @@ class MoE(nn.Module):
 
     num_experts is the global count; each of the group's W ranks owns num_experts / W of them (rank r owns
     r * E_local ... (r + 1) * E_local - 1) and every rank passes its own tokens, any number of them.
-    Router: a bias-free fp32 linear layer, then `score` ("softmax" or "sigmoid") and top-k; with
-    normalize_topk the k weights are divided by their sum. Expert weights are bf16 parameters; with mxfp8=True
+    Router: `router`, a mok.routers.Router (any of its kinds: softmax top-k, softmax after top-k, DeepSeek-V3's
+    grouped sigmoid with correction bias and scaling, an optional router bias), or by default a bias-free fp32
+    one made from `score` ("softmax": kind softmax_topk, "sigmoid": kind sigmoid_topk) and normalize_topk (the k
+    weights divided by their sum). forward(x, output_router_logits=True) also returns the router logits for
+    mok.routers.load_balancing_loss / router_z_loss. Expert weights are bf16 parameters; with mxfp8=True
     the routed experts are quantised to MXFP8 on every forward and gradients reach the bf16 parameters.
     The router and the shared expert are replicas on every rank: initialise them identically (same seed, or a
     broadcast) and reduce their gradients over the group like any data-parallel weight.
@@ -31,7 +35,7 @@ class MoE(nn.Module):
     def __init__(self, hidden: int, intermediate: int, num_experts: int, topk: int, *,
                  shared_intermediate: int = 0, score: str = "softmax", normalize_topk: bool = False,
                  swiglu_limit: float | None = None, mxfp8: bool = False, group=None, backend: str | None = None,
-                 config: MoKConfig | None = None, device=None):
+                 config: MoKConfig | None = None, device=None, router: Router | None = None):
         super().__init__()
         _, world = group_rank_and_size(group)
         for name, value, low in (("hidden", hidden, 1), ("intermediate", intermediate, 1),
@@ -45,11 +49,19 @@ class MoE(nn.Module):
             raise ValueError(f"topk must be at most num_experts ({num_experts}), got {topk}")
         if score not in SCORES:
             raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+        if router is not None:
+            _check_router(router, hidden, num_experts, topk)
+            if score != "softmax" or normalize_topk:
+                raise ValueError("score and normalize_topk describe the default router: with router=, set its kind "
+                                 "and normalize instead")
         self.topk, self.score, self.normalize_topk = topk, score, normalize_topk
         self.swiglu_limit, self.mxfp8 = swiglu_limit, mxfp8
         self.group, self.backend, self.config = group, backend, config
         local = num_experts // world
-        self.router = nn.Linear(hidden, num_experts, bias=False, device=device, dtype=torch.float32)
+        if router is None:
+            kind = "softmax_topk" if score == "softmax" else "sigmoid_topk"
+            router = Router(hidden, num_experts, topk, kind=kind, normalize=normalize_topk, device=device)
+        self.router = router
         self.gate = _weight((local, intermediate, hidden), hidden, device)
         self.up = _weight((local, intermediate, hidden), hidden, device)
         self.down = _weight((local, hidden, intermediate), intermediate, device)
@@ -60,19 +72,16 @@ class MoE(nn.Module):
         else:
             self.shared_gate = self.shared_up = self.shared_down = None
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(topk_ids [T, K] int64, topk_weights [T, K] fp32) for tokens x [T, H]."""
-        logits = self.router(x.float())
-        scores = logits.softmax(-1) if self.score == "softmax" else logits.sigmoid()
-        weights, ids = scores.topk(self.topk, dim=-1)
-        if self.normalize_topk:
-            weights = weights / weights.sum(-1, keepdim=True)
-        return ids, weights
+    def route(self, x: torch.Tensor) -> Routing:
+        """The router's Routing (ids [T, K] int64, weights [T, K] fp32, logits and scores [T, E] fp32) for
+        tokens x [T, H]."""
+        return self.router(x)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., H] bf16 -> [..., H] bf16."""
+    def forward(self, x: torch.Tensor, output_router_logits: bool = False):
+        """x [..., H] bf16 (or fp32 under autocast to bf16: out comes back in x's dtype) -> out [..., H]; with
+        output_router_logits, (out, router logits [T, E] fp32) with T the tokens of x flattened."""
         tokens = x.reshape(-1, x.shape[-1])
-        ids, weights = self.route(tokens)
+        ids, weights, logits, _ = self.route(tokens)
         routed = RoutedExperts(self.gate, self.up, self.down)
         if self.mxfp8:
             routed = quantize_routed(routed)
@@ -81,7 +90,17 @@ class MoE(nn.Module):
             shared = SharedExpert(self.shared_gate, self.shared_up, self.shared_down)
         out = moe(tokens.contiguous(), ids, weights, routed, shared, group=self.group, config=self.config,
                   backend=self.backend, swiglu_limit=self.swiglu_limit)
-        return out.reshape(x.shape)
+        out = out.reshape(x.shape)
+        return (out, logits) if output_router_logits else out
+
+
+def _check_router(router, hidden: int, num_experts: int, topk: int) -> None:
+    if not isinstance(router, Router):
+        raise TypeError(f"router must be a mok.routers.Router or None, got {type(router).__name__}")
+    got = (router.weight.shape[1], router.num_experts, router.topk)
+    if got != (hidden, num_experts, topk):
+        raise ValueError(f"router must have the layer's (hidden, num_experts, topk) = {(hidden, num_experts, topk)}, "
+                         f"got {got}")
 
 
 def _weight(shape: tuple, fan_in: int, device) -> nn.Parameter:
