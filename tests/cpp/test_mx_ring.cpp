@@ -181,8 +181,8 @@ void run_case(int padding, int minibatch, int macrobatch, uint64_t salt) {
     for (double& d : v) d = ref::bf16(static_cast<double>(wk * static_cast<float>(d)));  // w·dout in fp32, bf16
     return v;
   };
-  bool ok = step(mokLayerBuildSchedule(layer, ids.data(), mokIndexInt32, kTokens), "schedule") &&
-            step(mokLayerForward(layer, &w, p.x[0].data(), p.topk_weights[0].data(), out.data()), "forward");
+  bool ok = step(mokLayerBuildSchedule(layer, ids.data(), mokIndexInt32, kTokens, nullptr), "schedule") &&
+            step(mokLayerForward(layer, &w, p.x[0].data(), p.topk_weights[0].data(), out.data(), nullptr), "forward");
   int64_t total = 0;
   for (int e = 0; e < kExperts; ++e)
     total = std::max<int64_t>(total, experts[2 * e + 1] + (experts[2 * e] + padding - 1) / padding * padding);
@@ -196,7 +196,7 @@ void run_case(int padding, int minibatch, int macrobatch, uint64_t salt) {
   }
   Bf16Grads g(p, 0);
   mokLayerGrads_t grads = g.grads();
-  ok = ok && step(mokLayerBackward(layer, &w, p.topk_weights[0].data(), p.dout[0].data(), &grads), "backward");
+  ok = ok && step(mokLayerBackward(layer, &w, p.topk_weights[0].data(), p.dout[0].data(), &grads, nullptr), "backward");
   if (ok) {
     for (auto [name, ring, value] : {std::tuple{"x (backward)", l.mx_x, std::function<ref::Vec(int64_t)>(x_of)},
                                      std::tuple{"dy", l.mx_dy, std::function<ref::Vec(int64_t)>(dy_of)}}) {
@@ -209,7 +209,7 @@ void run_case(int padding, int minibatch, int macrobatch, uint64_t salt) {
   // row): the same bits either way.
   Bf16Grads again(p, 0, 0x7fc0, -1.0f);
   grads = again.grads();
-  ok = ok && step(mokLayerBackward(layer, &w, p.topk_weights[0].data(), p.dout[0].data(), &grads), "backward again");
+  ok = ok && step(mokLayerBackward(layer, &w, p.topk_weights[0].data(), p.dout[0].data(), &grads, nullptr), "backward again");
   bool same = g.dx == again.dx && g.dgate == again.dgate && g.dup == again.dup && g.ddown == again.ddown &&
               std::memcmp(g.dw.data(), again.dw.data(), g.dw.size() * sizeof(float)) == 0;
   CHECK_MSG(!ok || same, "P %d, minibatch %d, M %d: a second backward gives other bits", padding, minibatch,
