@@ -22,7 +22,7 @@ using bf16_t = core::bf16_t;
 
 namespace {
 
-constexpr int kI = 96, kP = 64;  // 3 k blocks (1 of padding per scale tile row), 96 < 128 scale rows
+constexpr int kI = 96, kP = 64;       // 3 k blocks (1 of padding per scale tile row), 96 < 128 scale rows
 constexpr int kCounts[2] = {50, 77};  // tile 0: 50 rows; tiles 1, 2: 64 and 13 (tile 2 wraps onto slot 0)
 
 core::LayerShape shape() {
@@ -83,7 +83,8 @@ std::vector<uint16_t> draw(std::mt19937_64& rng) {
   std::vector<uint16_t> v(static_cast<size_t>(kP) * kI);
   for (int r = 0; r < kP; ++r) {
     int token = e(rng);
-    for (int c = 0; c < kI; ++c) v[static_cast<size_t>(r) * kI + c] = ref::bf16_bits(std::ldexp(u(rng), token + channel[c]));
+    for (int c = 0; c < kI; ++c)
+      v[static_cast<size_t>(r) * kI + c] = ref::bf16_bits(std::ldexp(u(rng), token + channel[c]));
   }
   return v;
 }

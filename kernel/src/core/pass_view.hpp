@@ -213,25 +213,36 @@ MOK_HD inline bf16_t* out_row(const PassView& v, int64_t row) {
 // row0 is a multiple of 32 (P % 32 == 0), so the rows lie in one tile and are one token block of it: the
 // blocks a GEMM that starts at the tile's first row reads. A zero row changes no block's scale and
 // decodes to 0, so the codes are those of the tile's real rows alone, and a GPU that reads whole blocks
-// reads zeros past them. `block` must not overlap the ring's rows.
-MOK_HD_NOINLINE void quantize_ring_block(const LayerShape& s, MxRing ring, int width, int64_t row0, const bf16_t* block,
-                                         bool tokens) {
-  int64_t at = row0 % s.macrobatch, stride = ring.stride;
-  MxScaleLayout rows = ring_row_scales(s, width), columns = ring_token_scales(s, width);
+// reads zeros past them. `block` must not overlap the ring's rows; without token_codes the rows only.
+// Scalars only (ring_row_scales(s, width) and ring_token_scales(s, width) from macrobatch and padding): a
+// struct passed to a call that is not inlined is copied onto a device thread's stack
+// (tests/library/test_library.py holds run_workers' stack).
+MOK_HD_NOINLINE void quantize_ring_block(int64_t macrobatch, int padding, int width, int64_t row0, const bf16_t* block,
+                                         uint8_t* codes, uint8_t* row_scales, uint8_t* token_codes,
+                                         uint8_t* token_scales, int64_t stride) {
+  int64_t at = row0 % macrobatch;
+  MxScaleLayout rows = MxScaleLayout::of(macrobatch, width), columns = MxScaleLayout::of(width, padding);
   for (int r = 0; r < kMxBlock; ++r)
-    mx_quantize_row(block + r * width, width, rows, at + r, ring.rows + (at + r) * stride, ring.row_scales);
-  if (!tokens) return;
-  uint8_t* scales = ring.token_scales + (at / s.expert_padding) * columns.matrix_bytes();
-  int64_t k_block = (at % s.expert_padding) / kMxBlock;
+    mx_quantize_row(block + r * width, width, rows, at + r, codes + (at + r) * stride, row_scales);
+  if (!token_codes) return;
+  uint8_t* scales = token_scales + (at / padding) * columns.matrix_bytes();
+  int64_t k_block = (at % padding) / kMxBlock;
   for (int c = 0; c < width; ++c)
     scales[columns.offset(c, k_block)] =
-        mx_quantize_block(block + c, kMxBlock, width, ring.tokens + at * stride + c, stride);
-  if (at % s.expert_padding != 0) return;
+        mx_quantize_block(block + c, kMxBlock, width, token_codes + at * stride + c, stride);
+  if (at % padding != 0) return;
   // The slot's first block also writes the padding scales the MMA reads: k blocks past P / 32, rows past
   // the width.
   for (int c = 0; c < width; ++c)
     for (int64_t b = columns.k_blocks; b < columns.padded_k_blocks(); ++b) scales[columns.offset(c, b)] = kMxPadScale;
   mx_fill_pad_rows(columns, scales);
+}
+
+// The same from a ring's view: `tokens` chooses whether the token direction is written too.
+MOK_HD inline void quantize_ring_block(const LayerShape& s, const MxRing& ring, int width, int64_t row0,
+                                       const bf16_t* block, bool tokens) {
+  quantize_ring_block(s.macrobatch, s.expert_padding, width, row0, block, ring.rows, ring.row_scales,
+                      tokens ? ring.tokens : nullptr, ring.token_scales, ring.stride);
 }
 
 MOK_HD inline Failure wait_local(const PassView& v, uint32_t* counter, uint32_t target, WaitId what) {
