@@ -159,18 +159,17 @@ MOK_HD inline Failure run_swiglu(const PassView& v, const TileInfo& t, bf16_t* s
   Failure f = wait_stage(v, t, TaskKind::swiglu);
   if (!f.ok()) return f;
   int in = v.s.intermediate;
+  bool mx = v.s.mxfp8 != 0;
   Swiglu sw{v.s.swiglu_limit, v.sigmoid_table};
-  if (!v.s.mxfp8) {
-    for (int64_t j = t.row0; j < t.row0 + t.rows; ++j)
-      swiglu_row(sw, ring_row(v, v.ring_g, j, in), ring_row(v, v.ring_u, j, in), in, ring_row(v, v.ring_h, j, in));
-  } else {
-    for (int64_t b = t.row0; b < t.row0 + v.s.expert_padding; b += kMxBlock) {
-      int n = block_rows(t, b);
-      for (int r = 0; r < n; ++r)
-        swiglu_row(sw, ring_row(v, v.ring_g, b + r, in), ring_row(v, v.ring_u, b + r, in), in, staging + r * in);
-      zero_rows(staging + n * in, static_cast<int64_t>(kMxBlock - n) * in);
-      quantize_ring_block(v.s, v.mx_h, in, b, staging, false);
-    }
+  // One loop for both modes (one call site of the row function): bf16 rows go straight to the ring.
+  for (int64_t b = t.row0; b < t.row0 + (mx ? v.s.expert_padding : t.rows); b += kMxBlock) {
+    int n = block_rows(t, b);
+    for (int r = 0; r < n; ++r)
+      swiglu_row(sw, ring_row(v, v.ring_g, b + r, in), ring_row(v, v.ring_u, b + r, in), in,
+                 mx ? staging + r * in : ring_row(v, v.ring_h, b + r, in));
+    if (!mx) continue;
+    zero_rows(staging + n * in, static_cast<int64_t>(kMxBlock - n) * in);
+    quantize_ring_block(v.s, v.mx_h, in, b, staging, false);
   }
   finish_stage(v, t, TaskKind::swiglu);
   return kNoFailure;
@@ -211,30 +210,31 @@ MOK_HD inline Failure run_swiglu_bwd(const PassView& v, const TileInfo& t, bf16_
   Failure f = wait_stage(v, t, TaskKind::swiglu_bwd);
   if (!f.ok()) return f;
   int in = v.s.intermediate;
+  bool mx = v.s.mxfp8 != 0;
   Swiglu sw{v.s.swiglu_limit, v.sigmoid_table};
-  if (!v.s.mxfp8) {
-    for (int64_t j = t.row0; j < t.row0 + t.rows; ++j)
-      swiglu_backward_row(sw, ring_row(v, v.ring_g, j, in), ring_row(v, v.ring_u, j, in), ring_row(v, v.ring_h, j, in),
-                          in);
-  } else {
-    int64_t block = static_cast<int64_t>(kMxBlock) * in;
-    bf16_t *dg = staging, *du = staging + block, *hd = staging + 2 * block;
-    for (int64_t b = t.row0; b < t.row0 + v.s.expert_padding; b += kMxBlock) {
-      int n = block_rows(t, b);
-      for (int r = 0; r < n; ++r) {
-        copy_row(ring_row(v, v.ring_g, b + r, in), in, dg + r * in);
-        copy_row(ring_row(v, v.ring_u, b + r, in), in, du + r * in);
-        copy_row(ring_row(v, v.ring_h, b + r, in), in, hd + r * in);
-        swiglu_backward_row(sw, dg + r * in, du + r * in, hd + r * in, in);
+  int64_t block = static_cast<int64_t>(kMxBlock) * in;
+  bf16_t *dg = staging, *du = staging + block, *hd = staging + 2 * block;
+  for (int64_t b = t.row0; b < t.row0 + (mx ? v.s.expert_padding : t.rows); b += kMxBlock) {
+    int n = block_rows(t, b);
+    for (int r = 0; r < n; ++r) {
+      bf16_t *g = ring_row(v, v.ring_g, b + r, in), *u = ring_row(v, v.ring_u, b + r, in),
+             *h = ring_row(v, v.ring_h, b + r, in);
+      if (mx) {  // in place on the staged copies: the ring's bytes become the codes below
+        copy_row(g, in, dg + r * in);
+        copy_row(u, in, du + r * in);
+        copy_row(h, in, hd + r * in);
+        g = dg + r * in, u = du + r * in, h = hd + r * in;
       }
-      int64_t pad = static_cast<int64_t>(kMxBlock - n) * in;
-      zero_rows(dg + n * in, pad);
-      zero_rows(du + n * in, pad);
-      zero_rows(hd + n * in, pad);
-      quantize_ring_block(v.s, v.mx_g, in, b, dg, true);
-      quantize_ring_block(v.s, v.mx_u, in, b, du, true);
-      quantize_ring_block(v.s, v.mx_h, in, b, hd, true);
+      swiglu_backward_row(sw, g, u, h, in);
     }
+    if (!mx) continue;
+    int64_t pad = static_cast<int64_t>(kMxBlock - n) * in;
+    zero_rows(dg + n * in, pad);
+    zero_rows(du + n * in, pad);
+    zero_rows(hd + n * in, pad);
+    quantize_ring_block(v.s, v.mx_g, in, b, dg, true);
+    quantize_ring_block(v.s, v.mx_u, in, b, du, true);
+    quantize_ring_block(v.s, v.mx_h, in, b, hd, true);
   }
   finish_stage(v, t, TaskKind::swiglu_bwd);
   return kNoFailure;
