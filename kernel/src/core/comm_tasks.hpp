@@ -50,29 +50,6 @@ MOK_HD inline void pull_rows(const PassView& v, int64_t lo, int64_t hi, bf16_t* 
 
 // ---- MXFP8 mode: x and dy quantised as they arrive -----------------------------------------------
 
-// Ring rows [row0, row0 + 32) of an MXFP8 ring from their bf16 values (`block`, [32, H]; a padding row
-// all zeros), in both orientations a GEMM reads: each row along H (gate_up, dgrad_h), and each column's
-// 32 values along the tokens (the weight gradients). row0 is a multiple of 32 (P % 32 == 0), so the rows
-// lie in one tile and are one token block of it: the blocks a GEMM that starts at the tile's first row
-// reads. A zero row changes no block's scale and decodes to 0, so the codes are those of the tile's
-// routed rows alone, and a GPU that reads whole blocks reads zeros past them.
-MOK_HD_NOINLINE void quantize_ring_block(const LayerShape& s, MxRing ring, int64_t row0, const bf16_t* block) {
-  int h = s.hidden;
-  int64_t at = row0 % s.macrobatch;
-  MxScaleLayout rows = ring_row_scales(s), tokens = ring_token_scales(s);
-  for (int r = 0; r < kMxBlock; ++r)
-    mx_quantize_row(block + r * h, h, rows, at + r, ring.rows + (at + r) * h, ring.row_scales);
-  uint8_t* scales = ring.token_scales + (at / s.expert_padding) * tokens.matrix_bytes();
-  int64_t k_block = (at % s.expert_padding) / kMxBlock;
-  for (int c = 0; c < h; ++c)
-    scales[tokens.offset(c, k_block)] = mx_quantize_block(block + c, kMxBlock, h, ring.tokens + at * h + c, h);
-  if (at % s.expert_padding != 0) return;
-  // The slot's first block also writes the padding scales the MMA reads: k blocks past P / 32, rows past H.
-  for (int c = 0; c < h; ++c)
-    for (int64_t b = tokens.k_blocks; b < tokens.padded_k_blocks(); ++b) scales[tokens.offset(c, b)] = kMxPadScale;
-  mx_fill_pad_rows(tokens, scales);
-}
-
 // Rows [lo, hi) (whole 32-row blocks) pulled a block at a time into the worker's `staging` (2 x [32, H]
 // bf16: x and dy) and quantised from there into mx_x and mx_dy: the bf16 values never reach the ring.
 MOK_HD inline void pull_quantized(const PassView& v, int64_t lo, int64_t hi, bf16_t* staging) {
@@ -84,8 +61,8 @@ MOK_HD inline void pull_quantized(const PassView& v, int64_t lo, int64_t hi, bf1
       if (v.sched.rows[b + r].rank < 0)
         for (int c = 0; c < h; ++c) xs[r * h + c] = dys[r * h + c] = 0;
     pull_rows(v, b, b + kMxBlock, staging);
-    if (pull_x) quantize_ring_block(v.s, v.mx_x, b, xs);
-    if (backward) quantize_ring_block(v.s, v.mx_dy, b, dys);
+    if (pull_x) quantize_ring_block(v.s, v.mx_x, h, b, xs, true);
+    if (backward) quantize_ring_block(v.s, v.mx_dy, h, b, dys, true);
   }
 }
 

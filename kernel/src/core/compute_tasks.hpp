@@ -53,36 +53,26 @@ MOK_HD inline Operand from_row(Operand o, int64_t first) {
   return o;
 }
 
-// Ring rows [row0, row0 + rows) of width `width` as a GEMM's a: K-major along the row, quantised along
-// it in MXFP8 mode (g, u, h: their bf16 values are SwiGLU's too).
-MOK_HD inline Operand ring_rows(const PassView& v, bf16_t* ring, int64_t row0, int width) {
-  return bf16_operand(ring_row(v, ring, row0, width), width, 1, v.s.mxfp8 != 0);
+// Ring rows from row0 on (width H for x, dy; I for h, dg, du) as a GEMM's a, K-major along the row:
+// the bf16 ring, or in MXFP8 mode the e4m3 codes quantised along the row with the ring's
+// [macrobatch, width] scales, from ring row row0 on (dispatch or a SwiGLU stage wrote them).
+MOK_HD inline Operand ring_rows(const PassView& v, bf16_t* ring, const MxRing& mx, int64_t row0, int width) {
+  if (!v.s.mxfp8) return bf16_operand(ring_row(v, ring, row0, width), width, 1, false);
+  Operand o = e4m3_operand(mx.rows, mx.stride, mx.row_scales, ring_row_scales(v.s, width));
+  return from_row(o, row0 % v.s.macrobatch);
 }
 
-// The same rows read down their columns (rows of the operand = the ring's columns, depth = tokens): a
-// weight gradient's operand, quantised along the tokens in MXFP8 mode.
-MOK_HD inline Operand ring_columns(const PassView& v, bf16_t* ring, int64_t row0, int width) {
-  return bf16_operand(ring_row(v, ring, row0, width), 1, width, v.s.mxfp8 != 0);
-}
-
-// x or dy rows from row0 on (width H) as a GEMM's a: the bf16 ring, or in MXFP8 mode the e4m3 codes
-// quantised along H with the ring's [macrobatch, H] scales, from ring row row0 on.
-MOK_HD inline Operand input_rows(const PassView& v, bf16_t* ring, const MxRing& mx, int64_t row0) {
-  if (!v.s.mxfp8) return ring_rows(v, ring, row0, v.s.hidden);
-  return from_row(e4m3_operand(mx.rows, v.s.hidden, mx.row_scales, ring_row_scales(v.s)), row0 % v.s.macrobatch);
-}
-
-// x or dy rows of the tile that starts at row0 read down their columns (a weight gradient's operand over
-// the tile's rows): the bf16 ring, or in MXFP8 mode the codes quantised along the tokens, MN-major
-// (code (i, k) at (row0 + k) * H + i), with the tile slot's [H, P] scales.
-MOK_HD inline Operand input_columns(const PassView& v, bf16_t* ring, const MxRing& mx, int64_t row0) {
-  int h = v.s.hidden;
-  if (!v.s.mxfp8) return ring_columns(v, ring, row0, h);
+// The rows of the tile that starts at row0 read down their columns (rows of the operand = the ring's
+// columns, depth = tokens): a weight gradient's operand over the tile's rows. The bf16 ring, or in MXFP8
+// mode the codes quantised along the tokens, MN-major (code (i, k) at tokens + (row0 + k) * stride + i),
+// with the tile slot's [width, P] scales.
+MOK_HD inline Operand ring_columns(const PassView& v, bf16_t* ring, const MxRing& mx, int64_t row0, int width) {
+  if (!v.s.mxfp8) return bf16_operand(ring_row(v, ring, row0, width), 1, width, false);
   int64_t at = row0 % v.s.macrobatch;
-  MxScaleLayout layout = ring_token_scales(v.s);
-  Operand o =
-      e4m3_operand(mx.tokens + at * h, 1, mx.token_scales + at / v.s.expert_padding * layout.matrix_bytes(), layout);
-  o.depth_stride = h;
+  MxScaleLayout layout = ring_token_scales(v.s, width);
+  Operand o = e4m3_operand(mx.tokens + at * mx.stride, 1,
+                           mx.token_scales + at / v.s.expert_padding * layout.matrix_bytes(), layout);
+  o.depth_stride = mx.stride;
   return o;
 }
 
@@ -145,7 +135,7 @@ MOK_HD Failure run_gate_up(const PassView& v, const TileInfo& t, Ops& ops) {
   Failure f = wait_stage(v, t, TaskKind::gate_up);
   if (!f.ok()) return f;
   int h = v.s.hidden, in = v.s.intermediate;
-  Operand x = input_rows(v, v.ring_x, v.mx_x, t.row0);
+  Operand x = ring_rows(v, v.ring_x, v.mx_x, t.row0, h);
   Operand gate = from_row(weight_rows(v, v.w.gate, v.w.gate_rowwise, t.expert, in, h), t.col0);
   Operand up = from_row(weight_rows(v, v.w.up, v.w.up_rowwise, t.expert, in, h), t.col0);
   ops.gemm(gemm_one(t.rows, t.cols, x, gate, h, ring_row(v, v.ring_g, t.row0, in) + t.col0, in, Epilogue::store_bf16));
@@ -154,13 +144,33 @@ MOK_HD Failure run_gate_up(const PassView& v, const TileInfo& t, Ops& ops) {
   return kNoFailure;
 }
 
-MOK_HD inline Failure run_swiglu(const PassView& v, const TileInfo& t) {
+// Real rows of the tile's 32-row block from ring row b. In MXFP8 mode the SwiGLU stages write every block
+// of the tile's P rows, as dispatch does for x and dy: a block past the real rows all zeros, so a GPU
+// that reads whole scale tiles meets no stale (possibly NaN) scale of an earlier tile in the slot.
+MOK_HD inline int block_rows(const TileInfo& t, int64_t b) {
+  int64_t n = t.row0 + t.rows - b;
+  return n < 0 ? 0 : (n < kMxBlock ? static_cast<int>(n) : kMxBlock);
+}
+
+// h = SwiGLU(g, u) over the tile's rows. In MXFP8 mode h is only read by down, quantised along I: each
+// 32-row block is computed into `staging` (the worker's, mx_swiglu_staging_values bf16) and written as
+// its rowwise codes and scales into mx_h (ring_h's bytes); its bf16 values never reach the ring.
+MOK_HD inline Failure run_swiglu(const PassView& v, const TileInfo& t, bf16_t* staging) {
   Failure f = wait_stage(v, t, TaskKind::swiglu);
   if (!f.ok()) return f;
   int in = v.s.intermediate;
+  bool mx = v.s.mxfp8 != 0;
   Swiglu sw{v.s.swiglu_limit, v.sigmoid_table};
-  for (int64_t j = t.row0; j < t.row0 + t.rows; ++j)
-    swiglu_row(sw, ring_row(v, v.ring_g, j, in), ring_row(v, v.ring_u, j, in), in, ring_row(v, v.ring_h, j, in));
+  // One loop for both modes (one call site of the row function): bf16 rows go straight to the ring.
+  for (int64_t b = t.row0; b < t.row0 + (mx ? v.s.expert_padding : t.rows); b += kMxBlock) {
+    int n = block_rows(t, b);
+    for (int r = 0; r < n; ++r)
+      swiglu_row(sw, ring_row(v, v.ring_g, b + r, in), ring_row(v, v.ring_u, b + r, in), in,
+                 mx ? staging + r * in : ring_row(v, v.ring_h, b + r, in));
+    if (!mx) continue;
+    zero_rows(staging + n * in, static_cast<int64_t>(kMxBlock - n) * in);
+    quantize_ring_block(v.s, v.mx_h, in, b, staging, false);
+  }
   finish_stage(v, t, TaskKind::swiglu);
   return kNoFailure;
 }
@@ -173,8 +183,8 @@ MOK_HD Failure run_down(const PassView& v, const TileInfo& t, Ops& ops) {
   if (!f.ok()) return f;
   int h = v.s.hidden, in = v.s.intermediate;
   Operand down = from_row(weight_rows(v, v.w.down, v.w.down_rowwise, t.expert, h, in), t.col0);
-  ops.gemm(gemm_one(t.rows, t.cols, ring_rows(v, v.ring_h, t.row0, in), down, in, out_row(v, t.row0) + t.col0, h,
-                    Epilogue::store_bf16));
+  ops.gemm(gemm_one(t.rows, t.cols, ring_rows(v, v.ring_h, v.mx_h, t.row0, in), down, in, out_row(v, t.row0) + t.col0,
+                    h, Epilogue::store_bf16));
   finish_stage(v, t, TaskKind::down);
   return kNoFailure;
 }
@@ -186,20 +196,46 @@ MOK_HD Failure run_dgrad_h(const PassView& v, const TileInfo& t, Ops& ops) {
   if (!f.ok()) return f;
   int h = v.s.hidden, in = v.s.intermediate;
   Operand down = from_row(weight_columns(v, v.w.down, v.w.down_colwise, t.expert, in, h), t.col0);
-  ops.gemm(gemm_one(t.rows, t.cols, input_rows(v, v.ring_dy, v.mx_dy, t.row0), down, h,
+  ops.gemm(gemm_one(t.rows, t.cols, ring_rows(v, v.ring_dy, v.mx_dy, t.row0, h), down, h,
                     ring_row(v, v.ring_h, t.row0, in) + t.col0, in, Epilogue::store_bf16));
   finish_stage(v, t, TaskKind::dgrad_h);
   return kNoFailure;
 }
 
-MOK_HD inline Failure run_swiglu_bwd(const PassView& v, const TileInfo& t) {
+// g, u, dh become dg, du and h over the tile's rows. In MXFP8 mode they are only read by dgrad_x (dg,
+// du along I) and the weight gradients (dg, du, h along the tokens): each 32-row block's g, u, dh are
+// copied into `staging` (the worker's, mx_swiglu_staging_values bf16), become dg, du, h there, and are
+// written in both orientations into mx_g, mx_u, mx_h, whose codes fill exactly the block's bf16 bytes.
+MOK_HD inline Failure run_swiglu_bwd(const PassView& v, const TileInfo& t, bf16_t* staging) {
   Failure f = wait_stage(v, t, TaskKind::swiglu_bwd);
   if (!f.ok()) return f;
   int in = v.s.intermediate;
+  bool mx = v.s.mxfp8 != 0;
   Swiglu sw{v.s.swiglu_limit, v.sigmoid_table};
-  for (int64_t j = t.row0; j < t.row0 + t.rows; ++j)
-    swiglu_backward_row(sw, ring_row(v, v.ring_g, j, in), ring_row(v, v.ring_u, j, in), ring_row(v, v.ring_h, j, in),
-                        in);
+  int64_t block = static_cast<int64_t>(kMxBlock) * in;
+  bf16_t *dg = staging, *du = staging + block, *hd = staging + 2 * block;
+  for (int64_t b = t.row0; b < t.row0 + (mx ? v.s.expert_padding : t.rows); b += kMxBlock) {
+    int n = block_rows(t, b);
+    for (int r = 0; r < n; ++r) {
+      bf16_t *g = ring_row(v, v.ring_g, b + r, in), *u = ring_row(v, v.ring_u, b + r, in),
+             *h = ring_row(v, v.ring_h, b + r, in);
+      if (mx) {  // in place on the staged copies: the ring's bytes become the codes below
+        copy_row(g, in, dg + r * in);
+        copy_row(u, in, du + r * in);
+        copy_row(h, in, hd + r * in);
+        g = dg + r * in, u = du + r * in, h = hd + r * in;
+      }
+      swiglu_backward_row(sw, g, u, h, in);
+    }
+    if (!mx) continue;
+    int64_t pad = static_cast<int64_t>(kMxBlock - n) * in;
+    zero_rows(dg + n * in, pad);
+    zero_rows(du + n * in, pad);
+    zero_rows(hd + n * in, pad);
+    quantize_ring_block(v.s, v.mx_g, in, b, dg, true);
+    quantize_ring_block(v.s, v.mx_u, in, b, du, true);
+    quantize_ring_block(v.s, v.mx_h, in, b, hd, true);
+  }
   finish_stage(v, t, TaskKind::swiglu_bwd);
   return kNoFailure;
 }
@@ -213,7 +249,8 @@ MOK_HD Failure run_dgrad_x(const PassView& v, const TileInfo& t, Ops& ops) {
   int h = v.s.hidden, in = v.s.intermediate;
   Operand gate = from_row(weight_columns(v, v.w.gate, v.w.gate_colwise, t.expert, h, in), t.col0);
   Operand up = from_row(weight_columns(v, v.w.up, v.w.up_colwise, t.expert, h, in), t.col0);
-  GemmPart dgate{ring_rows(v, v.ring_g, t.row0, in), gate, in}, dup{ring_rows(v, v.ring_u, t.row0, in), up, in};
+  GemmPart dgate{ring_rows(v, v.ring_g, v.mx_g, t.row0, in), gate, in},
+      dup{ring_rows(v, v.ring_u, v.mx_u, t.row0, in), up, in};
   ops.gemm(gemm_two(t.rows, t.cols, dgate, dup, out_row(v, t.row0) + t.col0, h));
   finish_stage(v, t, TaskKind::dgrad_x);
   return kNoFailure;
@@ -240,16 +277,18 @@ MOK_HD inline WgradBlock wgrad_block(const LayerShape& s, int task) {
 // Tile t's rows added to the block's sums, in row order: dW_down += dyᵀ h, dW_gate += dgᵀ x,
 // dW_up += duᵀ x. A tile's rows are contiguous in the ring (tiles never straddle its end), and in MXFP8
 // mode a tile starts a 32-row block of its segment (expert_padding % 32 == 0): dy and x are read as
-// dispatch quantised them along the tokens, the tile slot's blocks.
+// dispatch quantised them along the tokens, h, dg and du as swiglu_bwd did, the tile slot's blocks.
 template <class Ops>
 MOK_HD void add_tile(const PassView& v, const WgradBlock& b, int64_t tile, int expert, float* sums, Ops& ops) {
-  int in = v.s.intermediate;
   int64_t row0 = tile * v.s.expert_padding;
   int rows = tile_rows(v.s, v.sched, tile, expert);
-  Operand a = b.matrix == 0 ? input_columns(v, v.ring_dy, v.mx_dy, row0)
-                            : ring_columns(v, b.matrix == 1 ? v.ring_g : v.ring_u, row0, in);
+  int h = v.s.hidden, in = v.s.intermediate;
+  Operand a = b.matrix == 0 ? ring_columns(v, v.ring_dy, v.mx_dy, row0, h)
+                            : (b.matrix == 1 ? ring_columns(v, v.ring_g, v.mx_g, row0, in)
+                                             : ring_columns(v, v.ring_u, v.mx_u, row0, in));
   a = from_row(a, b.row0);
-  Operand other = b.matrix == 0 ? ring_columns(v, v.ring_h, row0, in) : input_columns(v, v.ring_x, v.mx_x, row0);
+  Operand other =
+      b.matrix == 0 ? ring_columns(v, v.ring_h, v.mx_h, row0, in) : ring_columns(v, v.ring_x, v.mx_x, row0, h);
   ops.gemm(gemm_one(b.rows, b.cols, a, other, rows, sums, b.cols, Epilogue::accumulate_f32));
 }
 

@@ -11,7 +11,8 @@ namespace mok::core {
 
 // Ops is the executor's tile interface (docs/core.md, "The pass and the executor seam"): ops.gemm(const
 // Gemm&) computes one tile GEMM; ops.scratch (scratch_floats fp32) is the worker's GEMM scratch, which a
-// comm worker's dispatch uses in MXFP8 mode to stage a block of rows (mx_staging_values bf16); ops.chunk
+// comm worker's dispatch and a SwiGLU stage use in MXFP8 mode to stage a block of rows (mx_staging_values,
+// mx_swiglu_staging_values bf16); ops.chunk
 // (chunk_values bf16) and ops.sums (sums_floats fp32) are the worker's rows for the shared expert and
 // its weight-gradient sums.
 template <class Ops>
@@ -23,10 +24,10 @@ MOK_HD Failure run_task(const PassView& v, Task task, Ops& ops) {
     case TaskKind::shared: return run_shared(v, task.index, ops);
     case TaskKind::wgrad: return run_wgrad(v, task, ops);
     case TaskKind::gate_up: return run_gate_up(v, tile_info(v, task, in), ops);
-    case TaskKind::swiglu: return run_swiglu(v, tile_info(v, task, in));
+    case TaskKind::swiglu: return run_swiglu(v, tile_info(v, task, in), reinterpret_cast<bf16_t*>(ops.scratch));
     case TaskKind::down: return run_down(v, tile_info(v, task, h), ops);
     case TaskKind::dgrad_h: return run_dgrad_h(v, tile_info(v, task, in), ops);
-    case TaskKind::swiglu_bwd: return run_swiglu_bwd(v, tile_info(v, task, in));
+    case TaskKind::swiglu_bwd: return run_swiglu_bwd(v, tile_info(v, task, in), reinterpret_cast<bf16_t*>(ops.scratch));
     case TaskKind::dgrad_x: return run_dgrad_x(v, tile_info(v, task, h), ops);
     default: return kNoFailure;
   }

@@ -93,12 +93,15 @@ struct PassArgs {
   int accumulate;
 };
 
-// x or dy in MXFP8 mode: the bytes the block-scaled GEMMs read (shape.hpp's MxRingLayout), written by
-// dispatch (comm_tasks.hpp). rows: e4m3 [macrobatch, H] in blocks of 32 along H, scales ring_row_scales;
-// tokens: e4m3 [macrobatch, H] in blocks of 32 ring rows per column, from each tile's first row, scales
-// per tile slot ring_token_scales.
+// A ring in MXFP8 mode: the bytes the block-scaled GEMMs read (shape.hpp's MxRingLayout). rows: e4m3
+// codes of ring row r at rows + r * stride in blocks of 32 along the row, scales ring_row_scales; tokens:
+// e4m3 code (r, c) at tokens + r * stride + c, each column in blocks of 32 ring rows from each tile's
+// first row, scales per tile slot ring_token_scales. x and dy (width H, stride H; written by dispatch,
+// comm_tasks.hpp) have both; h in the forward (width I, stride 2 I: in ring_h's bytes; written by
+// swiglu) its rows; dg, du and h in the backward (in ring_g, ring_u, ring_h; written by swiglu_bwd) both.
 struct MxRing {
   uint8_t *rows, *row_scales, *tokens, *token_scales;
+  int64_t stride;
 };
 
 struct GroupState;  // core/group_state.hpp
@@ -113,7 +116,8 @@ struct PassView {
   TaskGraph graph;
   Counters c;
   bf16_t *ring_x, *ring_dy, *ring_g, *ring_u, *ring_h, *ring_y;  // ring_y: y (forward) or dx (backward)
-  MxRing mx_x, mx_dy;  // MXFP8 mode: x and dy (ring_x and ring_dy are then empty)
+  MxRing mx_x, mx_dy;       // MXFP8 mode: x and dy (ring_x and ring_dy are then empty)
+  MxRing mx_g, mx_u, mx_h;  // MXFP8 mode: dg, du, h in their rings' bytes (SwiGLU's bf16 g, u before)
   LayerWeights w;
   Accumulators acc;
   float* slots;        // max_slots x [dW_down, dW_gate, dW_up] fp32: experts with several parts
@@ -158,12 +162,15 @@ MOK_HD inline PassView pass_view_at(const LayerShape& s, PassKind kind, char* lo
   v.ring_u = reinterpret_cast<bf16_t*>(at(l.ring_u));
   v.ring_h = reinterpret_cast<bf16_t*>(at(l.ring_h));
   v.ring_y = reinterpret_cast<bf16_t*>(at(l.ring_y));
-  auto mx_ring = [&](const MxRingLayout& r) {
+  auto mx_ring = [&](const MxRingLayout& r, int64_t stride) {
     return MxRing{reinterpret_cast<uint8_t*>(at(r.rows)), reinterpret_cast<uint8_t*>(at(r.row_scales)),
-                  reinterpret_cast<uint8_t*>(at(r.tokens)), reinterpret_cast<uint8_t*>(at(r.token_scales))};
+                  reinterpret_cast<uint8_t*>(at(r.tokens)), reinterpret_cast<uint8_t*>(at(r.token_scales)), stride};
   };
-  v.mx_x = mx_ring(l.mx_x);
-  v.mx_dy = mx_ring(l.mx_dy);
+  v.mx_x = mx_ring(l.mx_x, s.hidden);
+  v.mx_dy = mx_ring(l.mx_dy, s.hidden);
+  v.mx_g = mx_ring(l.mx_g, 2 * static_cast<int64_t>(s.intermediate));
+  v.mx_u = mx_ring(l.mx_u, 2 * static_cast<int64_t>(s.intermediate));
+  v.mx_h = mx_ring(l.mx_h, 2 * static_cast<int64_t>(s.intermediate));
   float* shared_acc = reinterpret_cast<float*>(at(l.shared_acc));
   int64_t is_h = static_cast<int64_t>(s.shared_intermediate) * s.hidden;
   v.acc = Accumulators{shared_acc, shared_acc + is_h, shared_acc + 2 * is_h};
@@ -198,6 +205,44 @@ MOK_HD inline bf16_t* ring_row(const PassView& v, bf16_t* ring, int64_t row, int
 // Row `row` of the output ring (y or dx), width H.
 MOK_HD inline bf16_t* out_row(const PassView& v, int64_t row) {
   return v.ring_y + (row % out_ring_rows(v.s)) * v.s.hidden;
+}
+
+// Ring rows [row0, row0 + 32) of an MXFP8 ring of `width` columns from their bf16 values (`block`,
+// [32, width]; a padding row all zeros): each row along itself (the rowwise GEMMs: gate_up, dgrad_h,
+// down, dgrad_x), and with `tokens` also each column's 32 values along the tokens (the weight gradients).
+// row0 is a multiple of 32 (P % 32 == 0), so the rows lie in one tile and are one token block of it: the
+// blocks a GEMM that starts at the tile's first row reads. A zero row changes no block's scale and
+// decodes to 0, so the codes are those of the tile's real rows alone, and a GPU that reads whole blocks
+// reads zeros past them. `block` must not overlap the ring's rows; without token_codes the rows only.
+// Scalars only (ring_row_scales(s, width) and ring_token_scales(s, width) from macrobatch and padding): a
+// struct passed to a call that is not inlined is copied onto a device thread's stack
+// (tests/library/test_library.py holds run_workers' stack).
+MOK_HD_NOINLINE void quantize_ring_block(int64_t macrobatch, int padding, int width, int64_t row0, const bf16_t* block,
+                                         uint8_t* codes, uint8_t* row_scales, uint8_t* token_codes,
+                                         uint8_t* token_scales, int64_t stride) {
+  int64_t at = row0 % macrobatch;
+  MxScaleLayout rows = MxScaleLayout::of(macrobatch, width), columns = MxScaleLayout::of(width, padding);
+  for (int r = 0; r < kMxBlock; ++r)
+    mx_quantize_row(block + r * width, width, rows, at + r, codes + (at + r) * stride, row_scales);
+  if (!token_codes) return;
+  uint8_t* scales = token_scales + (at / padding) * columns.matrix_bytes();
+  int64_t k_block = (at % padding) / kMxBlock;
+  for (int c = 0; c < width; ++c)
+    scales[columns.offset(c, k_block)] =
+        mx_quantize_block(block + c, kMxBlock, width, token_codes + at * stride + c, stride);
+  if (at % padding != 0) return;
+  // The slot's first block also writes the padding scales the MMA reads: k blocks past P / 32, rows past
+  // the width.
+  for (int c = 0; c < width; ++c)
+    for (int64_t b = columns.k_blocks; b < columns.padded_k_blocks(); ++b) scales[columns.offset(c, b)] = kMxPadScale;
+  mx_fill_pad_rows(columns, scales);
+}
+
+// The same from a ring's view: `tokens` chooses whether the token direction is written too.
+MOK_HD inline void quantize_ring_block(const LayerShape& s, const MxRing& ring, int width, int64_t row0,
+                                       const bf16_t* block, bool tokens) {
+  quantize_ring_block(s.macrobatch, s.expert_padding, width, row0, block, ring.rows, ring.row_scales,
+                      tokens ? ring.tokens : nullptr, ring.token_scales, ring.stride);
 }
 
 MOK_HD inline Failure wait_local(const PassView& v, uint32_t* counter, uint32_t target, WaitId what) {

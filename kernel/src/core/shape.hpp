@@ -128,47 +128,77 @@ MOK_HD inline PeerLayout peer_layout(const LayerShape& s) {
   return p;
 }
 
-// The scales of an MXFP8 ring (x or dy, MXFP8 mode; see MxRingLayout). Rowwise: one [macrobatch, H]
-// matrix, ring row r its row r. Token-direction: per tile slot of the ring (macrobatch / P of them), the
-// [H, P] matrix that slot's weight-gradient GEMMs read (rows the columns of H, depth the slot's P rows,
-// blocks of 32 rows from the slot's first), matrix_bytes() apart.
+// The scales of an MXFP8 ring of `width` columns (x, dy: H; g, u, h: I; see MxRingLayout). Rowwise: one
+// [macrobatch, width] matrix, ring row r its row r. Token-direction: per tile slot of the ring
+// (macrobatch / P of them), the [width, P] matrix that slot's weight-gradient GEMMs read (rows the
+// columns, depth the slot's P rows, blocks of 32 rows from the slot's first), matrix_bytes() apart.
+MOK_HD inline MxScaleLayout ring_row_scales(const LayerShape& s, int width) {
+  return MxScaleLayout::of(s.macrobatch, width);
+}
+MOK_HD inline MxScaleLayout ring_token_scales(const LayerShape& s, int width) {
+  return MxScaleLayout::of(width, s.expert_padding);
+}
 MOK_HD inline MxScaleLayout ring_row_scales(const LayerShape& s) {
-  return MxScaleLayout::of(s.macrobatch, s.hidden);
+  return ring_row_scales(s, s.hidden);
 }
 MOK_HD inline MxScaleLayout ring_token_scales(const LayerShape& s) {
-  return MxScaleLayout::of(s.hidden, s.expert_padding);
+  return ring_token_scales(s, s.hidden);
 }
 
-// An MXFP8 ring's four ranges (offsets): the e4m3 codes of its rows quantised along H (rows) and along
-// the tokens (tokens, laid out like the rows: code (r, c) at r * H + c), and their scales. Empty in
-// bf16 mode.
+// Bytes of an MXFP8 ring's scales in each orientation (0 in bf16 mode).
+MOK_HD inline size_t mx_row_scale_bytes(const LayerShape& s, int width) {
+  return s.mxfp8 ? static_cast<size_t>(ring_row_scales(s, width).matrix_bytes()) : 0;
+}
+MOK_HD inline size_t mx_token_scale_bytes(const LayerShape& s, int width) {
+  size_t tiles = static_cast<size_t>(s.macrobatch / s.expert_padding);
+  return s.mxfp8 ? tiles * static_cast<size_t>(ring_token_scales(s, width).matrix_bytes()) : 0;
+}
+
+// An MXFP8 ring's four ranges (offsets): the e4m3 codes of its rows quantised along the row (rows) and
+// along the tokens (tokens), and their scales. x and dy (width H) have codes of their own, laid out like
+// the rows (code (r, c) at r * H + c in each). g, u and h (width I) keep their codes in their bf16 ring's
+// own bytes, 2 I per row: ring row r's rowwise codes at r * 2I + c, its token-direction codes at
+// r * 2I + I + c; only their scales are taken here. Empty in bf16 mode.
 struct MxRingLayout {
   size_t rows, row_scales, tokens, token_scales;
 };
 
 MOK_HD inline MxRingLayout take_mx_ring(Carver& c, const LayerShape& s) {
   size_t codes = s.mxfp8 ? static_cast<size_t>(s.macrobatch) * static_cast<size_t>(s.hidden) : 0;
-  size_t tiles = static_cast<size_t>(s.macrobatch / s.expert_padding);
   MxRingLayout r{};
   r.rows = c.take(codes);
-  r.row_scales = c.take(s.mxfp8 ? static_cast<size_t>(ring_row_scales(s).matrix_bytes()) : 0);
+  r.row_scales = c.take(mx_row_scale_bytes(s, s.hidden));
   r.tokens = c.take(codes);
-  r.token_scales = c.take(s.mxfp8 ? tiles * static_cast<size_t>(ring_token_scales(s).matrix_bytes()) : 0);
+  r.token_scales = c.take(mx_token_scale_bytes(s, s.hidden));
   return r;
 }
 
-// bf16 values of a dispatch's staging in MXFP8 mode (comm_tasks.hpp): one 32-row block of x and one of
-// dy, in the worker's GEMM scratch.
+// The scales of g, u or h (their codes are in the bf16 ring at `ring`, see above).
+MOK_HD inline MxRingLayout take_mx_scales(Carver& c, const LayerShape& s, size_t ring) {
+  MxRingLayout r{};
+  r.rows = ring;
+  r.row_scales = c.take(mx_row_scale_bytes(s, s.intermediate));
+  r.tokens = ring + static_cast<size_t>(s.intermediate);
+  r.token_scales = c.take(mx_token_scale_bytes(s, s.intermediate));
+  return r;
+}
+
+// bf16 values of a block's staging in MXFP8 mode: a dispatch's (comm_tasks.hpp) one 32-row block of x
+// and one of dy, a SwiGLU stage's (compute_tasks.hpp) one of dg, du and h; in the worker's GEMM scratch.
 constexpr int kMxStagingRows = kMxBlock;
 MOK_HD inline size_t mx_staging_values(const LayerShape& s) {
   return 2 * static_cast<size_t>(kMxStagingRows) * static_cast<size_t>(s.hidden);
 }
+MOK_HD inline size_t mx_swiglu_staging_values(const LayerShape& s) {
+  return 3 * static_cast<size_t>(kMxStagingRows) * static_cast<size_t>(s.intermediate);
+}
 
 // The private workspace of one rank: schedule, task graph, counters, ring buffers, weight-gradient
 // accumulators, the shared expert's output, worker scratch. Weights are read in place from the caller's
-// tensors; rows are bf16 (every value a ring holds is a bf16 store of the layer, DESIGN 1), except x and
-// dy in MXFP8 mode: there they are held only as the e4m3 bytes their GEMMs read (mx_x, mx_dy), and the
-// bf16 rings x and dy are empty.
+// tensors; rows are bf16 (every value a ring holds is a bf16 store of the layer, DESIGN 1), except in
+// MXFP8 mode where a GEMM reads them: x and dy are held only as the e4m3 bytes their GEMMs read (mx_x,
+// mx_dy) and the bf16 rings x and dy are empty; h (forward), and dg, du, h (backward) are turned by their
+// SwiGLU stage into e4m3 codes in their bf16 ring's own bytes, with scales in mx_g, mx_u, mx_h.
 struct LocalLayout {
   size_t schedule_experts;                         // int32 [E_local][2]: count, first row
   size_t rows;                                     // RowRef [max_recv_rows]
@@ -176,6 +206,7 @@ struct LocalLayout {
   size_t counters;                                 // uint32 [num_counters]
   size_t ring_x, ring_dy, ring_g, ring_u, ring_h;  // bf16 [macrobatch, H or I]; x, dy: bf16 mode only
   MxRingLayout mx_x, mx_dy;                        // MXFP8 mode: x and dy as e4m3, both orientations
+  MxRingLayout mx_g, mx_u, mx_h;                   // MXFP8 mode: dg, du, h's scales (codes in ring_g, _u, _h)
   size_t ring_y;                                   // bf16 [out_ring_rows, H]: y (forward) or dx (backward)
   size_t parts;                                    // WgradPart [max_parts]
   size_t slots;       // fp32 [max_slots][3 x I x H]: dW_down, dW_gate, dW_up of an expert with several parts
@@ -234,6 +265,9 @@ MOK_HD inline LocalLayout local_layout(const LayerShape& s) {
   l.ring_g = c.take(m * i * 2);
   l.ring_u = c.take(m * i * 2);
   l.ring_h = c.take(m * i * 2);
+  l.mx_g = take_mx_scales(c, s, l.ring_g);
+  l.mx_u = take_mx_scales(c, s, l.ring_u);
+  l.mx_h = take_mx_scales(c, s, l.ring_h);
   l.ring_y = c.take(static_cast<size_t>(out_ring_rows(s)) * h * 2);
   l.parts = c.take(static_cast<size_t>(max_parts(s)) * kWgradPartBytes);
   l.slots = c.take(static_cast<size_t>(max_slots(s)) * 3 * i * h * f);
@@ -243,8 +277,10 @@ MOK_HD inline LocalLayout local_layout(const LayerShape& s) {
   // sums two parts), or a weight-gradient tile of H, I or I_s rows over p tokens, which accumulates in place.
   size_t wide = max_value(max_value(h, i), is), deep = max_value(h, 2 * max_value(i, is));
   l.scratch_floats = max_value(gemm_scratch_floats(p, wide, deep, true), gemm_scratch_floats(wide, wide, p, false));
-  // A comm worker's dispatch stages its blocks of x and dy rows in it in MXFP8 mode (already far larger).
-  l.scratch_floats = max_value(l.scratch_floats, (mx_staging_values(s) * 2 + f - 1) / f);
+  // In MXFP8 mode a comm worker's dispatch stages its blocks of x and dy rows in it, a compute worker's
+  // SwiGLU stage its blocks of dg, du, h (already far larger).
+  size_t staging = max_value(mx_staging_values(s), mx_swiglu_staging_values(s));
+  l.scratch_floats = max_value(l.scratch_floats, (staging * 2 + f - 1) / f);
   l.scratch = c.take(static_cast<size_t>(s.comm_workers + s.compute_workers) * l.scratch_floats * f);
   l.chunk_values = 4 * p * is;
   l.chunk = c.take(static_cast<size_t>(s.comm_workers + s.compute_workers) * l.chunk_values * 2);

@@ -48,6 +48,11 @@ MOK_HD inline void write_gradient(const float* sums, int64_t n, bool accumulate,
   }
 }
 
+// n bf16 zeros: the padding rows of a block on its way to quantisation.
+MOK_HD inline void zero_rows(bf16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = 0;
+}
+
 MOK_HD inline void copy_row(const bf16_t* src, int n, bf16_t* dst) {
   for (int i = 0; i < n; ++i) dst[i] = src[i];
 }
