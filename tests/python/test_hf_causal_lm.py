@@ -1,6 +1,6 @@
-"""A whole tiny HuggingFace causal LM (Qwen3MoeForCausalLM from a config, no hub download) trains with its
-experts on mok (model.set_experts_implementation("mok"), HF's routers and load-balancing loss kept) and its loss
-follows HF's own eager experts step by step."""
+"""A whole tiny HuggingFace causal LM (Qwen3MoeForCausalLM from a config, no hub download; one MoE and one dense
+decoder layer) trains with its experts on mok (model.set_experts_implementation("mok"), HF's routers and
+load-balancing loss kept) and its loss follows HF's own eager experts step by step."""
 
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ import mok.integrations.transformers as mok_hf  # noqa: E402
 
 STEPS = 3
 # Tolerances, relative to the loss. Step 0 compares one forward on the same weights: mok's experts run in bf16 (g,
-# u, h, y, out rounded to 2^-9 relative) inside an fp32 model, and the loss averages 64 tokens: measured <= 2.4e-4,
-# bound 2^-10. Later steps start from weights updated with mok's bf16 gradients (SGD), so the two models drift
-# apart a little more each step: measured <= 1.0e-3 after one step and <= 3.6e-3 after two; bounds 2^-7 (bf16's
-# resolution, one unit in the last place) and 2^-6. Every step moves the loss by more than 4x the next step's
-# bound (asserted), so a wrong step cannot pass.
-LOSS_RTOL = (2 ** -10, 2 ** -7, 2 ** -6)
+# u, h, y, out rounded to 2^-9 relative) inside an fp32 model (its one MoE layer comes first, so both routers see
+# the same inputs), and the loss averages 64 tokens: measured <= 2.4e-4 over 10 seeds, bound 2^-10. Later steps
+# start from weights updated with mok's bf16 gradients (SGD), so the models drift apart a little more each step
+# and a router's near-tie may choose differently: measured <= 1.0e-3 after one step and <= 4.6e-3 after two;
+# bounds 2^-8 (bf16's rounding resolution) and 2^-6. Every step moves the loss by more than 2x its bound
+# (asserted; measured >= 9%), so a wrong step cannot pass.
+LOSS_RTOL = (2 ** -10, 2 ** -8, 2 ** -6)
 
 
 def tiny_model(seed: int):
@@ -31,13 +32,14 @@ def tiny_model(seed: int):
     config = Qwen3MoeConfig(vocab_size=96, hidden_size=64, intermediate_size=64, moe_intermediate_size=32,
                             num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
                             num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, output_router_logits=True,
+                            mlp_only_layers=[1],
                             router_aux_loss_coef=0.05, initializer_range=0.15, max_position_embeddings=64)
     torch.manual_seed(seed)
     return Qwen3MoeForCausalLM(config)
 
 
 def train(model, tokens: torch.Tensor) -> list[float]:
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     for _ in range(STEPS):
         out = model(input_ids=tokens, labels=tokens)
@@ -64,6 +66,6 @@ def test_tiny_qwen3_moe_trains_on_mok_like_hf_eager(seed):
         assert abs(got - want) <= LOSS_RTOL[step] * abs(want), f"step {step}: loss {got} on mok, {want} on HF eager"
     for step in range(1, STEPS):
         moved = expected[step - 1] - expected[step]
-        assert moved > 4 * LOSS_RTOL[step] * expected[step], f"the loss must move by more than that: {expected}"
+        assert moved > 2 * LOSS_RTOL[step] * expected[step], f"the loss must move by more than that: {expected}"
     experts = [m for m in model.modules() if type(m).__name__ == "Qwen3MoeExperts"]
     assert experts and all("_mok_cache" in m.__dict__ for m in experts)  # they ran on mok
