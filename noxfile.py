@@ -23,6 +23,8 @@ PYTHONS = ["3.11", "3.12", "3.13"]
 TORCH = "torch==2.13.0"  # a CPU wheel of this release lies on the developers' and CI's disk for Python 3.11
 BUILD_DEPS = ("scikit-build-core==0.11.6", "nanobind==2.9.2", "cmake==3.31.6", "ninja==1.13.0")
 TEST_DEPS = ("pytest==8.4.2", "numpy==2.3.5")
+# HuggingFace transformers, for tests/python/test_hf_*.py (mok against HF's own MoE blocks, mok.integrations).
+TRANSFORMERS = "transformers==5.24.0"
 # CUTLASS/CuTe C++ headers for tests/cpp/test_sf_layout_cute (core's device layouts against CuTe on the host).
 # Installed --no-deps: only the headers are used, not the Python package's cuda-python/scipy dependencies.
 CUTLASS = "nvidia-cutlass==4.2.0.0"
@@ -62,7 +64,7 @@ def build(session: nox.Session, build_type: str, archs: str) -> None:
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """The whole pytest suite (C++ CTest suite included) against a freshly built libmok and wheel."""
-    session.install(*BUILD_DEPS, *TEST_DEPS, TORCH)
+    session.install(*BUILD_DEPS, *TEST_DEPS, TORCH, TRANSFORMERS)
     session.install("--no-deps", CUTLASS)
     session.env.update(cuda_env(session))
     prefix = cmake_build(session, "tests-libmok", "Release", ARCHS["blackwell"], "-DMOK_BUILD_TESTS=ON")

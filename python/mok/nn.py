@@ -72,6 +72,15 @@ class MoE(nn.Module):
         else:
             self.shared_gate = self.shared_up = self.shared_down = None
 
+    @classmethod
+    def from_hf(cls, block: nn.Module, **kwargs) -> MoE:
+        """A MoE equal to a HuggingFace transformers MoE block (Qwen3-MoE, Mixtral, OLMoE, DeepSeek-V3), its router,
+        experts and shared expert copied once from HF's parameter names; kwargs: group, backend, mxfp8, config.
+        Implemented by mok.integrations.transformers.moe_from_hf (docs/transformers.md)."""
+        from mok.integrations.transformers import moe_from_hf
+
+        return moe_from_hf(block, **kwargs)
+
     def route(self, x: torch.Tensor) -> Routing:
         """The router's Routing (ids [T, K] int64, weights [T, K] fp32, logits and scores [T, E] fp32) for
         tokens x [T, H]."""

@@ -1,0 +1,320 @@
+"""HuggingFace transformers' MoE models with their experts on libmok (transformers 5.x, tested with 5.24.0).
+
+    import mok.integrations.transformers as mok_hf   # registers "mok" with transformers' ExpertsInterface
+    mok_hf.configure(group=ep_group)                 # once; the default group is mok.LOCAL in one process
+    model.set_experts_implementation("mok")          # or from_pretrained(..., experts_implementation="mok")
+
+Every experts module of the model (the classes transformers decorates with @use_experts_implementation) then
+runs `experts_forward`: HF's router, shared experts and losses stay HF's, and mok computes sum_k w_k expert(x).
+`mok.nn.MoE.from_hf(block)` (here: `moe_from_hf`) instead replaces a whole MoE block, router included.
+
+Layouts: HF stores each module's experts as gate_up_proj [E, 2I, H] (gate rows, then up rows; or [E, H, 2I] when
+is_transposed; gate and up alternating when not is_concatenated) and down_proj [E, H, I] ([E, I, H] transposed).
+mok reads dense gate, up [E_local, I, H] and down [E_local, H, I]. A weight whose rank-local view already is that
+(a bf16 down_proj in HF's default layout) is passed as a view of HF's parameter: no copy. The others are converted
+once per weight version: the bf16 copies are cached on the module and remade only when the parameter's version
+counter (`tensor._version`, bumped by every in-place change: optimizer steps, `copy_` under no_grad) or its
+data_ptr (`param.data = ...`) changes. Gradients go back into HF's layout through the same views, one write per
+backward. Changes made through `param.data` in place bump no version: call `clear_cache(model)` after them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from mok import ep
+from mok.experts import RoutedExperts, RoutedExpertsMXFP8, SharedExpert
+from mok.functional import MoKConfig
+from mok.layer import moe
+from mok.nn import MoE
+from mok.ops import quantize_routed
+from mok.quant import mxfp8_quantize
+from mok.routers import Routing
+
+try:
+    import transformers
+    from transformers.activations import SiLUActivation
+    from transformers.integrations import moe as _hf_moe
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError("mok.integrations.transformers needs HuggingFace transformers >= 5 (pip install "
+                      "transformers==5.24.0, the version it is tested with)") from e
+
+NAME = "mok"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How every experts module set to "mok" calls mok.moe: the expert-parallel group (None: mok's rule, mok.LOCAL
+    when torch.distributed has no group of more than one rank), the backend (None: mok's choice), MXFP8 experts,
+    the MoKConfig and keep_context (see mok.moe)."""
+
+    group: object = None
+    backend: str | None = None
+    mxfp8: bool = False
+    config: MoKConfig | None = None
+    keep_context: bool = True
+
+
+_settings = Settings()
+
+
+def configure(*, group=None, backend: str | None = None, mxfp8: bool = False, config: MoKConfig | None = None,
+              keep_context: bool = True) -> Settings:
+    """Set, for the whole process, how the experts modules running on "mok" call it; returns the previous
+    settings (pass them to `configure(**dataclasses.asdict(previous))`, or use `settings` to read them)."""
+    global _settings
+    if not isinstance(mxfp8, bool):
+        raise TypeError(f"mxfp8 must be a bool, got {type(mxfp8).__name__}")
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"backend must be None or a backend name, got {type(backend).__name__}")
+    if config is not None and not isinstance(config, MoKConfig):
+        raise TypeError(f"config must be a MoKConfig or None, got {type(config).__name__}")
+    previous = _settings
+    _settings = Settings(group, backend, mxfp8, config, bool(keep_context))
+    return previous
+
+
+def settings() -> Settings:
+    return _settings
+
+
+# How many weight conversions (HF layout -> mok's dense bf16) ran in this process: tests read it to check that a
+# forward after the first one converts nothing until a weight changes.
+conversions = 0
+
+
+def unsupported_reason(experts: nn.Module) -> str | None:
+    """Why mok cannot compute this HF experts module exactly, or None when it can."""
+    for name in ("gate_up_proj", "down_proj", "num_experts"):
+        if not hasattr(experts, name):
+            return f"it has no {name} (not an experts module of transformers' experts interface)"
+    if getattr(experts, "_is_expert_parallel", False):
+        return ("transformers' own expert parallelism shards it; mok distributes the experts itself: load the "
+                "model without transformers' EP and give mok the group (configure(group=...))")
+    if not getattr(experts, "has_gate", False):
+        return "its experts have no gate projection (has_gate=False); mok's experts are SwiGLU"
+    if getattr(experts, "has_bias", False):
+        return "its experts have biases (has_bias=True, e.g. gpt-oss), not in mok's semantics yet"
+    if getattr(experts, "has_post_expert_norm", False):
+        return "it normalises each expert's output (has_post_expert_norm=True), not in mok's semantics"
+    if getattr(type(experts), "_apply_gate", None) is not _hf_moe._default_apply_gate:
+        return "it has its own gating function (_apply_gate, e.g. gpt-oss's clamped SwiGLU), not mok's SwiGLU"
+    act = getattr(experts, "act_fn", None)
+    if not isinstance(act, (SiLUActivation, nn.SiLU)):
+        return f"its activation is {type(act).__name__}; mok's experts use SiLU (SwiGLU)"
+    return None
+
+
+def check_supported(experts: nn.Module) -> None:
+    reason = unsupported_reason(experts)
+    if reason is not None:
+        raise ValueError(f"{type(experts).__name__} cannot run on mok: {reason}")
+
+
+def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                    top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The "mok" entry of transformers' ExpertsInterface: HF's experts forward (tokens [T, H], the router's
+    top_k_index [T, K] (global expert ids) and top_k_weights [T, K]) computed by mok.moe over the configured
+    group. Activations of another dtype are cast to bf16 and the result back; routing weights go in as fp32."""
+    check_supported(self)
+    s = _settings
+    group = ep.resolve_group(s.group)
+    rank, world = ep.group_rank_and_size(group)
+    routed = routed_experts(self, rank, world, mxfp8=s.mxfp8)
+    x = hidden_states.to(torch.bfloat16).contiguous()
+    weights = top_k_weights.to(torch.float32).contiguous()
+    out = moe(x, top_k_index.contiguous(), weights, routed, None, group=group, config=s.config, backend=s.backend,
+              keep_context=s.keep_context)
+    return out.to(hidden_states.dtype)
+
+
+def mok_views(experts: nn.Module, gate_up: torch.Tensor, down: torch.Tensor, lo: int = 0, hi: int | None = None):
+    """(gate, up, down) of experts lo..hi-1 as views of HF-layout tensors (the parameters, or gradient buffers of
+    their shape) in mok's orientation: [n, I, H], [n, I, H], [n, H, I]."""
+    gate_up, down = gate_up[lo:hi], down[lo:hi]
+    if getattr(experts, "is_transposed", False):
+        gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
+    inter = gate_up.shape[1] // 2
+    if getattr(experts, "is_concatenated", True):
+        return gate_up[:, :inter], gate_up[:, inter:], down
+    return gate_up[:, 0::2], gate_up[:, 1::2], down
+
+
+def routed_experts(experts: nn.Module, rank: int = 0, world: int = 1, *, mxfp8: bool = False):
+    """This rank's experts (rank * E / world ... ) of an HF experts module as mok.RoutedExperts (RoutedExpertsMXFP8
+    with mxfp8), differentiable with respect to HF's gate_up_proj and down_proj; see the module doc for when
+    it copies."""
+    check_supported(experts)
+    num = experts.num_experts
+    if num % world:
+        raise ValueError(f"{type(experts).__name__} has {num} experts, not a multiple of the group's {world} ranks")
+    local = num // world
+    lo, hi = rank * local, (rank + 1) * local
+    gate_up, down = experts.gate_up_proj, experts.down_proj
+    pieces = _from_hf(experts, "gate_up_proj", lambda t: mok_views(experts, t, down, lo, hi)[:2], (lo, hi))
+    (down_mok,) = _from_hf(experts, "down_proj", lambda t: mok_views(experts, gate_up, t, lo, hi)[2:], (lo, hi))
+    routed = RoutedExperts(pieces[0], pieces[1], down_mok)
+    return _mxfp8(experts, routed, (lo, hi)) if mxfp8 else routed
+
+
+def clear_cache(model: nn.Module) -> None:
+    """Drop the converted weights of every experts module in `model` (after changing weights through .data)."""
+    for module in model.modules():
+        module.__dict__.pop("_mok_cache", None)
+
+
+def _version_key(param: torch.Tensor, extra) -> tuple:
+    return (param.data_ptr(), param._version, param.dtype, tuple(param.shape), param.device, extra)
+
+
+def _from_hf(experts: nn.Module, name: str, views_of, extra) -> tuple:
+    """mok's weights from HF parameter `name`: views when they are dense bf16 already, else the cached copies of
+    the current weight version, connected to the parameter by _FromHF."""
+    global conversions
+    param = getattr(experts, name)
+    views = views_of(param)
+    if all(v.dtype == torch.bfloat16 and v.is_contiguous() for v in views):
+        return views  # mok reads HF's parameter in place
+    key = _version_key(param, extra)
+    cache = experts.__dict__.setdefault("_mok_cache", {})
+    entry = cache.get(name)
+    if entry is None or entry[0] != key:
+        with torch.no_grad():
+            copies = tuple(v.to(torch.bfloat16, copy=True, memory_format=torch.contiguous_format) for v in views)
+        cache[name] = entry = (key, copies)
+        conversions += 1
+    return _FromHF.apply(param, views_of, entry[1])
+
+
+class _FromHF(torch.autograd.Function):
+    """A parameter -> its converted copies (made beforehand). The backward writes each copy's gradient into a zero
+    gradient of the parameter's shape and dtype through the views the copies were made from."""
+
+    @staticmethod
+    def forward(ctx, param, views_of, copies):
+        ctx.views_of, ctx.like = views_of, (param.shape, param.dtype, param.device)
+        return tuple(c.detach() for c in copies)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        shape, dtype, device = ctx.like
+        grad = torch.zeros(shape, dtype=dtype, device=device)
+        for view, g in zip(ctx.views_of(grad), grads, strict=True):
+            if g is not None:
+                view.copy_(g)
+        return grad, None, None
+
+
+def _mxfp8(experts: nn.Module, routed: RoutedExperts, extra) -> RoutedExpertsMXFP8:
+    """MXFP8 forms of `routed`, quantised once per version of both HF parameters (the masters stay differentiable)."""
+    global conversions
+    key = (_version_key(experts.gate_up_proj, extra), _version_key(experts.down_proj, extra))
+    cache = experts.__dict__.setdefault("_mok_cache", {})
+    entry = cache.get("mxfp8")
+    if entry is None or entry[0] != key:
+        with torch.no_grad():
+            pairs = tuple(mxfp8_quantize(getattr(routed, p).detach(), name=p) for p in ("gate", "up", "down"))
+        cache["mxfp8"] = entry = (key, pairs)
+        conversions += 1
+    return RoutedExpertsMXFP8(routed, *entry[1])
+
+
+# ---- mok.nn.MoE.from_hf: a whole block, router included ----
+
+
+class HFMoE(MoE):
+    """A mok.nn.MoE made from a transformers MoE block by `moe_from_hf`. It takes and returns the model's dtype
+    (mok computes in bf16) and routes the tokens as given (mok's fp32 router); where mok's router cannot express
+    HF's (DeepSeek-V3's grouped sigmoid top-k with score-correction bias and scaling), `router` is HF's router
+    module itself and route() calls it."""
+
+    uses_hf_router = False
+
+    def route(self, x: torch.Tensor) -> Routing:
+        if not self.uses_hf_router:
+            return super().route(x)
+        logits, weights, ids = self.router(x)  # HF's router: DeepSeek-V3's, whose scores are sigmoids
+        logits = logits.to(torch.float32)
+        return Routing(ids, weights.to(torch.float32), logits, logits.sigmoid())
+
+    def forward(self, x: torch.Tensor, output_router_logits: bool = False):
+        tokens = x.reshape(-1, x.shape[-1])
+        ids, weights, logits, _ = self.route(tokens)
+        routed = RoutedExperts(self.gate, self.up, self.down)
+        if self.mxfp8:
+            routed = quantize_routed(routed)
+        shared = None
+        if self.shared_gate is not None:
+            shared = SharedExpert(self.shared_gate, self.shared_up, self.shared_down)
+        out = moe(tokens.to(torch.bfloat16).contiguous(), ids.contiguous(), weights.contiguous(), routed, shared,
+                  group=self.group, config=self.config, backend=self.backend, swiglu_limit=self.swiglu_limit)
+        out = out.reshape(x.shape).to(x.dtype)
+        return (out, logits) if output_router_logits else out
+
+
+def _router_kind(block: nn.Module):
+    """(score, normalize_topk) of mok's router equal to the block's router, or None to keep HF's router."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+    from transformers.models.mixtral.modeling_mixtral import MixtralTopKRouter
+    from transformers.models.olmoe.modeling_olmoe import OlmoeTopKRouter
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
+
+    router = block.gate
+    if type(router) in (Qwen3MoeTopKRouter, OlmoeTopKRouter):
+        return ("softmax", bool(router.norm_topk_prob))
+    if type(router) is MixtralTopKRouter:
+        if getattr(block, "jitter_noise", 0):
+            raise ValueError("MixtralSparseMoeBlock with router_jitter_noise > 0 cannot become a mok.nn.MoE: mok's "
+                             "router has no jitter noise (use set_experts_implementation('mok') instead)")
+        return ("softmax", True)
+    if type(router) is DeepseekV3TopkRouter:
+        return None
+    raise ValueError(f"moe_from_hf supports the MoE blocks of Qwen3-MoE, Mixtral, OLMoE and DeepSeek-V3; "
+                     f"{type(block).__name__}'s router {type(router).__name__} is not one of them "
+                     f"(set_experts_implementation('mok') runs any supported experts module with HF's router)")
+
+
+def moe_from_hf(block: nn.Module, *, group=None, backend: str | None = None, mxfp8: bool = False,
+                config: MoKConfig | None = None) -> HFMoE:
+    """A mok.nn.MoE (HFMoE) equal to a transformers MoE block, its weights copied once from HF's names:
+    gate.weight -> router.weight (fp32); experts.gate_up_proj -> gate, up (this rank's experts, bf16);
+    experts.down_proj -> down; shared_experts.{gate,up,down}_proj.weight -> shared_gate, shared_up, shared_down."""
+    experts = getattr(block, "experts", None)
+    if experts is None or not hasattr(block, "gate"):
+        raise ValueError(f"{type(block).__name__} is not a transformers MoE block (it needs .gate and .experts)")
+    check_supported(experts)
+    kind = _router_kind(block)
+    shared = getattr(block, "shared_experts", None)
+    if shared is not None and not isinstance(shared.act_fn, (SiLUActivation, nn.SiLU)):
+        raise ValueError(f"{type(block).__name__}'s shared experts use {type(shared.act_fn).__name__}, not SiLU")
+    hidden, inter = experts.down_proj.shape[1:] if not experts.is_transposed else experts.down_proj.shape[:0:-1]
+    shared_inter = shared.gate_proj.weight.shape[0] if shared is not None else 0
+    score, normalize = kind if kind is not None else ("softmax", False)
+    layer = HFMoE(hidden, inter, experts.num_experts, block.gate.top_k, shared_intermediate=shared_inter,
+                  score=score, normalize_topk=normalize, mxfp8=mxfp8, group=group, backend=backend, config=config,
+                  device=experts.down_proj.device)
+    rank, world = ep.group_rank_and_size(group)
+    local = experts.num_experts // world
+    with torch.no_grad():
+        gate, up, down = mok_views(experts, experts.gate_up_proj, experts.down_proj, rank * local,
+                                   (rank + 1) * local)
+        for mine, theirs in ((layer.gate, gate), (layer.up, up), (layer.down, down)):
+            mine.copy_(theirs)
+        if shared is not None:
+            for mine, theirs in ((layer.shared_gate, shared.gate_proj), (layer.shared_up, shared.up_proj),
+                                 (layer.shared_down, shared.down_proj)):
+                mine.copy_(theirs.weight)
+        if kind is not None:
+            layer.router.weight.copy_(block.gate.weight)
+    if kind is None:
+        layer.router = block.gate  # HF's router module, its parameters and buffers
+        layer.uses_hf_router = True
+    return layer
+
+
+_hf_moe.ExpertsInterface.register(NAME, experts_forward)
+__all__ = ["HFMoE", "Settings", "check_supported", "clear_cache", "configure", "experts_forward", "moe_from_hf",
+           "routed_experts", "settings", "transformers", "unsupported_reason"]

@@ -1,0 +1,71 @@
+"""A whole tiny HuggingFace causal LM (Qwen3MoeForCausalLM from a config, no hub download; one MoE and one dense
+decoder layer) trains with its experts on mok (model.set_experts_implementation("mok"), HF's routers and
+load-balancing loss kept) and its loss follows HF's own eager experts step by step."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", minversion="5",
+                                   reason="HuggingFace transformers >= 5 is not installed (nox -s tests installs "
+                                          "transformers==5.24.0)")
+
+import mok.integrations.transformers as mok_hf  # noqa: E402
+
+STEPS = 3
+# Tolerances, relative to the loss. Step 0 compares one forward on the same weights: mok's experts run in bf16 (g,
+# u, h, y, out rounded to 2^-9 relative) inside an fp32 model (its one MoE layer comes first, so both routers see
+# the same inputs), and the loss averages 64 tokens: measured <= 2.4e-4 over 10 seeds, bound 2^-10. Later steps
+# start from weights updated with mok's bf16 gradients (SGD), so the models drift apart a little more each step
+# and a router's near-tie may choose differently: measured <= 1.0e-3 after one step and <= 4.6e-3 after two;
+# bounds 2^-8 (bf16's rounding resolution) and 2^-6. Every step moves the loss by more than 2x its bound
+# (asserted; measured >= 9%), so a wrong step cannot pass.
+LOSS_RTOL = (2 ** -10, 2 ** -8, 2 ** -6)
+
+
+def tiny_model(seed: int):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(vocab_size=96, hidden_size=64, intermediate_size=64, moe_intermediate_size=32,
+                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                            num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, output_router_logits=True,
+                            mlp_only_layers=[1],
+                            router_aux_loss_coef=0.05, initializer_range=0.15, max_position_embeddings=64)
+    torch.manual_seed(seed)
+    return Qwen3MoeForCausalLM(config)
+
+
+def train(model, tokens: torch.Tensor) -> list[float]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(STEPS):
+        out = model(input_ids=tokens, labels=tokens)
+        assert out.aux_loss is not None and out.aux_loss > 0  # HF's load-balancing loss, from HF's router logits
+        out.loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(out.loss.detach()))
+    return losses
+
+
+def test_tiny_qwen3_moe_trains_on_mok_like_hf_eager(seed):
+    model = tiny_model(seed)
+    reference = copy.deepcopy(model)
+    reference.set_experts_implementation("eager")
+    model.set_experts_implementation("mok")
+    assert model.config._experts_implementation == "mok"
+    tokens = torch.randint(0, 96, (2, 32), generator=torch.Generator().manual_seed(seed))
+    assert mok_hf.settings().backend is None  # mok's default: "host" on CPU where libmok's extension is built
+    losses = train(model, tokens)
+    expected = train(reference, tokens)
+    print(f"losses mok {losses} eager {expected}")
+    for step, (got, want) in enumerate(zip(losses, expected, strict=True)):
+        assert abs(got - want) <= LOSS_RTOL[step] * abs(want), f"step {step}: loss {got} on mok, {want} on HF eager"
+    for step in range(1, STEPS):
+        moved = expected[step - 1] - expected[step]
+        assert moved > 2 * LOSS_RTOL[step] * expected[step], f"the loss must move by more than that: {expected}"
+    experts = [m for m in model.modules() if type(m).__name__ == "Qwen3MoeExperts"]
+    assert experts and all("_mok_cache" in m.__dict__ for m in experts)  # they ran on mok

@@ -1,0 +1,284 @@
+"""mok against HuggingFace transformers' own MoE blocks (Qwen3-MoE, Mixtral, OLMoE, DeepSeek-V3).
+
+Tiny configs built from the config classes (no hub download), random weights. The ground truth is HF's module in
+float64 (its eager experts loop) on the same inputs; mok runs in bf16 or MXFP8. Inputs and weights are
+bf16-representable, so both sides start from the same numbers and only mok's roundings differ; routers then
+agree on every top-k choice (float64 vs fp32 logits of the same inputs: no near-tie flips at these sizes).
+
+Three paths: HF's experts module with experts_implementation "mok" (HF's routing given), the whole HF block with
+its router and "mok" experts (the router's gradient), and mok.nn.MoE.from_hf(block). Each on backends "host" and
+"reference", 1 and 2 ranks (gloo processes, tests/python/dist_utils.py). Compared: output, dx, every weight
+gradient and the routing-weight gradient, as normwise relative errors ||mok - hf|| / ||hf||:
+- bf16: mok rounds g, u, h, y and out to bf16 (2^-9 relative each, round to nearest), so errors of a few 2^-9
+  add up; measured <= 6.3e-3 over the cases here; the bound is 2e-2 (the demo's BF16 bound).
+- MXFP8: the GEMM operands are e4m3 (3 mantissa bits: up to 2^-4 relative rounding each) with per-32 scales, on
+  both operands of every GEMM; measured <= 9.5e-2; the bound is 2e-1.
+A swapped gate/up or an expert shifted by one gives errors of order 1.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", minversion="5",
+                                   reason="HuggingFace transformers >= 5 is not installed (nox -s tests installs "
+                                          "transformers==5.24.0)")
+
+import torch.distributed as dist  # noqa: E402
+from backends import BACKENDS  # noqa: E402
+from dist_utils import run_group  # noqa: E402
+
+import mok  # noqa: E402
+import mok.integrations.transformers as mok_hf  # noqa: E402
+
+H, INTER, EXPERTS, TOPK, TOKENS = 64, 32, 4, 2, 40
+TOLERANCE = {False: 2e-2, True: 2e-1}  # by mxfp8: bf16 and MXFP8 resolution, see the module doc
+SPLIT = (16, TOKENS - 16)  # tokens of rank 0 and rank 1 in the 2-rank runs
+
+
+def make_block(model: str, seed: int) -> torch.nn.Module:
+    """The model's MoE block in fp32 with bf16-representable random weights, experts on HF's eager loop."""
+    from transformers import DeepseekV3Config, MixtralConfig, OlmoeConfig, Qwen3MoeConfig
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+    from transformers.models.olmoe.modeling_olmoe import OlmoeSparseMoeBlock
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+    if model == "qwen3_moe":
+        block = Qwen3MoeSparseMoeBlock(Qwen3MoeConfig(hidden_size=H, moe_intermediate_size=INTER,
+                                                      num_experts=EXPERTS, num_experts_per_tok=TOPK,
+                                                      norm_topk_prob=True))
+    elif model == "mixtral":
+        block = MixtralSparseMoeBlock(MixtralConfig(hidden_size=H, intermediate_size=INTER, num_local_experts=EXPERTS,
+                                                    num_experts_per_tok=TOPK))
+    elif model == "olmoe":
+        block = OlmoeSparseMoeBlock(OlmoeConfig(hidden_size=H, intermediate_size=INTER, num_experts=EXPERTS,
+                                                num_experts_per_tok=TOPK))
+    else:
+        block = DeepseekV3MoE(DeepseekV3Config(hidden_size=H, moe_intermediate_size=INTER, n_routed_experts=EXPERTS,
+                                               num_experts_per_tok=TOPK, n_group=2, topk_group=1, n_shared_experts=1,
+                                               routed_scaling_factor=2.5, norm_topk_prob=True))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, t in [*block.named_parameters(), *block.named_buffers()]:
+            fan_in = t.shape[-1] if t.dim() > 1 else 1
+            scale = 4.0 if name.startswith("gate.") else 1.0  # router logits of spread O(1): clear top-k choices
+            t.copy_(bf16_exact(torch.randn(t.shape, generator=g) * scale / fan_in ** 0.5))
+    block.experts.config._experts_implementation = "eager"
+    return block
+
+
+MODELS = ["qwen3_moe", "mixtral", "olmoe", "deepseek_v3"]
+MEASURED = []  # every relative error computed, for reporting (-s shows the largest per test)
+EXPERT_WEIGHTS = ("experts.gate_up_proj", "experts.down_proj")
+
+
+def bf16_exact(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.bfloat16).to(t.dtype)
+
+
+def draw(seed: int, tokens: int = TOKENS):
+    """x [T, H], random top-k ids (distinct per token), routing weights [T, K] and dout, bf16-representable."""
+    g = torch.Generator().manual_seed(seed + 1)
+    x = bf16_exact(torch.randn(tokens, H, generator=g))
+    ids = torch.rand(tokens, EXPERTS, generator=g).argsort(-1)[:, :TOPK]
+    weights = torch.rand(tokens, TOPK, generator=g) + 0.1
+    dout = bf16_exact(torch.randn(tokens, H, generator=g))
+    return x, ids, weights, dout
+
+
+def with_impl(module: torch.nn.Module, impl: str, dtype: torch.dtype) -> torch.nn.Module:
+    """A copy of the block or experts module in `dtype` whose experts run on `impl`."""
+    module = copy.deepcopy(module).to(dtype)
+    experts = module.experts if hasattr(module, "experts") else module
+    experts.config._experts_implementation = impl
+    return module
+
+
+def run_experts(experts, impl: str, dtype, x, ids, weights, dout) -> dict:
+    """HF's experts module forward + backward with experts_implementation `impl`, in `dtype`."""
+    experts = with_impl(experts, impl, dtype)
+    x = x.to(dtype).requires_grad_(True)
+    weights = weights.to(dtype).requires_grad_(True)
+    out = experts(x, ids, weights)
+    out.backward(dout.to(dtype))
+    return {"out": out, "dx": x.grad, "dw": weights.grad, "experts.gate_up_proj": experts.gate_up_proj.grad,
+            "experts.down_proj": experts.down_proj.grad}
+
+
+def run_block(block, impl: str, dtype, x, dout) -> dict:
+    """The whole HF block (its router included) forward + backward; every parameter's gradient."""
+    block = with_impl(block, impl, dtype)
+    x = x.to(dtype).reshape(1, -1, H).requires_grad_(True)
+    out = block(x)
+    out.backward(dout.to(dtype).reshape(out.shape))
+    grads = {name: p.grad for name, p in block.named_parameters()}
+    return {"out": out.reshape(-1, H), "dx": x.grad.reshape(-1, H), **grads}
+
+
+def run_from_hf(block, x, dout, *, group=None, backend=None, mxfp8=False) -> dict:
+    """mok.nn.MoE.from_hf(block) forward + backward; gradients named as HF's parameters (mapped back)."""
+    layer = mok.nn.MoE.from_hf(block, group=group, backend=backend, mxfp8=mxfp8)
+    assert isinstance(layer, mok.nn.MoE)
+    x = x.clone().reshape(1, -1, H).requires_grad_(True)
+    out = layer(x)
+    out.backward(dout.reshape(out.shape))
+    grads = {"experts.gate_up_proj": torch.cat([layer.gate.grad, layer.up.grad], dim=1),
+             "experts.down_proj": layer.down.grad, "gate.weight": layer.router.weight.grad}
+    if layer.shared_gate is not None:
+        grads.update({"shared_experts.gate_proj.weight": layer.shared_gate.grad,
+                      "shared_experts.up_proj.weight": layer.shared_up.grad,
+                      "shared_experts.down_proj.weight": layer.shared_down.grad})
+    return {"out": out.reshape(-1, H), "dx": x.grad.reshape(-1, H), **grads}
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.detach().double(), want.detach().double()
+    error = float((got - want).norm() / want.norm().clamp_min(1e-300))
+    MEASURED.append(error)
+    return error
+
+
+def assert_close(got: dict, want: dict, bound: float, what: str, names=None) -> None:
+    names = names or sorted(want)
+    errors = {n: relative_error(got[n], want[n]) for n in names}
+    bad = {n: e for n, e in errors.items() if not e <= bound}
+    assert not bad, f"{what}: relative errors above {bound}: {bad} (all: {errors})"
+
+
+def expert_slice(grads: dict, rank: int, world: int) -> dict:
+    """The expert-weight gradients of the experts rank `rank` owns."""
+    local = EXPERTS // world
+    return {n: (g[rank * local:(rank + 1) * local] if n.endswith(EXPERT_WEIGHTS) else g)
+            for n, g in grads.items()}
+
+
+@pytest.fixture
+def mok_settings():
+    """configure() is process-wide: each test sets it and gets the previous settings back afterwards."""
+    previous = mok_hf.settings()
+    yield mok_hf.configure
+    mok_hf.configure(group=previous.group, backend=previous.backend, mxfp8=previous.mxfp8, config=previous.config,
+                     keep_context=previous.keep_context)
+
+
+def test_mok_is_registered_with_transformers():
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    assert ALL_EXPERTS_FUNCTIONS["mok"] is mok_hf.experts_forward
+
+
+@pytest.mark.parametrize("mxfp8", [False, True], ids=["bf16", "mxfp8"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("model", MODELS)
+def test_experts_module_matches_hf(seed, mok_settings, model, backend, mxfp8):
+    """HF's experts module, bf16 parameters, experts_implementation="mok" vs its float64 eager loop (HF's routing
+    given): out, dx, dw (the routing weights' gradient), gate_up_proj's and down_proj's gradients."""
+    mok_settings(backend=backend, mxfp8=mxfp8)
+    experts = make_block(model, seed).experts
+    inputs = draw(seed)
+    want = run_experts(experts, "eager", torch.float64, *inputs)
+    got = run_experts(experts, "mok", torch.bfloat16, *inputs)
+    assert got["out"].dtype == torch.bfloat16 and got["experts.gate_up_proj"].dtype == torch.bfloat16
+    assert_close(got, want, TOLERANCE[mxfp8], f"{model} {backend} mxfp8={mxfp8}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("model", MODELS)
+def test_block_with_hf_router_matches_hf(seed, mok_settings, model, backend):
+    """The whole block in fp32 (HF's router and shared experts, mok's experts) vs the block in float64: out, dx
+    and every parameter's gradient, the router's included (it flows through the routing weights)."""
+    mok_settings(backend=backend)
+    block = make_block(model, seed)
+    x, _, _, dout = draw(seed)
+    want = run_block(block, "eager", torch.float64, x, dout)
+    got = run_block(block, "mok", torch.float32, x, dout)
+    assert got["out"].dtype == torch.float32
+    assert "gate.weight" in want
+    assert_close(got, want, TOLERANCE[False], f"{model} {backend}")
+
+
+@pytest.mark.parametrize("mxfp8", [False, True], ids=["bf16", "mxfp8"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("model", MODELS)
+def test_from_hf_matches_hf(seed, model, backend, mxfp8):
+    """mok.nn.MoE.from_hf(block): router, experts and shared expert mapped from HF's names; vs the float64 block."""
+    block = make_block(model, seed)
+    x, _, _, dout = draw(seed)
+    want = run_block(block, "eager", torch.float64, x, dout)
+    got = run_from_hf(block, x, dout, backend=backend, mxfp8=mxfp8)
+    assert_close(got, want, TOLERANCE[mxfp8], f"{model} {backend} mxfp8={mxfp8}", names=sorted(got))
+
+
+def two_rank_worker(rank: int, world: int, seed: int, backend: str) -> dict:
+    """Every model on this rank's tokens with the group given once through configure(): the experts module
+    (bf16 and MXFP8), the block with HF's router, and from_hf."""
+    mok_hf.configure(group=dist.group.WORLD, backend=backend)
+    mine = slice(sum(SPLIT[:rank]), sum(SPLIT[:rank + 1]))
+    results = {}
+    for model in MODELS:
+        block = make_block(model, seed)
+        x, ids, weights, dout = draw(seed)
+        part = (x[mine], ids[mine], weights[mine], dout[mine])
+        for mxfp8 in (False, True):
+            mok_hf.configure(group=dist.group.WORLD, backend=backend, mxfp8=mxfp8)
+            results[model, "experts", mxfp8] = run_experts(block.experts, "mok", torch.bfloat16, *part)
+        mok_hf.configure(group=dist.group.WORLD, backend=backend)
+        results[model, "block", False] = run_block(block, "mok", torch.float32, x[mine], dout[mine])
+        results[model, "from_hf", False] = run_from_hf(block, x[mine], dout[mine], group=dist.group.WORLD,
+                                                       backend=backend)
+    return {k: {n: t.detach() for n, t in v.items()} for k, v in results.items()}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_ranks_match_hf(seed, backend):
+    """2 ranks (16 and 24 tokens; experts 0-1 on rank 0, 2-3 on rank 1): each rank's out, dx, dw match HF on
+    its tokens; expert gradients, summed over both ranks' tokens, land on the owning rank (zero elsewhere); the
+    router's and shared expert's gradients are over the rank's own tokens, like any replicated weight's."""
+    world = 2
+    results = run_group(world, two_rank_worker, seed, backend)
+    for model in MODELS:
+        block = make_block(model, seed)
+        x, ids, weights, dout = draw(seed)
+        everyone = run_experts(block.experts, "eager", torch.float64, x, ids, weights, dout)
+        block_all = run_block(block, "eager", torch.float64, x, dout)
+        for rank in range(world):
+            mine = slice(sum(SPLIT[:rank]), sum(SPLIT[:rank + 1]))
+            alone = run_block(block, "eager", torch.float64, x[mine], dout[mine])
+            others = [e for e in range(EXPERTS) if e // (EXPERTS // world) != rank]
+            for mxfp8 in (False, True):
+                got = expert_slice(results[rank][model, "experts", mxfp8], rank, world)
+                want = {"out": everyone["out"][mine], "dx": everyone["dx"][mine], "dw": everyone["dw"][mine],
+                        **expert_slice({n: everyone[n] for n in EXPERT_WEIGHTS}, rank, world)}
+                assert_close(got, want, TOLERANCE[mxfp8], f"{model} experts rank {rank} mxfp8={mxfp8}")
+                assert not results[rank][model, "experts", mxfp8]["experts.gate_up_proj"][others].any()
+            # Router and shared expert: this rank's tokens (alone); routed experts: every token (block_all).
+            want = {**alone, "out": block_all["out"][mine], "dx": block_all["dx"][mine],
+                    **expert_slice({n: block_all[n] for n in EXPERT_WEIGHTS}, rank, world)}
+            for path in ("block", "from_hf"):
+                got = results[rank][model, path, False]
+                if path == "block":  # HF's full-size parameters: only this rank's experts have gradients
+                    assert not got["experts.gate_up_proj"][others].any()
+                    got = expert_slice(got, rank, world)
+                assert_close(got, want, TOLERANCE[False], f"{model} {path} rank {rank}", names=sorted(got))
+
+
+def test_unsupported_experts_are_refused():
+    """gpt-oss's experts (biases, clamped SwiGLU) raise naming the reason, not a wrong result."""
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    experts = GptOssExperts(GptOssConfig(hidden_size=H, intermediate_size=INTER, num_local_experts=EXPERTS))
+    with pytest.raises(ValueError, match="GptOssExperts cannot run on mok: its experts have biases"):
+        mok_hf.routed_experts(experts)
+
+
+@pytest.fixture(autouse=True)
+def report_largest_error():
+    MEASURED.clear()
+    yield
+    if MEASURED:
+        print(f"largest relative error: {max(MEASURED):.3g}")
