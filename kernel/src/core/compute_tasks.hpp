@@ -158,7 +158,7 @@ MOK_HD inline Failure run_swiglu(const PassView& v, const TileInfo& t) {
   Failure f = wait_stage(v, t, TaskKind::swiglu);
   if (!f.ok()) return f;
   int in = v.s.intermediate;
-  Swiglu sw{v.s.swiglu_limit, v.sigmoid_table};
+  Swiglu sw = layer_swiglu(v.s, v.sigmoid_table);
   for (int64_t j = t.row0; j < t.row0 + t.rows; ++j)
     swiglu_row(sw, ring_row(v, v.ring_g, j, in), ring_row(v, v.ring_u, j, in), in, ring_row(v, v.ring_h, j, in));
   finish_stage(v, t, TaskKind::swiglu);
@@ -196,7 +196,7 @@ MOK_HD inline Failure run_swiglu_bwd(const PassView& v, const TileInfo& t) {
   Failure f = wait_stage(v, t, TaskKind::swiglu_bwd);
   if (!f.ok()) return f;
   int in = v.s.intermediate;
-  Swiglu sw{v.s.swiglu_limit, v.sigmoid_table};
+  Swiglu sw = layer_swiglu(v.s, v.sigmoid_table);
   for (int64_t j = t.row0; j < t.row0 + t.rows; ++j)
     swiglu_backward_row(sw, ring_row(v, v.ring_g, j, in), ring_row(v, v.ring_u, j, in), ring_row(v, v.ring_h, j, in),
                         in);
@@ -312,7 +312,7 @@ MOK_HD Failure run_shared(const PassView& v, int64_t chunk, Ops& ops) {
   Operand wgate = bf16_operand(v.w.shared_gate, h, 1, false), wup = bf16_operand(v.w.shared_up, h, 1, false);
   ops.gemm(gemm_one(rows, is, x, wgate, h, g, is, Epilogue::store_bf16));
   ops.gemm(gemm_one(rows, is, x, wup, h, u, is, Epilogue::store_bf16));
-  Swiglu sw{v.s.swiglu_limit, v.sigmoid_table};
+  Swiglu sw = layer_swiglu(v.s, v.sigmoid_table);
   for (int r = 0; r < rows; ++r) swiglu_row(sw, g + r * is, u + r * is, is, hr + r * is);
   if (!backward) {
     ops.gemm(gemm_one(rows, h, bf16_operand(hr, is, 1, false), bf16_operand(v.w.shared_down, is, 1, false), is, out, h,
