@@ -28,6 +28,8 @@ from mok.experts import ExpertWeights, RoutedExperts, RoutedExpertsMXFP8, Shared
 from mok.quant import MXFP8Pair, mxfp8_fake_quantize
 
 PRECISIONS = ("bf16", "float64")
+ACTIVATIONS = ("swiglu", "swiglu_oai")
+OAI_ALPHA = 1.702  # gpt-oss's alpha (and its clamp is 7.0)
 
 
 class ExpertActivations(NamedTuple):
@@ -67,26 +69,43 @@ class Gradients(NamedTuple):
 # Per-expert building blocks
 
 
-def swiglu(g: torch.Tensor, u: torch.Tensor, limit: float | None = None) -> torch.Tensor:
-    """h = silu(min(g, L)) * clamp(u, -L, L), silu(z) = z * sigmoid(z), evaluated as (a * sigmoid(a)) * b.
+def swiglu(
+    g: torch.Tensor, u: torch.Tensor, limit: float | None = None, activation: str = "swiglu", alpha: float = OAI_ALPHA
+) -> torch.Tensor:
+    """With a = min(g, L), b = clamp(u, -L, L):
+    activation "swiglu":     h = silu(a) * b, silu(z) = z * sigmoid(z), evaluated as (a * sigmoid(a)) * b;
+    activation "swiglu_oai": h = a * sigmoid(alpha * a) * (b + 1) (gpt-oss), evaluated as
+                             (a * sigmoid(alpha * a)) * (b + 1), alpha * a and b + 1 each rounded first.
 
     Computed in fp32 (float64 when g or u is float64) and returned unrounded; callers store it. limit None = no clamp.
     """
+    _check_activation(activation, alpha)
     a, b = _clamped(g, u, limit)
-    return a * torch.sigmoid(a) * b
+    z, f = _gate_argument(a, activation, alpha), _up_factor(b, activation)
+    return a * torch.sigmoid(z) * f
 
 
-def swiglu_backward(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor, limit: float | None = None):
+def swiglu_backward(
+    g: torch.Tensor,
+    u: torch.Tensor,
+    dh: torch.Tensor,
+    limit: float | None = None,
+    activation: str = "swiglu",
+    alpha: float = OAI_ALPHA,
+):
     """(dg, du) of swiglu from the stored g, u and the incoming dh, unrounded, in swiglu's compute dtype.
 
-    With s = sigmoid(a): dg = (dh * b) * (s * (1 + a * (1 - s))), except 0 where g > L;
-    du = dh * (a * s), except 0 where |u| > L. For numbers these are torch.clamp's autograd masks (inclusive at
+    With z = a ("swiglu") or alpha * a ("swiglu_oai"), f = b or b + 1, s = sigmoid(z):
+    dg = (dh * f) * (s * (1 + z * (1 - s))), except 0 where g > L; du = dh * (a * s), except 0 where |u| > L.
+    For numbers these are torch.clamp's autograd masks (inclusive at
     +-L); a NaN g or u is not clamped, so its gradient passes as NaN (torch.clamp's would be 0: docs/semantics.md).
     """
+    _check_activation(activation, alpha)
     a, b = _clamped(g, u, limit)
     dh = dh.to(a.dtype)
-    s = torch.sigmoid(a)
-    dg = dh * b * (s * (1 + a * (1 - s)))
+    z, f = _gate_argument(a, activation, alpha), _up_factor(b, activation)
+    s = torch.sigmoid(z)
+    dg = dh * f * (s * (1 + z * (1 - s)))
     du = dh * (a * s)
     if limit is not None:
         # Masks compare in the compute dtype: a bf16 comparison would round L to bf16.
@@ -98,7 +117,13 @@ def swiglu_backward(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor, limit: f
 
 
 def expert_forward(
-    x: torch.Tensor, weights: ExpertWeights, *, swiglu_limit: float | None = None, precision: str = "bf16"
+    x: torch.Tensor,
+    weights: ExpertWeights,
+    *,
+    swiglu_limit: float | None = None,
+    precision: str = "bf16",
+    activation: str = "swiglu",
+    alpha: float = OAI_ALPHA,
 ) -> ExpertActivations:
     """One expert on its rows x [T, H] (canonical row order): g, u = x W_gate^T, x W_up^T; h = swiglu(g, u);
     y = h W_down^T. GEMMs accumulate in fp32 and store bf16; MXFP8 weights (weights.is_mxfp8) quantise x and h
@@ -107,7 +132,7 @@ def expert_forward(
     xa = p.act(x)
     g = p.store(p.gemm(xa, p.weight(weights.gate, "rowwise")))
     u = p.store(p.gemm(xa, p.weight(weights.up, "rowwise")))
-    h = p.store(swiglu(g, u, swiglu_limit))
+    h = p.store(swiglu(g, u, swiglu_limit, activation, alpha))
     y = p.store(p.gemm(p.act(h), p.weight(weights.down, "rowwise")))
     return ExpertActivations(g, u, h, y)
 
@@ -120,6 +145,8 @@ def expert_backward(
     *,
     swiglu_limit: float | None = None,
     precision: str = "bf16",
+    activation: str = "swiglu",
+    alpha: float = OAI_ALPHA,
 ) -> ExpertGradients:
     """Backward of expert_forward on the same rows, given dy [T, H] (stored: bf16, or float64 in the oracle).
 
@@ -130,7 +157,7 @@ def expert_backward(
     p = _Precision(precision, weights)
     dy = p.store(dy)
     dh = p.store(p.gemm(p.act(dy), p.weight(weights.down, "colwise")))
-    dg, du = (p.store(d) for d in swiglu_backward(act.g, act.u, dh, swiglu_limit))
+    dg, du = (p.store(d) for d in swiglu_backward(act.g, act.u, dh, swiglu_limit, activation, alpha))
     dgu = torch.cat([p.act(dg), p.act(du)], dim=1)
     w_gu = torch.cat([p.weight(weights.gate, "colwise"), p.weight(weights.up, "colwise")], dim=1)
     dx = p.store(p.gemm(dgu, w_gu))
@@ -217,6 +244,8 @@ class Context:
     activations: list  # ExpertActivations per expert, in expert order
     shared_activations: ExpertActivations | None
     y_slots: torch.Tensor  # [T, K, H] stored y_k (zeros for -1 routes)
+    activation: str = "swiglu"
+    alpha: float = OAI_ALPHA
 
 
 def forward(
@@ -228,13 +257,19 @@ def forward(
     *,
     swiglu_limit: float | None = None,
     precision: str = "bf16",
+    activation: str = "swiglu",
+    alpha: float = OAI_ALPHA,
 ):
     """The layer's forward on one process: returns (out [T, H], Context).
+
+    activation "swiglu" (default) or "swiglu_oai" (gpt-oss) with its alpha: see swiglu().
 
     x [T, H] bf16; topk_ids [T, K] int32/int64 in [-1, E) (-1 = no route); topk_weights [T, K] fp32.
     MXFP8 mode is selected by passing RoutedExpertsMXFP8. precision="float64" is the oracle (float64 out).
     """
     _check_inputs(x, topk_ids, topk_weights, routed, shared, swiglu_limit, precision)
+    _check_activation(activation, alpha)
+    act_args = dict(swiglu_limit=swiglu_limit, precision=precision, activation=activation, alpha=alpha)
     if precision == "float64" and isinstance(routed, RoutedExpertsMXFP8):
         routed = routed.master  # the oracle is the exact math the MXFP8 mode approximates
     T, K = topk_ids.shape
@@ -246,16 +281,17 @@ def forward(
     y_slots = torch.zeros(T * K, H, dtype=store, device=x.device)
     activations = []
     for e, rows in routing.segments():
-        act = expert_forward(x_rows[rows], routed.expert(e), swiglu_limit=swiglu_limit, precision=precision)
+        act = expert_forward(x_rows[rows], routed.expert(e), **act_args)
         y_slots[routing.slots[rows]] = act.y
         activations.append(act)
     shared_act = None
     if shared is not None:
-        shared_act = expert_forward(x, shared.expert(), swiglu_limit=swiglu_limit, precision=precision)
+        shared_act = expert_forward(x, shared.expert(), **act_args)
     y_slots = y_slots.view(T, K, H)
     out = combine(y_slots, topk_ids, topk_weights, None if shared_act is None else shared_act.y, precision=precision)
     ctx = Context(
-        x, topk_ids, topk_weights, routed, shared, swiglu_limit, precision, routing, activations, shared_act, y_slots
+        x, topk_ids, topk_weights, routed, shared, swiglu_limit, precision, routing, activations, shared_act, y_slots,
+        activation, alpha,
     )
     return out, ctx
 
@@ -285,6 +321,8 @@ def backward(ctx: Context, dout: torch.Tensor) -> Gradients:
             dy_rows[rows],
             swiglu_limit=ctx.swiglu_limit,
             precision=precision,
+            activation=ctx.activation,
+            alpha=ctx.alpha,
         )
         dx_slots[routing.slots[rows]] = grads.dx
         wgrads.append(grads)
@@ -292,7 +330,8 @@ def backward(ctx: Context, dout: torch.Tensor) -> Gradients:
     shared = None
     if ctx.shared is not None:
         shared = expert_backward(
-            x, ctx.shared.expert(), ctx.shared_activations, dout, swiglu_limit=ctx.swiglu_limit, precision=precision
+            x, ctx.shared.expert(), ctx.shared_activations, dout, swiglu_limit=ctx.swiglu_limit, precision=precision,
+            activation=ctx.activation, alpha=ctx.alpha,
         )
     dx = combine(dx_slots.view(T, K, H), ctx.topk_ids, None, None if shared is None else shared.dx, precision=precision)
     return Gradients(
@@ -339,6 +378,22 @@ class _Precision:
     def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """a [M, K] times b [N, K]^T, accumulated in a's dtype (products of bf16 or MXFP8 values are exact in fp32)."""
         return a @ b.t()
+
+
+def _gate_argument(a: torch.Tensor, activation: str, alpha: float) -> torch.Tensor:
+    """sigmoid's argument: a, or alpha * a rounded to a's dtype (alpha as that dtype: fp32 in the bf16 modes)."""
+    return a if activation == "swiglu" else torch.tensor(alpha, dtype=a.dtype, device=a.device) * a
+
+
+def _up_factor(b: torch.Tensor, activation: str) -> torch.Tensor:
+    return b if activation == "swiglu" else b + 1
+
+
+def _check_activation(activation, alpha) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if activation == "swiglu_oai" and not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
+        raise ValueError(f"alpha must be a finite number > 0 with activation 'swiglu_oai', got {alpha!r}")
 
 
 def _clamped(g: torch.Tensor, u: torch.Tensor, limit: float | None):

@@ -31,6 +31,7 @@ struct Spec {
   Routing routing = Routing::uniform;
   bool mxfp8 = false;
   double limit = 0;
+  double alpha = 0;  // 0: swiglu; > 0: swiglu_oai with this alpha
 };
 
 // Uniform in [-a, a], rounded to bf16; never all zeros.
@@ -50,6 +51,7 @@ inline ref::Problem make_problem(const Spec& s, std::mt19937_64& rng) {
   p.top_k = s.top_k;
   p.shared_inter = s.shared_inter;
   p.limit = s.limit;
+  p.alpha = s.alpha;
   p.mxfp8 = s.mxfp8;
   int n_experts = s.world * s.experts;
   std::uniform_int_distribution<int> tok(1, s.max_tokens), ex(0, n_experts - 1), coin(0, 3);
@@ -136,6 +138,8 @@ inline mokLayerConfig_t config_for(const ref::Problem& p, const Knobs& k, int ra
   c.shared_intermediate = p.shared_inter;
   c.precision = p.mxfp8 ? mokPrecisionMXFP8 : mokPrecisionBF16;
   c.swiglu_limit = static_cast<float>(p.limit);
+  c.activation = p.alpha > 0 ? mokActivationSwigluOai : mokActivationSwiglu;
+  c.swiglu_alpha = static_cast<float>(p.alpha > 0 ? p.alpha : 1.0);
   c.expert_padding = k.padding;
   c.minibatch = k.minibatch;
   c.macrobatch = k.macrobatch;

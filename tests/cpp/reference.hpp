@@ -114,6 +114,7 @@ inline Vec mx_matrix(const Vec& m, int rows, int cols, bool along_cols) {
 struct Problem {
   int world = 1, experts = 1, hidden = 8, inter = 8, top_k = 1, shared_inter = 0;
   double limit = 0;  // SwiGLU clamp; 0 = none
+  double alpha = 0;  // 0: swiglu; > 0: swiglu_oai with this alpha
   bool mxfp8 = false;
   std::vector<int> tokens;                               // per rank
   std::vector<std::vector<int64_t>> ids;                 // [rank][T*K]
@@ -192,7 +193,7 @@ class Layer {
       }
       g[i] = bf16(sg);
       u[i] = bf16(su);
-      h[i] = bf16(silu(clamp_max(g[i], L_)) * clamp_abs(u[i], L_));
+      h[i] = bf16(act(g[i], u[i]));
     }
   }
 
@@ -216,14 +217,22 @@ class Layer {
     return out;
   }
 
+  // swiglu: silu(g') u'; swiglu_oai: g' sigmoid(alpha g') (u' + 1).
+  double act(double g, double u) const {
+    double gc = clamp_max(g, L_), uc = clamp_abs(u, L_);
+    if (p_.alpha == 0) return silu(gc) * uc;
+    return gc / (1.0 + std::exp(-p_.alpha * gc)) * (uc + 1.0);
+  }
+
   void swiglu_bwd(const Vec& g, const Vec& u, const Vec& dh, Vec& dg, Vec& du) const {
     dg.assign(g.size(), 0);
     du.assign(g.size(), 0);
+    double a = p_.alpha == 0 ? 1.0 : p_.alpha;
     for (size_t i = 0; i < g.size(); ++i) {
-      double gc = clamp_max(g[i], L_), uc = clamp_abs(u[i], L_);
-      double s = 1.0 / (1.0 + std::exp(-gc));
+      double gc = clamp_max(g[i], L_), uc = clamp_abs(u[i], L_), f = p_.alpha == 0 ? uc : uc + 1.0;
+      double s = 1.0 / (1.0 + std::exp(-a * gc));
       // The gradient stops where the clamp moved the value (never at a NaN, which passes as NaN).
-      dg[i] = g[i] > L_ ? 0.0 : bf16(dh[i] * uc * s * (1.0 + gc * (1.0 - s)));
+      dg[i] = g[i] > L_ ? 0.0 : bf16(dh[i] * f * s * (1.0 + a * gc * (1.0 - s)));
       du[i] = (u[i] > L_ || u[i] < -L_) ? 0.0 : bf16(dh[i] * gc * s);
     }
   }

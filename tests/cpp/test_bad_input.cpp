@@ -120,6 +120,18 @@ TEST(config_rules) {
 }
 
 // The clamp: 0 (no clamp) and every positive value are accepted, the first negative one is not.
+TEST(activation_and_alpha) {
+  ACCEPT_CONFIG(c.activation = mokActivationSwigluOai);
+  ACCEPT_CONFIG(c.swiglu_alpha = NAN);  // swiglu has no alpha
+  ACCEPT_CONFIG(c.activation = mokActivationSwigluOai; c.swiglu_alpha = 1e-30f);
+  EXPECT_CONFIG(c.activation = static_cast<mokActivation_t>(2), "config.activation", "(2)", "mokActivationSwigluOai");
+  EXPECT_CONFIG(c.activation = static_cast<mokActivation_t>(-1), "config.activation", "(-1)");
+  EXPECT_CONFIG(c.activation = mokActivationSwigluOai; c.swiglu_alpha = 0.0f, "config.swiglu_alpha", "must be finite");
+  EXPECT_CONFIG(c.activation = mokActivationSwigluOai; c.swiglu_alpha = -1.0f, "config.swiglu_alpha", "(-1)");
+  EXPECT_CONFIG(c.activation = mokActivationSwigluOai; c.swiglu_alpha = NAN, "config.swiglu_alpha", "(nan)");
+  EXPECT_CONFIG(c.activation = mokActivationSwigluOai; c.swiglu_alpha = INFINITY, "config.swiglu_alpha", "(inf)");
+}
+
 TEST(swiglu_limit_boundary) {
   ACCEPT_CONFIG(c.swiglu_limit = 0.0f);
   ACCEPT_CONFIG(c.swiglu_limit = std::numeric_limits<float>::denorm_min());

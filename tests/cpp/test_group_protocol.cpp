@@ -223,6 +223,26 @@ TEST(config_swiglu_limit_differs_fails_every_rank) {
         "rank %d: %s: %s", r->r, mokGetStatusString(r->status), r->detail.c_str());
 }
 
+// The activation and swiglu_oai's alpha are part of the math every rank shares: a rank with another one fails
+// every rank, the detail naming the field and both values (alpha as the float it is).
+TEST(config_activation_or_alpha_differs_fails_every_rank) {
+  for (int which = 0; which < 2; ++which) {
+    ref::Problem p = problem(3, 22);
+    Group g(p, kLongTimeoutMs);
+    g.edit_config = [which](int r, mokLayerConfig_t& c) {
+      c.activation = which == 0 && r != 1 ? mokActivationSwiglu : mokActivationSwigluOai;
+      c.swiglu_alpha = which == 1 && r == 1 ? 0.75f : 1.702f;
+    };
+    double ms = g.run([](Rank& r) { r.schedule(); });
+    CHECK_MSG(ms < kFastMs, "took %.0f ms", ms);
+    const char* field = which == 0 ? "'config.activation'" : "'config.swiglu_alpha'";
+    const char* value = which == 0 ? "(1)" : "(0.75)";
+    for (auto& r : g.ranks)
+      CHECK_MSG(r->status == mokInvalidArgument && contains(r->detail, field) && contains(r->detail, value),
+                "rank %d: %s: %s", r->r, mokGetStatusString(r->status), r->detail.c_str());
+  }
+}
+
 // Rank 0 and rank 1 make different collective calls from a valid state: both fail with
 // mokInvalidUsage naming both calls; neither hangs, neither succeeds.
 TEST(ranks_making_different_calls_all_fail) {

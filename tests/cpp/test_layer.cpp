@@ -97,6 +97,36 @@ TEST(world2_top2_shared_expert_and_clamp) {
   check_against_reference(s, Knobs{});
 }
 
+// gpt-oss's activation (alpha 1.702) with a clamp the values cross, a shared expert, 1 and 2 ranks, both
+// precisions: h = g' sigmoid(alpha g') (u' + 1) in the oracle, forward and backward.
+TEST(world1_swiglu_oai_shared_expert_and_clamp) {
+  Spec s = spec(1, 2, Routing::uniform);
+  s.shared_inter = 12;
+  s.limit = 0.25;
+  s.alpha = 1.702;
+  check_against_reference(s, Knobs{});
+}
+
+TEST(world2_swiglu_oai_shared_expert_and_clamp) {
+  Spec s = spec(2, 2, Routing::uniform);
+  s.shared_inter = 12;
+  s.limit = 0.25;
+  s.alpha = 1.702;
+  check_against_reference(s, Knobs{});
+}
+
+TEST(world2_swiglu_oai_mxfp8) {
+  Spec s = spec(2, 2, Routing::uniform);
+  s.mxfp8 = true;
+  s.hidden = 40;
+  s.inter = 24;
+  s.max_tokens = 24;
+  s.shared_inter = 8;
+  s.limit = 0.3;
+  s.alpha = 1.702;
+  check_against_reference(s, mxfp8_knobs());
+}
+
 TEST(world3_top8_minus_one_routes_int64_ids) {
   Knobs k;
   k.int64_ids = true;

@@ -5,6 +5,7 @@
  * naming the MOK_*_INIT macro). Built as C so the structs are laid out as a C caller's. Exit status: the number
  * of failed checks. */
 #define _POSIX_C_SOURCE 200112L /* posix_memalign */
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,7 +92,10 @@ static void config_sizes(void) {
   c.magic = 0; /* a struct that no MOK_*_INIT stamped (an unstamped caller's 'world' sits here) */
   EXPECT(mokLayerGetSizes(&c, &s), mokInvalidArgument, "MOK_LAYER_CONFIG_INIT");
   c = small_config();
-  c.size -= 8; /* smaller than the first layout */
+  c.size -= 4; /* between the first layout (88 bytes) and this one */
+  EXPECT(mokLayerGetSizes(&c, &s), mokInvalidArgument, "MOK_LAYER_CONFIG_INIT");
+  c = small_config();
+  c.size -= 16; /* smaller than the first layout */
   EXPECT(mokLayerGetSizes(&c, &s), mokInvalidArgument, "MOK_LAYER_CONFIG_INIT");
   CHECK(s.peer_bytes == 12345);
 
@@ -102,6 +106,25 @@ static void config_sizes(void) {
   EXPECT(mokLayerGetSizes(&c, &newer_sizes.now), mokInvalidArgument, newer_name);
   EXPECT(mokLayerGetSizes(&c, &newer_sizes.now), mokInvalidArgument, "argument 'sizes'");
   CHECK(untouched(&newer_sizes, 16, sizeof(newer_sizes), 0xab));
+}
+
+/* mokLayerConfig_t's first layout, before activation and swiglu_alpha: its sizeof has 4 bytes of tail padding
+ * where activation now lies. Garbage there (0xab: no activation) is not read: the layer gets swiglu. */
+static void config_first_layout(void) {
+  mokLayerConfig_t c = small_config(), first;
+  mokLayerSizes_t s = MOK_LAYER_SIZES_INIT, want = MOK_LAYER_SIZES_INIT;
+  size_t end = offsetof(mokLayerConfig_t, activation);
+  size_t size = (end + sizeof(size_t) - 1) / sizeof(size_t) * sizeof(size_t);
+  CHECK(size == 88 || sizeof(size_t) != 8);
+  EXPECT(mokLayerGetSizes(&c, &want), mokSuccess, NULL);
+  memset(&first, 0xab, sizeof(first));
+  memcpy(&first, &c, end);
+  first.size = size;
+  EXPECT(mokLayerGetSizes(&first, &s), mokSuccess, NULL);
+  CHECK(s.peer_bytes == want.peer_bytes && s.workspace_bytes == want.workspace_bytes);
+  /* this layout's own activation field must be in range: the same garbage there is rejected, named */
+  memset(&c.activation, 0xab, sizeof(c.activation));
+  EXPECT(mokLayerGetSizes(&c, &s), mokInvalidArgument, "config.activation");
 }
 
 /* A world-1 layer over heap memory, created through `memory` (any layout); NULL when creation failed. */
@@ -264,6 +287,7 @@ int main(void) {
   printf("seed %u\n", rng);
   snprintf(newer_name, sizeof(newer_name), "from mok.h %d.%d.3", MOK_VERSION_MAJOR, MOK_VERSION_MINOR + 1);
   config_sizes();
+  config_first_layout();
   memory_layouts();
   pass_structs();
   device_info();

@@ -131,6 +131,13 @@ typedef struct mokLayer* mokLayer_t;
 typedef enum { mokPrecisionBF16 = 0, mokPrecisionMXFP8 = 1, mokNumPrecisions = 2 } mokPrecision_t;
 typedef enum { mokIndexInt32 = 0, mokIndexInt64 = 1 } mokIndexType_t;
 typedef enum { mokDataBF16 = 0, mokDataFloat32 = 1 } mokDataType_t;
+/*
+ * The experts' gated activation of g = x W_gate^T and u = x W_up^T, with the clamp L (swiglu_limit):
+ * g' = min(g, L), u' = clamp(u, -L, L). docs/semantics.md gives the fp32 order of every operation.
+ *   mokActivationSwiglu:    h = silu(g') * u'                            (Llama, Mixtral, Qwen, DeepSeek)
+ *   mokActivationSwigluOai: h = g' * sigmoid(alpha * g') * (u' + 1)      (gpt-oss: alpha 1.702, L 7)
+ */
+typedef enum { mokActivationSwiglu = 0, mokActivationSwigluOai = 1, mokNumActivations = 2 } mokActivation_t;
 
 /*
  * The layer's shapes and knobs. Every range a..b includes both ends. The products that size the
@@ -163,6 +170,9 @@ typedef struct {
                                long without progress of the ranks it waits for (tasks they finish);
                                docs/c-api.md, "Failures of the group" */
   mokExecutor_t executor;   /* mokExecutorHost: the only one compiled so far (others: mokNotCompiled) */
+  /* Added after the first layout (a caller without them gets mokActivationSwiglu): */
+  mokActivation_t activation; /* mokActivationSwiglu or mokActivationSwigluOai; no other value */
+  float swiglu_alpha;         /* mokActivationSwigluOai's alpha: finite and > 0; ignored by mokActivationSwiglu */
 } mokLayerConfig_t;
 #define MOK_LAYER_CONFIG_INIT   \
   {MOK_STAMP(mokLayerConfig_t), \
@@ -182,7 +192,9 @@ typedef struct {
    1,                           \
    1,                           \
    30000,                       \
-   mokExecutorHost}
+   mokExecutorHost,             \
+   mokActivationSwiglu,         \
+   1.702f}
 
 typedef struct {
   size_t size;            /* sizeof(mokLayerSizes_t), set by MOK_LAYER_SIZES_INIT */

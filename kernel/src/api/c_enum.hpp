@@ -14,7 +14,7 @@ namespace mok::api {
 
 static_assert(sizeof(mokStatus_t) == sizeof(int32_t) && sizeof(mokExecutor_t) == sizeof(int32_t) &&
                   sizeof(mokPrecision_t) == sizeof(int32_t) && sizeof(mokIndexType_t) == sizeof(int32_t) &&
-                  sizeof(mokDataType_t) == sizeof(int32_t),
+                  sizeof(mokDataType_t) == sizeof(int32_t) && sizeof(mokActivation_t) == sizeof(int32_t),
               "the C enums of mok.h are int-sized");
 
 // The integer stored in `value` (taken by reference: binding it loads nothing).

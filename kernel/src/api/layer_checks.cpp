@@ -62,6 +62,19 @@ mokStatus_t check_enums(const mokLayerConfig_t* c, const char* func, mokPrecisio
   return mokSuccess;
 }
 
+// The activation and its alpha: alpha matters (and is checked) only for swiglu_oai.
+mokStatus_t check_activation(const mokLayerConfig_t* c, const char* func, core::Activation* activation) {
+  int32_t a = enum_bits(c->activation);
+  if (!enum_in_range(a, mokNumActivations))
+    return invalid(func, "must be mokActivationSwiglu (0) or mokActivationSwigluOai (1)", "config.activation", a);
+  *activation = static_cast<core::Activation>(a);
+  if (*activation == core::Activation::swiglu_oai && !(c->swiglu_alpha > 0.0f && std::isfinite(c->swiglu_alpha)))
+    return fail(mokInvalidArgument,
+                "%s: argument 'config.swiglu_alpha' (%g) must be finite and > 0 with mokActivationSwigluOai", func,
+                static_cast<double>(c->swiglu_alpha));
+  return mokSuccess;
+}
+
 // The rules between fields: the clamp, and the tile, minibatch and macrobatch granularities.
 mokStatus_t check_relations(const mokLayerConfig_t* c, mokPrecision_t precision, const char* func) {
   if (!(c->swiglu_limit >= 0.0f))
@@ -144,6 +157,8 @@ mokStatus_t check_config(const mokLayerConfig_t* config, const char* func, mokLa
   mokPrecision_t precision = mokPrecisionBF16;
   if (mokStatus_t s = check_ranges(c, func); s != mokSuccess) return s;
   if (mokStatus_t s = check_enums(c, func, &precision); s != mokSuccess) return s;
+  core::Activation activation = core::Activation::swiglu;
+  if (mokStatus_t s = check_activation(c, func, &activation); s != mokSuccess) return s;
   if (mokStatus_t s = check_relations(c, precision, func); s != mokSuccess) return s;
   if (mokStatus_t s = check_products(c, func); s != mokSuccess) return s;
   *shape = core::LayerShape{c->world,
@@ -160,7 +175,9 @@ mokStatus_t check_config(const mokLayerConfig_t* config, const char* func, mokLa
                             c->minibatch,
                             c->macrobatch,
                             c->comm_workers,
-                            c->compute_workers};
+                            c->compute_workers,
+                            static_cast<int>(activation),
+                            activation == core::Activation::swiglu_oai ? c->swiglu_alpha : 0.0f};
   return mokSuccess;
 }
 

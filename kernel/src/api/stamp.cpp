@@ -21,7 +21,14 @@ static_assert(offsetof(mokLayerConfig_t, magic) == offsetof(Stamp, magic) &&
 
 // Layouts, oldest first. A struct grows only at its end, by whole fields that change its sizeof.
 const size_t kDeviceInfoLayouts[] = {sizeof(mokDeviceInfo_t)};
-const size_t kLayerConfigLayouts[] = {sizeof(mokLayerConfig_t)};
+// mokLayerConfig_t's first layout ended at executor; activation and swiglu_alpha came after it. The
+// first layout's sizeof has 4 bytes of tail padding where activation now is: those are not read.
+constexpr size_t kConfigFirstEnd = offsetof(mokLayerConfig_t, activation);
+constexpr size_t kConfigFirstSize =
+    (kConfigFirstEnd + alignof(mokLayerConfig_t) - 1) / alignof(mokLayerConfig_t) * alignof(mokLayerConfig_t);
+static_assert(kConfigFirstSize < sizeof(mokLayerConfig_t), "the new layout is larger than the first");
+const size_t kLayerConfigLayouts[] = {kConfigFirstSize, sizeof(mokLayerConfig_t)};
+const size_t kLayerConfigEnds[] = {kConfigFirstEnd, sizeof(mokLayerConfig_t)};
 const size_t kLayerSizesLayouts[] = {sizeof(mokLayerSizes_t)};
 // mokLayerMemory_t's first layout ended at workspace_bytes; peer_bytes came after it.
 const size_t kLayerMemoryLayouts[] = {offsetof(mokLayerMemory_t, peer_bytes), sizeof(mokLayerMemory_t)};
@@ -35,14 +42,16 @@ static_assert(offsetof(mokLayerError_t, pass) % alignof(mokLayerError_t) == 0,
               "the first layout's sizeof is where pass starts");
 
 template <size_t N>
-constexpr StampedType stamped(const char* name, const char* init, const size_t (&layouts)[N]) {
-  return {name, init, layouts, static_cast<int>(N)};
+constexpr StampedType stamped(const char* name, const char* init, const size_t (&layouts)[N],
+                              const size_t* field_ends = nullptr) {
+  return {name, init, layouts, static_cast<int>(N), field_ends};
 }
 
 }  // namespace
 
 const StampedType kDeviceInfo = stamped("mokDeviceInfo_t", "MOK_DEVICE_INFO_INIT", kDeviceInfoLayouts);
-const StampedType kLayerConfig = stamped("mokLayerConfig_t", "MOK_LAYER_CONFIG_INIT", kLayerConfigLayouts);
+const StampedType kLayerConfig =
+    stamped("mokLayerConfig_t", "MOK_LAYER_CONFIG_INIT", kLayerConfigLayouts, kLayerConfigEnds);
 const StampedType kLayerSizes = stamped("mokLayerSizes_t", "MOK_LAYER_SIZES_INIT", kLayerSizesLayouts);
 const StampedType kLayerMemory = stamped("mokLayerMemory_t", "MOK_LAYER_MEMORY_INIT", kLayerMemoryLayouts);
 const StampedType kLayerWeights = stamped("mokLayerWeights_t", "MOK_LAYER_WEIGHTS_INIT", kLayerWeightsLayouts);

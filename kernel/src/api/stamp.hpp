@@ -17,7 +17,17 @@ struct StampedType {
   const char* init;
   const size_t* layouts;
   int count;
+  // Where each layout's fields end, when that is short of its sizeof (tail padding that a newer layout's
+  // field fills: those bytes of an older caller's struct are not read); null: every layout's sizeof.
+  const size_t* field_ends = nullptr;
 };
+
+// The bytes of a struct of layout `size` that hold its fields.
+inline size_t fields_end(const StampedType& type, size_t size) {
+  for (int i = 0; type.field_ends != nullptr && i < type.count; ++i)
+    if (type.layouts[i] == size) return type.field_ends[i];
+  return size;
+}
 
 // The layouts of every stamped struct of mok.h.
 extern const StampedType kDeviceInfo, kLayerConfig, kLayerSizes, kLayerMemory, kLayerWeights, kLayerGrads, kLayerError;
@@ -32,7 +42,7 @@ mokStatus_t read_stamped(const T* arg, const StampedType& type, const T& default
   size_t size = 0;
   if (mokStatus_t s = check_stamp(arg, type, name, func, &size); s != mokSuccess) return s;
   *out = defaults;
-  std::memcpy(static_cast<void*>(out), arg, size);
+  std::memcpy(static_cast<void*>(out), arg, fields_end(type, size));
   return mokSuccess;
 }
 

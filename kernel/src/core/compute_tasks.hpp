@@ -160,7 +160,7 @@ MOK_HD inline Failure run_swiglu(const PassView& v, const TileInfo& t, bf16_t* s
   if (!f.ok()) return f;
   int in = v.s.intermediate;
   bool mx = v.s.mxfp8 != 0;
-  Swiglu sw{v.s.swiglu_limit, v.sigmoid_table};
+  Swiglu sw = layer_swiglu(v.s, v.sigmoid_table);
   // One loop for both modes (one call site of the row function): bf16 rows go straight to the ring.
   for (int64_t b = t.row0; b < t.row0 + (mx ? v.s.expert_padding : t.rows); b += kMxBlock) {
     int n = block_rows(t, b);
@@ -211,7 +211,7 @@ MOK_HD inline Failure run_swiglu_bwd(const PassView& v, const TileInfo& t, bf16_
   if (!f.ok()) return f;
   int in = v.s.intermediate;
   bool mx = v.s.mxfp8 != 0;
-  Swiglu sw{v.s.swiglu_limit, v.sigmoid_table};
+  Swiglu sw = layer_swiglu(v.s, v.sigmoid_table);
   int64_t block = static_cast<int64_t>(kMxBlock) * in;
   bf16_t *dg = staging, *du = staging + block, *hd = staging + 2 * block;
   for (int64_t b = t.row0; b < t.row0 + (mx ? v.s.expert_padding : t.rows); b += kMxBlock) {
@@ -351,7 +351,7 @@ MOK_HD Failure run_shared(const PassView& v, int64_t chunk, Ops& ops) {
   Operand wgate = bf16_operand(v.w.shared_gate, h, 1, false), wup = bf16_operand(v.w.shared_up, h, 1, false);
   ops.gemm(gemm_one(rows, is, x, wgate, h, g, is, Epilogue::store_bf16));
   ops.gemm(gemm_one(rows, is, x, wup, h, u, is, Epilogue::store_bf16));
-  Swiglu sw{v.s.swiglu_limit, v.sigmoid_table};
+  Swiglu sw = layer_swiglu(v.s, v.sigmoid_table);
   for (int r = 0; r < rows; ++r) swiglu_row(sw, g + r * is, u + r * is, is, hr + r * is);
   if (!backward) {
     ops.gemm(gemm_one(rows, h, bf16_operand(hr, is, 1, false), bf16_operand(v.w.shared_down, is, 1, false), is, out, h,

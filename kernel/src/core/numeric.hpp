@@ -69,14 +69,25 @@ MOK_HD inline void fill_sigmoid_table(float* table) {
   for (int b = 0; b < kSigmoidTableSize; ++b) table[b] = sigmoid(bf16_to_float(static_cast<bf16_t>(b)));
 }
 
-// The SwiGLU clamp L; no clamp is L = +inf. NaN propagates (docs/semantics.md, "NaN"): the clamps
-// are written as comparisons that keep a NaN (fminf / fmaxf would replace it by the other argument),
-// and a gradient is masked only where the clamp moved the value, which a NaN never is.
+// Which gated activation h(g, u) the experts use (mok.h's mokActivation_t).
+enum class Activation : int32_t {
+  swiglu = 0,      // h = silu(g') * u'
+  swiglu_oai = 1,  // h = g' * sigmoid(alpha * g') * (u' + 1) (gpt-oss)
+};
+
+// The gated activation with its clamp L: g' = min(g, L), u' = clamp(u, -L, L); no clamp is L = +inf.
+// NaN propagates (docs/semantics.md, "NaN"): the clamps are written as comparisons that keep a NaN
+// (fminf / fmaxf would replace it by the other argument), and a gradient is masked only where the clamp
+// moved the value, which a NaN never is.
 struct Swiglu {
   float limit;
   const float* sigmoid_table = nullptr;  // fill_sigmoid_table's, or null: expf every time
+  Activation activation = Activation::swiglu;
+  float alpha = 1.0f;  // swiglu_oai's alpha; swiglu ignores it
 
-  // sigmoid(z): looked up when z is a bf16 value (its low 16 bits zero) and the table is there.
+  // sigmoid(z): looked up when z is a bf16 value (its low 16 bits zero) and the table is there. The table
+  // holds sigmoid()'s own bits, so an fp32 z (swiglu_oai's alpha * g') that happens to be a bf16 value gets
+  // the same bits from either path.
   MOK_HD float sigmoid_of(float z) const {
     uint32_t bits = float_bits(z);
     if (sigmoid_table != nullptr && (bits & 0xffffu) == 0) return sigmoid_table[bits >> 16];
@@ -86,19 +97,26 @@ struct Swiglu {
   MOK_HD float clamp_g(float g) const { return g > limit ? limit : g; }
   MOK_HD float clamp_u(float u) const { return u > limit ? limit : (u < -limit ? -limit : u); }
 
-  // h = silu(min(g, L)) * clamp(u, -L, L), in fp32.
+  MOK_HD bool oai() const { return activation == Activation::swiglu_oai; }
+  // The sigmoid's argument: g' (swiglu), or the fp32 product alpha * g' (swiglu_oai).
+  MOK_HD float gate_argument(float gc) const { return oai() ? mul_rn(alpha, gc) : gc; }
+  // The up factor: u' (swiglu), or the fp32 sum u' + 1 (swiglu_oai).
+  MOK_HD float up_factor(float uc) const { return oai() ? add_rn(uc, 1.0f) : uc; }
+
+  // h = (g' * s) * f with s = sigmoid(gate_argument(g')), f = up_factor(u'), in fp32, in that order.
   MOK_HD float forward(float g, float u) const {
     float gc = clamp_g(g);
-    return mul_rn(mul_rn(gc, sigmoid_of(gc)), clamp_u(u));
+    return mul_rn(mul_rn(gc, sigmoid_of(gate_argument(gc))), up_factor(clamp_u(u)));
   }
 
-  // dg, du from the stored g, u and the incoming dh. The gradient is 0 where g > L, and where
-  // |u| > L: torch.clamp's masks for every number (inclusive at +-L); a NaN passes as NaN.
+  // dg, du from the stored g, u and the incoming dh: dg = (dh * f) * s (1 + a g' (1 - s)) with a = 1
+  // (swiglu) or alpha (swiglu_oai), du = dh * (g' * s). The gradient is 0 where g > L, and where |u| > L:
+  // torch.clamp's masks for every number (inclusive at +-L); a NaN passes as NaN.
   MOK_HD void backward(float g, float u, float dh, float* dg, float* du) const {
-    float gc = clamp_g(g), uc = clamp_u(u);
-    float s = sigmoid_of(gc);
-    float dsilu = mul_rn(s, add_rn(1.0f, mul_rn(gc, add_rn(1.0f, -s))));
-    *dg = g > limit ? 0.0f : mul_rn(mul_rn(dh, uc), dsilu);
+    float gc = clamp_g(g), f = up_factor(clamp_u(u));
+    float s = sigmoid_of(gate_argument(gc));
+    float dsilu = mul_rn(s, add_rn(1.0f, mul_rn(gate_argument(gc), add_rn(1.0f, -s))));
+    *dg = g > limit ? 0.0f : mul_rn(mul_rn(dh, f), dsilu);
     *du = (u > limit || u < -limit) ? 0.0f : mul_rn(dh, mul_rn(gc, s));
   }
 };

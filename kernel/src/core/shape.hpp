@@ -27,7 +27,14 @@ struct LayerShape {
   int minibatch;            // rows per readiness counter; a multiple of expert_padding
   int macrobatch;           // ring-buffer rows; a multiple of minibatch
   int comm_workers, compute_workers;
+  int activation = 0;         // Activation: 0 swiglu, 1 swiglu_oai
+  float swiglu_alpha = 0.0f;  // swiglu_oai's alpha; 0 with swiglu (it has none)
 };
+
+// The layer's activation as the SwiGLU stages compute it, with the executor's sigmoid table (or null).
+MOK_HD inline Swiglu layer_swiglu(const LayerShape& s, const float* sigmoid_table) {
+  return Swiglu{s.swiglu_limit, sigmoid_table, static_cast<Activation>(s.activation), s.swiglu_alpha};
+}
 
 MOK_HD inline size_t align_up(size_t n, size_t a) {
   return (n + a - 1) / a * a;

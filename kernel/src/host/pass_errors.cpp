@@ -13,9 +13,9 @@ namespace {
 using core::Failure;
 using core::WaitId;
 
-// A group shape field as its config value: swiglu_limit is compared as float bits.
+// A group shape field as its config value: swiglu_limit and swiglu_alpha are compared as float bits.
 void field_value(int field, int32_t bits, char* out, size_t n) {
-  if (field != core::kGroupShapeFields - 1) {
+  if (field != core::kGroupShapeLimit && field != core::kGroupShapeAlpha) {
     std::snprintf(out, n, "%d", bits);
     return;
   }
