@@ -91,16 +91,19 @@ class MoE(nn.Module):
         output_router_logits, (out, router logits [T, E] fp32) with T the tokens of x flattened."""
         tokens = x.reshape(-1, x.shape[-1])
         ids, weights, logits, _ = self.route(tokens)
+        out = self.run_experts(tokens.contiguous(), ids, weights).reshape(x.shape)
+        return (out, logits) if output_router_logits else out
+
+    def run_experts(self, tokens: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """mok.moe over this module's experts (MXFP8-quantised when mxfp8) for routed tokens [T, H]."""
         routed = RoutedExperts(self.gate, self.up, self.down)
         if self.mxfp8:
             routed = quantize_routed(routed)
         shared = None
         if self.shared_gate is not None:
             shared = SharedExpert(self.shared_gate, self.shared_up, self.shared_down)
-        out = moe(tokens.contiguous(), ids, weights, routed, shared, group=self.group, config=self.config,
-                  backend=self.backend, swiglu_limit=self.swiglu_limit)
-        out = out.reshape(x.shape)
-        return (out, logits) if output_router_logits else out
+        return moe(tokens, ids, weights, routed, shared, group=self.group, config=self.config, backend=self.backend,
+                   swiglu_limit=self.swiglu_limit)
 
 
 def _check_router(router, hidden: int, num_experts: int, topk: int) -> None:

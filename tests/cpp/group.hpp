@@ -177,6 +177,20 @@ struct MxWeights {
     CHECK_MSG(s == mokSuccess, "%s", mokGetLastError());
   }
   mokMxfp8Matrix_t matrix(int slot) const { return {data[slot].data(), scales[slot].data()}; }
+
+  // w with rank r's routed experts in place of its bf16 ones: gate, up and down quantised rowwise and colwise.
+  void wire(const ref::Problem& p, int r, mokLayerWeights_t& w) {
+    w.gate = w.up = w.down = nullptr;
+    quantise(0, p.gate[r], p.experts, p.inter, p.hidden);
+    quantise(2, p.up[r], p.experts, p.inter, p.hidden);
+    quantise(4, p.down[r], p.experts, p.hidden, p.inter);
+    w.gate_rowwise = matrix(0);
+    w.gate_colwise = matrix(1);
+    w.up_rowwise = matrix(2);
+    w.up_colwise = matrix(3);
+    w.down_rowwise = matrix(4);
+    w.down_colwise = matrix(5);
+  }
 };
 
 template <class F>
@@ -255,18 +269,7 @@ inline void run_rank(const ref::Problem& p, const Knobs& k, int r, void* const* 
   const void* ids = k.int64_ids ? static_cast<const void*>(p.ids[r].data()) : ids32.data();
   MxWeights mx;
   mokLayerWeights_t w = bf16_weights(p, r);
-  if (p.mxfp8) {
-    w.gate = w.up = w.down = nullptr;
-    mx.quantise(0, p.gate[r], p.experts, p.inter, H);
-    mx.quantise(2, p.up[r], p.experts, p.inter, H);
-    mx.quantise(4, p.down[r], p.experts, H, p.inter);
-    w.gate_rowwise = mx.matrix(0);
-    w.gate_colwise = mx.matrix(1);
-    w.up_rowwise = mx.matrix(2);
-    w.up_colwise = mx.matrix(3);
-    w.down_rowwise = mx.matrix(4);
-    w.down_colwise = mx.matrix(5);
-  }
+  if (p.mxfp8) mx.wire(p, r, w);
   o.out[r].assign(static_cast<size_t>(T) * H, 0);
   bool ok = step(mokLayerBuildSchedule(layer, ids, k.int64_ids ? mokIndexInt64 : mokIndexInt32, T, nullptr));
   if (r == k.absent_rank) ok = false;

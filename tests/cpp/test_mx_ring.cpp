@@ -153,15 +153,7 @@ void run_case(int padding, int minibatch, int macrobatch, uint64_t salt) {
   if (!step(mokLayerCreate(&c, &m, &layer), "create")) return;
   MxWeights mx;
   mokLayerWeights_t w = MOK_LAYER_WEIGHTS_INIT;
-  mx.quantise(0, p.gate[0], p.experts, p.inter, kH);
-  mx.quantise(2, p.up[0], p.experts, p.inter, kH);
-  mx.quantise(4, p.down[0], p.experts, kH, p.inter);
-  w.gate_rowwise = mx.matrix(0);
-  w.gate_colwise = mx.matrix(1);
-  w.up_rowwise = mx.matrix(2);
-  w.up_colwise = mx.matrix(3);
-  w.down_rowwise = mx.matrix(4);
-  w.down_colwise = mx.matrix(5);
+  mx.wire(p, 0, w);
   std::vector<int32_t> ids(p.ids[0].begin(), p.ids[0].end());
   std::vector<uint16_t> out(static_cast<size_t>(kTokens) * kH);
   mok::core::LayerShape s = shape_of(c);

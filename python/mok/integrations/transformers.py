@@ -26,11 +26,10 @@ import torch
 from torch import nn
 
 from mok import ep
-from mok.experts import RoutedExperts, RoutedExpertsMXFP8, SharedExpert
+from mok.experts import RoutedExperts, RoutedExpertsMXFP8
 from mok.functional import MoKConfig
 from mok.layer import moe
 from mok.nn import MoE
-from mok.ops import quantize_routed
 from mok.quant import mxfp8_quantize
 from mok.routers import Routing
 
@@ -243,14 +242,7 @@ class HFMoE(MoE):
     def forward(self, x: torch.Tensor, output_router_logits: bool = False):
         tokens = x.reshape(-1, x.shape[-1])
         ids, weights, logits, _ = self.route(tokens)
-        routed = RoutedExperts(self.gate, self.up, self.down)
-        if self.mxfp8:
-            routed = quantize_routed(routed)
-        shared = None
-        if self.shared_gate is not None:
-            shared = SharedExpert(self.shared_gate, self.shared_up, self.shared_down)
-        out = moe(tokens.to(torch.bfloat16).contiguous(), ids.contiguous(), weights.contiguous(), routed, shared,
-                  group=self.group, config=self.config, backend=self.backend, swiglu_limit=self.swiglu_limit)
+        out = self.run_experts(tokens.to(torch.bfloat16).contiguous(), ids.contiguous(), weights.contiguous())
         out = out.reshape(x.shape).to(x.dtype)
         return (out, logits) if output_router_logits else out
 
