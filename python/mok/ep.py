@@ -227,6 +227,7 @@ class Context:
     routed: RoutedExperts | RoutedExpertsMXFP8
     shared: SharedExpert | None
     swiglu_limit: float | None
+    activation: dict  # reference.py's activation= and alpha= keywords
     expert_x: list[torch.Tensor]
     activations: list[reference.ExpertActivations]
     shared_activations: reference.ExpertActivations | None  # of the padded chunks, see _shared_forward
@@ -245,27 +246,29 @@ class MainGrads(NamedTuple):
 
 
 def forward(x, topk_ids, topk_weights, routed, shared, *, schedule: Schedule, swiglu_limit=None,
-            need_context: bool = True):
+            need_context: bool = True, activation: str = "swiglu", alpha: float | None = None):
     """out [T, H] bf16 for this rank's tokens, and the Context (None when need_context is False)."""
     ctx = recompute_forward_context(x, topk_ids, topk_weights, routed, shared, schedule=schedule,
-                                    swiglu_limit=swiglu_limit)
+                                    swiglu_limit=swiglu_limit, activation=activation, alpha=alpha)
     shared_y = None if ctx.shared_activations is None else ctx.shared_activations.y[:x.shape[0]]
     out = reference.combine(ctx.y_slots, topk_ids, topk_weights, shared_y)
     return out, (ctx if need_context else None)
 
 
 def recompute_forward_context(x, topk_ids, topk_weights, routed, shared, *, schedule: Schedule,
-                              swiglu_limit=None, y_slots: torch.Tensor | None = None) -> Context:
+                              swiglu_limit=None, y_slots: torch.Tensor | None = None, activation: str = "swiglu",
+                              alpha: float | None = None) -> Context:
     """Run the forward up to (not including) the final combine. Passing the forward's y_slots skips sending
     the expert outputs back (they are bitwise what the forward had)."""
+    act = _activation(activation, alpha)
     expert_x = schedule.expert_segments(dispatch_tokens(schedule, x))
-    activations = [reference.expert_forward(rows, routed.expert(e), swiglu_limit=swiglu_limit)
+    activations = [reference.expert_forward(rows, routed.expert(e), swiglu_limit=swiglu_limit, **act)
                    for e, rows in enumerate(expert_x)]
     if y_slots is None:
         y_slots = combine(schedule, torch.cat([a.y for a in activations]))
     activations = [a._replace(y=None) for a in activations]  # the backward never reads y on the expert side
-    shared_act = None if shared is None else _shared_forward(x, shared, swiglu_limit)
-    return Context(schedule, x, topk_ids, topk_weights, routed, shared, swiglu_limit, expert_x, activations,
+    shared_act = None if shared is None else _shared_forward(x, shared, swiglu_limit, act)
+    return Context(schedule, x, topk_ids, topk_weights, routed, shared, swiglu_limit, act, expert_x, activations,
                    shared_act, y_slots)
 
 
@@ -282,7 +285,7 @@ def backward(ctx: Context, dout: torch.Tensor, main_grads: MainGrads | None = No
     dy_slots = (ctx.topk_weights[:, :, None] * dout_f).to(torch.bfloat16)
     dy_rows = ctx.schedule.expert_segments(dispatch_slots(ctx.schedule, dy_slots))
     grads = [reference.expert_backward(ctx.expert_x[e], ctx.routed.expert(e), ctx.activations[e], dy_rows[e],
-                                       swiglu_limit=ctx.swiglu_limit) for e in range(len(dy_rows))]
+                                       swiglu_limit=ctx.swiglu_limit, **ctx.activation) for e in range(len(dy_rows))]
     dx_slots = combine(ctx.schedule, torch.cat([g.dx for g in grads]))
     shared = None if ctx.shared is None else _shared_backward(ctx, dout)
     dx = reference.combine(dx_slots, ctx.topk_ids, None, None if shared is None else shared.dx)
@@ -301,9 +304,14 @@ def backward(ctx: Context, dout: torch.Tensor, main_grads: MainGrads | None = No
 SHARED_CHUNK = 64
 
 
-def _shared_forward(x, shared, swiglu_limit) -> reference.ExpertActivations:
+def _activation(activation: str, alpha: float | None) -> dict:
+    """reference.py's keywords for the activation (alpha None: "swiglu", which has none)."""
+    return dict(activation=activation, alpha=reference.OAI_ALPHA if alpha is None else alpha)
+
+
+def _shared_forward(x, shared, swiglu_limit, act: dict) -> reference.ExpertActivations:
     """The shared expert on x's rows zero-padded to whole chunks: activations of [ceil(T / C) * C] rows."""
-    acts = [reference.expert_forward(c, shared.expert(), swiglu_limit=swiglu_limit) for c in _chunks(x)]
+    acts = [reference.expert_forward(c, shared.expert(), swiglu_limit=swiglu_limit, **act) for c in _chunks(x)]
     return reference.ExpertActivations(*(torch.cat(parts) for parts in zip(*acts, strict=True)))
 
 
@@ -312,7 +320,8 @@ def _shared_backward(ctx: Context, dout: torch.Tensor) -> reference.ExpertGradie
     act = ctx.shared_activations
     chunks = zip(*(_chunks(t) for t in (ctx.x, dout, act.g, act.u, act.h)), strict=True)
     grads = [reference.expert_backward(x, ctx.shared.expert(), reference.ExpertActivations(g, u, h, None), dy,
-                                       swiglu_limit=ctx.swiglu_limit) for x, dy, g, u, h in chunks]
+                                       swiglu_limit=ctx.swiglu_limit, **ctx.activation)
+             for x, dy, g, u, h in chunks]
     weight_grads = [sum(parts[1:], parts[0]) for parts in zip(*(g[1:] for g in grads), strict=True)]
     return reference.ExpertGradients(torch.cat([g.dx for g in grads])[:ctx.x.shape[0]], *weight_grads)
 

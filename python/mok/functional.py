@@ -123,9 +123,11 @@ class Executor(Protocol):
     def create_workspace(self, key: WorkspaceKey, config: MoKConfig) -> Any: ...
     def build_schedule(self, topk_ids, num_local_experts: int, group, workspace: Workspace) -> Any: ...
     def forward(self, x, topk_ids, topk_weights, routed, shared, *, schedule, workspace: Workspace,
-                swiglu_limit, need_context: bool): ...
+                swiglu_limit, need_context: bool, activation: str = "swiglu", alpha: float | None = None): ...
+    # activation "swiglu" or "swiglu_oai", alpha None with "swiglu" (checked by validate.check_activation)
     def recompute_forward_context(self, x, topk_ids, topk_weights, routed, shared, *, schedule,
-                                  workspace: Workspace, swiglu_limit, y_slots): ...
+                                  workspace: Workspace, swiglu_limit, y_slots, activation: str = "swiglu",
+                                  alpha: float | None = None): ...
     def backward(self, ctx, dout, main_grads: MainGrads | None) -> Gradients: ...
 
 
@@ -180,14 +182,15 @@ class _ReferenceExecutor:
         return ep.build_schedule(topk_ids, num_local_experts, group, timeout)
 
     def forward(self, x, topk_ids, topk_weights, routed, shared, *, schedule, workspace, swiglu_limit,
-                need_context):
+                need_context, activation="swiglu", alpha=None):
         return ep.forward(x, topk_ids, topk_weights, routed, shared, schedule=schedule, swiglu_limit=swiglu_limit,
-                          need_context=need_context)
+                          need_context=need_context, activation=activation, alpha=alpha)
 
     def recompute_forward_context(self, x, topk_ids, topk_weights, routed, shared, *, schedule, workspace,
-                                  swiglu_limit, y_slots):
+                                  swiglu_limit, y_slots, activation="swiglu", alpha=None):
         return ep.recompute_forward_context(x, topk_ids, topk_weights, routed, shared, schedule=schedule,
-                                            swiglu_limit=swiglu_limit, y_slots=y_slots)
+                                            swiglu_limit=swiglu_limit, y_slots=y_slots, activation=activation,
+                                            alpha=alpha)
 
     def backward(self, ctx, dout, main_grads):
         return ep.backward(ctx, dout, main_grads)
@@ -426,12 +429,15 @@ def build_schedule(topk_ids: torch.Tensor, num_local_experts: int, *, group=None
 
 def forward(x, topk_ids, topk_weights, routed, shared=None, *, group=None, config: MoKConfig | None = None,
             workspace: Workspace | None = None, schedule=None, backend: str | None = None, swiglu_limit=None,
-            need_context: bool = True):
+            need_context: bool = True, activation: str = "swiglu", alpha: float | None = None):
     """The layer's forward on this rank's tokens: returns (out [T, H] bf16, context or None).
 
     x [T, H] bf16; topk_ids [T, K] int32/int64, global expert ids in [0, W * E_local) or -1 (no route);
     topk_weights [T, K] fp32; routed: this rank's RoutedExperts (or RoutedExpertsMXFP8 for MXFP8 mode);
     shared: SharedExpert or None. need_context=False is inference mode: nothing is kept for a backward.
+    activation: "swiglu" (silu(g') * u') or "swiglu_oai" (gpt-oss: g' * sigmoid(alpha * g') * (u' + 1)); alpha:
+    swiglu_oai's, None (meaning 1.702) or a finite float > 0, and None with "swiglu". Both are part of the
+    workspace's key and of what every rank must agree on, like swiglu_limit.
     Collective over `group`: the expert-parallel process group, or mok.LOCAL for this process alone (None means
     LOCAL unless torch.distributed is initialised with more than one rank, where it is an error).
     """
@@ -439,26 +445,28 @@ def forward(x, topk_ids, topk_weights, routed, shared=None, *, group=None, confi
         with no_autocast(x.device):
             return call.executor.forward(x, topk_ids, topk_weights, routed, shared, schedule=call.schedule,
                                          workspace=call.workspace, swiglu_limit=swiglu_limit,
-                                         need_context=need_context)
+                                         need_context=need_context, **call.activation)
 
     call, (out, inner) = _run("forward", run, x, topk_ids, topk_weights, routed, shared, group, config, workspace,
-                              schedule, backend, swiglu_limit)
+                              schedule, backend, swiglu_limit, None, activation, alpha)
     return out, (call.context(inner, x, routed, shared) if need_context else None)
 
 
 def recompute_forward_context(x, topk_ids, topk_weights, routed, shared=None, *, group=None,
                               config: MoKConfig | None = None, workspace: Workspace | None = None, schedule=None,
-                              backend: str | None = None, swiglu_limit=None, y_slots=None) -> ForwardContext:
+                              backend: str | None = None, swiglu_limit=None, y_slots=None,
+                              activation: str = "swiglu", alpha: float | None = None) -> ForwardContext:
     """The context forward(need_context=True) would have returned, for a forward run with need_context=False
     (activation recompute). Same arguments as that forward; bitwise the same context."""
     def run(call):
         with no_autocast(x.device):
             return call.executor.recompute_forward_context(x, topk_ids, topk_weights, routed, shared,
                                                            schedule=call.schedule, workspace=call.workspace,
-                                                           swiglu_limit=swiglu_limit, y_slots=y_slots)
+                                                           swiglu_limit=swiglu_limit, y_slots=y_slots,
+                                                           **call.activation)
 
     call, inner = _run("forward", run, x, topk_ids, topk_weights, routed, shared, group, config, workspace,
-                       schedule, backend, swiglu_limit, y_slots)
+                       schedule, backend, swiglu_limit, y_slots, activation, alpha)
     return call.context(inner, x, routed, shared)
 
 
@@ -510,6 +518,7 @@ class _Call:
     schedule: Any
     group: Any
     world: int
+    activation: dict  # the executor's activation= and alpha= (validated)
 
     def context(self, inner, x, routed, shared) -> ForwardContext:
         return ForwardContext(self.executor, inner, tuple(x.shape), x.device, routed, shared, self.group, self.world,
@@ -528,7 +537,7 @@ def _run(name, run, *args):
 
 
 def _prepare(name, x, topk_ids, topk_weights, routed, shared, group, config, workspace, schedule, backend,
-             swiglu_limit, y_slots=None, resync: GroupResync | None = None) -> _Call:
+             swiglu_limit, y_slots=None, activation="swiglu", alpha=None, resync: GroupResync | None = None) -> _Call:
     """Check this rank's arguments, then find the executor, workspace and schedule. The first call of a
     workspace (and a reference-executor call) agrees with the group in one bounded exchange; a host-executor
     call that fits its workspace has no torch.distributed call at all."""
@@ -537,7 +546,8 @@ def _prepare(name, x, topk_ids, topk_weights, routed, shared, group, config, wor
     error, shape, executor, tokens = None, None, None, x.shape[0] if isinstance(x, torch.Tensor) else 0
     try:
         config = _config(config)
-        shape = validate.check_layer_args(x, topk_ids, topk_weights, routed, shared, swiglu_limit, world)
+        shape = validate.check_layer_args(x, topk_ids, topk_weights, routed, shared, swiglu_limit, world,
+                                          activation, alpha)
         validate.check_y_slots(y_slots, (*topk_ids.shape, shape.hidden), x.device)
         executor = select_backend(backend, x.device)
         padding = (workspace.config if isinstance(workspace, Workspace) else config).expert_padding
@@ -553,7 +563,8 @@ def _prepare(name, x, topk_ids, topk_weights, routed, shared, group, config, wor
     if error is not None and (shape is None or executor is None):
         # A rank with a bad value (an id out of range) still has to stop its peers' pass on the workspace they
         # are in: the one these shapes name.
-        shape, executor = _guess(x, topk_ids, routed, shared, swiglu_limit, workspace, config, backend)
+        shape, executor = _guess(x, topk_ids, routed, shared, swiglu_limit, workspace, config, backend, activation,
+                                 alpha)
     if resync is not None and resync.error is not None:
         error = error or resync.error
     if executor is None or _per_call(executor) or world == 1:
@@ -572,7 +583,7 @@ def _prepare(name, x, topk_ids, topk_weights, routed, shared, group, config, wor
                          f"{tokens} tokens")
     if schedule is None:
         schedule = executor.build_schedule(topk_ids, shape.num_local_experts, group, workspace)
-    return _Call(executor, workspace, schedule, group, world)
+    return _Call(executor, workspace, schedule, group, world, dict(activation=shape.activation, alpha=shape.alpha))
 
 
 def _steady_workspace(name, group, world, timeout, error, x, shape, config, executor, workspace, tokens, resync):
@@ -602,7 +613,7 @@ def _steady_workspace(name, group, world, timeout, error, x, shape, config, exec
     return _implicit(group, x.device, shape, config, executor, world, most, nonce)
 
 
-def _guess(x, topk_ids, routed, shared, swiglu_limit, workspace, config, backend):
+def _guess(x, topk_ids, routed, shared, swiglu_limit, workspace, config, backend, activation, alpha):
     """(shape, executor) of a call whose checks failed, as far as its arguments tell; (None, None) if they don't."""
     try:
         master = routed.master if isinstance(routed, RoutedExpertsMXFP8) else routed
@@ -610,7 +621,7 @@ def _guess(x, topk_ids, routed, shared, swiglu_limit, workspace, config, backend
         shape = validate.LayerShape(x.shape[1], topk_ids.shape[1], master.gate.shape[0], master.gate.shape[1],
                                     0 if shared is None else shared.gate.shape[0],
                                     isinstance(routed, RoutedExpertsMXFP8), validate.check_swiglu_limit(swiglu_limit),
-                                    padding)
+                                    padding, *validate.check_activation(activation, alpha))
         return shape, select_backend(backend, x.device)
     except Exception:  # noqa: BLE001 - a guess: the call's own error is what gets raised
         return None, None

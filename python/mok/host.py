@@ -90,6 +90,8 @@ class _Context:
     routed: Any
     shared: Any
     swiglu_limit: float | None
+    activation: str
+    alpha: float | None
     token: int
     y_slots: torch.Tensor | None = None
 
@@ -97,11 +99,13 @@ class _Context:
 _tokens = itertools.count()
 
 
-def _shm_name(workspace, state: _Layers, swiglu_limit) -> str:
+def _shm_name(workspace, state: _Layers, swiglu_limit, activation: str, alpha) -> str:
     """A name for this layer's shared memory that every rank derives alike: the workspace's agreed nonce, how many
-    times its layers were closed after a failure, and the clamp (one layer per clamp)."""
+    times its layers were closed after a failure, the clamp and the activation (one layer per clamp and
+    activation)."""
     clamp = "none" if swiglu_limit is None else struct.pack("<d", float(swiglu_limit)).hex()
-    return f"mok-{workspace.nonce}-{state.generation}-{clamp}"
+    act = "silu" if activation == "swiglu" else "oai" + struct.pack("<d", float(alpha)).hex()
+    return f"mok-{workspace.nonce}-{state.generation}-{clamp}-{act}"
 
 
 def _ring_rows(key, config, world: int) -> tuple[int, int]:
@@ -111,13 +115,13 @@ def _ring_rows(key, config, world: int) -> tuple[int, int]:
     return minibatch, min(config.macrobatch_size, -(-worst // minibatch) * minibatch)
 
 
-def _layer(workspace, group, swiglu_limit: float | None):
-    """This workspace's libmok layer for `swiglu_limit`, created collectively on first use. Keyed by process and
-    group shape too: a forked process (or one that initialised torch.distributed since) must not reuse a layer
-    whose shared memory and ranks belong to another group."""
+def _layer(workspace, group, swiglu_limit: float | None, activation: str, alpha: float | None):
+    """This workspace's libmok layer for `swiglu_limit`, `activation` and `alpha`, created collectively on first
+    use. Keyed by process and group shape too: a forked process (or one that initialised torch.distributed since)
+    must not reuse a layer whose shared memory and ranks belong to another group."""
     workspace_of, state = workspace, workspace.buffers
     rank, world = ep.group_rank_and_size(group)
-    key = (swiglu_limit, os.getpid(), world, rank)
+    key = (swiglu_limit, activation, alpha, os.getpid(), world, rank)
     if key in state.layers:
         return state.layers[key]
     shape, config = state.key, state.config
@@ -125,7 +129,8 @@ def _layer(workspace, group, swiglu_limit: float | None):
     cfg = dict(world=world, rank=rank, experts_per_rank=shape.num_local_experts, hidden=shape.hidden,
                intermediate=shape.intermediate, top_k=shape.topk, max_tokens=max(shape.max_tokens, 1),
                shared_intermediate=shape.shared_intermediate, mxfp8=shape.mxfp8,
-               swiglu_limit=0.0 if swiglu_limit is None else float(swiglu_limit),
+               swiglu_limit=0.0 if swiglu_limit is None else float(swiglu_limit), activation=activation,
+               swiglu_alpha=validate.OAI_ALPHA if alpha is None else float(alpha),
                expert_padding=config.expert_padding, minibatch=minibatch, macrobatch=macrobatch,
                timeout_ms=validate.timeout_ms(config.wait_timeout_s), **_workers(config, world))
     with _python_names():
@@ -133,7 +138,8 @@ def _layer(workspace, group, swiglu_limit: float | None):
     memory = torch.empty(workspace_bytes + 64, dtype=torch.uint8)
     offset = -memory.data_ptr() % 64  # libmok wants 64-byte alignment
     with _python_names():
-        layer = _mok.Layer(cfg, _shm_name(workspace_of, state, swiglu_limit), memory.data_ptr() + offset,
+        layer = _mok.Layer(cfg, _shm_name(workspace_of, state, swiglu_limit, activation, alpha),
+                           memory.data_ptr() + offset,
                            workspace_bytes)
     state.layers[key], state.memory[key] = layer, memory
     return layer
@@ -147,6 +153,7 @@ _NAMES = {
     "config.intermediate": "routed I (gate.shape[1])", "config.top_k": "topk_ids.shape[1] (topk)",
     "config.max_tokens": "the workspace's max_tokens (at least the most tokens on a rank)",
     "config.shared_intermediate": "shared I_s (shared.gate.shape[0])", "config.swiglu_limit": "swiglu_limit",
+    "config.activation": "activation", "config.swiglu_alpha": "alpha",
     "config.expert_padding": "MoKConfig.expert_padding", "config.minibatch": "MoKConfig.minibatch_size",
     "config.macrobatch": "MoKConfig.macrobatch_size (capped at the rows a rank can receive)",
     "config.timeout_ms": "MoKConfig.wait_timeout_s (in ms)", "config.comm_workers": "MoKConfig.host_comm_workers",
@@ -276,13 +283,15 @@ class HostExecutor:
         return _Schedule(topk_ids.contiguous(), num_local_experts, group)
 
     def forward(self, x, topk_ids, topk_weights, routed, shared, *, schedule, workspace, swiglu_limit,
-                need_context):
-        ctx, out = self._run(x, topk_weights, routed, shared, schedule, workspace, swiglu_limit, want_output=True)
+                need_context, activation="swiglu", alpha=None):
+        ctx, out = self._run(x, topk_weights, routed, shared, schedule, workspace, (swiglu_limit, activation, alpha),
+                             want_output=True)
         return out, (ctx if need_context else None)
 
     def recompute_forward_context(self, x, topk_ids, topk_weights, routed, shared, *, schedule, workspace,
-                                  swiglu_limit, y_slots):
-        return self._run(x, topk_weights, routed, shared, schedule, workspace, swiglu_limit, want_output=False)[0]
+                                  swiglu_limit, y_slots, activation="swiglu", alpha=None):
+        return self._run(x, topk_weights, routed, shared, schedule, workspace, (swiglu_limit, activation, alpha),
+                         want_output=False)[0]
 
     def backward(self, ctx: _Context, dout, main_grads: MainGrads | None) -> Gradients:
         if ctx.state.latest.get(ctx.layer) != ctx.token:
@@ -310,12 +319,13 @@ class HostExecutor:
         bf16 = {n: None if getattr(main, n) is not None else g.to(torch.bfloat16) for n, g in out.items()}
         return Gradients(dx, dw, *(bf16.get(n) for n in MainGrads._fields))
 
-    def _run(self, x, topk_weights, routed, shared, schedule: _Schedule, workspace, swiglu_limit, want_output):
-        """Schedule, then forward (-> out) or recompute (-> None) on libmok's layer: (context, out)."""
+    def _run(self, x, topk_weights, routed, shared, schedule: _Schedule, workspace, math: tuple, want_output):
+        """Schedule, then forward (-> out) or recompute (-> None) on libmok's layer: (context, out). math:
+        (swiglu_limit, activation, alpha)."""
         state = workspace.buffers
-        layer = _layer(workspace, schedule.group, swiglu_limit)
+        layer = _layer(workspace, schedule.group, *math)
         ctx = _Context(state, workspace, layer, schedule, x.contiguous(), topk_weights.contiguous(), routed, shared,
-                       swiglu_limit, next(_tokens))
+                       *math, next(_tokens))
         _schedule(state, layer, schedule.topk_ids)
         out, (t, k), h = None, schedule.topk_ids.shape, ctx.x.shape[1]
         weights, x_address = _weights(routed, shared), _pointer(ctx.x, "x", torch.bfloat16)
@@ -334,7 +344,7 @@ class HostExecutor:
     def _load(self, ctx: _Context) -> None:
         """Make `ctx` the layer's current schedule and context again (bitwise what it was); the layer is created
         again if it was closed after a failure."""
-        ctx.layer = _layer(ctx.workspace, ctx.schedule.group, ctx.swiglu_limit)
+        ctx.layer = _layer(ctx.workspace, ctx.schedule.group, ctx.swiglu_limit, ctx.activation, ctx.alpha)
         _schedule(ctx.state, ctx.layer, ctx.schedule.topk_ids)
         with _guard(ctx.state, ctx.layer), _python_names():
             ctx.layer.recompute(_weights(ctx.routed, ctx.shared), _pointer(ctx.x, "x", torch.bfloat16), _NO_STREAM)

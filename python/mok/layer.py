@@ -11,7 +11,7 @@ from mok.functional import MoKConfig
 
 def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, routed, shared=None, *, group=None,
         config: MoKConfig | None = None, backend: str | None = None, swiglu_limit: float | None = None,
-        keep_context: bool = True):
+        keep_context: bool = True, activation: str = "swiglu", alpha: float | None = None):
     """The MoE layer's output [T, H] for this rank's tokens (bf16, or x's dtype under autocast), differentiable.
 
     x [T, H] bf16, or float32/float16 inside a torch.autocast(dtype=torch.bfloat16) region of x's device (then
@@ -23,15 +23,19 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, rou
     when torch.distributed is not initialised or has one rank, and is an error otherwise). Gradients reach x,
     topk_weights and every bf16 weight. keep_context: the backward runs on the forward's context (True), or
     recomputes it from the saved inputs (False: less memory held between forward and backward). Collective:
-    every rank of the group calls it, with any token count.
+    every rank of the group calls it, with any token count. activation: the experts' gated activation, "swiglu"
+    (h = silu(g') * u') or "swiglu_oai" (gpt-oss: h = g' * sigmoid(alpha * g') * (u' + 1)), with g' = min(g, L) and
+    u' = clamp(u, -L, L) for L = swiglu_limit; alpha: swiglu_oai's, None (1.702) or a finite float > 0, and None
+    with "swiglu".
     """
     group = ep.resolve_group(group)
     caller_dtype = x.dtype if isinstance(x, torch.Tensor) else None
     x, topk_weights = autocast_inputs(x), routing_weights(topk_weights)
     _check_before_op(x, topk_ids, topk_weights, routed, shared, config, group, swiglu_limit, backend)
+    activation, alpha = _checked_activation(activation, alpha, config, group)
     out, _ = torch.ops.mok.moe_forward(
         x, topk_ids, topk_weights, ops.flatten_routed(routed), ops.flatten_shared(shared),
-        None if swiglu_limit is None else float(swiglu_limit), ops.group_name(group), backend or "",
+        None if swiglu_limit is None else float(swiglu_limit), activation, alpha, ops.group_name(group), backend or "",
         ops.config_to_floats(config), bool(keep_context))  # functional turns autocast off inside
     ops._Kept.y_slots = ops._Kept.context = None  # the autograd node has it, or nothing needs it (no_grad)
     return out if out.dtype == caller_dtype else out.to(caller_dtype)
@@ -60,6 +64,17 @@ def routing_weights(topk_weights):
 # ops.flatten_routed's order: the bf16 masters, then each weight's MXFP8 forms.
 _FLAT_NAMES = ("gate", "up", "down", *(f"{p}.{form}.{kind}" for p in ("gate", "up", "down")
                                        for form in ("rowwise", "colwise") for kind in ("data", "scales")))
+
+
+def _checked_activation(activation, alpha, config, group) -> tuple[str, float | None]:
+    """validate.check_activation before the op (whose schema takes a str and a float); a failure goes through the
+    group's agreement step like _check_before_op's."""
+    try:
+        return validate.check_activation(activation, alpha)
+    except (TypeError, ValueError) as error:
+        timeout = config.wait_timeout_s if isinstance(config, MoKConfig) else MoKConfig().wait_timeout_s
+        functional._agree(group, ep.group_rank_and_size(group)[1], timeout, error, {}, 0)
+        raise
 
 
 def _check_before_op(x, topk_ids, topk_weights, routed, shared, config, group, swiglu_limit, backend) -> None:

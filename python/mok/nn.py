@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from mok import validate
 from mok.ep import group_rank_and_size
 from mok.experts import RoutedExperts, SharedExpert
 from mok.functional import MoKConfig
@@ -30,12 +31,15 @@ class MoE(nn.Module):
     the routed experts are quantised to MXFP8 on every forward and gradients reach the bf16 parameters.
     The router and the shared expert are replicas on every rank: initialise them identically (same seed, or a
     broadcast) and reduce their gradients over the group like any data-parallel weight.
+    activation ("swiglu" or "swiglu_oai", gpt-oss's), alpha (swiglu_oai's, None meaning 1.702) and swiglu_limit
+    are mok.moe's, checked here.
     """
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, topk: int, *,
                  shared_intermediate: int = 0, score: str = "softmax", normalize_topk: bool = False,
                  swiglu_limit: float | None = None, mxfp8: bool = False, group=None, backend: str | None = None,
-                 config: MoKConfig | None = None, device=None, router: Router | None = None):
+                 config: MoKConfig | None = None, device=None, router: Router | None = None,
+                 activation: str = "swiglu", alpha: float | None = None):
         super().__init__()
         _, world = group_rank_and_size(group)
         for name, value, low in (("hidden", hidden, 1), ("intermediate", intermediate, 1),
@@ -56,6 +60,7 @@ class MoE(nn.Module):
                                  "and normalize instead")
         self.topk, self.score, self.normalize_topk = topk, score, normalize_topk
         self.swiglu_limit, self.mxfp8 = swiglu_limit, mxfp8
+        self.activation, self.alpha = validate.check_activation(activation, alpha)
         self.group, self.backend, self.config = group, backend, config
         local = num_experts // world
         if router is None:
@@ -103,7 +108,7 @@ class MoE(nn.Module):
         if self.shared_gate is not None:
             shared = SharedExpert(self.shared_gate, self.shared_up, self.shared_down)
         return moe(tokens, ids, weights, routed, shared, group=self.group, config=self.config, backend=self.backend,
-                   swiglu_limit=self.swiglu_limit)
+                   swiglu_limit=self.swiglu_limit, activation=self.activation, alpha=self.alpha)
 
 
 def _check_router(router, hidden: int, num_experts: int, topk: int) -> None:

@@ -50,9 +50,12 @@ class LayerShape(NamedTuple):
     mxfp8: bool
     swiglu_limit: float | None
     expert_padding: int = 0  # MoKConfig.expert_padding (the call's, or its workspace's); set by the caller
+    activation: str = "swiglu"  # "swiglu" or "swiglu_oai"
+    alpha: float | None = None  # swiglu_oai's alpha; None with "swiglu"
 
 
-def check_layer_args(x, topk_ids, topk_weights, routed, shared, swiglu_limit, world: int) -> LayerShape:
+def check_layer_args(x, topk_ids, topk_weights, routed, shared, swiglu_limit, world: int, activation="swiglu",
+                     alpha=None) -> LayerShape:
     """Check one rank's arguments; return the shape record to agree on. Raises TypeError/ValueError naming the
     argument and the rule."""
     _check_tensor(x, "x", (torch.bfloat16,), ndim=2)
@@ -79,11 +82,12 @@ def check_layer_args(x, topk_ids, topk_weights, routed, shared, swiglu_limit, wo
         _check_at_most(shared.intermediate_size, MAX_INTERMEDIATE, "shared expert's I_s (gate.shape[0]) must be at "
                        "most 2^20")
     limit = check_swiglu_limit(swiglu_limit)
+    activation, alpha = check_activation(activation, alpha)
     num_local = routed.num_experts
     check_expert_ids(topk_ids, world * num_local)
     return LayerShape(hidden, topk, num_local, routed.intermediate_size,
                       0 if shared is None else shared.intermediate_size,
-                      isinstance(routed, RoutedExpertsMXFP8), limit)
+                      isinstance(routed, RoutedExpertsMXFP8), limit, activation=activation, alpha=alpha)
 
 
 def check_routing_limits(topk_ids: torch.Tensor, world: int) -> None:
@@ -126,6 +130,31 @@ def check_swiglu_limit(limit) -> float | None:
 
 
 _FLOAT32 = torch.finfo(torch.float32)
+ACTIVATIONS = ("swiglu", "swiglu_oai")
+OAI_ALPHA = 1.702  # gpt-oss's alpha, swiglu_oai's default
+
+
+def check_activation(activation, alpha) -> tuple[str, float | None]:
+    """(activation, alpha) as the layer takes them: alpha None with "swiglu"; with "swiglu_oai" a finite float32 > 0,
+    1.702 (gpt-oss) when None."""
+    if not isinstance(activation, str):
+        raise TypeError(f"activation must be \"swiglu\" or \"swiglu_oai\", got {type(activation).__name__}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be \"swiglu\" or \"swiglu_oai\", got {activation!r}")
+    if activation == "swiglu":
+        if alpha is not None:
+            raise ValueError(f"alpha must be None with activation=\"swiglu\" (it is swiglu_oai's), got {alpha!r}")
+        return activation, None
+    if alpha is None:
+        return activation, OAI_ALPHA
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
+        raise TypeError(f"alpha must be None or a positive float with activation=\"swiglu_oai\", got "
+                        f"{type(alpha).__name__}")
+    if not (math.isfinite(alpha) and _FLOAT32.tiny <= alpha <= _FLOAT32.max):
+        # libmok takes alpha as a float (config.swiglu_alpha): finite and > 0 there too.
+        raise ValueError(f"alpha must be None or a finite float > 0 (a normal float32) with "
+                         f"activation=\"swiglu_oai\", got {alpha}")
+    return activation, float(alpha)
 
 
 def agree_across_group(group, world: int, error: Exception | None, shape: LayerShape | None = None,
@@ -203,6 +232,8 @@ _FIELD_SOURCE = {
     "shared_intermediate": "shared I_s, 0 without shared",
     "mxfp8": "routed is RoutedExpertsMXFP8",
     "swiglu_limit": "swiglu_limit",
+    "activation": "activation",
+    "alpha": "alpha",
     "expert_padding": "MoKConfig.expert_padding",
 }
 

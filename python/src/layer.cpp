@@ -42,6 +42,17 @@ int config_int(const nb::dict& d, const char* name) {
   return static_cast<int>(v);
 }
 
+// The activation by its Python name ("swiglu" or "swiglu_oai"); any other value is a ValueError naming the key.
+mokActivation_t config_activation(const nb::dict& d) {
+  nb::handle value = d["activation"];
+  if (PyUnicode_Check(value.ptr())) {
+    std::string name = nb::cast<std::string>(value);
+    if (name == "swiglu") return mokActivationSwiglu;
+    if (name == "swiglu_oai") return mokActivationSwigluOai;
+  }
+  throw nb::value_error("config: 'activation' must be \"swiglu\" or \"swiglu_oai\"");
+}
+
 mokLayerConfig_t make_config(const nb::dict& d) {
   mokLayerConfig_t c = MOK_LAYER_CONFIG_INIT;
   int* const ints[] = {&c.world,      &c.rank,         &c.experts_per_rank,    &c.hidden,         &c.intermediate,
@@ -56,6 +67,8 @@ mokLayerConfig_t make_config(const nb::dict& d) {
   }
   if (d.contains("mxfp8")) c.precision = nb::cast<bool>(d["mxfp8"]) ? mokPrecisionMXFP8 : mokPrecisionBF16, ++known;
   if (d.contains("swiglu_limit")) c.swiglu_limit = nb::cast<float>(d["swiglu_limit"]), ++known;
+  if (d.contains("activation")) c.activation = config_activation(d), ++known;
+  if (d.contains("swiglu_alpha")) c.swiglu_alpha = nb::cast<float>(d["swiglu_alpha"]), ++known;
   if (known != d.size()) throw nb::value_error("config: unknown key (see mokLayerConfig_t in mok.h)");
   return c;
 }

@@ -1,14 +1,24 @@
 """The gpt-oss activation h = g' sigmoid(alpha g') (u' + 1) in reference.py: its float64 oracle against plain
 torch autograd on the formula as gpt-oss writes it (clamp crossed, several alphas), and its bf16 / MXFP8 paths
 against that oracle. The libmok executors are held against the same formula in tests/cpp (test_layer's
-swiglu_oai cases, test_core_numeric's swiglu_oai_matches_its_formula)."""
+swiglu_oai cases, test_core_numeric's swiglu_oai_matches_its_formula). Then the layer's Python API with
+activation="swiglu_oai" (mok.moe, mok.functional, mok.nn.MoE) on every CPU backend against the float64 oracle,
+the backends against each other, two ranks against one process, and its argument checks."""
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
-from test_layer import NAMES, TOL, compare, make_inputs
+from backends import BACKENDS, needs_host
+from dist_utils import ep_group, run_group
+from test_host_backend import assert_close_bf16
+from test_layer import NAMES, TOL, assert_close_rel, compare, make_inputs
 
-from mok import reference
+import mok
+import mok.nn
+from mok import functional, reference
+from mok.experts import RoutedExperts, SharedExpert
 
 
 def gpt_oss_mlp(v, g_w, u_w, d_w, limit, alpha):
@@ -83,3 +93,141 @@ def test_bad_activation_is_rejected(bad):
     x, ids, weights, routed, shared, _ = make_inputs(4, 2, 1)
     with pytest.raises(ValueError, match="activation must be one of|alpha must be a finite number > 0"):
         reference.forward(x, ids, weights, routed, shared, **bad)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# mok.moe, mok.functional and mok.nn with activation="swiglu_oai", on the libmok (host) and reference backends
+
+
+def moe_run(inputs, *, backend, alpha, limit=None, mxfp8=False, group=None, activation="swiglu_oai"):
+    """(out, {name: grad}) from mok.moe with autograd (grads of x, topk_weights and every bf16 weight)."""
+    x, ids, weights, routed, shared, dout = inputs
+    leaves = [t.detach().clone().requires_grad_(True) for t in (x, weights, routed.gate, routed.up, routed.down)]
+    if shared is not None:
+        leaves += [t.detach().clone().requires_grad_(True) for t in (shared.gate, shared.up, shared.down)]
+    r = RoutedExperts(*leaves[2:5])
+    s = SharedExpert(*leaves[5:]) if shared is not None else None
+    out = mok.moe(leaves[0], ids, leaves[1], r.to_mxfp8() if mxfp8 else r, s, swiglu_limit=limit, backend=backend,
+                  activation=activation, alpha=alpha, group=group)
+    out.backward(dout)
+    return out.detach(), {n: t.grad for n, t in zip(NAMES, leaves, strict=False)}
+
+
+# (mode, alpha): None is the default 1.702; 0.5 is far enough from it that a path which dropped alpha (and ran
+# 1.702) is off by much more than the bf16 tolerance (checked by test_alpha_changes_the_layer).
+CASES = [("bf16", None), ("bf16", 0.5), ("mxfp8", 1.702)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("mode", "alpha"), CASES)
+def test_moe_against_oracle(seed, backend, mode, alpha):
+    # No clamp (see test_bf16_paths_against_oracle); x scaled by 4 so g' and u' reach +-4.
+    inputs = wide_inputs(40, 6, 3, 4.0)
+    got = moe_run(inputs, backend=backend, alpha=alpha, mxfp8=mode == "mxfp8")
+    want = reference_run(inputs, limit=None, alpha=1.702 if alpha is None else alpha)
+    compare(got, want, TOL[mode], f"{backend} {mode} alpha {alpha} vs oracle")
+
+
+def test_alpha_changes_the_layer(seed):
+    """The oracle at alpha 0.5 and 1.702 differs by several TOL["bf16"] (about 0.12 relative, the shared expert's
+    part diluting it), so test_moe_against_oracle's alpha=0.5 case fails on a path that ignores alpha."""
+    inputs = wide_inputs(40, 6, 3, 4.0)
+    a, _ = reference_run(inputs, limit=None, alpha=0.5)
+    b, _ = reference_run(inputs, limit=None, alpha=1.702)
+    assert float((a - b).norm() / b.norm()) > 3 * TOL["bf16"]
+
+
+@needs_host
+@pytest.mark.parametrize("mxfp8", [False, True])
+def test_host_and_reference_agree(seed, mxfp8):
+    # With a clamp crossed (L = 1.5, x scaled by 4): both backends round g and u to bf16 at the same points, so
+    # the masks agree and only fp32 summation orders differ (assert_close_bf16's bounds).
+    inputs = wide_inputs(40, 6, 3, 4.0)
+    host = moe_run(inputs, backend="host", alpha=0.8, limit=1.5, mxfp8=mxfp8)
+    ref = moe_run(inputs, backend="reference", alpha=0.8, limit=1.5, mxfp8=mxfp8)
+    assert_close_bf16(host, ref, f"seed {seed}, mxfp8 {mxfp8}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_workspace_two_alphas_and_activations(seed, backend):
+    """One explicit workspace, calls with another alpha or activation in turn: each call runs its own math (the
+    host executor keys its libmok layer by activation and alpha, not only by the workspace)."""
+    x, ids, weights, routed, shared, _ = wide_inputs(24, 4, 2, 4.0)
+    ws = functional.create_workspace(max_tokens=24, hidden=x.shape[1], topk=2, num_local_experts=4,
+                                     intermediate=routed.intermediate_size,
+                                     shared_intermediate=shared.intermediate_size, backend=backend)
+    for activation, alpha in (("swiglu_oai", 1.702), ("swiglu_oai", 0.5), ("swiglu", None), ("swiglu_oai", 0.5)):
+        out, _ = functional.forward(x, ids, weights, routed, shared, workspace=ws, backend=backend,
+                                    activation=activation, alpha=alpha, need_context=False)
+        keywords = {} if alpha is None else dict(activation=activation, alpha=alpha)
+        want, _ = reference.forward(x, ids, weights, routed, shared, precision="float64", **keywords)
+        assert_close_rel(out, want, TOL["bf16"], f"{backend} {activation} alpha {alpha} out")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nn_moe_runs_swiglu_oai(seed, backend):
+    module = mok.nn.MoE(64, 32, 4, 2, shared_intermediate=16, activation="swiglu_oai", alpha=0.5, backend=backend)
+    assert (module.activation, module.alpha) == ("swiglu_oai", 0.5)
+    x = (torch.randn(20, 64) * 4).to(torch.bfloat16)
+    routing = module.route(x)
+    out = module(x)
+    routed = RoutedExperts(module.gate.detach(), module.up.detach(), module.down.detach())
+    shared = SharedExpert(module.shared_gate.detach(), module.shared_up.detach(), module.shared_down.detach())
+    want, _ = reference.forward(x, routing.ids, routing.weights.detach(), routed, shared, precision="float64",
+                                activation="swiglu_oai", alpha=0.5)
+    assert_close_rel(out.detach(), want, TOL["bf16"], f"{backend} nn.MoE out")
+
+
+BAD = [
+    (dict(activation="gelu"), ValueError, 'activation must be "swiglu" or "swiglu_oai", got \'gelu\''),
+    (dict(activation=1), TypeError, 'activation must be "swiglu" or "swiglu_oai", got int'),
+    (dict(activation="swiglu", alpha=1.0), ValueError, 'alpha must be None with activation="swiglu"'),
+    (dict(activation="swiglu_oai", alpha=0.0), ValueError, "alpha must be None or a finite float > 0"),
+    (dict(activation="swiglu_oai", alpha=-1.0), ValueError, "alpha must be None or a finite float > 0"),
+    (dict(activation="swiglu_oai", alpha=float("nan")), ValueError, "alpha must be None or a finite float > 0"),
+    (dict(activation="swiglu_oai", alpha=float("inf")), ValueError, "alpha must be None or a finite float > 0"),
+    (dict(activation="swiglu_oai", alpha="1.7"), TypeError, "alpha must be None or a positive float"),
+    (dict(activation="swiglu_oai", alpha=True), TypeError, "alpha must be None or a positive float"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("bad", "kind", "message"), BAD)
+def test_moe_rejects_bad_activation(backend, bad, kind, message):
+    x, ids, weights, routed, shared, _ = make_inputs(4, 2, 1)
+    with pytest.raises(kind, match=re.escape(message)):
+        mok.moe(x, ids, weights, routed, shared, backend=backend, **bad)
+    with pytest.raises(kind, match=re.escape(message)):
+        functional.forward(x, ids, weights, routed, shared, backend=backend, **bad)
+
+
+@pytest.mark.parametrize(("bad", "kind", "message"), BAD[:4])
+def test_nn_moe_rejects_bad_activation(bad, kind, message):
+    with pytest.raises(kind, match=re.escape(message)):
+        mok.nn.MoE(16, 8, 2, 1, **bad)
+
+
+# Two gloo ranks: each rank has half the tokens and half the experts; the result is the one-process run's rows,
+# bitwise (both executors fix their reduction orders, see test_ep / test_host_backend).
+def two_rank_worker(rank, world, seed, backend):
+    torch.manual_seed(seed)
+    x, ids, weights, routed, _, dout = wide_inputs(24, 4, 2, 4.0)
+    tokens, experts = slice(rank * 12, rank * 12 + 12), slice(rank * 2, rank * 2 + 2)
+    mine = RoutedExperts(routed.gate[experts], routed.up[experts], routed.down[experts])
+    return moe_run((x[tokens], ids[tokens], weights[tokens], mine, None, dout[tokens]), backend=backend, alpha=0.5,
+                   limit=1.5, group=ep_group())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_ranks_equal_one_process(seed, backend):
+    torch.manual_seed(seed)
+    x, ids, weights, routed, _, dout = wide_inputs(24, 4, 2, 4.0)
+    alone_out, alone = moe_run((x, ids, weights, routed, None, dout), backend=backend, alpha=0.5, limit=1.5)
+    results = run_group(2, two_rank_worker, seed, backend)
+    for rank, (out, grads) in enumerate(results):
+        tokens, experts = slice(rank * 12, rank * 12 + 12), slice(rank * 2, rank * 2 + 2)
+        assert torch.equal(out, alone_out[tokens]), f"rank {rank}: out differs"
+        for name in ("x", "topk_weights"):
+            assert torch.equal(grads[name], alone[name][tokens]), f"rank {rank}: d{name} differs"
+        for name in ("gate", "up", "down"):
+            assert torch.equal(grads[name], alone[name][experts]), f"rank {rank}: d{name} differs"
