@@ -121,7 +121,7 @@ def _layer(workspace, group, swiglu_limit: float | None, activation: str, alpha:
     must not reuse a layer whose shared memory and ranks belong to another group."""
     workspace_of, state = workspace, workspace.buffers
     rank, world = ep.group_rank_and_size(group)
-    key = (swiglu_limit, activation, alpha, os.getpid(), world, rank)
+    key = (swiglu_limit, os.getpid(), world, rank, activation, alpha)  # key[1], the pid: see close / stop_group
     if key in state.layers:
         return state.layers[key]
     shape, config = state.key, state.config
