@@ -231,3 +231,21 @@ def test_two_ranks_equal_one_process(seed, backend):
             assert torch.equal(grads[name], alone[name][tokens]), f"rank {rank}: d{name} differs"
         for name in ("gate", "up", "down"):
             assert torch.equal(grads[name], alone[name][experts]), f"rank {rank}: d{name} differs"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compiled_moe_equals_eager(seed, backend):
+    """torch.compile(fullgraph=True) passes activation and alpha through the op's schema: the same bits."""
+    torch._dynamo.reset()
+    inputs = wide_inputs(24, 4, 2, 4.0)
+    fn = torch.compile(mok.moe, fullgraph=True, backend="aot_eager")
+    x, ids, weights, routed, shared, dout = inputs
+    leaves = [t.detach().clone().requires_grad_(True) for t in (x, weights, routed.gate, routed.up, routed.down,
+                                                                 shared.gate, shared.up, shared.down)]
+    out = fn(leaves[0], ids, leaves[1], RoutedExperts(*leaves[2:5]), SharedExpert(*leaves[5:]), swiglu_limit=1.5,
+             backend=backend, activation="swiglu_oai", alpha=0.5)
+    out.backward(dout)
+    want_out, want = moe_run(inputs, backend=backend, alpha=0.5, limit=1.5)
+    assert torch.equal(out.detach(), want_out)
+    for name, leaf in zip(NAMES, leaves, strict=True):
+        assert torch.equal(leaf.grad, want[name]), name
