@@ -249,3 +249,27 @@ def test_compiled_moe_equals_eager(seed, backend):
     assert torch.equal(out.detach(), want_out)
     for name, leaf in zip(NAMES, leaves, strict=True):
         assert torch.equal(leaf.grad, want[name]), name
+
+
+def disagreeing_worker(rank, world, seed, backend, field):
+    """Rank 1 passes another alpha (or activation) than rank 0: every rank raises the group's reason."""
+    torch.manual_seed(seed)
+    x, ids, weights, routed, _, _ = wide_inputs(8, 4, 2, 1.0)
+    mine = RoutedExperts(routed.gate[rank * 2:rank * 2 + 2], routed.up[rank * 2:rank * 2 + 2],
+                         routed.down[rank * 2:rank * 2 + 2])
+    keywords = dict(activation="swiglu_oai", alpha=0.5)
+    if rank == 1:
+        keywords = dict(activation="swiglu_oai", alpha=0.6) if field == "alpha" else dict(activation="swiglu")
+    try:
+        mok.moe(x, ids, weights, mine, None, group=ep_group(), backend=backend, **keywords)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("field", ["alpha", "activation"])
+def test_ranks_must_agree_on_activation(seed, backend, field):
+    for rank, message in enumerate(run_group(2, disagreeing_worker, seed, backend, field)):
+        assert message is not None and f"every rank of the group must have the same {field} ({field})" in message, \
+            f"rank {rank}: {message}"
