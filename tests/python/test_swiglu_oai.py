@@ -273,3 +273,17 @@ def test_ranks_must_agree_on_activation(seed, backend, field):
     for rank, message in enumerate(run_group(2, disagreeing_worker, seed, backend, field)):
         assert message is not None and f"every rank of the group must have the same {field} ({field})" in message, \
             f"rank {rank}: {message}"
+
+
+@needs_host
+def test_binding_config_keys():
+    """python/src/layer.cpp's config keys `activation` (by name) and `swiglu_alpha` reach libmok's checks."""
+    from mok import _mok
+
+    base = dict(world=1, rank=0, experts_per_rank=2, hidden=64, intermediate=32, top_k=1, max_tokens=4)
+    assert _mok.layer_sizes(dict(base, activation="swiglu_oai", swiglu_alpha=1.702))[1] > 0
+    for bad, message in ((dict(activation="gelu"), "config: 'activation' must be \"swiglu\" or \"swiglu_oai\""),
+                         (dict(activation=1), "config: 'activation' must be \"swiglu\" or \"swiglu_oai\""),
+                         (dict(activation="swiglu_oai", swiglu_alpha=0.0), "'config.swiglu_alpha' (0) must be finite")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            _mok.layer_sizes(dict(base, **bad))
