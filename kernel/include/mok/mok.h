@@ -255,6 +255,9 @@ typedef struct {
   /* MXFP8 precision: each weight as mokMxfp8Quantize writes it, rowwise and colwise (transposed) */
   mokMxfp8Matrix_t gate_rowwise, gate_colwise, up_rowwise, up_colwise, down_rowwise, down_colwise;
   const void *shared_gate, *shared_up, *shared_down; /* bf16 [I_s, H], [I_s, H], [H, I_s] */
+  /* bf16 [H] or NULL: the shared expert's gate (Qwen2-MoE): its output is scaled by sigmoid(x_t . r);
+     only with a shared expert; NULL keeps it ungated (docs/semantics.md) */
+  const void* shared_router;
 } mokLayerWeights_t;
 #define MOK_LAYER_WEIGHTS_INIT   \
   {MOK_STAMP(mokLayerWeights_t), \
@@ -267,6 +270,7 @@ typedef struct {
    {NULL, NULL},                 \
    {NULL, NULL},                 \
    {NULL, NULL},                 \
+   NULL,                         \
    NULL,                         \
    NULL,                         \
    NULL}
@@ -290,8 +294,9 @@ typedef struct {
   int accumulate;
   void *dgate, *dup, *ddown;                      /* [E, I, H], [E, I, H], [E, H, I] */
   void *dshared_gate, *dshared_up, *dshared_down; /* [I_s, H], [I_s, H], [H, I_s]; with a shared expert */
+  void* dshared_router;                           /* [H]; required when weights.shared_router is given */
 } mokLayerGrads_t;
-#define MOK_LAYER_GRADS_INIT {MOK_STAMP(mokLayerGrads_t), NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL}
+#define MOK_LAYER_GRADS_INIT {MOK_STAMP(mokLayerGrads_t), NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL}
 
 /*
  * Collective. dout [num_tokens, H] bf16; needs a forward or recompute since the last schedule, given the

@@ -267,11 +267,16 @@ mokStatus_t check_weights(const mokLayerWeights_t* weights, const core::LayerSha
     int64_t n = static_cast<int64_t>(s.shared_intermediate) * s.hidden;
     if (mokStatus_t st = check_array(sp[i], snames[i], n, 2, func); st != mokSuccess) return st;
   }
+  // The gate scales the shared expert's output: without one it has nothing to scale.
+  if (w->shared_router && s.shared_intermediate == 0)
+    return fail(mokInvalidArgument, "%s: argument 'weights.shared_router' is given but config.shared_intermediate is 0",
+                func);
+  if (w->shared_router) return check_array(w->shared_router, "weights.shared_router", s.hidden, 2, func);
   return mokSuccess;
 }
 
-mokStatus_t check_grads(const mokLayerGrads_t* grads, const core::LayerShape& s, int tokens, const char* func,
-                        mokLayerGrads_t* copy) {
+mokStatus_t check_grads(const mokLayerGrads_t* grads, const core::LayerShape& s, int tokens, bool gated,
+                        const char* func, mokLayerGrads_t* copy) {
   if (mokStatus_t st = read_stamped(grads, kLayerGrads, mokLayerGrads_t MOK_LAYER_GRADS_INIT, "grads", func, copy);
       st != mokSuccess)
     return st;
@@ -289,6 +294,13 @@ mokStatus_t check_grads(const mokLayerGrads_t* grads, const core::LayerShape& s,
                           "grads.dshared_gate", "grads.dshared_up", "grads.dshared_down"};
   for (int i = 0; i < 6; ++i)
     if (mokStatus_t st = check_array(p[i], names[i], i < 3 ? eih : sih, el, func); st != mokSuccess) return st;
+  if (!gated && g->dshared_router)
+    return fail(mokInvalidArgument, "%s: argument 'grads.dshared_router' is given but weights.shared_router is NULL",
+                func);
+  if (gated && !g->dshared_router)
+    return fail(mokInvalidArgument,
+                "%s: argument 'grads.dshared_router' must not be NULL when weights.shared_router is given", func);
+  if (gated) return check_array(g->dshared_router, "grads.dshared_router", s.hidden, el, func);
   return mokSuccess;
 }
 

@@ -34,8 +34,10 @@ const size_t kLayerSizesLayouts[] = {sizeof(mokLayerSizes_t)};
 const size_t kLayerMemoryLayouts[] = {offsetof(mokLayerMemory_t, peer_bytes), sizeof(mokLayerMemory_t)};
 static_assert(offsetof(mokLayerMemory_t, peer_bytes) % alignof(mokLayerMemory_t) == 0,
               "the first layout's sizeof is where peer_bytes starts");
-const size_t kLayerWeightsLayouts[] = {sizeof(mokLayerWeights_t)};
-const size_t kLayerGradsLayouts[] = {sizeof(mokLayerGrads_t)};
+// mokLayerWeights_t's and mokLayerGrads_t's first layouts ended at the shared expert's weights (their
+// gradients); shared_router (dshared_router) came after them.
+const size_t kLayerWeightsLayouts[] = {offsetof(mokLayerWeights_t, shared_router), sizeof(mokLayerWeights_t)};
+const size_t kLayerGradsLayouts[] = {offsetof(mokLayerGrads_t, dshared_router), sizeof(mokLayerGrads_t)};
 // mokLayerError_t's first layout (0.1) ended at detail; pass and abort_rank came after it (0.2).
 const size_t kLayerErrorLayouts[] = {offsetof(mokLayerError_t, pass), sizeof(mokLayerError_t)};
 static_assert(offsetof(mokLayerError_t, pass) % alignof(mokLayerError_t) == 0,

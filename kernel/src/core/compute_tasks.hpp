@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/gemm.hpp"
+#include "core/home_sums.hpp"
 #include "core/pass_view.hpp"
 #include "core/tile.hpp"
 
@@ -333,6 +334,25 @@ MOK_HD Failure run_wgrad(const PassView& v, const Task& task, Ops& ops) {
 
 // ---- the shared expert (local tokens, no peers) -----------------------------------------------
 
+// The gated shared expert's backward of one token: s = the gate, ds = dout . shared (fp32, over H in
+// order), scaled = bf16(s * dout); returns dlogit = (ds * s) * (1 - s) in fp32.
+MOK_HD inline float gate_backward_row(const bf16_t* x, const bf16_t* router, const bf16_t* dout, const bf16_t* shared,
+                                      int h, bf16_t* scaled) {
+  float s = shared_gate_of(x, router, h), ds = 0.0f;
+  for (int i = 0; i < h; ++i) {
+    float d = bf16_to_float(dout[i]);
+    ds = add_rn(ds, mul_rn(d, bf16_to_float(shared[i])));
+    scaled[i] = float_to_bf16(mul_rn(s, d));
+  }
+  return mul_rn(mul_rn(ds, s), 1.0f - s);
+}
+
+// The gate's term of the input gradient, folded into the shared expert's bf16 dx: bf16(dx + dlogit * r).
+MOK_HD inline void add_gate_dx_row(float dlogit, const bf16_t* router, int h, bf16_t* dx) {
+  for (int i = 0; i < h; ++i)
+    dx[i] = float_to_bf16(add_rn(bf16_to_float(dx[i]), mul_rn(dlogit, bf16_to_float(router[i]))));
+}
+
 // Chunk c: the local tokens [c * P, min((c + 1) * P, tokens)), P = expert_padding. Per chunk: g, u,
 // h (and in backward dh, then dg, du in place of g, u) in the worker's chunk rows; the output (or dx)
 // in shared_out; in backward then the weight gradients, chunks in order.
@@ -359,18 +379,37 @@ MOK_HD Failure run_shared(const PassView& v, int64_t chunk, Ops& ops) {
     return kNoFailure;
   }
   const bf16_t* dout = peer_array<const bf16_t>(v, v.s.rank, v.peer.dout) + first * h;
-  ops.gemm(gemm_one(rows, is, bf16_operand(dout, h, 1, false), bf16_operand(v.w.shared_down, 1, is, false), h, dh, is,
+  // Gated: the shared expert's dout is bf16(s_t * dout_t), its chunk rows after dh; dlogit_t after them.
+  bool gated = v.w.shared_router != nullptr;
+  bf16_t* scaled = dh + static_cast<int64_t>(v.s.expert_padding) * is;
+  float* dlogit = reinterpret_cast<float*>(scaled + (static_cast<int64_t>(v.s.expert_padding) * h + 1) / 2 * 2);
+  if (gated) {
+    // The shared output again (in out, which the input gradient overwrites below): ds_t reads it.
+    ops.gemm(gemm_one(rows, h, bf16_operand(hr, is, 1, false), bf16_operand(v.w.shared_down, is, 1, false), is, out, h,
+                      Epilogue::store_bf16));
+    for (int r = 0; r < rows; ++r)
+      dlogit[r] = gate_backward_row(xs + r * h, v.w.shared_router, dout + r * h, out + r * h, h, scaled + r * h);
+  }
+  const bf16_t* sdout = gated ? scaled : dout;
+  ops.gemm(gemm_one(rows, is, bf16_operand(sdout, h, 1, false), bf16_operand(v.w.shared_down, 1, is, false), h, dh, is,
                     Epilogue::store_bf16));
   for (int r = 0; r < rows; ++r) swiglu_gradient_row(sw, g + r * is, u + r * is, dh + r * is, is);
   GemmPart dgate{bf16_operand(g, is, 1, false), bf16_operand(v.w.shared_gate, 1, h, false), is};
   GemmPart dup{bf16_operand(u, is, 1, false), bf16_operand(v.w.shared_up, 1, h, false), is};
   ops.gemm(gemm_two(rows, h, dgate, dup, out, h));
+  if (gated)
+    for (int r = 0; r < rows; ++r) add_gate_dx_row(dlogit[r], v.w.shared_router, h, out + r * h);
   // Only the weight gradients need the chunks in order: everything above runs on any worker at once.
   Failure f = wait_local(v, v.c.shared, static_cast<uint32_t>(chunk), WaitId::shared_order);
   if (!f.ok()) return f;
   Operand xt = bf16_operand(xs, 1, h, false);
-  ops.gemm(gemm_one(h, is, bf16_operand(dout, 1, h, false), bf16_operand(hr, 1, is, false), rows, v.acc.sdown, is,
+  ops.gemm(gemm_one(h, is, bf16_operand(sdout, 1, h, false), bf16_operand(hr, 1, is, false), rows, v.acc.sdown, is,
                     Epilogue::accumulate_f32));
+  // dr += dlogit_t x_t, tokens in order (chunks in order, rows in order): fp32, deterministic.
+  if (gated)
+    for (int r = 0; r < rows; ++r)
+      for (int i = 0; i < h; ++i)
+        v.acc.srouter[i] = add_rn(v.acc.srouter[i], mul_rn(dlogit[r], bf16_to_float(xs[r * h + i])));
   ops.gemm(gemm_one(is, h, bf16_operand(g, 1, is, false), xt, rows, v.acc.sgate, h, Epilogue::accumulate_f32));
   ops.gemm(gemm_one(is, h, bf16_operand(u, 1, is, false), xt, rows, v.acc.sup, h, Epilogue::accumulate_f32));
   publish(v.c.shared, static_cast<uint32_t>(chunk + 1));

@@ -14,6 +14,14 @@ namespace mok::core {
 // N = kSumBlock, the rest N = 1.
 constexpr int kSumBlock = 16;
 
+// The shared gate of a token (Qwen2-MoE): s = sigmoid(x . r), the dot over H in fp32 in index order,
+// the sigmoid in fp32 (numeric.hpp's, 1 / (1 + expf(-z))).
+MOK_HD inline float shared_gate_of(const bf16_t* x, const bf16_t* router, int h) {
+  float z = 0.0f;
+  for (int i = 0; i < h; ++i) z = add_rn(z, mul_rn(bf16_to_float(x[i]), bf16_to_float(router[i])));
+  return sigmoid(z);
+}
+
 // The shared term of elements [i0, i0 + N) of token t, or 0 without a shared expert.
 template <int N>
 MOK_HD void start_sums(const PassView& v, int64_t t, int i0, float* acc) {
@@ -21,13 +29,23 @@ MOK_HD void start_sums(const PassView& v, int64_t t, int i0, float* acc) {
   for (int i = 0; i < N; ++i) acc[i] = v.s.shared_intermediate > 0 ? bf16_to_float(v.shared_out[t * h + i0 + i]) : 0.0f;
 }
 
+// The forward's shared term: the gated one is s_t * shared in fp32 (the bf16 shared output times the
+// fp32 gate, one rounding); the ungated one the shared output itself.
 template <int N>
-MOK_HD void combine_forward_block(const PassView& v, int64_t t, int i0, const float* topk_weights, bf16_t* out) {
+MOK_HD void start_forward_sums(const PassView& v, int64_t t, int i0, float gate, float* acc) {
+  start_sums<N>(v, t, i0, acc);
+  if (v.w.shared_router && v.s.shared_intermediate > 0)
+    for (int i = 0; i < N; ++i) acc[i] = mul_rn(gate, acc[i]);
+}
+
+template <int N>
+MOK_HD void combine_forward_block(const PassView& v, int64_t t, int i0, float gate, const float* topk_weights,
+                                  bf16_t* out) {
   int h = v.s.hidden, k = v.s.top_k;
   const int32_t* ids = peer_array<const int32_t>(v, v.s.rank, v.peer.topk_ids) + t * k;
   const bf16_t* y = peer_array<const bf16_t>(v, v.s.rank, v.peer.y_slots) + t * k * h + i0;
   float acc[N];
-  start_sums<N>(v, t, i0, acc);
+  start_forward_sums<N>(v, t, i0, gate, acc);
   for (int s = 0; s < k; ++s) {
     if (ids[s] < 0) continue;
     float w = topk_weights[t * k + s];
@@ -36,11 +54,17 @@ MOK_HD void combine_forward_block(const PassView& v, int64_t t, int i0, const fl
   for (int i = 0; i < N; ++i) out[t * h + i0 + i] = float_to_bf16(acc[i]);
 }
 
-// out_t = bf16(s_t + sum_k w_k y_k), in fp32, shared term first, then k in order.
+// out_t = bf16(g_t * shared_t + sum_k w_k y_k), in fp32, shared term first, then k in order; g_t the
+// shared gate (computed once per token here), 1 when ungated.
 MOK_HD inline void combine_forward_token(const PassView& v, int64_t t, const float* topk_weights, bf16_t* out) {
+  float gate = 1.0f;
+  if (v.w.shared_router && v.s.shared_intermediate > 0)
+    gate =
+        shared_gate_of(peer_array<const bf16_t>(v, v.s.rank, v.peer.x) + t * v.s.hidden, v.w.shared_router, v.s.hidden);
   int i0 = 0;
-  for (; i0 + kSumBlock <= v.s.hidden; i0 += kSumBlock) combine_forward_block<kSumBlock>(v, t, i0, topk_weights, out);
-  for (; i0 < v.s.hidden; ++i0) combine_forward_block<1>(v, t, i0, topk_weights, out);
+  for (; i0 + kSumBlock <= v.s.hidden; i0 += kSumBlock)
+    combine_forward_block<kSumBlock>(v, t, i0, gate, topk_weights, out);
+  for (; i0 < v.s.hidden; ++i0) combine_forward_block<1>(v, t, i0, gate, topk_weights, out);
 }
 
 template <int N>

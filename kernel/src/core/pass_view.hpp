@@ -72,11 +72,13 @@ struct LayerWeights {
   MxWeight gate_rowwise, up_rowwise, down_rowwise;
   MxWeight gate_colwise, up_colwise, down_colwise;
   const bf16_t *shared_gate, *shared_up, *shared_down;
+  const bf16_t* shared_router;  // [H], or null: the shared expert ungated
 };
 
 // The shared expert's fp32 weight-gradient accumulators (summed over every chunk of the pass).
 struct Accumulators {
   float *sgate, *sup, *sdown;
+  float* srouter;  // [H]: the shared gate's router gradient
 };
 
 // The caller's tensors of one call, as the workers find them: inputs staged into the own peer buffer
@@ -90,6 +92,7 @@ struct PassArgs {
   float* dtopk_weights;       // backward: [tokens, K]
   void *dgate, *dup, *ddown;  // backward: bf16, or fp32 main_grad with accumulate
   void *dshared_gate, *dshared_up, *dshared_down;
+  void* dshared_router;  // with weights.shared_router
   int accumulate;
 };
 
@@ -173,7 +176,7 @@ MOK_HD inline PassView pass_view_at(const LayerShape& s, PassKind kind, char* lo
   v.mx_h = mx_ring(l.mx_h, 2 * static_cast<int64_t>(s.intermediate));
   float* shared_acc = reinterpret_cast<float*>(at(l.shared_acc));
   int64_t is_h = static_cast<int64_t>(s.shared_intermediate) * s.hidden;
-  v.acc = Accumulators{shared_acc, shared_acc + is_h, shared_acc + 2 * is_h};
+  v.acc = Accumulators{shared_acc, shared_acc + is_h, shared_acc + 2 * is_h, shared_acc + 3 * is_h};
   v.slots = reinterpret_cast<float*>(at(l.slots));
   v.shared_out = reinterpret_cast<bf16_t*>(at(l.shared_out));
   v.scratch = reinterpret_cast<float*>(at(l.scratch));

@@ -168,9 +168,10 @@ struct GradPart {
   int64_t n;
   void* dst;
 };
-constexpr int kGradParts = 3;
+constexpr int kGradParts = 4;
 
-// The shared expert's: the routed experts' are written by their wgrad tasks (compute_tasks.hpp).
+// The shared expert's (and its gate's router, when gated): the routed experts' are written by their wgrad tasks
+// (compute_tasks.hpp).
 MOK_HD inline int grad_parts(const PassView& v, GradPart* out) {
   int64_t s_ih = static_cast<int64_t>(v.s.shared_intermediate) * v.s.hidden;
   if (s_ih == 0) return 0;
@@ -178,7 +179,9 @@ MOK_HD inline int grad_parts(const PassView& v, GradPart* out) {
   out[0] = GradPart{v.acc.sgate, s_ih, a ? a->dshared_gate : nullptr};
   out[1] = GradPart{v.acc.sup, s_ih, a ? a->dshared_up : nullptr};
   out[2] = GradPart{v.acc.sdown, s_ih, a ? a->dshared_down : nullptr};
-  return 3;
+  if (!v.w.shared_router) return 3;
+  out[3] = GradPart{v.acc.srouter, v.s.hidden, a ? a->dshared_router : nullptr};
+  return 4;
 }
 
 MOK_HD inline void zero_accumulators(const PassView& v, int worker) {

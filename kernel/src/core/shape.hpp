@@ -278,7 +278,8 @@ MOK_HD inline LocalLayout local_layout(const LayerShape& s) {
   l.ring_y = c.take(static_cast<size_t>(out_ring_rows(s)) * h * 2);
   l.parts = c.take(static_cast<size_t>(max_parts(s)) * kWgradPartBytes);
   l.slots = c.take(static_cast<size_t>(max_slots(s)) * 3 * i * h * f);
-  l.shared_acc = c.take(3 * is * h * f);
+  // With a shared expert also its gate's router gradient [H] (used only when a call gives the gate).
+  l.shared_acc = c.take((3 * is * h + (is > 0 ? h : 0)) * f);
   l.shared_out = c.take(static_cast<size_t>(s.max_tokens) * h * 2);
   // The largest GEMM of a pass: a tile of p rows against H, I or I_s columns over H, 2 I or 2 I_s (dgrad_x
   // sums two parts), or a weight-gradient tile of H, I or I_s rows over p tokens, which accumulates in place.
@@ -289,7 +290,9 @@ MOK_HD inline LocalLayout local_layout(const LayerShape& s) {
   size_t staging = max_value(mx_staging_values(s), mx_swiglu_staging_values(s));
   l.scratch_floats = max_value(l.scratch_floats, (staging * 2 + f - 1) / f);
   l.scratch = c.take(static_cast<size_t>(s.comm_workers + s.compute_workers) * l.scratch_floats * f);
-  l.chunk_values = 4 * p * is;
+  // g, u, h, dh; with a shared expert then the gated backward's s_t * dout rows (rounded up to an even
+  // count) and the chunk's dlogit_t (fp32, two values each).
+  l.chunk_values = 4 * p * is + (is > 0 ? (p * h + 1) / 2 * 2 + 2 * p : 0);
   l.chunk = c.take(static_cast<size_t>(s.comm_workers + s.compute_workers) * l.chunk_values * 2);
   l.sums_floats = static_cast<size_t>(kColumnBlock) * max_value(h, i);
   l.sums = c.take(static_cast<size_t>(s.comm_workers + s.compute_workers) * l.sums_floats * f);

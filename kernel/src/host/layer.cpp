@@ -222,6 +222,7 @@ mokStatus_t backward(Layer& l, const mokLayerWeights_t& weights, const float* to
   args.dshared_gate = grads.dshared_gate;
   args.dshared_up = grads.dshared_up;
   args.dshared_down = grads.dshared_down;
+  args.dshared_router = grads.dshared_router;
   args.accumulate = grads.accumulate;
   // Its forward's x, g and u are read where they are when the ring still holds them; the backward
   // overwrites g and u, so a second backward of the same context recomputes them.
