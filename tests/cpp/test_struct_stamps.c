@@ -238,9 +238,17 @@ static void pass_structs(void) {
   memset(out, 0xcd, sizeof(out));
   EXPECT(mokLayerForward(layer, &newer_w.now, x, tw, out, NULL), mokInvalidArgument, newer_name);
   CHECK(untouched(out, 0, sizeof(out), 0xcd));
-  w.size -= 8;
+  w.size -= 4;
   EXPECT(mokLayerForward(layer, &w, x, tw, out, NULL), mokInvalidArgument, "MOK_LAYER_WEIGHTS_INIT");
-  w.size += 8;
+  w.size += 4;
+  /* The layout before shared_router: its bytes past the struct are not read (here a stray pointer that,
+     read, is refused: this layer has no shared expert). */
+  w.shared_router = x;
+  EXPECT(mokLayerForward(layer, &w, x, tw, out, NULL), mokInvalidArgument, "weights.shared_router");
+  w.size -= sizeof(void*);
+  EXPECT(mokLayerForward(layer, &w, x, tw, out, NULL), mokSuccess, NULL);
+  w.size += sizeof(void*);
+  w.shared_router = NULL;
   EXPECT(mokLayerForward(layer, &w, x, tw, out, NULL), mokSuccess, NULL);
   CHECK(!untouched(out, 0, sizeof(out), 0xcd));
 
@@ -250,6 +258,12 @@ static void pass_structs(void) {
   memset(dx, 0xcd, sizeof(dx));
   EXPECT(mokLayerBackward(layer, &w, tw, dout, &newer_g.now, NULL), mokInvalidArgument, newer_name);
   CHECK(untouched(dx, 0, sizeof(dx), 0xcd));
+  g.dshared_router = dx;
+  EXPECT(mokLayerBackward(layer, &w, tw, dout, &g, NULL), mokInvalidArgument, "grads.dshared_router");
+  g.size -= sizeof(void*);
+  EXPECT(mokLayerBackward(layer, &w, tw, dout, &g, NULL), mokSuccess, NULL);
+  g.size += sizeof(void*);
+  g.dshared_router = NULL;
   EXPECT(mokLayerBackward(layer, &w, tw, dout, &g, NULL), mokSuccess, NULL);
   CHECK(!untouched(dx, 0, sizeof(dx), 0xcd));
 
