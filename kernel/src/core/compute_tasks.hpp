@@ -336,8 +336,8 @@ MOK_HD Failure run_wgrad(const PassView& v, const Task& task, Ops& ops) {
 
 // The gated shared expert's backward of one token: s = the gate, ds = dout . shared (fp32, over H in
 // order), scaled = bf16(s * dout); returns dlogit = (ds * s) * (1 - s) in fp32.
-MOK_HD inline float gate_backward_row(const bf16_t* x, const bf16_t* router, const bf16_t* dout, const bf16_t* shared,
-                                      int h, bf16_t* scaled) {
+MOK_HD_NOINLINE float gate_backward_row(const bf16_t* x, const bf16_t* router, const bf16_t* dout, const bf16_t* shared,
+                                        int h, bf16_t* scaled) {
   float s = shared_gate_of(x, router, h), ds = 0.0f;
   for (int i = 0; i < h; ++i) {
     float d = bf16_to_float(dout[i]);
@@ -348,9 +348,14 @@ MOK_HD inline float gate_backward_row(const bf16_t* x, const bf16_t* router, con
 }
 
 // The gate's term of the input gradient, folded into the shared expert's bf16 dx: bf16(dx + dlogit * r).
-MOK_HD inline void add_gate_dx_row(float dlogit, const bf16_t* router, int h, bf16_t* dx) {
+MOK_HD_NOINLINE void add_gate_dx_row(float dlogit, const bf16_t* router, int h, bf16_t* dx) {
   for (int i = 0; i < h; ++i)
     dx[i] = float_to_bf16(add_rn(bf16_to_float(dx[i]), mul_rn(dlogit, bf16_to_float(router[i]))));
+}
+
+// dr += dlogit * x over H, in fp32.
+MOK_HD_NOINLINE void add_router_gradient_row(float dlogit, const bf16_t* x, int h, float* dr) {
+  for (int i = 0; i < h; ++i) dr[i] = add_rn(dr[i], mul_rn(dlogit, bf16_to_float(x[i])));
 }
 
 // Chunk c: the local tokens [c * P, min((c + 1) * P, tokens)), P = expert_padding. Per chunk: g, u,
@@ -407,9 +412,7 @@ MOK_HD Failure run_shared(const PassView& v, int64_t chunk, Ops& ops) {
                     Epilogue::accumulate_f32));
   // dr += dlogit_t x_t, tokens in order (chunks in order, rows in order): fp32, deterministic.
   if (gated)
-    for (int r = 0; r < rows; ++r)
-      for (int i = 0; i < h; ++i)
-        v.acc.srouter[i] = add_rn(v.acc.srouter[i], mul_rn(dlogit[r], bf16_to_float(xs[r * h + i])));
+    for (int r = 0; r < rows; ++r) add_router_gradient_row(dlogit[r], xs + r * h, h, v.acc.srouter);
   ops.gemm(gemm_one(is, h, bf16_operand(g, 1, is, false), xt, rows, v.acc.sgate, h, Epilogue::accumulate_f32));
   ops.gemm(gemm_one(is, h, bf16_operand(u, 1, is, false), xt, rows, v.acc.sup, h, Epilogue::accumulate_f32));
   publish(v.c.shared, static_cast<uint32_t>(chunk + 1));
