@@ -378,20 +378,18 @@ MOK_HD Failure run_shared(const PassView& v, int64_t chunk, Ops& ops) {
   ops.gemm(gemm_one(rows, is, x, wup, h, u, is, Epilogue::store_bf16));
   Swiglu sw = layer_swiglu(v.s, v.sigmoid_table);
   for (int r = 0; r < rows; ++r) swiglu_row(sw, g + r * is, u + r * is, is, hr + r * is);
-  if (!backward) {
+  // The shared output: the forward's result, and in the gated backward what ds_t reads (in out, which the
+  // input gradient overwrites below).
+  bool gated = v.w.shared_router != nullptr;
+  if (!backward || gated)
     ops.gemm(gemm_one(rows, h, bf16_operand(hr, is, 1, false), bf16_operand(v.w.shared_down, is, 1, false), is, out, h,
                       Epilogue::store_bf16));
-    return kNoFailure;
-  }
+  if (!backward) return kNoFailure;
   const bf16_t* dout = peer_array<const bf16_t>(v, v.s.rank, v.peer.dout) + first * h;
   // Gated: the shared expert's dout is bf16(s_t * dout_t), its chunk rows after dh; dlogit_t after them.
-  bool gated = v.w.shared_router != nullptr;
   bf16_t* scaled = dh + static_cast<int64_t>(v.s.expert_padding) * is;
   float* dlogit = reinterpret_cast<float*>(scaled + (static_cast<int64_t>(v.s.expert_padding) * h + 1) / 2 * 2);
   if (gated) {
-    // The shared output again (in out, which the input gradient overwrites below): ds_t reads it.
-    ops.gemm(gemm_one(rows, h, bf16_operand(hr, is, 1, false), bf16_operand(v.w.shared_down, is, 1, false), is, out, h,
-                      Epilogue::store_bf16));
     for (int r = 0; r < rows; ++r)
       dlogit[r] = gate_backward_row(xs + r * h, v.w.shared_router, dout + r * h, out + r * h, h, scaled + r * h);
   }
