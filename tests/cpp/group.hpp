@@ -31,7 +31,8 @@ struct Spec {
   Routing routing = Routing::uniform;
   bool mxfp8 = false;
   double limit = 0;
-  double alpha = 0;  // 0: swiglu; > 0: swiglu_oai with this alpha
+  double alpha = 0;    // 0: swiglu; > 0: swiglu_oai with this alpha
+  bool gated = false;  // the shared expert gated by weights.shared_router (needs shared_inter > 0)
 };
 
 // Uniform in [-a, a], rounded to bf16; never all zeros.
@@ -53,6 +54,7 @@ inline ref::Problem make_problem(const Spec& s, std::mt19937_64& rng) {
   p.limit = s.limit;
   p.alpha = s.alpha;
   p.mxfp8 = s.mxfp8;
+  p.gated = s.gated;
   int n_experts = s.world * s.experts;
   std::uniform_int_distribution<int> tok(1, s.max_tokens), ex(0, n_experts - 1), coin(0, 3);
   std::uniform_real_distribution<float> wt(0.05f, 1.0f);
@@ -84,6 +86,10 @@ inline ref::Problem make_problem(const Spec& s, std::mt19937_64& rng) {
     p.sgate.push_back(random_bf16(sih, 1.0 / std::sqrt(s.hidden), rng));
     p.sup.push_back(random_bf16(sih, 1.0 / std::sqrt(s.hidden), rng));
     p.sdown.push_back(random_bf16(sih, 1.0 / std::sqrt(std::max(1, s.shared_inter)), rng));
+    // x . r has standard deviation 4/3 with x and r uniform (x in [-1, 1], r in [-4/sqrt(H), 4/sqrt(H)]): the
+    // gates spread over about 0.05..0.95, so both s and s (1 - s) vary across tokens. Drawn last, only when
+    // gated: the ungated problems stay the same draws as before.
+    p.srouter.push_back(s.gated ? random_bf16(s.hidden, 4.0 / std::sqrt(s.hidden), rng) : std::vector<uint16_t>{});
   }
   return p;
 }
@@ -119,9 +125,9 @@ struct Outputs {
   std::vector<std::string> detail;
   std::vector<mokLayerError_t> error;           // mokLayerGetError after a failure
   std::vector<double> forward_ms, backward_ms;  // per rank, wall time of the call
-  std::vector<std::vector<uint16_t>> out, dx, dgate, dup, ddown, dsgate, dsup, dsdown;
+  std::vector<std::vector<uint16_t>> out, dx, dgate, dup, ddown, dsgate, dsup, dsdown, dsrouter;
   std::vector<std::vector<uint16_t>> slots;  // mokLayerGetSlots after the forward
-  std::vector<std::vector<float>> dw, main_gate, main_up, main_down, main_sgate, main_sup, main_sdown;
+  std::vector<std::vector<float>> dw, main_gate, main_up, main_down, main_sgate, main_sup, main_sdown, main_srouter;
 };
 
 inline mokLayerConfig_t config_for(const ref::Problem& p, const Knobs& k, int rank) {
@@ -211,6 +217,7 @@ inline mokLayerWeights_t bf16_weights(const ref::Problem& p, int r) {
     w.shared_gate = p.sgate[r].data();
     w.shared_up = p.sup[r].data();
     w.shared_down = p.sdown[r].data();
+    if (p.gated) w.shared_router = p.srouter[r].data();
   }
   return w;
 }
@@ -218,7 +225,7 @@ inline mokLayerWeights_t bf16_weights(const ref::Problem& p, int r) {
 // The outputs of rank r's backward with bf16 weight gradients, filled with `fill` until the call
 // writes them, and the mokLayerGrads_t that points at them.
 struct Bf16Grads {
-  std::vector<uint16_t> dx, dgate, dup, ddown, dsgate, dsup, dsdown;
+  std::vector<uint16_t> dx, dgate, dup, ddown, dsgate, dsup, dsdown, dsrouter;
   std::vector<float> dw;
 
   Bf16Grads(const ref::Problem& p, int r, uint16_t fill = 0, float dw_fill = 0.0f) {
@@ -228,6 +235,7 @@ struct Bf16Grads {
     dw.assign(static_cast<size_t>(p.tokens[r]) * p.top_k, dw_fill);
     for (auto* v : {&dgate, &dup, &ddown}) v->assign(eih, fill);
     for (auto* v : {&dsgate, &dsup, &dsdown}) v->assign(sih, fill);
+    if (p.gated) dsrouter.assign(p.hidden, fill);
   }
   mokLayerGrads_t grads() {
     mokLayerGrads_t g = MOK_LAYER_GRADS_INIT;
@@ -239,6 +247,7 @@ struct Bf16Grads {
     g.dshared_gate = dsgate.data();
     g.dshared_up = dsup.data();
     g.dshared_down = dsdown.data();
+    if (!dsrouter.empty()) g.dshared_router = dsrouter.data();
     return g;
   }
 };
@@ -304,15 +313,24 @@ inline void run_rank(const ref::Problem& p, const Knobs& k, int r, void* const* 
       g.ddown = o.ddown[r].data();
     }
     if (sih && k.accumulate) {  // accumulate covers the shared expert's gradients too: fp32 buffers
-      for (auto* v : {&o.main_sgate, &o.main_sup, &o.main_sdown}) (*v)[r].assign(sih, k.main_grad_start);
+      for (auto* v : {&o.main_sgate, &o.main_sup, &o.main_sdown, &o.main_srouter})
+        (*v)[r].assign(sih, k.main_grad_start);
       g.dshared_gate = o.main_sgate[r].data();
       g.dshared_up = o.main_sup[r].data();
       g.dshared_down = o.main_sdown[r].data();
+      if (p.gated) {
+        o.main_srouter[r].assign(H, k.main_grad_start);
+        g.dshared_router = o.main_srouter[r].data();
+      }
     } else if (sih) {
       for (auto* v : {&o.dsgate, &o.dsup, &o.dsdown}) (*v)[r].assign(sih, 0);
       g.dshared_gate = o.dsgate[r].data();
       g.dshared_up = o.dsup[r].data();
       g.dshared_down = o.dsdown[r].data();
+      if (p.gated) {
+        o.dsrouter[r].assign(H, 0);
+        g.dshared_router = o.dsrouter[r].data();
+      }
     }
     auto t1 = std::chrono::steady_clock::now();
     step(mokLayerBackward(layer, &w, p.topk_weights[r].data(), p.dout[r].data(), &g, nullptr));
@@ -330,8 +348,10 @@ inline Outputs empty_outputs(int world) {
   o.error.assign(world, mokLayerError_t MOK_LAYER_ERROR_INIT);
   o.forward_ms.assign(world, 0);
   o.backward_ms.assign(world, 0);
-  for (auto* v : {&o.out, &o.dx, &o.dgate, &o.dup, &o.ddown, &o.dsgate, &o.dsup, &o.dsdown, &o.slots}) v->resize(world);
-  for (auto* v : {&o.dw, &o.main_gate, &o.main_up, &o.main_down, &o.main_sgate, &o.main_sup, &o.main_sdown})
+  for (auto* v : {&o.out, &o.dx, &o.dgate, &o.dup, &o.ddown, &o.dsgate, &o.dsup, &o.dsdown, &o.dsrouter, &o.slots})
+    v->resize(world);
+  for (auto* v :
+       {&o.dw, &o.main_gate, &o.main_up, &o.main_down, &o.main_sgate, &o.main_sup, &o.main_sdown, &o.main_srouter})
     v->resize(world);
   return o;
 }

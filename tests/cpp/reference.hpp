@@ -122,12 +122,15 @@ struct Problem {
   std::vector<std::vector<uint16_t>> x, dout;            // [rank][T*H] bf16
   std::vector<std::vector<uint16_t>> gate, up, down;     // [rank][E*I*H], [E*I*H], [E*H*I] bf16
   std::vector<std::vector<uint16_t>> sgate, sup, sdown;  // [rank][Is*H], [Is*H], [H*Is] bf16
+  bool gated = false;                                    // the shared expert scaled by sigmoid(x . r)
+  std::vector<std::vector<uint16_t>> srouter;            // [rank][H] bf16: r, when gated
 };
 
 struct Result {
   std::vector<Vec> out, dx, dw;           // per rank
   std::vector<Vec> dgate, dup, ddown;     // per rank, its local experts (fp32 sums)
   std::vector<Vec> dsgate, dsup, dsdown;  // per rank (fp32 sums)
+  std::vector<Vec> dsrouter;              // per rank, [H] when gated (fp32 sums)
 };
 
 inline Vec values(const std::vector<uint16_t>& b, size_t at, size_t n) {
@@ -251,6 +254,7 @@ class Layer {
     r.dsgate.assign(p.world, Vec(static_cast<size_t>(Is) * H, 0.0));
     r.dsup = r.dsgate;
     r.dsdown = r.dsgate;
+    r.dsrouter.assign(p.world, Vec(p.gated ? H : 0, 0.0));
     // Per-row wgrad operands, gathered per expert in canonical order (rank, token, k).
     struct Row {
       Vec x, dy, h, dg, du;
@@ -307,17 +311,35 @@ class Layer {
     Vec g, u, h;
     gate_up(x, wg, wu, Is, g, u, h, false);
     Vec s = times_wt(h, wd, H);
-    Vec dh = times_w(d, wd, Is);
+    // Gated (Qwen2-MoE): the output is gate * s, gate = sigmoid(x . r); the shared expert's backward
+    // reads dy = bf16(gate * dOut), and the gate's logit gradient dlogit = (dOut . s) gate (1 - gate)
+    // adds dlogit * r to its bf16 dx and dlogit * x to dr.
+    double gate = 1, dlogit = 0;
+    Vec r_in, dy = d;
+    if (p.gated) {
+      r_in = values(p.srouter[rk], 0, H);
+      double z = 0, ds = 0;
+      for (int o = 0; o < H; ++o) z += x[o] * r_in[o];
+      gate = 1.0 / (1.0 + std::exp(-z));
+      for (int o = 0; o < H; ++o) {
+        ds += d[o] * s[o];
+        dy[o] = bf16(gate * d[o]);
+      }
+      dlogit = ds * gate * (1.0 - gate);
+      for (int o = 0; o < H; ++o) r.dsrouter[rk][o] += dlogit * x[o];
+    }
+    Vec dh = times_w(dy, wd, Is);
     for (double& v : dh) v = bf16(v);
     Vec dg, du;
     swiglu_bwd(g, u, dh, dg, du);
     Vec a = times_w(dg, wg, H), b = times_w(du, wu, H);
     for (int o = 0; o < H; ++o) {
-      out[o] = s[o];
+      out[o] = gate * s[o];
       dx[o] = bf16(a[o] + b[o]);
+      if (p.gated) dx[o] = bf16(dx[o] + dlogit * r_in[o]);
     }
     for (int o = 0; o < H; ++o)
-      for (int i = 0; i < Is; ++i) r.dsdown[rk][o * Is + i] += d[o] * h[i];
+      for (int i = 0; i < Is; ++i) r.dsdown[rk][o * Is + i] += dy[o] * h[i];
     for (int i = 0; i < Is; ++i)
       for (int j = 0; j < H; ++j) {
         r.dsgate[rk][i * H + j] += dg[i] * x[j];

@@ -42,16 +42,24 @@ void check_against_reference(const Spec& spec, const Knobs& knobs) {
       close("dgate (main_grad)", r, from_float(o.main_gate[r], 0.5), want.dgate[r], tol);
       close("dup (main_grad)", r, from_float(o.main_up[r], 0.5), want.dup[r], tol);
       close("ddown (main_grad)", r, from_float(o.main_down[r], 0.5), want.ddown[r], tol);
+      if (spec.shared_inter > 0) {
+        close("dshared_gate (main_grad)", r, from_float(o.main_sgate[r], 0.5), want.dsgate[r], tol);
+        close("dshared_up (main_grad)", r, from_float(o.main_sup[r], 0.5), want.dsup[r], tol);
+        close("dshared_down (main_grad)", r, from_float(o.main_sdown[r], 0.5), want.dsdown[r], tol);
+      }
+      if (spec.gated) close("dshared_router (main_grad)", r, from_float(o.main_srouter[r], 0.5), want.dsrouter[r], tol);
     } else {
       close("dgate", r, from_bf16(o.dgate[r]), rounded(want.dgate[r]), tol, kMinExact);
       close("dup", r, from_bf16(o.dup[r]), rounded(want.dup[r]), tol, kMinExact);
       close("ddown", r, from_bf16(o.ddown[r]), rounded(want.ddown[r]), tol, kMinExact);
     }
-    if (spec.shared_inter > 0) {
+    if (spec.shared_inter > 0 && !knobs.accumulate) {
       close("dshared_gate", r, from_bf16(o.dsgate[r]), rounded(want.dsgate[r]), tol, kMinExact);
       close("dshared_up", r, from_bf16(o.dsup[r]), rounded(want.dsup[r]), tol, kMinExact);
       close("dshared_down", r, from_bf16(o.dsdown[r]), rounded(want.dsdown[r]), tol, kMinExact);
     }
+    if (spec.gated && !knobs.accumulate)
+      close("dshared_router", r, from_bf16(o.dsrouter[r]), rounded(want.dsrouter[r]), tol, kMinExact);
     // mokLayerGetSlots gives the y_k the router-weight gradient used: dw_k = sum_h dOut * y_k in
     // fp32, h in order, reproduces it bit for bit; a -1 route's slot is zeros.
     for (int t = 0; t < p.tokens[r]; ++t)
@@ -124,6 +132,49 @@ TEST(world2_swiglu_oai_mxfp8) {
   s.shared_inter = 8;
   s.limit = 0.3;
   s.alpha = 1.702;
+  check_against_reference(s, mxfp8_knobs());
+}
+
+// The gated shared expert (Qwen2-MoE): out = sum_k w_k y_k + sigmoid(x . r) shared(x); the router's
+// gradient dr among the compared outputs. The gates spread over about 0.05..0.95 (group.hpp).
+Spec gated(int world) {
+  Spec s = spec(world, 2, Routing::uniform);
+  s.shared_inter = 12;
+  s.gated = true;
+  return s;
+}
+
+TEST(world1_gated_shared_expert) {
+  check_against_reference(gated(1), Knobs{});
+}
+
+TEST(world2_gated_shared_expert_clamp_and_minus_one_routes) {
+  Spec s = gated(2);
+  s.routing = Routing::minus_one;  // tokens with no route: the gated shared term alone
+  s.limit = 0.25;
+  s.hidden = 72;  // blocks of 16 along H and a remainder in the forward's sums
+  check_against_reference(s, Knobs{});
+}
+
+TEST(world2_gated_shared_expert_recompute) {
+  Knobs k;
+  k.recompute = true;
+  check_against_reference(gated(2), k);
+}
+
+TEST(world2_gated_shared_expert_into_main_grad) {
+  Knobs k;
+  k.accumulate = true;
+  check_against_reference(gated(2), k);
+}
+
+TEST(world2_gated_shared_expert_mxfp8) {
+  Spec s = gated(2);
+  s.mxfp8 = true;
+  s.hidden = 40;
+  s.inter = 24;
+  s.max_tokens = 24;
+  s.shared_inter = 8;
   check_against_reference(s, mxfp8_knobs());
 }
 
