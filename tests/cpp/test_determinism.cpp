@@ -11,7 +11,7 @@ namespace {
 
 bool same(const Outputs& a, const Outputs& b) {
   return a.out == b.out && a.dx == b.dx && a.dw == b.dw && a.dgate == b.dgate && a.dup == b.dup && a.ddown == b.ddown &&
-         a.dsgate == b.dsgate && a.dsup == b.dsup && a.dsdown == b.dsdown;
+         a.dsgate == b.dsgate && a.dsup == b.dsup && a.dsdown == b.dsdown && a.dsrouter == b.dsrouter;
 }
 
 Knobs knobs(int padding, int minibatch, int macrobatch, int comm, int compute) {
@@ -57,6 +57,19 @@ TEST(bf16_across_batching_workers_and_runs) {
                 {knobs(8, 16, 64, 1, 2), knobs(8, 8, 8, 1, 1), knobs(4, 8, 16, 2, 3), knobs(16, 16, 32, 3, 4),
                  knobs(1, 1, 3, 1, 2), knobs(8, 32, 256, 2, 1)},
                 32);
+}
+
+// The gated shared expert: dr sums dlogit_t x_t over the tokens in order, whatever the chunking (expert
+// padding) and the workers that run the chunks.
+TEST(bf16_gated_shared_expert_across_batching_workers_and_runs) {
+  Spec s;
+  s.world = 2;
+  s.top_k = 2;
+  s.max_tokens = 16;
+  s.ragged = false;
+  s.shared_inter = 8;
+  s.gated = true;
+  check_bitwise(s, {knobs(8, 16, 64, 1, 2), knobs(4, 8, 16, 2, 3), knobs(16, 16, 32, 3, 4), knobs(1, 1, 3, 1, 2)}, 32);
 }
 
 TEST(mxfp8_across_batching_workers_and_runs) {
