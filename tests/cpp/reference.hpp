@@ -318,9 +318,17 @@ class Layer {
     Vec r_in, dy = d;
     if (p.gated) {
       r_in = values(p.srouter[rk], 0, H);
-      double z = 0, ds = 0;
-      for (int o = 0; o < H; ++o) z += x[o] * r_in[o];
-      gate = 1.0 / (1.0 + std::exp(-z));
+      // The gate is one fp32 scalar per token whose bits the contract fixes: z summed in fp32 over h in
+      // order, no FMA (the volatile keeps the product apart), sigmoid = 1 / (1 + expf(-z)); taken so here,
+      // bf16(gate * dOut) rounds where the layer's does.
+      float z = 0.0f;
+      for (int o = 0; o < H; ++o) {
+        volatile float product = static_cast<float>(x[o]) * static_cast<float>(r_in[o]);
+        z = z + product;
+      }
+      float gate32 = 1.0f / (1.0f + std::exp(-z));
+      gate = gate32;
+      double ds = 0;
       for (int o = 0; o < H; ++o) {
         ds += d[o] * s[o];
         dy[o] = bf16(gate * d[o]);

@@ -58,8 +58,10 @@ void check_against_reference(const Spec& spec, const Knobs& knobs) {
       close("dshared_up", r, from_bf16(o.dsup[r]), rounded(want.dsup[r]), tol, kMinExact);
       close("dshared_down", r, from_bf16(o.dsdown[r]), rounded(want.dsdown[r]), tol, kMinExact);
     }
+    // dr sums dlogit_t x_t: one token's dlogit moved by a bf16 flip in its shared output (gated() below)
+    // moves every element of dr a little, so only the tolerance applies, not the exact fraction.
     if (spec.gated && !knobs.accumulate)
-      close("dshared_router", r, from_bf16(o.dsrouter[r]), rounded(want.dsrouter[r]), tol, kMinExact);
+      close("dshared_router", r, from_bf16(o.dsrouter[r]), rounded(want.dsrouter[r]), tol);
     // mokLayerGetSlots gives the y_k the router-weight gradient used: dw_k = sum_h dOut * y_k in
     // fp32, h in order, reproduces it bit for bit; a -1 route's slot is zeros.
     for (int t = 0; t < p.tokens[r]; ++t)
@@ -137,8 +139,14 @@ TEST(world2_swiglu_oai_mxfp8) {
 
 // The gated shared expert (Qwen2-MoE): out = sum_k w_k y_k + sigmoid(x . r) shared(x); the router's
 // gradient dr among the compared outputs. The gates spread over about 0.05..0.95 (group.hpp).
+// ds_t = dOut_t . shared_t reads the bf16 shared output: where one of its H elements rounds the other way
+// (fp32 vs double sums), dlogit_t moves and with it the whole dx row of that token by dlogit * r (measured:
+// 1 seed in 25 left 28% of a 3-token rank's dx inexact, every miss in one token). 16 tokens per rank keep
+// such a token well inside the 20% of bf16 elements the exact fraction allows.
 Spec gated(int world) {
   Spec s = spec(world, 2, Routing::uniform);
+  s.max_tokens = 16;
+  s.ragged = false;
   s.shared_inter = 12;
   s.gated = true;
   return s;
