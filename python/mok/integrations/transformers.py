@@ -242,9 +242,27 @@ class HFMoE(MoE):
     def forward(self, x: torch.Tensor, output_router_logits: bool = False):
         tokens = x.reshape(-1, x.shape[-1])
         ids, weights, logits, _ = self.route(tokens)
+        recorder = self._modules.get("logits_recorder")  # see _logits_recorder
+        if recorder is not None:
+            recorder(logits)
         out = self.run_experts(tokens.to(torch.bfloat16).contiguous(), ids.contiguous(), weights.contiguous())
         out = out.reshape(x.shape).to(x.dtype)
         return (out, logits) if output_router_logits else out
+
+
+def _logits_recorder(router: nn.Module) -> nn.Module:
+    """A module HF's output recording takes for the block's router: transformers records router_logits with a forward
+    hook on every instance of the router's class (OutputRecorder(<Router>, index=0)), installed at the model's first
+    forward. An HFMoE with mok's router calls this identity (no parameters) with its logits, so HF's load-balancing
+    loss sees them as it saw the replaced router's."""
+    def forward(self, logits):
+        return logits, None, None
+
+    def init(self):
+        nn.Module.__init__(self)
+
+    kind = type(f"MokLogitsOf{type(router).__name__}", (type(router),), {"__init__": init, "forward": forward})
+    return kind()
 
 
 def _router_kind(block: nn.Module):
@@ -304,6 +322,8 @@ def moe_from_hf(block: nn.Module, *, group=None, backend: str | None = None, mxf
     if kind is None:
         layer.router = block.gate  # HF's router module, its parameters and buffers
         layer.uses_hf_router = True
+    else:
+        layer.logits_recorder = _logits_recorder(block.gate)
     return layer
 
 
