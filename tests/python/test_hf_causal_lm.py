@@ -87,4 +87,8 @@ def test_from_hf_blocks_feed_hf_load_balancing_loss(seed):
     assert abs(float(got.aux_loss) - float(want.aux_loss)) <= 1e-5 * float(want.aux_loss), (got.aux_loss,
                                                                                              want.aux_loss)
     got.loss.backward()
-    assert model.model.layers[0].mlp.router.weight.grad is not None  # the aux loss reaches mok's router
+    router = model.model.layers[0].mlp.router
+    assert router.weight.grad is not None  # the aux loss reaches mok's router
+    before = router.weight.detach().clone()
+    model.model.apply(model._init_weights)  # HF's initialisation matches the recorder's class: it reaches mok's router
+    assert not torch.equal(before, router.weight) and 0.05 < float(router.weight.std()) < 0.3  # initializer_range

@@ -250,18 +250,22 @@ class HFMoE(MoE):
         return (out, logits) if output_router_logits else out
 
 
-def _logits_recorder(router: nn.Module) -> nn.Module:
+def _logits_recorder(hf_router: nn.Module, router: nn.Module) -> nn.Module:
     """A module HF's output recording takes for the block's router: transformers records router_logits with a forward
     hook on every instance of the router's class (OutputRecorder(<Router>, index=0)), installed at the model's first
-    forward. An HFMoE with mok's router calls this identity (no parameters) with its logits, so HF's load-balancing
-    loss sees them as it saw the replaced router's."""
+    forward. An HFMoE with mok's router calls this identity with its logits, so HF's load-balancing loss sees them as
+    it saw the replaced router's. Its `weight` is mok's router weight (not a parameter of its own), so HF's weight
+    initialisation, which matches the same class, initialises the router mok uses."""
     def forward(self, logits):
         return logits, None, None
 
     def init(self):
         nn.Module.__init__(self)
+        self.__dict__["router"] = router  # not a submodule: the layer owns it
 
-    kind = type(f"MokLogitsOf{type(router).__name__}", (type(router),), {"__init__": init, "forward": forward})
+    weight = property(lambda self: self.__dict__["router"].weight)
+    kind = type(f"MokLogitsOf{type(hf_router).__name__}", (type(hf_router),),
+                {"__init__": init, "forward": forward, "weight": weight})
     return kind()
 
 
@@ -323,7 +327,7 @@ def moe_from_hf(block: nn.Module, *, group=None, backend: str | None = None, mxf
         layer.router = block.gate  # HF's router module, its parameters and buffers
         layer.uses_hf_router = True
     else:
-        layer.logits_recorder = _logits_recorder(block.gate)
+        layer.logits_recorder = _logits_recorder(block.gate, layer.router)
     return layer
 
 
