@@ -3,8 +3,9 @@
 Each rank is a process; the ranks' peer-visible memory is POSIX shared memory that libmok creates and maps under a
 name made from the workspace's nonce (agreed when the workspace was made: no torch.distributed call after that),
 and unlinks once every rank has mapped it. libmok keeps the schedule and the forward context inside its layer
-object; a context that is no longer the layer's latest (another forward ran since) is rebuilt before its backward
-by re-running the schedule and a recompute, which is bitwise the same.
+object; a context that is no longer the layer's latest (another forward ran since: a model's next layer of the same
+shape) is made current again before its backward by re-running the schedule and putting its x and y slots back
+(mokLayerRestoreContext), which is bitwise the same and runs no forward pass.
 
 A pass that fails finishes libmok's group (every later call would return mokPeerAbort): the workspace then closes
 its libmok layers, warns, and the next call creates new ones. A peer's deliberate stop (a call it made libmok reject,
@@ -342,12 +343,14 @@ class HostExecutor:
         return ctx, out
 
     def _load(self, ctx: _Context) -> None:
-        """Make `ctx` the layer's current schedule and context again (bitwise what it was); the layer is created
-        again if it was closed after a failure."""
+        """Make `ctx` the layer's current schedule and context again (bitwise what it was): its schedule, then its x
+        and y slots put back (mokLayerRestoreContext: two copies, no pass). The layer is created again if it was
+        closed after a failure."""
         ctx.layer = _layer(ctx.workspace, ctx.schedule.group, ctx.swiglu_limit, ctx.activation, ctx.alpha)
         _schedule(ctx.state, ctx.layer, ctx.schedule.topk_ids)
         with _guard(ctx.state, ctx.layer), _python_names():
-            ctx.layer.recompute(_weights(ctx.routed, ctx.shared), _pointer(ctx.x, "x", torch.bfloat16), _NO_STREAM)
+            ctx.layer.restore_context(_pointer(ctx.x, "x", torch.bfloat16),
+                                      _pointer(ctx.y_slots, "y_slots", torch.bfloat16), _NO_STREAM)
         ctx.state.latest[ctx.layer] = ctx.token
 
 

@@ -163,6 +163,12 @@ class Layer {
     mok::python::released([&] { return mokLayerGetSlots(layer, ptr<void>(y_slots), ptr<void>(stream)); });
   }
 
+  void restore_context(uintptr_t x, uintptr_t y_slots, uintptr_t stream) {
+    mokLayer_t layer = get();
+    mok::python::released(
+        [&] { return mokLayerRestoreContext(layer, ptr<const void>(x), ptr<const void>(y_slots), ptr<void>(stream)); });
+  }
+
   nb::dict error() {
     mokLayerError_t e = MOK_LAYER_ERROR_INIT;
     mok::python::check(mokLayerGetError(get(), &e));
@@ -216,6 +222,7 @@ void bind_layer(nb::module_& m) {
       .def("backward", &Layer::backward, nb::arg("weights"), nb::arg("topk_weights"), nb::arg("dout"), nb::arg("grads"),
            nb::arg("stream") = 0)
       .def("slots", &Layer::slots, nb::arg("y_slots"), nb::arg("stream") = 0)
+      .def("restore_context", &Layer::restore_context, nb::arg("x"), nb::arg("y_slots"), nb::arg("stream") = 0)
       .def("error", &Layer::error)
       .def("abort", &Layer::abort, nb::arg("reason").none() = nb::none());
 

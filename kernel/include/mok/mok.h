@@ -308,6 +308,18 @@ MOK_API mokStatus_t mokLayerBackward(mokLayer_t layer, const mokLayerWeights_t* 
  */
 MOK_API mokStatus_t mokLayerGetSlots(mokLayer_t layer, void* y_slots, void* stream);
 
+/*
+ * Not collective. Makes an earlier forward's context the current schedule's again, for its backward: x
+ * [num_tokens, H] bf16, the forward's input, and y_slots [num_tokens, K, H] bf16, what mokLayerGetSlots gave
+ * after it. Call it after mokLayerBuildSchedule with that forward's topk_ids, and give the backward that
+ * forward's weights: the backward is then bitwise the one that would have followed the forward directly.
+ * It costs two copies and no pass: the backward recomputes g and u from x (as it does whenever the ring no
+ * longer holds them), so a trainer with several layers of one shape on one mokLayer_t keeps each layer's
+ * context as its own two tensors instead of running mokLayerRecompute. Needs a schedule (mokInvalidUsage
+ * otherwise); a stream the executor refuses is mokInvalidArgument; a refused call does not abort the group.
+ */
+MOK_API mokStatus_t mokLayerRestoreContext(mokLayer_t layer, const void* x, const void* y_slots, void* stream);
+
 typedef struct {
   size_t size;          /* sizeof(mokLayerError_t), set by MOK_LAYER_ERROR_INIT */
   unsigned int magic;   /* MOK_STRUCT_MAGIC */

@@ -68,6 +68,16 @@ MOK_HD inline int stage_copies(const PassView& v, StageCopy* out) {
   return 2;
 }
 
+// A kept context put back (mokLayerRestoreContext): the forward's x and its y slots, into the own peer
+// buffer where the forward left them. Safe to overwrite: as for stage_copies, and no peer reads them
+// before this rank's next barrier.
+MOK_HD inline int context_copies(const PassView& v, const void* x, const void* y_slots, StageCopy* out) {
+  size_t th = static_cast<size_t>(v.tokens) * v.s.hidden, tkh = th * v.s.top_k;
+  out[0] = StageCopy{x, v.peer.x, th * sizeof(bf16_t)};
+  out[1] = StageCopy{y_slots, v.peer.y_slots, tkh * sizeof(bf16_t)};
+  return 2;
+}
+
 // A schedule build's input: the topk ids as int32 and the token count, into the own peer buffer
 // and header. Safe to overwrite: the closing barrier of the previous build ended every peer's reads.
 MOK_HD inline void stage_topk_ids(const PassView& v, const void* ids, bool int64_ids, int tokens) {

@@ -122,10 +122,14 @@ mokStatus_t run(Layer& l, core::PassView& v, bool schedule, core::CallKind call,
   return mokSuccess;
 }
 
+void copy_in(Layer& l, const core::StageCopy* copies, int n) {
+  for (int i = 0; i < n; ++i)
+    if (copies[i].bytes) std::memcpy(l.memory.base(l.shape.rank) + copies[i].offset, copies[i].src, copies[i].bytes);
+}
+
 void stage(Layer& l, const core::PassView& v) {
   core::StageCopy copies[core::kMaxStageCopies];
-  for (int i = 0, n = core::stage_copies(v, copies); i < n; ++i)
-    if (copies[i].bytes) std::memcpy(l.memory.base(l.shape.rank) + copies[i].offset, copies[i].src, copies[i].bytes);
+  copy_in(l, copies, core::stage_copies(v, copies));
 }
 
 core::PeerHeader* own_header(Layer& l) {
@@ -239,6 +243,18 @@ mokStatus_t get_slots(Layer& l, uint16_t* y_slots, Detail& why) {
                 "schedule");
   core::PassView v = view_of(l, PassKind::forward, nullptr);
   for (int t = 0; t < l.group.tokens; ++t) core::copy_slots_token(v, t, y_slots);
+  return mokSuccess;
+}
+
+mokStatus_t restore_context(Layer& l, const uint16_t* x, const uint16_t* y_slots, Detail& why) {
+  if (!l.group.has_schedule)
+    return fail(why, mokInvalidUsage,
+                "mokLayerRestoreContext: needs a mokLayerBuildSchedule (with the topk_ids of "
+                "the forward the context came from)");
+  core::PassView v = view_of(l, PassKind::forward, nullptr);
+  core::StageCopy copies[core::kMaxStageCopies];
+  copy_in(l, copies, core::context_copies(v, x, y_slots, copies));
+  core::restore_context(l.group);
   return mokSuccess;
 }
 
