@@ -34,11 +34,27 @@ from mok.reference import Gradients
 
 def _workers(config, world: int) -> dict:
     """The host executor's threads per rank: the config's, or by default one comm worker and the CPUs this
-    process may run on shared among the group's ranks (all on this host: their memory is shared) for compute."""
+    process may run on shared among the group's ranks (all on this host: their memory is shared) for compute.
+    fwd_num_comm_sms / bwd_num_comm_sms split those threads per pass (None: host_comm_workers); libmok's
+    comm_workers is the forward's split, backward_comm_workers the backward's."""
     compute = config.host_compute_workers
     if compute is None:
         compute = max(1, len(os.sched_getaffinity(0)) // world)
-    return {"comm_workers": config.host_comm_workers, "compute_workers": min(compute, validate.MAX_COMPUTE_WORKERS)}
+    comm = config.host_comm_workers
+    total = comm + min(compute, validate.MAX_COMPUTE_WORKERS)
+    split = {}
+    for name in ("fwd_num_comm_sms", "bwd_num_comm_sms"):
+        value = getattr(config, name)
+        split[name] = comm if value is None else value
+        if not split[name] < total:
+            raise ValueError(f"MoKConfig.{name} must be fewer than the host executor's {total} workers "
+                             f"(host_comm_workers + host_compute_workers) on backend 'host', got {value}")
+        if split[name] > validate.MAX_COMM_WORKERS:
+            raise ValueError(f"MoKConfig.{name} must be at most {validate.MAX_COMM_WORKERS} (libmok's comm workers) "
+                             f"on backend 'host', got {value}")
+    forward = split["fwd_num_comm_sms"]
+    return {"comm_workers": forward, "compute_workers": min(total - forward, validate.MAX_COMPUTE_WORKERS),
+            "backward_comm_workers": split["bwd_num_comm_sms"]}
 
 
 @dataclass
@@ -158,6 +174,7 @@ _NAMES = {
     "config.expert_padding": "MoKConfig.expert_padding", "config.minibatch": "MoKConfig.minibatch_size",
     "config.macrobatch": "MoKConfig.macrobatch_size (capped at the rows a rank can receive)",
     "config.timeout_ms": "MoKConfig.wait_timeout_s (in ms)", "config.comm_workers": "MoKConfig.host_comm_workers",
+    "config.backward_comm_workers": "MoKConfig.bwd_num_comm_sms",
     "config.compute_workers": "MoKConfig.host_compute_workers", "'config'": "'the layer's shapes'",
     "'num_tokens'": "'x.shape[0] (tokens)'", "weights.shared_": "shared.", "weights.": "routed.",
     "grads.dtopk_weights": "the topk_weights gradient", "grads.dx": "the x gradient",

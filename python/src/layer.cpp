@@ -69,6 +69,7 @@ mokLayerConfig_t make_config(const nb::dict& d) {
   if (d.contains("swiglu_limit")) c.swiglu_limit = nb::cast<float>(d["swiglu_limit"]), ++known;
   if (d.contains("activation")) c.activation = config_activation(d), ++known;
   if (d.contains("swiglu_alpha")) c.swiglu_alpha = nb::cast<float>(d["swiglu_alpha"]), ++known;
+  if (d.contains("backward_comm_workers")) c.backward_comm_workers = config_int(d, "backward_comm_workers"), ++known;
   if (known != d.size()) throw nb::value_error("config: unknown key (see mokLayerConfig_t in mok.h)");
   return c;
 }

@@ -91,6 +91,7 @@ inline ref::Problem make_problem(const Spec& s, std::mt19937_64& rng) {
 struct Knobs {
   int padding = 8, minibatch = 16, macrobatch = 32;
   int comm_workers = 1, compute_workers = 2;
+  int backward_comm_workers = 0;  // 0: comm_workers
   int timeout_ms = 60000;
   bool int64_ids = false;
   bool accumulate = false;       // weight gradients into fp32 main_grad buffers
@@ -145,6 +146,7 @@ inline mokLayerConfig_t config_for(const ref::Problem& p, const Knobs& k, int ra
   c.macrobatch = k.macrobatch;
   c.comm_workers = k.comm_workers;
   c.compute_workers = k.compute_workers;
+  c.backward_comm_workers = k.backward_comm_workers;
   c.timeout_ms = k.timeout_ms;
   return c;
 }

@@ -192,6 +192,10 @@ TEST(config_field_limits) {
   ACCEPT_CONFIG(c.compute_workers = 256);
   EXPECT_CONFIG(c.compute_workers = 0, "'config.compute_workers' (0)", "[1, 256]");
   EXPECT_CONFIG(c.compute_workers = 257, "'config.compute_workers' (257)", "[1, 256]");
+  ACCEPT_CONFIG(c.backward_comm_workers = c.comm_workers + c.compute_workers - 1);
+  EXPECT_CONFIG(c.backward_comm_workers = c.comm_workers + c.compute_workers, "'config.backward_comm_workers'",
+                "leaves a compute worker");
+  EXPECT_CONFIG(c.backward_comm_workers = -1, "'config.backward_comm_workers' (-1)", "must be 0");
   ACCEPT_CONFIG(c.timeout_ms = 1);
   ACCEPT_CONFIG(c.timeout_ms = 24 * 3600 * 1000);
   EXPECT_CONFIG(c.timeout_ms = 0, "'config.timeout_ms' (0)", "[1, 86400000]");

@@ -173,6 +173,13 @@ typedef struct {
   /* Added after the first layout (a caller without them gets mokActivationSwiglu): */
   mokActivation_t activation; /* mokActivationSwiglu or mokActivationSwigluOai; no other value */
   float swiglu_alpha;         /* mokActivationSwigluOai's alpha: finite and > 0; ignored by mokActivationSwiglu */
+  /* Added after activation and swiglu_alpha (a caller without them gets 0 for both): */
+  int backward_comm_workers; /* of the layer's comm_workers + compute_workers threads, those that move rows in
+                                mokLayerBackward (the rest compute), as a GPU splits its SMs differently per pass;
+                                0 (= comm_workers) or 1..comm_workers + compute_workers - 1. Forward and
+                                recompute use comm_workers. The results do not depend on it. */
+  int reserved;              /* 0. The previous layout's sizeof (96 on LP64) has 4 bytes of tail padding where
+                                backward_comm_workers lies; this field makes the new layout's sizeof differ */
 } mokLayerConfig_t;
 #define MOK_LAYER_CONFIG_INIT   \
   {MOK_STAMP(mokLayerConfig_t), \
@@ -194,7 +201,9 @@ typedef struct {
    30000,                       \
    mokExecutorHost,             \
    mokActivationSwiglu,         \
-   1.702f}
+   1.702f,                      \
+   0,                           \
+   0}
 
 typedef struct {
   size_t size;            /* sizeof(mokLayerSizes_t), set by MOK_LAYER_SIZES_INIT */

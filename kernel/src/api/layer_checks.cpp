@@ -89,6 +89,15 @@ mokStatus_t check_relations(const mokLayerConfig_t* c, mokPrecision_t precision,
     return invalid(func, "must not be smaller than config.minibatch", "config.macrobatch", c->macrobatch);
   if (c->macrobatch % c->minibatch != 0)
     return invalid(func, "must be a multiple of config.minibatch", "config.macrobatch", c->macrobatch);
+  // The backward splits the same threads: at least one of each class is left.
+  int workers = c->comm_workers + c->compute_workers;
+  if (c->backward_comm_workers != 0 && (c->backward_comm_workers < 1 || c->backward_comm_workers >= workers))
+    return fail(mokInvalidArgument,
+                "%s: argument 'config.backward_comm_workers' (%d) must be 0 (= config.comm_workers) or in [1, %d] "
+                "(config.comm_workers + config.compute_workers - 1: the backward leaves a compute worker)",
+                func, c->backward_comm_workers, workers - 1);
+  if (c->reserved != 0)
+    return invalid(func, "must be 0 (MOK_LAYER_CONFIG_INIT sets it)", "config.reserved", c->reserved);
   return mokSuccess;
 }
 
@@ -177,7 +186,8 @@ mokStatus_t check_config(const mokLayerConfig_t* config, const char* func, mokLa
                             c->comm_workers,
                             c->compute_workers,
                             static_cast<int>(activation),
-                            activation == core::Activation::swiglu_oai ? c->swiglu_alpha : 0.0f};
+                            activation == core::Activation::swiglu_oai ? c->swiglu_alpha : 0.0f,
+                            c->backward_comm_workers};
   return mokSuccess;
 }
 

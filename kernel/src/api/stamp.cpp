@@ -26,9 +26,15 @@ const size_t kDeviceInfoLayouts[] = {sizeof(mokDeviceInfo_t)};
 constexpr size_t kConfigFirstEnd = offsetof(mokLayerConfig_t, activation);
 constexpr size_t kConfigFirstSize =
     (kConfigFirstEnd + alignof(mokLayerConfig_t) - 1) / alignof(mokLayerConfig_t) * alignof(mokLayerConfig_t);
-static_assert(kConfigFirstSize < sizeof(mokLayerConfig_t), "the new layout is larger than the first");
-const size_t kLayerConfigLayouts[] = {kConfigFirstSize, sizeof(mokLayerConfig_t)};
-const size_t kLayerConfigEnds[] = {kConfigFirstEnd, sizeof(mokLayerConfig_t)};
+// The second layout ended at swiglu_alpha, its sizeof with 4 bytes of tail padding where
+// backward_comm_workers now is (not read); backward_comm_workers and reserved came after it.
+constexpr size_t kConfigSecondEnd = offsetof(mokLayerConfig_t, backward_comm_workers);
+constexpr size_t kConfigSecondSize =
+    (kConfigSecondEnd + alignof(mokLayerConfig_t) - 1) / alignof(mokLayerConfig_t) * alignof(mokLayerConfig_t);
+static_assert(kConfigFirstSize < kConfigSecondSize && kConfigSecondSize < sizeof(mokLayerConfig_t),
+              "each layout is larger than the one before");
+const size_t kLayerConfigLayouts[] = {kConfigFirstSize, kConfigSecondSize, sizeof(mokLayerConfig_t)};
+const size_t kLayerConfigEnds[] = {kConfigFirstEnd, kConfigSecondEnd, sizeof(mokLayerConfig_t)};
 const size_t kLayerSizesLayouts[] = {sizeof(mokLayerSizes_t)};
 // mokLayerMemory_t's first layout ended at workspace_bytes; peer_bytes came after it.
 const size_t kLayerMemoryLayouts[] = {offsetof(mokLayerMemory_t, peer_bytes), sizeof(mokLayerMemory_t)};

@@ -29,6 +29,9 @@ struct LayerShape {
   int comm_workers, compute_workers;
   int activation = 0;         // Activation: 0 swiglu, 1 swiglu_oai
   float swiglu_alpha = 0.0f;  // swiglu_oai's alpha; 0 with swiglu (it has none)
+  // The backward's split of the same comm_workers + compute_workers workers: its comm workers (0 = comm_workers).
+  // Per-worker scratch is sized by the total, so the layout does not depend on either split.
+  int backward_comm_workers = 0;
 };
 
 // The layer's activation as the SwiGLU stages compute it, with the executor's sigmoid table (or null).

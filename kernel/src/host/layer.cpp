@@ -39,9 +39,15 @@ int thread_limit_from_env() {
 // The workers a pass runs: the config's, unless the layer has fewer threads (a thread that could not
 // be created); then fewer compute workers, and comm workers only if need be. The result does not
 // depend on worker counts (docs/core.md), so the pass still completes with one of each.
+// The backward's comm count is capped the same way (core splits the workers there are).
+int fit_comm(int comm, int available) {
+  return comm < available - 1 ? comm : (available > 1 ? available - 1 : 1);
+}
+
 core::LayerShape fit_workers(core::LayerShape s, int available) {
   if (s.comm_workers + s.compute_workers <= available) return s;
-  s.comm_workers = s.comm_workers < available - 1 ? s.comm_workers : (available > 1 ? available - 1 : 1);
+  s.comm_workers = fit_comm(s.comm_workers, available);
+  if (s.backward_comm_workers > 0) s.backward_comm_workers = fit_comm(s.backward_comm_workers, available);
   s.compute_workers = available - s.comm_workers > 0 ? available - s.comm_workers : 0;
   return s;
 }
