@@ -243,6 +243,9 @@ class MainGrads(NamedTuple):
     shared_gate: torch.Tensor | None = None
     shared_up: torch.Tensor | None = None
     shared_down: torch.Tensor | None = None
+    gate_bias: torch.Tensor | None = None  # with routed biases: [E_local, I], [E_local, I], [E_local, H]
+    up_bias: torch.Tensor | None = None
+    down_bias: torch.Tensor | None = None
 
 
 def forward(x, topk_ids, topk_weights, routed, shared, *, schedule: Schedule, swiglu_limit=None,
