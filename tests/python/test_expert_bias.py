@@ -144,3 +144,29 @@ def test_bias_shape_is_checked():
         RoutedExperts(routed.gate, routed.up, routed.down, gate_bias=torch.zeros(e, h + 1, dtype=torch.bfloat16))
     with pytest.raises(TypeError, match="down_bias must be bfloat16"):
         RoutedExperts(routed.gate, routed.up, routed.down, down_bias=torch.zeros(e, h))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nn_moe_expert_bias_gets_gradients(seed, backend):
+    """mok.nn.MoE(expert_bias=True): its bias parameters reach mok.moe (the output moves when they do) and get
+    the oracle's gradients."""
+    import mok.nn
+
+    torch.manual_seed(0)
+    layer = mok.nn.MoE(32, 16, 4, 2, expert_bias=True, activation="swiglu_oai", backend=backend)
+    x = torch.randn(12, 32).to(torch.bfloat16)
+    before = layer(x).detach()
+    with torch.no_grad():
+        for name in BIASES:
+            getattr(layer, name).copy_(torch.randn_like(getattr(layer, name), dtype=torch.float32))
+    out = layer(x)
+    assert float((out.detach() - before).norm() / before.norm()) > 0.1
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ids, weights, _, _ = layer.route(x)
+    routed = RoutedExperts(layer.gate.detach(), layer.up.detach(), layer.down.detach(),
+                           *(getattr(layer, n).detach() for n in BIASES))
+    _, ctx = reference.forward(x, ids, weights.detach(), routed, None, precision="float64", activation="swiglu_oai")
+    want = reference.backward(ctx, dout)
+    for name in BIASES:
+        assert_close_rel(getattr(layer, name).grad, getattr(want, name), TOL["bf16"], f"d{name}")
