@@ -10,6 +10,7 @@ from backends import BACKENDS
 from test_layer import TOL, assert_close_rel, make_inputs
 
 import mok
+import mok.nn
 from mok import reference
 from mok.experts import RoutedExperts, SharedExpert
 
@@ -150,8 +151,6 @@ def test_bias_shape_is_checked():
 def test_nn_moe_expert_bias_gets_gradients(seed, backend):
     """mok.nn.MoE(expert_bias=True): its bias parameters reach mok.moe (the output moves when they do) and get
     the oracle's gradients."""
-    import mok.nn
-
     torch.manual_seed(0)
     layer = mok.nn.MoE(32, 16, 4, 2, expert_bias=True, activation="swiglu_oai", backend=backend)
     x = torch.randn(12, 32).to(torch.bfloat16)
@@ -170,3 +169,25 @@ def test_nn_moe_expert_bias_gets_gradients(seed, backend):
     want = reference.backward(ctx, dout)
     for name in BIASES:
         assert_close_rel(getattr(layer, name).grad, getattr(want, name), TOL["bf16"], f"d{name}")
+
+
+@pytest.mark.parametrize("mxfp8", [False, True])
+def test_compiled_moe_with_biases_equals_eager(seed, mxfp8):
+    """torch.compile(fullgraph) through the custom op's schema (biases in the routed list, their gradients out):
+    bitwise what eager gives, on the default backend."""
+    torch._dynamo.reset()
+    layer = mok.nn.MoE(32, 16, 4, 2, expert_bias=True, mxfp8=mxfp8, activation="swiglu_oai", swiglu_limit=LIMIT)
+    with torch.no_grad():
+        for name in BIASES:
+            getattr(layer, name).copy_(torch.randn_like(getattr(layer, name), dtype=torch.float32))
+    x = torch.randn(12, 32).to(torch.bfloat16)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    results = []
+    for run in (layer, compiled):
+        layer.zero_grad()
+        out = run(x)
+        out.float().square().mean().backward()
+        results.append((out.detach(), [p.grad.clone() for p in layer.parameters()]))
+    (out_e, grads_e), (out_c, grads_c) = results
+    assert torch.equal(out_e, out_c)
+    assert len(grads_e) == 7 and all(torch.equal(a, b) for a, b in zip(grads_e, grads_c, strict=True))
