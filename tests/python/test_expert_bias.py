@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from backends import BACKENDS
+from dist_utils import ep_group, run_group
 from test_layer import TOL, assert_close_rel, make_inputs
 
 import mok
@@ -191,3 +192,45 @@ def test_compiled_moe_with_biases_equals_eager(seed, mxfp8):
     (out_e, grads_e), (out_c, grads_c) = results
     assert torch.equal(out_e, out_c)
     assert len(grads_e) == 7 and all(torch.equal(a, b) for a, b in zip(grads_e, grads_c, strict=True))
+
+
+ROUTED = ("x", "topk_weights", "gate", "up", "down", *BIASES)
+
+
+def routed_only_run(inputs, backend, group=None):
+    """mok.moe with biases and no shared expert: (out, {name: grad}) for ROUTED."""
+    x, ids, weights, routed, dout = inputs
+    tensors = (x, weights, routed.gate, routed.up, routed.down, routed.gate_bias, routed.up_bias, routed.down_bias)
+    leaves = [t.detach().clone().requires_grad_(True) for t in tensors]
+    out = mok.moe(leaves[0], ids, leaves[1], RoutedExperts(*leaves[2:]), None, backend=backend, group=group,
+                  activation="swiglu_oai", swiglu_limit=LIMIT)
+    out.backward(dout)
+    return out.detach(), {n: t.grad for n, t in zip(ROUTED, leaves, strict=True)}
+
+
+def rank_slice(routed, experts):
+    return RoutedExperts(*(getattr(routed, n)[experts] for n in ("gate", "up", "down", *BIASES)))
+
+
+def two_rank_worker(rank, world, seed, backend):
+    torch.manual_seed(seed)
+    x, ids, weights, routed, _, dout = biased_inputs()
+    tokens, experts = slice(rank * 12, rank * 12 + 12), slice(rank * 2, rank * 2 + 2)
+    return routed_only_run((x[tokens], ids[tokens], weights[tokens], rank_slice(routed, experts), dout[tokens]),
+                           backend, group=ep_group())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_ranks_equal_one_process(seed, backend):
+    """Two gloo ranks (half the tokens, half the experts each) give the one-process run's rows and experts
+    bitwise, bias gradients included (each expert's rows are summed in the same canonical order)."""
+    torch.manual_seed(seed)
+    x, ids, weights, routed, _, dout = biased_inputs()
+    alone_out, alone = routed_only_run((x, ids, weights, routed, dout), backend)
+    for rank, (out, grads) in enumerate(run_group(2, two_rank_worker, seed, backend)):
+        tokens, experts = slice(rank * 12, rank * 12 + 12), slice(rank * 2, rank * 2 + 2)
+        assert torch.equal(out, alone_out[tokens]), f"rank {rank}: out differs"
+        for name in ("x", "topk_weights"):
+            assert torch.equal(grads[name], alone[name][tokens]), f"rank {rank}: d{name} differs"
+        for name in ("gate", "up", "down", *BIASES):
+            assert torch.equal(grads[name], alone[name][experts]), f"rank {rank}: d{name} differs"
