@@ -215,7 +215,7 @@ def _masters(routed, shared) -> dict[str, torch.Tensor]:
     names = [("gate", routed.gate), ("up", routed.up), ("down", routed.down)]
     if shared is not None:
         names += [("shared_gate", shared.gate), ("shared_up", shared.up), ("shared_down", shared.down)]
-    return dict(names)
+    return {**dict(names), **routed.biases()}
 
 
 def _weights(routed, shared) -> dict:
@@ -233,6 +233,8 @@ def _weights(routed, shared) -> dict:
         w[name] = _pointer(getattr(routed, name), f"routed.{name}", torch.bfloat16)
         if shared is not None:
             w[f"shared_{name}"] = _pointer(getattr(shared, name), f"shared.{name}", torch.bfloat16)
+    for name, bias in routed.biases().items():  # bf16 in both precisions
+        w[name] = _pointer(bias, f"routed.{name}", torch.bfloat16)
     return w
 
 

@@ -383,6 +383,13 @@ TEST(pass_rules) {
   bg.ddown = reinterpret_cast<char*>(ddown.data()) + 2;  // fp32 main_grad must be 4-byte aligned
   EXPECT(mokLayerBackward(s.layer, &w, tw, dout.data(), &bg, nullptr), mokInvalidArgument, "grads.ddown");
   EXPECT(mokLayerBackward(s.layer, &w, tw, nullptr, &g, nullptr), mokInvalidArgument, "'dout'");
+  // A bias needs its gradient; each bias is checked like the weights (bf16 alignment).
+  mokLayerWeights_t biased = w;
+  biased.down_bias = gate.data();  // E x H bf16 fits in gate's E x I x H
+  EXPECT(mokLayerBackward(s.layer, &biased, tw, dout.data(), &g, nullptr), mokInvalidArgument, "'grads.ddown_bias'",
+         "when weights.down_bias is given");
+  biased.gate_bias = reinterpret_cast<const char*>(gate.data()) + 1;
+  EXPECT(mokLayerBackward(s.layer, &biased, tw, dout.data(), &g, nullptr), mokInvalidArgument, "weights.gate_bias");
   for (uint16_t v : dx) CHECK(v == 0);  // nothing written
   CHECK_MSG(mokLayerBackward(s.layer, &w, tw, dout.data(), &g, nullptr) == mokSuccess, "%s", mokGetLastError());
 }

@@ -264,6 +264,10 @@ typedef struct {
   /* MXFP8 precision: each weight as mokMxfp8Quantize writes it, rowwise and colwise (transposed) */
   mokMxfp8Matrix_t gate_rowwise, gate_colwise, up_rowwise, up_colwise, down_rowwise, down_colwise;
   const void *shared_gate, *shared_up, *shared_down; /* bf16 [I_s, H], [I_s, H], [H, I_s] */
+  /* Routed expert biases, bf16 in both precisions, each optional (NULL: zero): [E, I], [E, I], [E, H].
+   * g = x W_gate^T + gate_bias, u = x W_up^T + up_bias, y = h W_down^T + down_bias, each bias added to
+   * the fp32 sum before it is rounded to bf16 (docs/semantics.md). */
+  const void *gate_bias, *up_bias, *down_bias;
 } mokLayerWeights_t;
 #define MOK_LAYER_WEIGHTS_INIT   \
   {MOK_STAMP(mokLayerWeights_t), \
@@ -276,6 +280,9 @@ typedef struct {
    {NULL, NULL},                 \
    {NULL, NULL},                 \
    {NULL, NULL},                 \
+   NULL,                         \
+   NULL,                         \
+   NULL,                         \
    NULL,                         \
    NULL,                         \
    NULL}
@@ -299,8 +306,12 @@ typedef struct {
   int accumulate;
   void *dgate, *dup, *ddown;                      /* [E, I, H], [E, I, H], [E, H, I] */
   void *dshared_gate, *dshared_up, *dshared_down; /* [I_s, H], [I_s, H], [H, I_s]; with a shared expert */
+  /* Bias gradients [E, I], [E, I], [E, H], bf16 or fp32 as the weight gradients; each required with its
+   * weights.*_bias, and written whenever given (the gradient of a NULL, zero, bias). */
+  void *dgate_bias, *dup_bias, *ddown_bias;
 } mokLayerGrads_t;
-#define MOK_LAYER_GRADS_INIT {MOK_STAMP(mokLayerGrads_t), NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL}
+#define MOK_LAYER_GRADS_INIT \
+  {MOK_STAMP(mokLayerGrads_t), NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}
 
 /*
  * Collective. dout [num_tokens, H] bf16; needs a forward or recompute since the last schedule, given the

@@ -150,7 +150,7 @@ MOK_API mokStatus_t mokLayerBackward(mokLayer_t layer, const mokLayerWeights_t* 
     return rejected(layer, s);
   if (mokStatus_t s = check_array(dout, "dout", th, 2, __func__); s != mokSuccess) return rejected(layer, s);
   mokLayerGrads_t g;
-  if (mokStatus_t s = mok::api::check_grads(grads, shape, tokens_of(layer), __func__, &g); s != mokSuccess)
+  if (mokStatus_t s = mok::api::check_grads(grads, w, shape, tokens_of(layer), __func__, &g); s != mokSuccess)
     return rejected(layer, s);
   return layer->impl->backward(w, topk_weights, static_cast<const uint16_t*>(dout), g, stream);
 }

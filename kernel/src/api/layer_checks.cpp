@@ -277,11 +277,19 @@ mokStatus_t check_weights(const mokLayerWeights_t* weights, const core::LayerSha
     int64_t n = static_cast<int64_t>(s.shared_intermediate) * s.hidden;
     if (mokStatus_t st = check_array(sp[i], snames[i], n, 2, func); st != mokSuccess) return st;
   }
+  // The expert biases are optional, each on its own (NULL: zero).
+  const void* bp[3] = {w->gate_bias, w->up_bias, w->down_bias};
+  const char* bnames[3] = {"weights.gate_bias", "weights.up_bias", "weights.down_bias"};
+  for (int i = 0; i < 3; ++i) {
+    int64_t n = static_cast<int64_t>(s.experts_per_rank) * (i < 2 ? s.intermediate : s.hidden);
+    if (bp[i])
+      if (mokStatus_t st = check_array(bp[i], bnames[i], n, 2, func); st != mokSuccess) return st;
+  }
   return mokSuccess;
 }
 
-mokStatus_t check_grads(const mokLayerGrads_t* grads, const core::LayerShape& s, int tokens, const char* func,
-                        mokLayerGrads_t* copy) {
+mokStatus_t check_grads(const mokLayerGrads_t* grads, const mokLayerWeights_t& w, const core::LayerShape& s, int tokens,
+                        const char* func, mokLayerGrads_t* copy) {
   if (mokStatus_t st = read_stamped(grads, kLayerGrads, mokLayerGrads_t MOK_LAYER_GRADS_INIT, "grads", func, copy);
       st != mokSuccess)
     return st;
@@ -299,6 +307,18 @@ mokStatus_t check_grads(const mokLayerGrads_t* grads, const core::LayerShape& s,
                           "grads.dshared_gate", "grads.dshared_up", "grads.dshared_down"};
   for (int i = 0; i < 6; ++i)
     if (mokStatus_t st = check_array(p[i], names[i], i < 3 ? eih : sih, el, func); st != mokSuccess) return st;
+  // A bias's gradient is required with the bias, and written whenever given (the gradient of a zero bias).
+  const void* bias[3] = {w.gate_bias, w.up_bias, w.down_bias};
+  void* db[3] = {g->dgate_bias, g->dup_bias, g->ddown_bias};
+  const char* dbnames[3] = {"grads.dgate_bias", "grads.dup_bias", "grads.ddown_bias"};
+  for (int i = 0; i < 3; ++i) {
+    if (bias[i] && !db[i])
+      return fail(mokInvalidArgument, "%s: argument '%s' must not be NULL when weights.%s is given", func, dbnames[i],
+                  dbnames[i] + 7);
+    int64_t n = static_cast<int64_t>(s.experts_per_rank) * (i < 2 ? s.intermediate : s.hidden);
+    if (db[i])
+      if (mokStatus_t st = check_array(db[i], dbnames[i], n, el, func); st != mokSuccess) return st;
+  }
   return mokSuccess;
 }
 

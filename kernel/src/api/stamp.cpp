@@ -40,8 +40,13 @@ const size_t kLayerSizesLayouts[] = {sizeof(mokLayerSizes_t)};
 const size_t kLayerMemoryLayouts[] = {offsetof(mokLayerMemory_t, peer_bytes), sizeof(mokLayerMemory_t)};
 static_assert(offsetof(mokLayerMemory_t, peer_bytes) % alignof(mokLayerMemory_t) == 0,
               "the first layout's sizeof is where peer_bytes starts");
-const size_t kLayerWeightsLayouts[] = {sizeof(mokLayerWeights_t)};
-const size_t kLayerGradsLayouts[] = {sizeof(mokLayerGrads_t)};
+// mokLayerWeights_t's first layout ended at shared_down, mokLayerGrads_t's at dshared_down; the expert
+// biases and their gradients came after them (pointers: no tail padding in between).
+const size_t kLayerWeightsLayouts[] = {offsetof(mokLayerWeights_t, gate_bias), sizeof(mokLayerWeights_t)};
+const size_t kLayerGradsLayouts[] = {offsetof(mokLayerGrads_t, dgate_bias), sizeof(mokLayerGrads_t)};
+static_assert(offsetof(mokLayerWeights_t, gate_bias) % alignof(mokLayerWeights_t) == 0 &&
+                  offsetof(mokLayerGrads_t, dgate_bias) % alignof(mokLayerGrads_t) == 0,
+              "the first layouts' sizeof is where the biases start");
 // mokLayerError_t's first layout (0.1) ended at detail; pass and abort_rank came after it (0.2).
 const size_t kLayerErrorLayouts[] = {offsetof(mokLayerError_t, pass), sizeof(mokLayerError_t)};
 static_assert(offsetof(mokLayerError_t, pass) % alignof(mokLayerError_t) == 0,

@@ -232,6 +232,9 @@ mokStatus_t backward(Layer& l, const mokLayerWeights_t& weights, const float* to
   args.dshared_gate = grads.dshared_gate;
   args.dshared_up = grads.dshared_up;
   args.dshared_down = grads.dshared_down;
+  args.dgate_bias = grads.dgate_bias;
+  args.dup_bias = grads.dup_bias;
+  args.ddown_bias = grads.ddown_bias;
   args.accumulate = grads.accumulate;
   // Its forward's x, g and u are read where they are when the ring still holds them; the backward
   // overwrites g and u, so a second backward of the same context recomputes them.
