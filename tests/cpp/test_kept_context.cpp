@@ -3,6 +3,7 @@
 // same context, a recompute, a forward with other x on the same schedule, a schedule rebuilt. Every
 // backward of a context must give the same bits, kept or not (the ring fits every row, so the first
 // backward after each forward or recompute is kept and the next is not).
+#include <algorithm>
 #include <cstring>
 
 #include "group.hpp"
@@ -10,6 +11,29 @@
 using namespace mok_test;
 
 namespace {
+
+// Every rank's peer buffer and workspace for p's layer, in this process (ranks as threads).
+struct Buffers {
+  mokLayerSizes_t sizes;
+  std::vector<std::unique_ptr<AlignedBuffer>> peers, work;
+  std::vector<void*> bases;
+
+  Buffers(const ref::Problem& p, const Knobs& k) : sizes(sizes_for(p, k)) {
+    for (int r = 0; r < p.world; ++r) {
+      peers.emplace_back(new AlignedBuffer(sizes.peer_bytes));
+      work.emplace_back(new AlignedBuffer(sizes.workspace_bytes));
+      bases.push_back(peers.back()->p);
+    }
+  }
+  mokStatus_t create(const ref::Problem& p, const Knobs& k, int r, mokLayer_t* layer) {
+    mokLayerConfig_t c = config_for(p, k, r);
+    mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
+    m.peer_bases = bases.data();
+    m.workspace = work[static_cast<size_t>(r)]->p;
+    m.workspace_bytes = sizes.workspace_bytes;
+    return mokLayerCreate(&c, &m, layer);
+  }
+};
 
 struct Run {
   std::vector<Bf16Grads> grads;  // every backward's outputs, in call order
@@ -35,14 +59,7 @@ TEST(every_backward_of_a_context_gives_the_same_bits_kept_or_not) {
   for (int r = 0; r < p.world; ++r) other.x[r] = random_bf16(p.x[r].size(), 1.0, rng);
   Knobs k;
   k.macrobatch = 256;  // every row of the schedule fits in the ring: the first backward is kept
-  mokLayerSizes_t sizes = sizes_for(p, k);
-  std::vector<std::unique_ptr<AlignedBuffer>> peers, work;
-  std::vector<void*> bases;
-  for (int r = 0; r < p.world; ++r) {
-    peers.emplace_back(new AlignedBuffer(sizes.peer_bytes));
-    work.emplace_back(new AlignedBuffer(sizes.workspace_bytes));
-    bases.push_back(peers.back()->p);
-  }
+  Buffers buffers(p, k);
   std::vector<Run> runs(static_cast<size_t>(p.world));
   std::vector<std::string> failures(static_cast<size_t>(p.world));
   each_rank(p.world, [&](int r) {
@@ -51,13 +68,8 @@ TEST(every_backward_of_a_context_gives_the_same_bits_kept_or_not) {
         failures[static_cast<size_t>(r)] = std::string(call) + ": " + mokGetLastError();
       return s == mokSuccess;
     };
-    mokLayerConfig_t c = config_for(p, k, r);
-    mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
-    m.peer_bases = bases.data();
-    m.workspace = work[static_cast<size_t>(r)]->p;
-    m.workspace_bytes = sizes.workspace_bytes;
     mokLayer_t layer = nullptr;
-    if (!ok(mokLayerCreate(&c, &m, &layer), "create")) return;
+    if (!ok(buffers.create(p, k, r, &layer), "create")) return;
     mokLayerWeights_t w = bf16_weights(p, r);
     int T = p.tokens[r];
     std::vector<int32_t> ids(p.ids[r].begin(), p.ids[r].end());
@@ -106,14 +118,10 @@ TEST(a_restored_context_gives_the_backward_of_its_forward) {
   ref::Problem q = make_problem(spec, rng);  // another layer of the same shape: other ids, x and weights
   Knobs k;
   k.macrobatch = 256;
-  mokLayerSizes_t sizes = sizes_for(p, k);
-  std::vector<std::unique_ptr<AlignedBuffer>> peers, work;
-  std::vector<void*> bases;
-  for (int r = 0; r < p.world; ++r) {
-    peers.emplace_back(new AlignedBuffer(sizes.peer_bytes));
-    work.emplace_back(new AlignedBuffer(sizes.workspace_bytes));
-    bases.push_back(peers.back()->p);
-  }
+  // The layer is sized for the more tokens of the two (a rank's count is drawn per problem).
+  auto most = [](const ref::Problem& of) { return *std::max_element(of.tokens.begin(), of.tokens.end()); };
+  const ref::Problem& sizing = most(p) >= most(q) ? p : q;
+  Buffers buffers(sizing, k);
   std::vector<Run> runs(static_cast<size_t>(p.world));
   std::vector<std::string> failures(static_cast<size_t>(p.world));
   std::vector<int> refusals(static_cast<size_t>(p.world), 0);
@@ -123,13 +131,8 @@ TEST(a_restored_context_gives_the_backward_of_its_forward) {
         failures[static_cast<size_t>(r)] = std::string(call) + ": " + mokGetLastError();
       return s == mokSuccess;
     };
-    mokLayerConfig_t c = config_for(p, k, r);
-    mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
-    m.peer_bases = bases.data();
-    m.workspace = work[static_cast<size_t>(r)]->p;
-    m.workspace_bytes = sizes.workspace_bytes;
     mokLayer_t layer = nullptr;
-    if (!ok(mokLayerCreate(&c, &m, &layer), "create")) return;
+    if (!ok(buffers.create(sizing, k, r, &layer), "create")) return;
     Run& run = runs[static_cast<size_t>(r)];
     size_t T = static_cast<size_t>(p.tokens[r]), TQ = static_cast<size_t>(q.tokens[r]);
     std::vector<uint16_t> out(std::max(T, TQ) * p.hidden), slots(T * p.top_k * p.hidden);
