@@ -10,7 +10,10 @@ runs `experts_forward`: HF's router, shared experts and losses stay HF's, and mo
 
 Layouts: HF stores each module's experts as gate_up_proj [E, 2I, H] (gate rows, then up rows; or [E, H, 2I] when
 is_transposed; gate and up alternating when not is_concatenated) and down_proj [E, H, I] ([E, I, H] transposed).
-mok reads dense gate, up [E_local, I, H] and down [E_local, H, I]. A weight whose rank-local view already is that
+mok reads dense gate, up [E_local, I, H] and down [E_local, H, I]. Expert biases (has_bias, gpt-oss):
+gate_up_proj_bias [E, 2I] splits as gate_up_proj's columns do into gate_bias, up_bias [E_local, I], and
+down_proj_bias [E, H] is down_bias; gpt-oss's gating (_apply_gate) is mok's "swiglu_oai" with the module's alpha
+and limit. A weight whose rank-local view already is that
 (a bf16 down_proj in HF's default layout) is passed as a view of HF's parameter: no copy. The others are converted
 once per weight version: the bf16 copies are cached on the module and remade only when the parameter's version
 counter (`tensor._version`, bumped by every in-place change: optimizer steps, `copy_` under no_grad) or its
@@ -265,7 +268,8 @@ class HFMoE(MoE):
     """A mok.nn.MoE made from a transformers MoE block by `moe_from_hf`. It takes and returns the model's dtype
     (mok computes in bf16) and routes the tokens as given (mok's fp32 router); where mok's router cannot express
     HF's (DeepSeek-V3's grouped sigmoid top-k with score-correction bias and scaling), `router` is HF's router
-    module itself and route() calls it."""
+    module itself and route() calls it. From gpt-oss's GptOssMLP, forward returns (out, router scores [T, K]) as
+    that block does (returns_router_scores)."""
 
     uses_hf_router = False
     returns_router_scores = False  # gpt-oss's GptOssMLP returns (out, router scores [T, K]); its HFMoE does too
