@@ -85,8 +85,9 @@ class MoE(nn.Module):
 
     @classmethod
     def from_hf(cls, block: nn.Module, **kwargs) -> MoE:
-        """A MoE equal to a HuggingFace transformers MoE block (Qwen3-MoE, Mixtral, OLMoE, DeepSeek-V3), its router,
-        experts and shared expert copied once from HF's parameter names; kwargs: group, backend, mxfp8, config.
+        """A MoE equal to a HuggingFace transformers MoE block (Qwen3-MoE, Mixtral, OLMoE, DeepSeek-V3, gpt-oss), its
+        router, experts (biases included) and shared expert copied once from HF's parameter names; kwargs: group,
+        backend, mxfp8, config.
         Implemented by mok.integrations.transformers.moe_from_hf (docs/transformers.md)."""
         from mok.integrations.transformers import moe_from_hf
 
