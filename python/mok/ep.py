@@ -243,6 +243,9 @@ class MainGrads(NamedTuple):
     shared_gate: torch.Tensor | None = None
     shared_up: torch.Tensor | None = None
     shared_down: torch.Tensor | None = None
+    gate_bias: torch.Tensor | None = None  # with routed biases: [E_local, I], [E_local, I], [E_local, H]
+    up_bias: torch.Tensor | None = None
+    down_bias: torch.Tensor | None = None
 
 
 def forward(x, topk_ids, topk_weights, routed, shared, *, schedule: Schedule, swiglu_limit=None,
@@ -289,7 +292,9 @@ def backward(ctx: Context, dout: torch.Tensor, main_grads: MainGrads | None = No
     dx_slots = combine(ctx.schedule, torch.cat([g.dx for g in grads]))
     shared = None if ctx.shared is None else _shared_backward(ctx, dout)
     dx = reference.combine(dx_slots, ctx.topk_ids, None, None if shared is None else shared.dx)
-    routed_w = {name: torch.stack([getattr(g, name) for g in grads]) for name in ("gate", "up", "down")}
+    master = ctx.routed.master if hasattr(ctx.routed, "master") else ctx.routed
+    names = ("gate", "up", "down", *master.biases())  # the bias gradients of the biases given
+    routed_w = {name: torch.stack([getattr(g, name) for g in grads]) for name in names}
     shared_w = {f"shared_{n}": None if shared is None else getattr(shared, n) for n in ("gate", "up", "down")}
     weights = {name: _deliver(grad, getattr(main_grads, name), name)
                for name, grad in {**routed_w, **shared_w}.items()}
@@ -322,7 +327,7 @@ def _shared_backward(ctx: Context, dout: torch.Tensor) -> reference.ExpertGradie
     grads = [reference.expert_backward(x, ctx.shared.expert(), reference.ExpertActivations(g, u, h, None), dy,
                                        swiglu_limit=ctx.swiglu_limit, **ctx.activation)
              for x, dy, g, u, h in chunks]
-    weight_grads = [sum(parts[1:], parts[0]) for parts in zip(*(g[1:] for g in grads), strict=True)]
+    weight_grads = [sum(parts[1:], parts[0]) for parts in zip(*(g[1:4] for g in grads), strict=True)]
     return reference.ExpertGradients(torch.cat([g.dx for g in grads])[:ctx.x.shape[0]], *weight_grads)
 
 

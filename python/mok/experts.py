@@ -16,6 +16,8 @@ import torch
 
 from mok.quant import MXFP8Pair, mxfp8_quantize
 
+BIAS_NAMES = ("gate_bias", "up_bias", "down_bias")
+
 
 @dataclasses.dataclass(frozen=True, eq=False)  # tensors: compare by identity
 class ExpertWeights:
@@ -24,6 +26,9 @@ class ExpertWeights:
     gate: torch.Tensor | MXFP8Pair
     up: torch.Tensor | MXFP8Pair
     down: torch.Tensor | MXFP8Pair
+    gate_bias: torch.Tensor | None = None  # [I] bf16 (None: zero)
+    up_bias: torch.Tensor | None = None  # [I] bf16
+    down_bias: torch.Tensor | None = None  # [H] bf16
 
     @property
     def is_mxfp8(self) -> bool:
@@ -32,11 +37,16 @@ class ExpertWeights:
 
 @dataclasses.dataclass(frozen=True, eq=False)  # tensors: compare by identity
 class RoutedExperts:
-    """The E_local routed experts of one rank, bf16: gate, up [E_local, I, H], down [E_local, H, I]."""
+    """The E_local routed experts of one rank, bf16: gate, up [E_local, I, H], down [E_local, H, I], and optional
+    biases (gpt-oss), each on its own (None: zero): gate_bias, up_bias [E_local, I], down_bias [E_local, H], bf16,
+    added to g, u and y in fp32 before each is rounded (docs/semantics.md)."""
 
     gate: torch.Tensor
     up: torch.Tensor
     down: torch.Tensor
+    gate_bias: torch.Tensor | None = None
+    up_bias: torch.Tensor | None = None
+    down_bias: torch.Tensor | None = None
 
     def __post_init__(self):
         for name in ("gate", "up", "down"):
@@ -44,8 +54,20 @@ class RoutedExperts:
         e, i, h = self.gate.shape
         _check_shape(self.up, "up", (e, i, h), "gate's [E_local, I, H]")
         _check_shape(self.down, "down", (e, h, i), "[E_local, H, I] with gate's E_local, I, H")
+        for name, width in (("gate_bias", i), ("up_bias", i), ("down_bias", h)):
+            bias = getattr(self, name)
+            if bias is None:
+                continue
+            _check_weight(bias, name, ndim=2)
+            _check_shape(bias, name, (e, width), "[E_local, I] or [E_local, H] with gate's E_local, I, H")
+            if bias.device != self.gate.device:
+                raise ValueError(f"{name} must be on gate's device {self.gate.device}, got {bias.device}")
         _check_same_device(self)
         _check_dense(self)
+
+    def biases(self) -> dict:
+        """The biases given, by field name."""
+        return {n: getattr(self, n) for n in BIAS_NAMES if getattr(self, n) is not None}
 
     @property
     def num_experts(self) -> int:
@@ -60,7 +82,8 @@ class RoutedExperts:
         return self.gate.shape[1]
 
     def expert(self, e: int) -> ExpertWeights:
-        return ExpertWeights(self.gate[e], self.up[e], self.down[e])
+        return ExpertWeights(self.gate[e], self.up[e], self.down[e],
+                             *(None if getattr(self, n) is None else getattr(self, n)[e] for n in BIAS_NAMES))
 
     def to_mxfp8(self) -> RoutedExpertsMXFP8:
         """Quantise every weight in both orientations (forward GEMMs use row-wise, dgrad GEMMs column-wise)."""
@@ -96,7 +119,10 @@ class RoutedExpertsMXFP8:
     intermediate_size = property(lambda self: self.master.intermediate_size)
 
     def expert(self, e: int) -> ExpertWeights:
-        return ExpertWeights(self.gate.expert(e), self.up.expert(e), self.down.expert(e))
+        # The biases stay bf16 in MXFP8 mode: the master's.
+        biases = self.master.expert(e)
+        return ExpertWeights(self.gate.expert(e), self.up.expert(e), self.down.expert(e), biases.gate_bias,
+                             biases.up_bias, biases.down_bias)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # tensors: compare by identity
@@ -150,8 +176,9 @@ def _check_dense(experts) -> None:
     optimiser's in-place step on the caller's one never reaches."""
     from mok.validate import check_layout  # here: validate imports this module
 
-    for name in ("gate", "up", "down"):
-        check_layout(getattr(experts, name), name)
+    for name in ("gate", "up", "down", *BIAS_NAMES):
+        if getattr(experts, name, None) is not None:
+            check_layout(getattr(experts, name), name)
 
 
 def _check_same_device(experts) -> None:

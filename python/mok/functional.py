@@ -46,7 +46,10 @@ class MoKConfig:
     """How an executor runs the layer. The result never depends on it (DESIGN 1: determinism); only speed and
     memory do. The reference executor checks it and otherwise ignores it.
 
-    fwd_num_comm_sms / bwd_num_comm_sms: SMs that only move tokens, forward / backward (the rest compute).
+    fwd_num_comm_sms / bwd_num_comm_sms: workers that only move tokens in the forward (and recompute) / backward, the
+    rest of the executor's fixed workers computing; None: the executor's choice. On backend="host" they are comm
+    threads out of the layer's host_comm_workers + host_compute_workers (each fewer than that total; None:
+    host_comm_workers); a GPU executor splits its SMs (its choice: 40 forward, 28 backward).
     minibatch_size: rows per overlap step (comm of step i+1 overlaps compute of step i).
     macrobatch_size: rows the ring buffer holds; a multiple of minibatch_size.
     expert_padding: each expert's row segment is padded to a multiple of this (the GEMM tile height).
@@ -56,8 +59,8 @@ class MoKConfig:
     (all on this host: they share memory), at least 1.
     """
 
-    fwd_num_comm_sms: int = 40
-    bwd_num_comm_sms: int = 28
+    fwd_num_comm_sms: int | None = None
+    bwd_num_comm_sms: int | None = None
     minibatch_size: int = 4096
     macrobatch_size: int = 131072
     expert_padding: int = 256
@@ -69,7 +72,8 @@ class MoKConfig:
         # The upper limits are libmok's (validate.py mirrors them from its C ABI), checked here so that the error
         # names the MoKConfig field and the value given, never the C field it becomes.
         for name in ("fwd_num_comm_sms", "bwd_num_comm_sms"):
-            _check_int(self, name, 1, 256, "between 1 and 256 (a GPU has at most a few hundred SMs)")
+            if getattr(self, name) is not None:
+                _check_int(self, name, 1, 256, "None or between 1 and 256 (a GPU has at most a few hundred SMs)")
         _check_int(self, "expert_padding", 1, 1024, "a power of two between 1 and 1024")
         if self.expert_padding & (self.expert_padding - 1):
             raise ValueError(f"MoKConfig.expert_padding must be a power of two between 1 and 1024, "

@@ -3,8 +3,9 @@
 Each rank is a process; the ranks' peer-visible memory is POSIX shared memory that libmok creates and maps under a
 name made from the workspace's nonce (agreed when the workspace was made: no torch.distributed call after that),
 and unlinks once every rank has mapped it. libmok keeps the schedule and the forward context inside its layer
-object; a context that is no longer the layer's latest (another forward ran since) is rebuilt before its backward
-by re-running the schedule and a recompute, which is bitwise the same.
+object; a context that is no longer the layer's latest (another forward ran since: a model's next layer of the same
+shape) is made current again before its backward by re-running the schedule and putting its x and y slots back
+(mokLayerRestoreContext), which is bitwise the same and runs no forward pass.
 
 A pass that fails finishes libmok's group (every later call would return mokPeerAbort): the workspace then closes
 its libmok layers, warns, and the next call creates new ones. A peer's deliberate stop (a call it made libmok reject,
@@ -33,11 +34,27 @@ from mok.reference import Gradients
 
 def _workers(config, world: int) -> dict:
     """The host executor's threads per rank: the config's, or by default one comm worker and the CPUs this
-    process may run on shared among the group's ranks (all on this host: their memory is shared) for compute."""
+    process may run on shared among the group's ranks (all on this host: their memory is shared) for compute.
+    fwd_num_comm_sms / bwd_num_comm_sms split those threads per pass (None: host_comm_workers); libmok's
+    comm_workers is the forward's split, backward_comm_workers the backward's."""
     compute = config.host_compute_workers
     if compute is None:
         compute = max(1, len(os.sched_getaffinity(0)) // world)
-    return {"comm_workers": config.host_comm_workers, "compute_workers": min(compute, validate.MAX_COMPUTE_WORKERS)}
+    comm = config.host_comm_workers
+    total = comm + min(compute, validate.MAX_COMPUTE_WORKERS)
+    split = {}
+    for name in ("fwd_num_comm_sms", "bwd_num_comm_sms"):
+        value = getattr(config, name)
+        split[name] = comm if value is None else value
+        if not split[name] < total:
+            raise ValueError(f"MoKConfig.{name} must be fewer than the host executor's {total} workers "
+                             f"(host_comm_workers + host_compute_workers) on backend 'host', got {value}")
+        if split[name] > validate.MAX_COMM_WORKERS:
+            raise ValueError(f"MoKConfig.{name} must be at most {validate.MAX_COMM_WORKERS} (libmok's comm workers) "
+                             f"on backend 'host', got {value}")
+    forward = split["fwd_num_comm_sms"]
+    return {"comm_workers": forward, "compute_workers": min(total - forward, validate.MAX_COMPUTE_WORKERS),
+            "backward_comm_workers": split["bwd_num_comm_sms"]}
 
 
 @dataclass
@@ -157,6 +174,7 @@ _NAMES = {
     "config.expert_padding": "MoKConfig.expert_padding", "config.minibatch": "MoKConfig.minibatch_size",
     "config.macrobatch": "MoKConfig.macrobatch_size (capped at the rows a rank can receive)",
     "config.timeout_ms": "MoKConfig.wait_timeout_s (in ms)", "config.comm_workers": "MoKConfig.host_comm_workers",
+    "config.backward_comm_workers": "MoKConfig.bwd_num_comm_sms",
     "config.compute_workers": "MoKConfig.host_compute_workers", "'config'": "'the layer's shapes'",
     "'num_tokens'": "'x.shape[0] (tokens)'", "weights.shared_": "shared.", "weights.": "routed.",
     "grads.dtopk_weights": "the topk_weights gradient", "grads.dx": "the x gradient",
@@ -197,7 +215,7 @@ def _masters(routed, shared) -> dict[str, torch.Tensor]:
     names = [("gate", routed.gate), ("up", routed.up), ("down", routed.down)]
     if shared is not None:
         names += [("shared_gate", shared.gate), ("shared_up", shared.up), ("shared_down", shared.down)]
-    return dict(names)
+    return {**dict(names), **routed.biases()}
 
 
 def _weights(routed, shared) -> dict:
@@ -215,6 +233,8 @@ def _weights(routed, shared) -> dict:
         w[name] = _pointer(getattr(routed, name), f"routed.{name}", torch.bfloat16)
         if shared is not None:
             w[f"shared_{name}"] = _pointer(getattr(shared, name), f"shared.{name}", torch.bfloat16)
+    for name, bias in routed.biases().items():  # bf16 in both precisions
+        w[name] = _pointer(bias, f"routed.{name}", torch.bfloat16)
     return w
 
 
@@ -342,12 +362,14 @@ class HostExecutor:
         return ctx, out
 
     def _load(self, ctx: _Context) -> None:
-        """Make `ctx` the layer's current schedule and context again (bitwise what it was); the layer is created
-        again if it was closed after a failure."""
+        """Make `ctx` the layer's current schedule and context again (bitwise what it was): its schedule, then its x
+        and y slots put back (mokLayerRestoreContext: two copies, no pass). The layer is created again if it was
+        closed after a failure."""
         ctx.layer = _layer(ctx.workspace, ctx.schedule.group, ctx.swiglu_limit, ctx.activation, ctx.alpha)
         _schedule(ctx.state, ctx.layer, ctx.schedule.topk_ids)
         with _guard(ctx.state, ctx.layer), _python_names():
-            ctx.layer.recompute(_weights(ctx.routed, ctx.shared), _pointer(ctx.x, "x", torch.bfloat16), _NO_STREAM)
+            ctx.layer.restore_context(_pointer(ctx.x, "x", torch.bfloat16),
+                                      _pointer(ctx.y_slots, "y_slots", torch.bfloat16), _NO_STREAM)
         ctx.state.latest[ctx.layer] = ctx.token
 
 

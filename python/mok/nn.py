@@ -32,14 +32,15 @@ class MoE(nn.Module):
     The router and the shared expert are replicas on every rank: initialise them identically (same seed, or a
     broadcast) and reduce their gradients over the group like any data-parallel weight.
     activation ("swiglu" or "swiglu_oai", gpt-oss's), alpha (swiglu_oai's, None meaning 1.702) and swiglu_limit
-    are mok.moe's, checked here.
+    are mok.moe's, checked here. expert_bias=True gives the routed experts gpt-oss's biases: gate_bias, up_bias
+    [E_local, I] and down_bias [E_local, H] bf16 parameters, zeros at first.
     """
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, topk: int, *,
                  shared_intermediate: int = 0, score: str = "softmax", normalize_topk: bool = False,
                  swiglu_limit: float | None = None, mxfp8: bool = False, group=None, backend: str | None = None,
                  config: MoKConfig | None = None, device=None, router: Router | None = None,
-                 activation: str = "swiglu", alpha: float | None = None):
+                 activation: str = "swiglu", alpha: float | None = None, expert_bias: bool = False):
         super().__init__()
         _, world = group_rank_and_size(group)
         for name, value, low in (("hidden", hidden, 1), ("intermediate", intermediate, 1),
@@ -70,6 +71,11 @@ class MoE(nn.Module):
         self.gate = _weight((local, intermediate, hidden), hidden, device)
         self.up = _weight((local, intermediate, hidden), hidden, device)
         self.down = _weight((local, hidden, intermediate), intermediate, device)
+        self.gate_bias = self.up_bias = self.down_bias = None
+        if expert_bias:
+            self.gate_bias = nn.Parameter(torch.zeros(local, intermediate, device=device, dtype=torch.bfloat16))
+            self.up_bias = nn.Parameter(torch.zeros(local, intermediate, device=device, dtype=torch.bfloat16))
+            self.down_bias = nn.Parameter(torch.zeros(local, hidden, device=device, dtype=torch.bfloat16))
         if shared_intermediate:
             self.shared_gate = _weight((shared_intermediate, hidden), hidden, device)
             self.shared_up = _weight((shared_intermediate, hidden), hidden, device)
@@ -79,8 +85,9 @@ class MoE(nn.Module):
 
     @classmethod
     def from_hf(cls, block: nn.Module, **kwargs) -> MoE:
-        """A MoE equal to a HuggingFace transformers MoE block (Qwen3-MoE, Mixtral, OLMoE, DeepSeek-V3), its router,
-        experts and shared expert copied once from HF's parameter names; kwargs: group, backend, mxfp8, config.
+        """A MoE equal to a HuggingFace transformers MoE block (Qwen3-MoE, Mixtral, OLMoE, DeepSeek-V3, gpt-oss), its
+        router, experts (biases included) and shared expert copied once from HF's parameter names; kwargs: group,
+        backend, mxfp8, config.
         Implemented by mok.integrations.transformers.moe_from_hf (docs/transformers.md)."""
         from mok.integrations.transformers import moe_from_hf
 
@@ -101,7 +108,7 @@ class MoE(nn.Module):
 
     def run_experts(self, tokens: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """mok.moe over this module's experts (MXFP8-quantised when mxfp8) for routed tokens [T, H]."""
-        routed = RoutedExperts(self.gate, self.up, self.down)
+        routed = RoutedExperts(self.gate, self.up, self.down, self.gate_bias, self.up_bias, self.down_bias)
         if self.mxfp8:
             routed = quantize_routed(routed)
         shared = None

@@ -21,7 +21,7 @@ import dataclasses
 import torch
 
 from mok import functional
-from mok.experts import RoutedExperts, RoutedExpertsMXFP8, SharedExpert
+from mok.experts import BIAS_NAMES, RoutedExperts, RoutedExpertsMXFP8, SharedExpert
 from mok.quant import MXFP8Pair, MXFP8Tensor, mxfp8_quantize, scale_bytes
 
 _PARTS = ("gate", "up", "down")
@@ -33,19 +33,31 @@ _PARTS = ("gate", "up", "down")
 
 def flatten_routed(routed) -> list[torch.Tensor]:
     """[gate, up, down] (bf16), followed in MXFP8 mode by each weight's rowwise data, scales, colwise data,
-    scales. The first three are always the bf16 masters: the tensors gradients flow to."""
+    scales, then with any bias [gate_bias, up_bias, down_bias] (a bias not given: an empty tensor). The first three
+    are always the bf16 masters: the tensors gradients flow to."""
     master = routed.master if isinstance(routed, RoutedExpertsMXFP8) else routed
     flat = [getattr(master, p) for p in _PARTS]
     if isinstance(routed, RoutedExpertsMXFP8):
         for p in _PARTS:
             pair = getattr(routed, p)
             flat += [pair.rowwise.data, pair.rowwise.scales, pair.colwise.data, pair.colwise.scales]
+    if master.biases():
+        flat += [_NO_BIAS if getattr(master, n) is None else getattr(master, n) for n in BIAS_NAMES]
     return flat
 
 
+_NO_BIAS = torch.empty(0, dtype=torch.bfloat16)
+
+
+def bias_positions(num_routed: int) -> range:
+    """Where the biases sit in a flattened routed list of num_routed tensors (empty: none)."""
+    return range(num_routed - 3, num_routed) if num_routed in (6, 18) else range(0)
+
+
 def unflatten_routed(flat: list[torch.Tensor]):
-    master = RoutedExperts(*flat[:3])
-    if len(flat) == 3:
+    biases = [None if flat[i].numel() == 0 else flat[i] for i in bias_positions(len(flat))] or [None] * 3
+    master = RoutedExperts(*flat[:3], *biases)
+    if len(flat) in (3, 6):
         return master
     pairs = [MXFP8Pair(MXFP8Tensor(flat[i], flat[i + 1], False), MXFP8Tensor(flat[i + 2], flat[i + 3], True))
              for i in range(3, 15, 4)]
@@ -170,7 +182,8 @@ def moe_backward(dout: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor, to
 @torch.library.register_fake("mok::moe_backward")
 def _(dout, x, topk_ids, topk_weights, routed, shared, y_slots, swiglu_limit, activation, alpha, group, backend,
       config):
-    return [torch.empty_like(t) for t in (x, topk_weights, *routed[:3], *shared)]
+    biases = [routed[i] for i in bias_positions(len(routed)) if routed[i].numel() > 0]
+    return [torch.empty_like(t) for t in (x, topk_weights, *routed[:3], *shared, *biases)]
 
 
 def _setup_context(ctx, inputs, output):
@@ -195,8 +208,15 @@ def _backward(ctx, dout, _dy_slots):
         grads = torch.ops.mok.moe_backward(dout.contiguous(), x, topk_ids, topk_weights, routed, shared, y_slots,
                                            *ctx.args)
     dx, dw, *dweights = grads
-    # Gradients reach the bf16 masters only; MXFP8 forms are derived data.
+    # Gradients reach the bf16 masters and biases only; MXFP8 forms are derived data; then the shared expert's,
+    # then the given biases' (in bias order).
+    positions = bias_positions(ctx.num_routed)
     routed_grads = dweights[:3] + [None] * (ctx.num_routed - 3)
+    bias_grads = iter(dweights[3 + ctx.num_shared:])
+    for i in positions:
+        if routed[i].numel() > 0:
+            routed_grads[i] = next(bias_grads)
+    dweights = dweights[:3 + ctx.num_shared]
     # One entry per input, shaped like it: a list for a list of tensors and None for any other value. An empty
     # list counts as a (vacuous) tensor list, a non-empty config list as one value.
     config_grad = None if ctx.args[5] else []

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from mok.experts import ExpertWeights, RoutedExperts, RoutedExpertsMXFP8, SharedExpert
+from mok.experts import BIAS_NAMES, ExpertWeights, RoutedExperts, RoutedExpertsMXFP8, SharedExpert
 from mok.quant import MXFP8Pair, mxfp8_fake_quantize
 
 PRECISIONS = ("bf16", "float64")
@@ -49,6 +49,9 @@ class ExpertGradients(NamedTuple):
     gate: torch.Tensor
     up: torch.Tensor
     down: torch.Tensor
+    gate_bias: torch.Tensor | None = None  # [I]: the rows' sum of dg, with a gate bias
+    up_bias: torch.Tensor | None = None  # [I]: of du
+    down_bias: torch.Tensor | None = None  # [H]: of dy
 
 
 class Gradients(NamedTuple):
@@ -63,6 +66,9 @@ class Gradients(NamedTuple):
     shared_gate: torch.Tensor | None
     shared_up: torch.Tensor | None
     shared_down: torch.Tensor | None
+    gate_bias: torch.Tensor | None = None  # [E_local, I] with routed.gate_bias (fp32, float64 in the oracle)
+    up_bias: torch.Tensor | None = None  # [E_local, I] with routed.up_bias
+    down_bias: torch.Tensor | None = None  # [E_local, H] with routed.down_bias
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -125,15 +131,16 @@ def expert_forward(
     activation: str = "swiglu",
     alpha: float = OAI_ALPHA,
 ) -> ExpertActivations:
-    """One expert on its rows x [T, H] (canonical row order): g, u = x W_gate^T, x W_up^T; h = swiglu(g, u);
-    y = h W_down^T. GEMMs accumulate in fp32 and store bf16; MXFP8 weights (weights.is_mxfp8) quantise x and h
+    """One expert on its rows x [T, H] (canonical row order): g, u = x W_gate^T + b_gate, x W_up^T + b_up;
+    h = swiglu(g, u); y = h W_down^T + b_down (a bias added to the fp32 sum before it is stored).
+    GEMMs accumulate in fp32 and store bf16; MXFP8 weights (weights.is_mxfp8) quantise x and h
     along their last dim first. precision="float64": all float64, no rounding (bf16 weights only)."""
     p = _Precision(precision, weights)
     xa = p.act(x)
-    g = p.store(p.gemm(xa, p.weight(weights.gate, "rowwise")))
-    u = p.store(p.gemm(xa, p.weight(weights.up, "rowwise")))
+    g = p.store(p.biased(p.gemm(xa, p.weight(weights.gate, "rowwise")), weights.gate_bias))
+    u = p.store(p.biased(p.gemm(xa, p.weight(weights.up, "rowwise")), weights.up_bias))
     h = p.store(swiglu(g, u, swiglu_limit, activation, alpha))
-    y = p.store(p.gemm(p.act(h), p.weight(weights.down, "rowwise")))
+    y = p.store(p.biased(p.gemm(p.act(h), p.weight(weights.down, "rowwise")), weights.down_bias))
     return ExpertActivations(g, u, h, y)
 
 
@@ -162,11 +169,16 @@ def expert_backward(
     w_gu = torch.cat([p.weight(weights.gate, "colwise"), p.weight(weights.up, "colwise")], dim=1)
     dx = p.store(p.gemm(dgu, w_gu))
     x_t = p.act(x.t())
+    dg_t, du_t, dy_t = p.act(dg.t()), p.act(du.t()), p.act(dy.t())
+    # A bias's gradient: the rows' sum of dg, du or dy as its weight gradient reads them.
     return ExpertGradients(
         dx=dx,
-        gate=p.gemm(p.act(dg.t()), x_t),
-        up=p.gemm(p.act(du.t()), x_t),
-        down=p.gemm(p.act(dy.t()), p.act(act.h.t())),
+        gate=p.gemm(dg_t, x_t),
+        up=p.gemm(du_t, x_t),
+        down=p.gemm(dy_t, p.act(act.h.t())),
+        gate_bias=None if weights.gate_bias is None else dg_t.sum(1),
+        up_bias=None if weights.up_bias is None else du_t.sum(1),
+        down_bias=None if weights.down_bias is None else dy_t.sum(1),
     )
 
 
@@ -299,6 +311,7 @@ def forward(
 def backward(ctx: Context, dout: torch.Tensor) -> Gradients:
     """All gradients of the layer given dout [T, H] (bf16; any float dtype in the oracle)."""
     x, precision, routing = ctx.x, ctx.precision, ctx.routing
+    master = ctx.routed.master if isinstance(ctx.routed, RoutedExpertsMXFP8) else ctx.routed
     T, K = ctx.topk_ids.shape
     H = x.shape[1]
     _check_dout(dout, (T, H), precision, x.device)
@@ -343,6 +356,7 @@ def backward(ctx: Context, dout: torch.Tensor) -> Gradients:
         shared_gate=None if shared is None else shared.gate,
         shared_up=None if shared is None else shared.up,
         shared_down=None if shared is None else shared.down,
+        **{n: torch.stack([getattr(g, n) for g in wgrads]) for n in BIAS_NAMES if getattr(master, n) is not None},
     )
 
 
@@ -363,6 +377,10 @@ class _Precision:
 
     def store(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(self.store_dtype)
+
+    def biased(self, t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """A GEMM's sum t with its bf16 bias (per column) added in the accumulation dtype, or t."""
+        return t if bias is None else t + bias.to(self.acc_dtype)
 
     def act(self, t: torch.Tensor) -> torch.Tensor:
         """An activation operand [M, K] blocked along its last dim, in the accumulation dtype."""

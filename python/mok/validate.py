@@ -208,12 +208,15 @@ def check_main_grads(main_grads, routed, shared) -> None:
     weights = {"gate": master.gate, "up": master.up, "down": master.down}
     for part in ("gate", "up", "down"):
         weights[f"shared_{part}"] = None if shared is None else getattr(shared, part)
+    for name in ("gate_bias", "up_bias", "down_bias"):
+        weights[name] = getattr(master, name)
     for name, weight in weights.items():
         buf = getattr(main_grads, name)
         if buf is None:
             continue
         if weight is None:
-            raise ValueError(f"main_grads.{name} must be None: the layer has no shared expert")
+            what = "routed has no " + name if name.endswith("_bias") else "the layer has no shared expert"
+            raise ValueError(f"main_grads.{name} must be None: {what}")
         if not isinstance(buf, torch.Tensor) or buf.dtype != torch.float32:
             raise TypeError(f"main_grads.{name} must be a float32 tensor, got "
                             f"{getattr(buf, 'dtype', type(buf).__name__)}")

@@ -69,6 +69,7 @@ mokLayerConfig_t make_config(const nb::dict& d) {
   if (d.contains("swiglu_limit")) c.swiglu_limit = nb::cast<float>(d["swiglu_limit"]), ++known;
   if (d.contains("activation")) c.activation = config_activation(d), ++known;
   if (d.contains("swiglu_alpha")) c.swiglu_alpha = nb::cast<float>(d["swiglu_alpha"]), ++known;
+  if (d.contains("backward_comm_workers")) c.backward_comm_workers = config_int(d, "backward_comm_workers"), ++known;
   if (known != d.size()) throw nb::value_error("config: unknown key (see mokLayerConfig_t in mok.h)");
   return c;
 }
@@ -93,6 +94,9 @@ mokLayerWeights_t make_weights(const nb::dict& d) {
   w.shared_gate = ptr<const void>(d, "shared_gate");
   w.shared_up = ptr<const void>(d, "shared_up");
   w.shared_down = ptr<const void>(d, "shared_down");
+  w.gate_bias = ptr<const void>(d, "gate_bias");
+  w.up_bias = ptr<const void>(d, "up_bias");
+  w.down_bias = ptr<const void>(d, "down_bias");
   return w;
 }
 
@@ -152,6 +156,9 @@ class Layer {
     g.dshared_gate = ptr<void>(grads, "shared_gate");
     g.dshared_up = ptr<void>(grads, "shared_up");
     g.dshared_down = ptr<void>(grads, "shared_down");
+    g.dgate_bias = ptr<void>(grads, "gate_bias");
+    g.dup_bias = ptr<void>(grads, "up_bias");
+    g.ddown_bias = ptr<void>(grads, "down_bias");
     mokLayer_t layer = get();
     mok::python::released([&] {
       return mokLayerBackward(layer, &w, ptr<const float>(topk_weights), ptr<const void>(dout), &g, ptr<void>(stream));
@@ -161,6 +168,12 @@ class Layer {
   void slots(uintptr_t y_slots, uintptr_t stream) {
     mokLayer_t layer = get();
     mok::python::released([&] { return mokLayerGetSlots(layer, ptr<void>(y_slots), ptr<void>(stream)); });
+  }
+
+  void restore_context(uintptr_t x, uintptr_t y_slots, uintptr_t stream) {
+    mokLayer_t layer = get();
+    mok::python::released(
+        [&] { return mokLayerRestoreContext(layer, ptr<const void>(x), ptr<const void>(y_slots), ptr<void>(stream)); });
   }
 
   nb::dict error() {
@@ -216,6 +229,7 @@ void bind_layer(nb::module_& m) {
       .def("backward", &Layer::backward, nb::arg("weights"), nb::arg("topk_weights"), nb::arg("dout"), nb::arg("grads"),
            nb::arg("stream") = 0)
       .def("slots", &Layer::slots, nb::arg("y_slots"), nb::arg("stream") = 0)
+      .def("restore_context", &Layer::restore_context, nb::arg("x"), nb::arg("y_slots"), nb::arg("stream") = 0)
       .def("error", &Layer::error)
       .def("abort", &Layer::abort, nb::arg("reason").none() = nb::none());
 

@@ -32,6 +32,7 @@ struct Spec {
   bool mxfp8 = false;
   double limit = 0;
   double alpha = 0;    // 0: swiglu; > 0: swiglu_oai with this alpha
+  bool bias = false;   // routed-expert biases (gate, up, down)
   bool gated = false;  // the shared expert gated by weights.shared_router (needs shared_inter > 0)
 };
 
@@ -91,12 +92,20 @@ inline ref::Problem make_problem(const Spec& s, std::mt19937_64& rng) {
     // gated: the ungated problems stay the same draws as before.
     p.srouter.push_back(s.gated ? random_bf16(s.hidden, 4.0 / std::sqrt(s.hidden), rng) : std::vector<uint16_t>{});
   }
+  // Drawn after everything else (the other draws stay as they were). The GEMM outputs are about 0.3 (g, u)
+  // and 0.05 (y) in magnitude: biases of the same order move every output visibly.
+  for (int r = 0; s.bias && r < s.world; ++r) {
+    p.bgate.push_back(random_bf16(static_cast<size_t>(s.experts) * s.inter, 0.5, rng));
+    p.bup.push_back(random_bf16(static_cast<size_t>(s.experts) * s.inter, 0.5, rng));
+    p.bdown.push_back(random_bf16(static_cast<size_t>(s.experts) * s.hidden, 0.1, rng));
+  }
   return p;
 }
 
 struct Knobs {
   int padding = 8, minibatch = 16, macrobatch = 32;
   int comm_workers = 1, compute_workers = 2;
+  int backward_comm_workers = 0;  // 0: comm_workers
   int timeout_ms = 60000;
   bool int64_ids = false;
   bool accumulate = false;       // weight gradients into fp32 main_grad buffers
@@ -128,6 +137,8 @@ struct Outputs {
   std::vector<std::vector<uint16_t>> out, dx, dgate, dup, ddown, dsgate, dsup, dsdown, dsrouter;
   std::vector<std::vector<uint16_t>> slots;  // mokLayerGetSlots after the forward
   std::vector<std::vector<float>> dw, main_gate, main_up, main_down, main_sgate, main_sup, main_sdown, main_srouter;
+  std::vector<std::vector<uint16_t>> dbgate, dbup, dbdown;           // bias gradients, bf16
+  std::vector<std::vector<float>> main_bgate, main_bup, main_bdown;  // with accumulate
 };
 
 inline mokLayerConfig_t config_for(const ref::Problem& p, const Knobs& k, int rank) {
@@ -151,6 +162,7 @@ inline mokLayerConfig_t config_for(const ref::Problem& p, const Knobs& k, int ra
   c.macrobatch = k.macrobatch;
   c.comm_workers = k.comm_workers;
   c.compute_workers = k.compute_workers;
+  c.backward_comm_workers = k.backward_comm_workers;
   c.timeout_ms = k.timeout_ms;
   return c;
 }
@@ -218,6 +230,11 @@ inline mokLayerWeights_t bf16_weights(const ref::Problem& p, int r) {
     w.shared_up = p.sup[r].data();
     w.shared_down = p.sdown[r].data();
     if (p.gated) w.shared_router = p.srouter[r].data();
+  }
+  if (!p.bgate.empty()) {
+    w.gate_bias = p.bgate[r].data();
+    w.up_bias = p.bup[r].data();
+    w.down_bias = p.bdown[r].data();
   }
   return w;
 }
@@ -332,6 +349,20 @@ inline void run_rank(const ref::Problem& p, const Knobs& k, int r, void* const* 
         g.dshared_router = o.dsrouter[r].data();
       }
     }
+    if (!p.bgate.empty()) {  // the bias gradients as the weight gradients: bf16, or fp32 added into
+      size_t ei = static_cast<size_t>(p.experts) * p.inter, eh = static_cast<size_t>(p.experts) * H;
+      if (k.accumulate) {
+        o.main_bgate[r].assign(ei, k.main_grad_start);
+        o.main_bup[r].assign(ei, k.main_grad_start);
+        o.main_bdown[r].assign(eh, k.main_grad_start);
+        g.dgate_bias = o.main_bgate[r].data(), g.dup_bias = o.main_bup[r].data(), g.ddown_bias = o.main_bdown[r].data();
+      } else {
+        o.dbgate[r].assign(ei, 0);
+        o.dbup[r].assign(ei, 0);
+        o.dbdown[r].assign(eh, 0);
+        g.dgate_bias = o.dbgate[r].data(), g.dup_bias = o.dbup[r].data(), g.ddown_bias = o.dbdown[r].data();
+      }
+    }
     auto t1 = std::chrono::steady_clock::now();
     step(mokLayerBackward(layer, &w, p.topk_weights[r].data(), p.dout[r].data(), &g, nullptr));
     o.backward_ms[r] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
@@ -353,6 +384,8 @@ inline Outputs empty_outputs(int world) {
   for (auto* v :
        {&o.dw, &o.main_gate, &o.main_up, &o.main_down, &o.main_sgate, &o.main_sup, &o.main_sdown, &o.main_srouter})
     v->resize(world);
+  for (auto* v : {&o.dbgate, &o.dbup, &o.dbdown}) v->resize(world);
+  for (auto* v : {&o.main_bgate, &o.main_bup, &o.main_bdown}) v->resize(world);
   return o;
 }
 

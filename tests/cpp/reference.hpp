@@ -122,6 +122,7 @@ struct Problem {
   std::vector<std::vector<uint16_t>> x, dout;            // [rank][T*H] bf16
   std::vector<std::vector<uint16_t>> gate, up, down;     // [rank][E*I*H], [E*I*H], [E*H*I] bf16
   std::vector<std::vector<uint16_t>> sgate, sup, sdown;  // [rank][Is*H], [Is*H], [H*Is] bf16
+  std::vector<std::vector<uint16_t>> bgate, bup, bdown;  // [rank][E*I], [E*I], [E*H] bf16; empty: no bias
   bool gated = false;                                    // the shared expert scaled by sigmoid(x . r)
   std::vector<std::vector<uint16_t>> srouter;            // [rank][H] bf16: r, when gated
 };
@@ -130,6 +131,7 @@ struct Result {
   std::vector<Vec> out, dx, dw;           // per rank
   std::vector<Vec> dgate, dup, ddown;     // per rank, its local experts (fp32 sums)
   std::vector<Vec> dsgate, dsup, dsdown;  // per rank (fp32 sums)
+  std::vector<Vec> dbgate, dbup, dbdown;  // per rank, its local experts' bias gradients (sums)
   std::vector<Vec> dsrouter;              // per rank, [H] when gated (fp32 sums)
 };
 
@@ -140,9 +142,15 @@ inline Vec values(const std::vector<uint16_t>& b, size_t at, size_t n) {
 }
 
 struct Expert {
-  Vec gate, up, down;     // forward operands [I,H], [I,H], [H,I]
-  Vec bgate, bup, bdown;  // dgrad operands
+  Vec gate, up, down;                 // forward operands [I,H], [I,H], [H,I]
+  Vec bgate, bup, bdown;              // dgrad operands
+  Vec gate_bias, up_bias, down_bias;  // [I], [I], [H]: zeros without a bias
 };
+
+// Expert e's bias of `width` from b (bf16 [E, width]), or zeros when there is none.
+inline Vec bias_of(const std::vector<uint16_t>& b, int e, int width) {
+  return b.empty() ? Vec(width, 0.0) : values(b, static_cast<size_t>(e) * width, width);
+}
 
 inline double silu(double z) {
   return z / (1.0 + std::exp(-z));
@@ -162,7 +170,15 @@ class Layer {
     size_t ih = static_cast<size_t>(p.inter) * p.hidden;
     for (int q = 0; q < p.world; ++q)
       for (int e = 0; e < p.experts; ++e) {
-        Expert x{values(p.gate[q], e * ih, ih), values(p.up[q], e * ih, ih), values(p.down[q], e * ih, ih), {}, {}, {}};
+        Expert x{values(p.gate[q], e * ih, ih),
+                 values(p.up[q], e * ih, ih),
+                 values(p.down[q], e * ih, ih),
+                 {},
+                 {},
+                 {},
+                 {},
+                 {},
+                 {}};
         if (p.mxfp8) {
           x.bgate = mx_matrix(x.gate, p.inter, p.hidden, false);
           x.bup = mx_matrix(x.up, p.inter, p.hidden, false);
@@ -175,14 +191,18 @@ class Layer {
           x.bup = x.up;
           x.bdown = x.down;
         }
+        x.gate_bias = bias_of(q < static_cast<int>(p.bgate.size()) ? p.bgate[q] : std::vector<uint16_t>{}, e, p.inter);
+        x.up_bias = bias_of(q < static_cast<int>(p.bup.size()) ? p.bup[q] : std::vector<uint16_t>{}, e, p.inter);
+        x.down_bias = bias_of(q < static_cast<int>(p.bdown.size()) ? p.bdown[q] : std::vector<uint16_t>{}, e, p.hidden);
         experts_.push_back(x);
       }
   }
 
   Vec operand(const Vec& v) const { return p_.mxfp8 ? mx_round_trip(v) : v; }
 
-  // g, u = bf16(x W^T); h = bf16(silu(min(g, L)) * clamp(u)).
-  void gate_up(const Vec& x, const Vec& wg, const Vec& wu, int n, Vec& g, Vec& u, Vec& h, bool quantise) const {
+  // g, u = bf16(x W^T + b); h = bf16(silu(min(g, L)) * clamp(u)).
+  void gate_up(const Vec& x, const Vec& wg, const Vec& wu, int n, Vec& g, Vec& u, Vec& h, bool quantise,
+               const Vec* bg = nullptr, const Vec* bu = nullptr) const {
     Vec a = quantise ? operand(x) : x;
     size_t hd = x.size();
     g.assign(n, 0);
@@ -194,18 +214,18 @@ class Layer {
         sg += a[j] * wg[i * hd + j];
         su += a[j] * wu[i * hd + j];
       }
-      g[i] = bf16(sg);
-      u[i] = bf16(su);
+      g[i] = bf16(sg + (bg ? (*bg)[i] : 0.0));
+      u[i] = bf16(su + (bu ? (*bu)[i] : 0.0));
       h[i] = bf16(act(g[i], u[i]));
     }
   }
 
-  // out[o] = bf16(sum_i a[i] w[o][i]) for w [n_out, n_in].
-  static Vec times_wt(const Vec& a, const Vec& w, int n_out) {
+  // out[o] = bf16(sum_i a[i] w[o][i] + bias[o]) for w [n_out, n_in].
+  static Vec times_wt(const Vec& a, const Vec& w, int n_out, const Vec* bias = nullptr) {
     Vec out(n_out);
     size_t n_in = a.size();
     for (int o = 0; o < n_out; ++o) {
-      double s = 0;
+      double s = bias ? (*bias)[o] : 0.0;
       for (size_t i = 0; i < n_in; ++i) s += a[i] * w[o * n_in + i];
       out[o] = bf16(s);
     }
@@ -254,6 +274,9 @@ class Layer {
     r.dsgate.assign(p.world, Vec(static_cast<size_t>(Is) * H, 0.0));
     r.dsup = r.dsgate;
     r.dsdown = r.dsgate;
+    r.dbgate.assign(p.world, Vec(static_cast<size_t>(p.experts) * I, 0.0));
+    r.dbup = r.dbgate;
+    r.dbdown.assign(p.world, Vec(static_cast<size_t>(p.experts) * H, 0.0));
     r.dsrouter.assign(p.world, Vec(p.gated ? H : 0, 0.0));
     // Per-row wgrad operands, gathered per expert in canonical order (rank, token, k).
     struct Row {
@@ -275,8 +298,8 @@ class Layer {
           const Expert& ex = experts_[id];
           double w = p.topk_weights[rk][t * K + k];
           Vec g, u, h;
-          gate_up(x, ex.gate, ex.up, I, g, u, h, true);
-          Vec y = times_wt(operand(h), ex.down, H);
+          gate_up(x, ex.gate, ex.up, I, g, u, h, true, &ex.gate_bias, &ex.up_bias);
+          Vec y = times_wt(operand(h), ex.down, H, &ex.down_bias);
           Vec dy(H);
           double dw = 0;
           for (int o = 0; o < H; ++o) {
@@ -382,6 +405,11 @@ class Layer {
     }
     size_t base = static_cast<size_t>(e) * I * H;
     for (const auto& row : rows) {
+      for (int o = 0; o < H; ++o) r.dbdown[q][static_cast<size_t>(e) * H + o] += row.dy[o];
+      for (int i = 0; i < I; ++i) {
+        r.dbgate[q][static_cast<size_t>(e) * I + i] += row.dg[i];
+        r.dbup[q][static_cast<size_t>(e) * I + i] += row.du[i];
+      }
       for (int o = 0; o < H; ++o)
         for (int i = 0; i < I; ++i) r.ddown[q][base + o * I + i] += row.dy[o] * row.h[i];
       for (int i = 0; i < I; ++i)

@@ -192,6 +192,10 @@ TEST(config_field_limits) {
   ACCEPT_CONFIG(c.compute_workers = 256);
   EXPECT_CONFIG(c.compute_workers = 0, "'config.compute_workers' (0)", "[1, 256]");
   EXPECT_CONFIG(c.compute_workers = 257, "'config.compute_workers' (257)", "[1, 256]");
+  ACCEPT_CONFIG(c.backward_comm_workers = c.comm_workers + c.compute_workers - 1);
+  EXPECT_CONFIG(c.backward_comm_workers = c.comm_workers + c.compute_workers, "'config.backward_comm_workers'",
+                "leaves a compute worker");
+  EXPECT_CONFIG(c.backward_comm_workers = -1, "'config.backward_comm_workers' (-1)", "must be 0");
   ACCEPT_CONFIG(c.timeout_ms = 1);
   ACCEPT_CONFIG(c.timeout_ms = 24 * 3600 * 1000);
   EXPECT_CONFIG(c.timeout_ms = 0, "'config.timeout_ms' (0)", "[1, 86400000]");
@@ -379,6 +383,13 @@ TEST(pass_rules) {
   bg.ddown = reinterpret_cast<char*>(ddown.data()) + 2;  // fp32 main_grad must be 4-byte aligned
   EXPECT(mokLayerBackward(s.layer, &w, tw, dout.data(), &bg, nullptr), mokInvalidArgument, "grads.ddown");
   EXPECT(mokLayerBackward(s.layer, &w, tw, nullptr, &g, nullptr), mokInvalidArgument, "'dout'");
+  // A bias needs its gradient; each bias is checked like the weights (bf16 alignment).
+  mokLayerWeights_t biased = w;
+  biased.down_bias = gate.data();  // E x H bf16 fits in gate's E x I x H
+  EXPECT(mokLayerBackward(s.layer, &biased, tw, dout.data(), &g, nullptr), mokInvalidArgument, "'grads.ddown_bias'",
+         "when weights.down_bias is given");
+  biased.gate_bias = reinterpret_cast<const char*>(gate.data()) + 1;
+  EXPECT(mokLayerBackward(s.layer, &biased, tw, dout.data(), &g, nullptr), mokInvalidArgument, "weights.gate_bias");
   for (uint16_t v : dx) CHECK(v == 0);  // nothing written
   CHECK_MSG(mokLayerBackward(s.layer, &w, tw, dout.data(), &g, nullptr) == mokSuccess, "%s", mokGetLastError());
 }

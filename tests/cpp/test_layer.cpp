@@ -53,6 +53,15 @@ void check_against_reference(const Spec& spec, const Knobs& knobs) {
       close("dup", r, from_bf16(o.dup[r]), rounded(want.dup[r]), tol, kMinExact);
       close("ddown", r, from_bf16(o.ddown[r]), rounded(want.ddown[r]), tol, kMinExact);
     }
+    if (spec.bias && knobs.accumulate) {
+      close("dgate_bias (main_grad)", r, from_float(o.main_bgate[r], 0.5), want.dbgate[r], tol);
+      close("dup_bias (main_grad)", r, from_float(o.main_bup[r], 0.5), want.dbup[r], tol);
+      close("ddown_bias (main_grad)", r, from_float(o.main_bdown[r], 0.5), want.dbdown[r], tol);
+    } else if (spec.bias) {
+      close("dgate_bias", r, from_bf16(o.dbgate[r]), rounded(want.dbgate[r]), tol, kMinExact);
+      close("dup_bias", r, from_bf16(o.dbup[r]), rounded(want.dbup[r]), tol, kMinExact);
+      close("ddown_bias", r, from_bf16(o.dbdown[r]), rounded(want.dbdown[r]), tol, kMinExact);
+    }
     if (spec.shared_inter > 0 && !knobs.accumulate) {
       close("dshared_gate", r, from_bf16(o.dsgate[r]), rounded(want.dsgate[r]), tol, kMinExact);
       close("dshared_up", r, from_bf16(o.dsup[r]), rounded(want.dsup[r]), tol, kMinExact);
@@ -184,6 +193,55 @@ TEST(world2_gated_shared_expert_mxfp8) {
   s.max_tokens = 24;
   s.shared_inter = 8;
   check_against_reference(s, mxfp8_knobs());
+}
+
+// Routed-expert biases (gpt-oss): g, u, y each get their expert's bias before rounding, and the backward
+// gives the bias gradients (column sums of dg, du, dy); 1 and 2 ranks, swiglu and swiglu_oai, both precisions.
+Spec bias_spec(int world, double alpha, bool mxfp8) {
+  Spec s = spec(world, 2, Routing::uniform);
+  s.bias = true;
+  s.alpha = alpha;
+  s.limit = 0.5;  // the clamp meets the biased g and u
+  if (mxfp8) {
+    s.mxfp8 = true;
+    s.hidden = 40;
+    s.inter = 24;
+    s.max_tokens = 24;
+  }
+  return s;
+}
+
+TEST(world1_bias_swiglu) {
+  check_against_reference(bias_spec(1, 0, false), Knobs{});
+}
+
+TEST(world2_bias_swiglu_oai) {
+  check_against_reference(bias_spec(2, 1.702, false), Knobs{});
+}
+
+TEST(world2_bias_swiglu_into_main_grad) {
+  Knobs k;
+  k.accumulate = true;
+  check_against_reference(bias_spec(2, 0, false), k);
+}
+
+TEST(world1_bias_swiglu_oai_mxfp8) {
+  check_against_reference(bias_spec(1, 1.702, true), mxfp8_knobs());
+}
+
+TEST(world2_bias_swiglu_mxfp8) {
+  check_against_reference(bias_spec(2, 0, true), mxfp8_knobs());
+}
+
+TEST(world2_bias_one_expert_many_parts_mxfp8) {  // several wgrad parts: the bias sums carry over in a slot
+  Spec s = bias_spec(2, 1.702, true);
+  s.routing = Routing::one_expert;
+  s.hidden = 32;
+  Knobs k;
+  k.padding = 32;
+  k.minibatch = 32;
+  k.macrobatch = 32;
+  check_against_reference(s, k);
 }
 
 TEST(world3_top8_minus_one_routes_int64_ids) {

@@ -92,10 +92,10 @@ static void config_sizes(void) {
   c.magic = 0; /* a struct that no MOK_*_INIT stamped (an unstamped caller's 'world' sits here) */
   EXPECT(mokLayerGetSizes(&c, &s), mokInvalidArgument, "MOK_LAYER_CONFIG_INIT");
   c = small_config();
-  c.size -= 4; /* between the first layout (88 bytes) and this one */
+  c.size -= 4; /* between the second layout (96 bytes) and this one */
   EXPECT(mokLayerGetSizes(&c, &s), mokInvalidArgument, "MOK_LAYER_CONFIG_INIT");
   c = small_config();
-  c.size -= 16; /* smaller than the first layout */
+  c.size -= 24; /* smaller than the first layout (88 bytes) */
   EXPECT(mokLayerGetSizes(&c, &s), mokInvalidArgument, "MOK_LAYER_CONFIG_INIT");
   CHECK(s.peer_bytes == 12345);
 
@@ -125,6 +125,29 @@ static void config_first_layout(void) {
   /* this layout's own activation field must be in range: the same garbage there is rejected, named */
   memset(&c.activation, 0xab, sizeof(c.activation));
   EXPECT(mokLayerGetSizes(&c, &s), mokInvalidArgument, "config.activation");
+}
+
+/* mokLayerConfig_t's second layout, up to swiglu_alpha: its sizeof (96) has 4 bytes of tail padding where
+ * backward_comm_workers now lies. Garbage there (0xab: out of range) is not read: the layer gets 0. */
+static void config_second_layout(void) {
+  mokLayerConfig_t c = small_config(), second;
+  mokLayerSizes_t s = MOK_LAYER_SIZES_INIT, want = MOK_LAYER_SIZES_INIT;
+  size_t end = offsetof(mokLayerConfig_t, backward_comm_workers);
+  size_t size = (end + sizeof(size_t) - 1) / sizeof(size_t) * sizeof(size_t);
+  CHECK(size == 96 || sizeof(size_t) != 8);
+  CHECK(size < sizeof(mokLayerConfig_t));
+  EXPECT(mokLayerGetSizes(&c, &want), mokSuccess, NULL);
+  memset(&second, 0xab, sizeof(second));
+  memcpy(&second, &c, end);
+  second.size = size;
+  EXPECT(mokLayerGetSizes(&second, &s), mokSuccess, NULL);
+  CHECK(s.peer_bytes == want.peer_bytes && s.workspace_bytes == want.workspace_bytes);
+  /* this layout's own fields are read: the same garbage there is rejected, named */
+  memset(&c.backward_comm_workers, 0xab, sizeof(c.backward_comm_workers));
+  EXPECT(mokLayerGetSizes(&c, &s), mokInvalidArgument, "config.backward_comm_workers");
+  c = small_config();
+  c.reserved = 1;
+  EXPECT(mokLayerGetSizes(&c, &s), mokInvalidArgument, "config.reserved");
 }
 
 /* A world-1 layer over heap memory, created through `memory` (any layout); NULL when creation failed. */
@@ -267,6 +290,25 @@ static void pass_structs(void) {
   EXPECT(mokLayerBackward(layer, &w, tw, dout, &g, NULL), mokSuccess, NULL);
   CHECK(!untouched(dx, 0, sizeof(dx), 0xcd));
 
+  /* An older caller's weights and grads (mok.h before the expert biases): the bytes past its layout are
+   * another object's (0xab here, which as a pointer is misaligned and refused) and are not read: no biases. */
+  {
+    struct {
+      mokLayerWeights_t w;
+      mokLayerGrads_t g;
+    } old;
+    uint16_t old_out[T * H];
+    memset(&old, 0xab, sizeof(old));
+    memcpy(&old.w, &w, offsetof(mokLayerWeights_t, gate_bias));
+    memcpy(&old.g, &g, offsetof(mokLayerGrads_t, dgate_bias));
+    old.w.size = offsetof(mokLayerWeights_t, gate_bias);
+    old.g.size = offsetof(mokLayerGrads_t, dgate_bias);
+    EXPECT(mokLayerForward(layer, &w, x, tw, out, NULL), mokSuccess, NULL);
+    EXPECT(mokLayerForward(layer, &old.w, x, tw, old_out, NULL), mokSuccess, NULL);
+    CHECK(memcmp(out, old_out, sizeof(out)) == 0);
+    EXPECT(mokLayerBackward(layer, &old.w, tw, dout, &old.g, NULL), mokSuccess, NULL);
+  }
+
   memset(&newer_e, 0xab, sizeof(newer_e));
   newer_e.now.magic = MOK_STRUCT_MAGIC;
   stamp_newer(&newer_e, sizeof(newer_e));
@@ -302,6 +344,7 @@ int main(void) {
   snprintf(newer_name, sizeof(newer_name), "from mok.h %d.%d.3", MOK_VERSION_MAJOR, MOK_VERSION_MINOR + 1);
   config_sizes();
   config_first_layout();
+  config_second_layout();
   memory_layouts();
   pass_structs();
   device_info();

@@ -6,9 +6,11 @@
 #include <chrono>
 #include <set>
 
+#include "core/pass_worker.hpp"
 #include "group.hpp"
 
 using namespace mok_test;
+namespace core = mok::core;
 
 namespace {
 
@@ -131,6 +133,54 @@ TEST(world2_bitwise_across_worker_counts_bf16_and_main_grad) {
   check_across_worker_counts(uneven(2), true);
 }
 
+// backward_comm_workers splits the same threads differently in the backward (as a GPU splits its SMs):
+// core gives the backward's first backward_comm_workers workers the comm queue, forward and recompute
+// comm_workers; 0 is comm_workers.
+TEST(the_backward_takes_its_own_split_of_the_workers) {
+  core::LayerShape s{};
+  s.comm_workers = 1;
+  s.compute_workers = 4;
+  for (int bwd : {0, 1, 3, 4}) {
+    s.backward_comm_workers = bwd;
+    for (core::PassKind kind : {core::PassKind::forward, core::PassKind::recompute, core::PassKind::backward,
+                                core::PassKind::backward_kept}) {
+      core::PassView v{};
+      v.s = s;
+      v.kind = kind;
+      int want = core::is_backward(kind) && bwd > 0 ? bwd : 1, comm = 0;
+      for (int w = 0; w < core::workers_of(v); ++w) comm += core::class_of(v, w) == core::WorkerClass::comm;
+      CHECK_MSG(comm == want && core::class_of(v, comm - 1) == core::WorkerClass::comm,
+                "backward_comm_workers %d, pass %d: %d comm workers, want the first %d", bwd, static_cast<int>(kind),
+                comm, want);
+      CHECK(core::workers_of(v) == 5);
+    }
+  }
+}
+
+// The split is honoured end to end (every backward split of 1 + 4 workers, the most comm workers included,
+// with and without recompute, world 1 and 2) and the bits do not depend on it.
+TEST(backward_comm_workers_give_the_same_bits) {
+  for (int world : {1, 2}) {
+    std::mt19937_64 rng(seed() + 45 + world);
+    ref::Problem p = make_problem(uneven(world), rng);
+    Outputs base = run_layer(p, workers(1, 4));
+    CHECK(all_ok(base));
+    for (int bwd : {2, 4})
+      for (bool recompute : {false, true}) {
+        Knobs k = workers(1, 4);
+        k.backward_comm_workers = bwd;
+        k.recompute = recompute;
+        Outputs o = run_layer(p, k);
+        CHECK_MSG(all_ok(o) && same(base, o), "world %d: backward_comm_workers %d (recompute %d) differs from 1", world,
+                  bwd, recompute);
+      }
+    Knobs k = workers(3, 2);  // forward 3 comm, backward 1
+    k.backward_comm_workers = 1;
+    Outputs o = run_layer(p, k);
+    CHECK_MSG(all_ok(o) && same(base, o), "world %d: 3 + 2 workers, backward 1 comm, differ from 1 + 4", world);
+  }
+}
+
 // Fewer threads than workers (MOK_HOST_FAULT_THREADS caps them, as a thread limit would): the calling
 // thread serves too, the pass runs on the workers there are, and the bits stay the same.
 TEST(fewer_threads_than_workers_give_the_same_bits) {
@@ -139,9 +189,13 @@ TEST(fewer_threads_than_workers_give_the_same_bits) {
   Outputs full = run_layer(p, workers(2, 5));
   setenv("MOK_HOST_FAULT_THREADS", "2", 1);
   Outputs capped = run_layer(p, workers(2, 5));
+  Knobs split = workers(2, 5);
+  split.backward_comm_workers = 6;  // more than the 2 threads leave: capped like comm_workers
+  Outputs capped_split = run_layer(p, split);
   unsetenv("MOK_HOST_FAULT_THREADS");
-  CHECK(all_ok(full) && all_ok(capped));
+  CHECK(all_ok(full) && all_ok(capped) && all_ok(capped_split));
   CHECK(same(full, capped));
+  CHECK(same(full, capped_split));
 }
 
 // No thread at all (MOK_HOST_FAULT_THREADS=0, as a thread limit reached before the first would be): the

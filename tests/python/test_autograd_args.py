@@ -19,8 +19,8 @@ from mok.experts import RoutedExperts, SharedExpert
 from mok.functional import MoKConfig
 
 # Every field away from its default; small rows per segment and ring so the host executor's ring wraps.
-CONFIG = MoKConfig(fwd_num_comm_sms=8, bwd_num_comm_sms=4, minibatch_size=64, macrobatch_size=128, expert_padding=32,
-                   wait_timeout_s=30.5)
+CONFIG = MoKConfig(fwd_num_comm_sms=2, bwd_num_comm_sms=1, minibatch_size=64, macrobatch_size=128, expert_padding=32,
+                   wait_timeout_s=30.5, host_comm_workers=2, host_compute_workers=2)
 VARIANTS = {
     "config": dict(config=CONFIG),
     "swiglu_limit": dict(swiglu_limit=0.25),

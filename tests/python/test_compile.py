@@ -87,8 +87,8 @@ def test_compiled_moe_with_every_argument(seed, backend):
     """torch.compile(fullgraph) of mok.moe with config, backend and swiglu_limit set, int32 ids and MXFP8
     experts: bitwise the eager result and gradients (the config reaches the op as a list of floats)."""
     torch._dynamo.reset()
-    config = MoKConfig(fwd_num_comm_sms=8, minibatch_size=64, macrobatch_size=128, expert_padding=32,
-                       wait_timeout_s=12.5)
+    config = MoKConfig(fwd_num_comm_sms=2, host_compute_workers=2, minibatch_size=64, macrobatch_size=128,
+                       expert_padding=32, wait_timeout_s=12.5)
     x, ids, weights, routed, shared, dout = make_inputs(18, 4, 2)
     ids = ids.to(torch.int32)
     results = []

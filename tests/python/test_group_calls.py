@@ -262,6 +262,10 @@ class CountingLayer(_mok.Layer):
         self._count("backward")
         return super().backward(*args)
 
+    def restore_context(self, *args):
+        self._count("restore")
+        return super().restore_context(*args)
+
 
 def kept_context_worker(rank: int, world: int, seed: int):
     part = inputs(rank, world, seed)
@@ -297,8 +301,41 @@ def test_the_backward_uses_the_forward_context(seed):
             f"rank {rank}: a keep_context=False step ran {again}"
         checkpointed, checkpoint_result = counts["checkpoint"]
         # Non-reentrant checkpointing keeps the first forward's autograd node, so its backward finds that forward's
-        # context no longer libmok's latest (the re-run replaced it) and rebuilds it: one schedule and a recompute.
-        assert checkpointed == {"schedule": 3, "forward": 2, "recompute": 1, "backward": 1}, \
+        # context no longer libmok's latest (the re-run replaced it) and puts it back: one schedule and a restore.
+        assert checkpointed == {"schedule": 3, "forward": 2, "restore": 1, "backward": 1}, \
             f"rank {rank}: a checkpointed step ran {checkpointed}"
         for a, b, c in zip(kept_result, again_result, checkpoint_result, strict=True):
             assert torch.equal(a, b) and torch.equal(a, c), f"rank {rank}: kept, recomputed and checkpointed differ"
+
+
+def two_layers_worker(rank: int, world: int, seed: int):
+    """Two layers of one shape (one workspace, one libmok layer) in a row, as in any model: the first layer's
+    backward runs after the second's forward and backward replaced libmok's context."""
+    layers = inputs(rank, world, seed), inputs(rank, world, seed + 1)
+
+    def two_steps(keep_context: bool):
+        leaves = [[t.detach().clone().requires_grad_(True) for t in (x, w, r.gate, r.up, r.down)]
+                  for x, _, w, r, _ in layers]
+        y = leaves[0][0]
+        for index, ((_, ids, _, _, _), (x, w, *experts)) in enumerate(zip(layers, leaves, strict=True)):
+            y = mok.moe(y if index == 0 else y + x, ids, w, RoutedExperts(*experts), None, group=dist.group.WORLD,
+                        config=CONFIG, backend="host", keep_context=keep_context)
+        y.backward(layers[1][4])
+        return [t.grad for layer in leaves for t in layer]
+
+    _mok.Layer = CountingLayer
+    two_steps(True)  # the first step makes the workspace
+    CountingLayer.counts = {}
+    kept = two_steps(True)
+    counts = dict(CountingLayer.counts)
+    return counts, kept, two_steps(False)
+
+
+@needs_host
+def test_layers_of_one_shape_run_no_recompute(seed):
+    for rank, (counts, kept, recomputed) in enumerate(run_group(2, two_layers_worker, seed)):
+        # Each backward on its own forward's context: the first layer's is put back (a schedule and a restore, two
+        # copies), never recomputed; and bitwise what recomputing every context gives.
+        assert counts == {"schedule": 3, "forward": 2, "restore": 1, "backward": 2}, f"rank {rank}: ran {counts}"
+        for a, b in zip(kept, recomputed, strict=True):
+            assert a is not None and torch.equal(a, b), f"rank {rank}: restored and recomputed contexts differ"

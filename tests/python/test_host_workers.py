@@ -71,5 +71,69 @@ def test_config_rejects_bad_worker_counts(field, value, error):
 def test_config_survives_the_ops_round_trip():
     """mok.ops passes a MoKConfig as floats (a None field as -1) and rebuilds the very same one."""
     for config in (functional.MoKConfig(), functional.MoKConfig(host_comm_workers=2, host_compute_workers=3,
-                                                                wait_timeout_s=0.25)):
+                                                                wait_timeout_s=0.25, bwd_num_comm_sms=4)):
         assert ops._config(ops.config_to_floats(config)) == config
+
+
+def pass_bits(rank: int, world: int, configs) -> tuple:
+    """Forward and backward of one problem under each config: (out, grads) each, and the mok-worker threads the
+    fresh workspace's layer made."""
+    import mok.layer
+    g = torch.Generator().manual_seed(100 + rank)
+    tensors = [torch.randn(E_LOCAL, *shape, generator=g).to(torch.bfloat16) / 4 for shape in ((I, H), (I, H), (H, I))]
+    x = torch.randn(T, H, generator=g).to(torch.bfloat16)
+    ids = torch.randint(0, world * E_LOCAL, (T, K), generator=g, dtype=torch.int32)
+    weights = torch.rand(T, K, generator=g)
+    dout = torch.randn(T, H, generator=g).to(torch.bfloat16)
+    results = []
+    for config in configs:
+        leaves = [t.clone().requires_grad_(True) for t in [x, weights, *tensors]]
+        start = mok_threads()
+        out = mok.layer.moe(leaves[0], ids, leaves[1], RoutedExperts(*leaves[2:]), config=config, backend="host",
+                            group=ep_group())
+        out.backward(dout)
+        results.append((out.detach(), [t.grad for t in leaves], mok_threads() - start))
+    return results
+
+
+def split_worker(rank: int, world: int):
+    base = functional.MoKConfig(host_comm_workers=1, host_compute_workers=3)
+    return pass_bits(rank, world, [base, functional.MoKConfig(host_comm_workers=1, host_compute_workers=3,
+                                                              fwd_num_comm_sms=2, bwd_num_comm_sms=3)])
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_comm_splits_per_pass_give_the_same_bits(world):
+    """fwd_num_comm_sms=2 / bwd_num_comm_sms=3 split the same 1 + 3 host workers differently per pass: the
+    output and every gradient are bitwise those of the default split, on the same four threads."""
+    for rank, (base, split) in enumerate(run_group(world, split_worker)):
+        assert torch.equal(base[0], split[0]), f"world {world} rank {rank}: out"
+        for i, (a, b) in enumerate(zip(base[1], split[1], strict=True)):
+            assert torch.equal(a, b), f"world {world} rank {rank}: gradient {i}"
+        assert split[2] <= 4, f"world {world} rank {rank}: the split made {split[2]} threads, not the layer's 4"
+
+
+def test_comm_splits_reach_libmoks_config():
+    """On backend="host" fwd_num_comm_sms / bwd_num_comm_sms become libmok's comm_workers /
+    backward_comm_workers out of host_comm_workers + host_compute_workers threads (None: host_comm_workers),
+    and libmok itself checks backward_comm_workers (the binding passes it on)."""
+    from mok import _mok, host
+    config = functional.MoKConfig(host_comm_workers=1, host_compute_workers=4, fwd_num_comm_sms=2, bwd_num_comm_sms=4)
+    assert host._workers(config, 1) == {"comm_workers": 2, "compute_workers": 3, "backward_comm_workers": 4}
+    default = functional.MoKConfig(host_comm_workers=2, host_compute_workers=3)
+    assert host._workers(default, 1) == {"comm_workers": 2, "compute_workers": 3, "backward_comm_workers": 2}
+    base = dict(world=1, rank=0, experts_per_rank=2, hidden=32, intermediate=16, top_k=2, max_tokens=8,
+                expert_padding=8, minibatch=16, macrobatch=32, timeout_ms=1000, comm_workers=2, compute_workers=3)
+    assert _mok.layer_sizes(dict(base, backward_comm_workers=4))[1] > 0
+    with pytest.raises(ValueError, match=r"'config.backward_comm_workers' \(5\) must be 0"):
+        _mok.layer_sizes(dict(base, backward_comm_workers=5))
+
+
+@pytest.mark.parametrize("field", ["fwd_num_comm_sms", "bwd_num_comm_sms"])
+def test_comm_splits_leave_a_compute_worker_on_host(field):
+    from mok import host
+    config = functional.MoKConfig(host_comm_workers=1, host_compute_workers=3, **{field: 4})
+    with pytest.raises(ValueError, match=f"MoKConfig.{field} must be fewer than the host executor's 4 workers"):
+        host._workers(config, 1)
+    with pytest.raises(ValueError, match=f"MoKConfig.{field} must be None or between 1 and 256"):
+        functional.MoKConfig(**{field: 0})

@@ -173,6 +173,13 @@ typedef struct {
   /* Added after the first layout (a caller without them gets mokActivationSwiglu): */
   mokActivation_t activation; /* mokActivationSwiglu or mokActivationSwigluOai; no other value */
   float swiglu_alpha;         /* mokActivationSwigluOai's alpha: finite and > 0; ignored by mokActivationSwiglu */
+  /* Added after activation and swiglu_alpha (a caller without them gets 0 for both): */
+  int backward_comm_workers; /* of the layer's comm_workers + compute_workers threads, those that move rows in
+                                mokLayerBackward (the rest compute), as a GPU splits its SMs differently per pass;
+                                0 (= comm_workers) or 1..comm_workers + compute_workers - 1. Forward and
+                                recompute use comm_workers. The results do not depend on it. */
+  int reserved;              /* 0. The previous layout's sizeof (96 on LP64) has 4 bytes of tail padding where
+                                backward_comm_workers lies; this field makes the new layout's sizeof differ */
 } mokLayerConfig_t;
 #define MOK_LAYER_CONFIG_INIT   \
   {MOK_STAMP(mokLayerConfig_t), \
@@ -194,7 +201,9 @@ typedef struct {
    30000,                       \
    mokExecutorHost,             \
    mokActivationSwiglu,         \
-   1.702f}
+   1.702f,                      \
+   0,                           \
+   0}
 
 typedef struct {
   size_t size;            /* sizeof(mokLayerSizes_t), set by MOK_LAYER_SIZES_INIT */
@@ -255,6 +264,10 @@ typedef struct {
   /* MXFP8 precision: each weight as mokMxfp8Quantize writes it, rowwise and colwise (transposed) */
   mokMxfp8Matrix_t gate_rowwise, gate_colwise, up_rowwise, up_colwise, down_rowwise, down_colwise;
   const void *shared_gate, *shared_up, *shared_down; /* bf16 [I_s, H], [I_s, H], [H, I_s] */
+  /* Routed expert biases, bf16 in both precisions, each optional (NULL: zero): [E, I], [E, I], [E, H].
+   * g = x W_gate^T + gate_bias, u = x W_up^T + up_bias, y = h W_down^T + down_bias, each bias added to
+   * the fp32 sum before it is rounded to bf16 (docs/semantics.md). */
+  const void *gate_bias, *up_bias, *down_bias;
   /* bf16 [H] or NULL: the shared expert's gate (Qwen2-MoE): its output is scaled by sigmoid(x_t . r);
      only with a shared expert; NULL keeps it ungated (docs/semantics.md) */
   const void* shared_router;
@@ -270,6 +283,9 @@ typedef struct {
    {NULL, NULL},                 \
    {NULL, NULL},                 \
    {NULL, NULL},                 \
+   NULL,                         \
+   NULL,                         \
+   NULL,                         \
    NULL,                         \
    NULL,                         \
    NULL,                         \
@@ -294,9 +310,13 @@ typedef struct {
   int accumulate;
   void *dgate, *dup, *ddown;                      /* [E, I, H], [E, I, H], [E, H, I] */
   void *dshared_gate, *dshared_up, *dshared_down; /* [I_s, H], [I_s, H], [H, I_s]; with a shared expert */
-  void* dshared_router;                           /* [H]; required when weights.shared_router is given */
+  /* Bias gradients [E, I], [E, I], [E, H], bf16 or fp32 as the weight gradients; each required with its
+   * weights.*_bias, and written whenever given (the gradient of a NULL, zero, bias). */
+  void *dgate_bias, *dup_bias, *ddown_bias;
+  void* dshared_router; /* [H]; required when weights.shared_router is given */
 } mokLayerGrads_t;
-#define MOK_LAYER_GRADS_INIT {MOK_STAMP(mokLayerGrads_t), NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL}
+#define MOK_LAYER_GRADS_INIT \
+  {MOK_STAMP(mokLayerGrads_t), NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}
 
 /*
  * Collective. dout [num_tokens, H] bf16; needs a forward or recompute since the last schedule, given the
@@ -312,6 +332,18 @@ MOK_API mokStatus_t mokLayerBackward(mokLayer_t layer, const mokLayerWeights_t* 
  * the executor refuses (any but NULL on the host) is mokInvalidArgument without aborting the group.
  */
 MOK_API mokStatus_t mokLayerGetSlots(mokLayer_t layer, void* y_slots, void* stream);
+
+/*
+ * Not collective. Makes an earlier forward's context the current schedule's again, for its backward: x
+ * [num_tokens, H] bf16, the forward's input, and y_slots [num_tokens, K, H] bf16, what mokLayerGetSlots gave
+ * after it. Call it after mokLayerBuildSchedule with that forward's topk_ids, and give the backward that
+ * forward's weights: the backward is then bitwise the one that would have followed the forward directly.
+ * It costs two copies and no pass: the backward recomputes g and u from x (as it does whenever the ring no
+ * longer holds them), so a trainer with several layers of one shape on one mokLayer_t keeps each layer's
+ * context as its own two tensors instead of running mokLayerRecompute. Needs a schedule (mokInvalidUsage
+ * otherwise); a stream the executor refuses is mokInvalidArgument; a refused call does not abort the group.
+ */
+MOK_API mokStatus_t mokLayerRestoreContext(mokLayer_t layer, const void* x, const void* y_slots, void* stream);
 
 typedef struct {
   size_t size;          /* sizeof(mokLayerError_t), set by MOK_LAYER_ERROR_INIT */

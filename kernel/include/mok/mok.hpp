@@ -138,6 +138,10 @@ class Layer {
   }
   // y_slots [T, K, H] bf16 of the current context.
   void slots(void* y_slots, void* stream = nullptr) { check(mokLayerGetSlots(layer_, y_slots, stream)); }
+  // An earlier forward's context (its x and slots) made current again, after a schedule of its topk_ids.
+  void restore_context(const void* x, const void* y_slots, void* stream = nullptr) {
+    check(mokLayerRestoreContext(layer_, x, y_slots, stream));
+  }
   // The first failure this rank recorded (status mokSuccess when none; pass and abort_rank as in mok.h).
   mokLayerError_t error() const {
     mokLayerError_t error = MOK_LAYER_ERROR_INIT;

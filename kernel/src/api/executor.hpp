@@ -38,6 +38,7 @@ class LayerExecutor {
   virtual mokStatus_t backward(const mokLayerWeights_t& weights, const float* topk_weights, const uint16_t* dout,
                                const mokLayerGrads_t& grads, void* stream) = 0;
   virtual mokStatus_t get_slots(uint16_t* y_slots, void* stream) = 0;
+  virtual mokStatus_t restore_context(const uint16_t* x, const uint16_t* y_slots, void* stream) = 0;
   // A collective call this rank refuses: `detail` becomes the reason its peers read, and the group is aborted.
   virtual void reject(mokStatus_t status, const char* detail) = 0;
   // The first failure this rank recorded, in `error`'s fields after its stamp; status mokSuccess when none.

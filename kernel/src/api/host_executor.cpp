@@ -57,6 +57,10 @@ class HostLayer final : public LayerExecutor {
     host::Detail why;
     return reported(host::get_slots(*l_, y_slots, why), why);
   }
+  mokStatus_t restore_context(const uint16_t* x, const uint16_t* y_slots, void*) override {
+    host::Detail why;
+    return reported(host::restore_context(*l_, x, y_slots, why), why);
+  }
   void reject(mokStatus_t status, const char* detail) override { host::reject(*l_, status, detail); }
   void abort(const char* reason) override {
     host::abort(*l_, reason);

@@ -150,8 +150,7 @@ MOK_API mokStatus_t mokLayerBackward(mokLayer_t layer, const mokLayerWeights_t* 
     return rejected(layer, s);
   if (mokStatus_t s = check_array(dout, "dout", th, 2, __func__); s != mokSuccess) return rejected(layer, s);
   mokLayerGrads_t g;
-  if (mokStatus_t s = mok::api::check_grads(grads, shape, tokens_of(layer), w.shared_router != nullptr, __func__, &g);
-      s != mokSuccess)
+  if (mokStatus_t s = mok::api::check_grads(grads, w, shape, tokens_of(layer), __func__, &g); s != mokSuccess)
     return rejected(layer, s);
   return layer->impl->backward(w, topk_weights, static_cast<const uint16_t*>(dout), g, stream);
 }
@@ -165,6 +164,18 @@ MOK_API mokStatus_t mokLayerGetSlots(mokLayer_t layer, void* y_slots, void* stre
   int64_t count = per_token(layer, static_cast<int64_t>(shape.top_k) * shape.hidden);
   if (mokStatus_t s = check_array(y_slots, "y_slots", count, 2, __func__); s != mokSuccess) return s;
   return layer->impl->get_slots(static_cast<uint16_t*>(y_slots), stream);
+}
+
+MOK_API mokStatus_t mokLayerRestoreContext(mokLayer_t layer, const void* x, const void* y_slots, void* stream) {
+  mok::api::clear_error();
+  if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
+  // Not collective: a refused argument is this call's failure alone.
+  if (mokStatus_t s = layer->impl->check_stream(stream, __func__); s != mokSuccess) return s;
+  const mok::core::LayerShape& shape = layer->impl->shape();
+  if (mokStatus_t s = check_array(x, "x", per_token(layer, shape.hidden), 2, __func__); s != mokSuccess) return s;
+  int64_t count = per_token(layer, static_cast<int64_t>(shape.top_k) * shape.hidden);
+  if (mokStatus_t s = check_array(y_slots, "y_slots", count, 2, __func__); s != mokSuccess) return s;
+  return layer->impl->restore_context(static_cast<const uint16_t*>(x), static_cast<const uint16_t*>(y_slots), stream);
 }
 
 MOK_API mokStatus_t mokLayerGetError(mokLayer_t layer, mokLayerError_t* error) {

@@ -89,6 +89,15 @@ mokStatus_t check_relations(const mokLayerConfig_t* c, mokPrecision_t precision,
     return invalid(func, "must not be smaller than config.minibatch", "config.macrobatch", c->macrobatch);
   if (c->macrobatch % c->minibatch != 0)
     return invalid(func, "must be a multiple of config.minibatch", "config.macrobatch", c->macrobatch);
+  // The backward splits the same threads: at least one of each class is left.
+  int workers = c->comm_workers + c->compute_workers;
+  if (c->backward_comm_workers != 0 && (c->backward_comm_workers < 1 || c->backward_comm_workers >= workers))
+    return fail(mokInvalidArgument,
+                "%s: argument 'config.backward_comm_workers' (%d) must be 0 (= config.comm_workers) or in [1, %d] "
+                "(config.comm_workers + config.compute_workers - 1: the backward leaves a compute worker)",
+                func, c->backward_comm_workers, workers - 1);
+  if (c->reserved != 0)
+    return invalid(func, "must be 0 (MOK_LAYER_CONFIG_INIT sets it)", "config.reserved", c->reserved);
   return mokSuccess;
 }
 
@@ -177,7 +186,8 @@ mokStatus_t check_config(const mokLayerConfig_t* config, const char* func, mokLa
                             c->comm_workers,
                             c->compute_workers,
                             static_cast<int>(activation),
-                            activation == core::Activation::swiglu_oai ? c->swiglu_alpha : 0.0f};
+                            activation == core::Activation::swiglu_oai ? c->swiglu_alpha : 0.0f,
+                            c->backward_comm_workers};
   return mokSuccess;
 }
 
@@ -267,6 +277,14 @@ mokStatus_t check_weights(const mokLayerWeights_t* weights, const core::LayerSha
     int64_t n = static_cast<int64_t>(s.shared_intermediate) * s.hidden;
     if (mokStatus_t st = check_array(sp[i], snames[i], n, 2, func); st != mokSuccess) return st;
   }
+  // The expert biases are optional, each on its own (NULL: zero).
+  const void* bp[3] = {w->gate_bias, w->up_bias, w->down_bias};
+  const char* bnames[3] = {"weights.gate_bias", "weights.up_bias", "weights.down_bias"};
+  for (int i = 0; i < 3; ++i) {
+    int64_t n = static_cast<int64_t>(s.experts_per_rank) * (i < 2 ? s.intermediate : s.hidden);
+    if (bp[i])
+      if (mokStatus_t st = check_array(bp[i], bnames[i], n, 2, func); st != mokSuccess) return st;
+  }
   // The gate scales the shared expert's output: without one it has nothing to scale.
   if (w->shared_router && s.shared_intermediate == 0)
     return fail(mokInvalidArgument, "%s: argument 'weights.shared_router' is given but config.shared_intermediate is 0",
@@ -275,7 +293,7 @@ mokStatus_t check_weights(const mokLayerWeights_t* weights, const core::LayerSha
   return mokSuccess;
 }
 
-mokStatus_t check_grads(const mokLayerGrads_t* grads, const core::LayerShape& s, int tokens, bool gated,
+mokStatus_t check_grads(const mokLayerGrads_t* grads, const mokLayerWeights_t& w, const core::LayerShape& s, int tokens,
                         const char* func, mokLayerGrads_t* copy) {
   if (mokStatus_t st = read_stamped(grads, kLayerGrads, mokLayerGrads_t MOK_LAYER_GRADS_INIT, "grads", func, copy);
       st != mokSuccess)
@@ -294,6 +312,19 @@ mokStatus_t check_grads(const mokLayerGrads_t* grads, const core::LayerShape& s,
                           "grads.dshared_gate", "grads.dshared_up", "grads.dshared_down"};
   for (int i = 0; i < 6; ++i)
     if (mokStatus_t st = check_array(p[i], names[i], i < 3 ? eih : sih, el, func); st != mokSuccess) return st;
+  // A bias's gradient is required with the bias, and written whenever given (the gradient of a zero bias).
+  const void* bias[3] = {w.gate_bias, w.up_bias, w.down_bias};
+  void* db[3] = {g->dgate_bias, g->dup_bias, g->ddown_bias};
+  const char* dbnames[3] = {"grads.dgate_bias", "grads.dup_bias", "grads.ddown_bias"};
+  for (int i = 0; i < 3; ++i) {
+    if (bias[i] && !db[i])
+      return fail(mokInvalidArgument, "%s: argument '%s' must not be NULL when weights.%s is given", func, dbnames[i],
+                  dbnames[i] + 7);
+    int64_t n = static_cast<int64_t>(s.experts_per_rank) * (i < 2 ? s.intermediate : s.hidden);
+    if (db[i])
+      if (mokStatus_t st = check_array(db[i], dbnames[i], n, el, func); st != mokSuccess) return st;
+  }
+  bool gated = w.shared_router != nullptr;
   if (!gated && g->dshared_router)
     return fail(mokInvalidArgument, "%s: argument 'grads.dshared_router' is given but weights.shared_router is NULL",
                 func);

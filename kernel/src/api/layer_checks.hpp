@@ -23,8 +23,8 @@ mokStatus_t check_topk_ids(const void* ids, const mokIndexType_t& type, int toke
                            const char* func);
 mokStatus_t check_weights(const mokLayerWeights_t* weights, const core::LayerShape& shape, const char* func,
                           mokLayerWeights_t* copy);
-mokStatus_t check_grads(const mokLayerGrads_t* grads, const core::LayerShape& shape, int tokens, bool gated,
-                        const char* func, mokLayerGrads_t* copy);
+mokStatus_t check_grads(const mokLayerGrads_t* grads, const mokLayerWeights_t& weights, const core::LayerShape& shape,
+                        int tokens, const char* func, mokLayerGrads_t* copy);
 
 // `ptr` may be NULL only when `count` is 0; otherwise it must be aligned to `align` bytes.
 mokStatus_t check_array(const void* ptr, const char* name, int64_t count, size_t align, const char* func);

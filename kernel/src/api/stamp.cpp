@@ -26,18 +26,30 @@ const size_t kDeviceInfoLayouts[] = {sizeof(mokDeviceInfo_t)};
 constexpr size_t kConfigFirstEnd = offsetof(mokLayerConfig_t, activation);
 constexpr size_t kConfigFirstSize =
     (kConfigFirstEnd + alignof(mokLayerConfig_t) - 1) / alignof(mokLayerConfig_t) * alignof(mokLayerConfig_t);
-static_assert(kConfigFirstSize < sizeof(mokLayerConfig_t), "the new layout is larger than the first");
-const size_t kLayerConfigLayouts[] = {kConfigFirstSize, sizeof(mokLayerConfig_t)};
-const size_t kLayerConfigEnds[] = {kConfigFirstEnd, sizeof(mokLayerConfig_t)};
+// The second layout ended at swiglu_alpha, its sizeof with 4 bytes of tail padding where
+// backward_comm_workers now is (not read); backward_comm_workers and reserved came after it.
+constexpr size_t kConfigSecondEnd = offsetof(mokLayerConfig_t, backward_comm_workers);
+constexpr size_t kConfigSecondSize =
+    (kConfigSecondEnd + alignof(mokLayerConfig_t) - 1) / alignof(mokLayerConfig_t) * alignof(mokLayerConfig_t);
+static_assert(kConfigFirstSize < kConfigSecondSize && kConfigSecondSize < sizeof(mokLayerConfig_t),
+              "each layout is larger than the one before");
+const size_t kLayerConfigLayouts[] = {kConfigFirstSize, kConfigSecondSize, sizeof(mokLayerConfig_t)};
+const size_t kLayerConfigEnds[] = {kConfigFirstEnd, kConfigSecondEnd, sizeof(mokLayerConfig_t)};
 const size_t kLayerSizesLayouts[] = {sizeof(mokLayerSizes_t)};
 // mokLayerMemory_t's first layout ended at workspace_bytes; peer_bytes came after it.
 const size_t kLayerMemoryLayouts[] = {offsetof(mokLayerMemory_t, peer_bytes), sizeof(mokLayerMemory_t)};
 static_assert(offsetof(mokLayerMemory_t, peer_bytes) % alignof(mokLayerMemory_t) == 0,
               "the first layout's sizeof is where peer_bytes starts");
-// mokLayerWeights_t's and mokLayerGrads_t's first layouts ended at the shared expert's weights (their
-// gradients); shared_router (dshared_router) came after them.
-const size_t kLayerWeightsLayouts[] = {offsetof(mokLayerWeights_t, shared_router), sizeof(mokLayerWeights_t)};
-const size_t kLayerGradsLayouts[] = {offsetof(mokLayerGrads_t, dshared_router), sizeof(mokLayerGrads_t)};
+// mokLayerWeights_t's first layout ended at shared_down, mokLayerGrads_t's at dshared_down; the expert
+// biases and their gradients came after them, then the shared expert's gate (shared_router, dshared_router).
+// Pointers all: no tail padding in between.
+const size_t kLayerWeightsLayouts[] = {offsetof(mokLayerWeights_t, gate_bias), offsetof(mokLayerWeights_t, shared_router),
+                                       sizeof(mokLayerWeights_t)};
+const size_t kLayerGradsLayouts[] = {offsetof(mokLayerGrads_t, dgate_bias), offsetof(mokLayerGrads_t, dshared_router),
+                                     sizeof(mokLayerGrads_t)};
+static_assert(offsetof(mokLayerWeights_t, gate_bias) % alignof(mokLayerWeights_t) == 0 &&
+                  offsetof(mokLayerGrads_t, dgate_bias) % alignof(mokLayerGrads_t) == 0,
+              "the first layouts' sizeof is where the biases start");
 // mokLayerError_t's first layout (0.1) ended at detail; pass and abort_rank came after it (0.2).
 const size_t kLayerErrorLayouts[] = {offsetof(mokLayerError_t, pass), sizeof(mokLayerError_t)};
 static_assert(offsetof(mokLayerError_t, pass) % alignof(mokLayerError_t) == 0,

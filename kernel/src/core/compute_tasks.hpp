@@ -130,7 +130,12 @@ MOK_HD inline Failure wait_out_rows(const PassView& v, const TileInfo& t) {
   return wait_local(v, &v.c.freed[t.minibatch - held], 1, WaitId::out_rows_free);
 }
 
-// g, u = x W_gateᵀ, x W_upᵀ over the task's block of I.
+// An expert's bias [E, width] from column col0 on, or null without one.
+MOK_HD inline const bf16_t* expert_bias(const bf16_t* bias, int expert, int width, int col0) {
+  return bias ? bias + static_cast<int64_t>(expert) * width + col0 : nullptr;
+}
+
+// g, u = x W_gateᵀ + b_gate, x W_upᵀ + b_up over the task's block of I (a bias added in fp32, then rounded).
 template <class Ops>
 MOK_HD Failure run_gate_up(const PassView& v, const TileInfo& t, Ops& ops) {
   Failure f = wait_stage(v, t, TaskKind::gate_up);
@@ -139,8 +144,12 @@ MOK_HD Failure run_gate_up(const PassView& v, const TileInfo& t, Ops& ops) {
   Operand x = ring_rows(v, v.ring_x, v.mx_x, t.row0, h);
   Operand gate = from_row(weight_rows(v, v.w.gate, v.w.gate_rowwise, t.expert, in, h), t.col0);
   Operand up = from_row(weight_rows(v, v.w.up, v.w.up_rowwise, t.expert, in, h), t.col0);
-  ops.gemm(gemm_one(t.rows, t.cols, x, gate, h, ring_row(v, v.ring_g, t.row0, in) + t.col0, in, Epilogue::store_bf16));
-  ops.gemm(gemm_one(t.rows, t.cols, x, up, h, ring_row(v, v.ring_u, t.row0, in) + t.col0, in, Epilogue::store_bf16));
+  Gemm g = gemm_one(t.rows, t.cols, x, gate, h, ring_row(v, v.ring_g, t.row0, in) + t.col0, in, Epilogue::store_bf16);
+  g.bias = expert_bias(v.w.gate_bias, t.expert, in, t.col0);
+  ops.gemm(g);
+  Gemm u = gemm_one(t.rows, t.cols, x, up, h, ring_row(v, v.ring_u, t.row0, in) + t.col0, in, Epilogue::store_bf16);
+  u.bias = expert_bias(v.w.up_bias, t.expert, in, t.col0);
+  ops.gemm(u);
   finish_stage(v, t, TaskKind::gate_up);
   return kNoFailure;
 }
@@ -176,7 +185,7 @@ MOK_HD inline Failure run_swiglu(const PassView& v, const TileInfo& t, bf16_t* s
   return kNoFailure;
 }
 
-// y = h W_downᵀ over the task's block of H.
+// y = h W_downᵀ + b_down over the task's block of H.
 template <class Ops>
 MOK_HD Failure run_down(const PassView& v, const TileInfo& t, Ops& ops) {
   Failure f = wait_stage(v, t, TaskKind::down);
@@ -184,8 +193,10 @@ MOK_HD Failure run_down(const PassView& v, const TileInfo& t, Ops& ops) {
   if (!f.ok()) return f;
   int h = v.s.hidden, in = v.s.intermediate;
   Operand down = from_row(weight_rows(v, v.w.down, v.w.down_rowwise, t.expert, h, in), t.col0);
-  ops.gemm(gemm_one(t.rows, t.cols, ring_rows(v, v.ring_h, v.mx_h, t.row0, in), down, in, out_row(v, t.row0) + t.col0,
-                    h, Epilogue::store_bf16));
+  Gemm y = gemm_one(t.rows, t.cols, ring_rows(v, v.ring_h, v.mx_h, t.row0, in), down, in, out_row(v, t.row0) + t.col0,
+                    h, Epilogue::store_bf16);
+  y.bias = expert_bias(v.w.down_bias, t.expert, h, t.col0);
+  ops.gemm(y);
   finish_stage(v, t, TaskKind::down);
   return kNoFailure;
 }
@@ -275,12 +286,29 @@ MOK_HD inline WgradBlock wgrad_block(const LayerShape& s, int task) {
                     matrix == 0 ? s.intermediate : s.hidden};
 }
 
-// Tile t's rows added to the block's sums, in row order: dW_down += dyᵀ h, dW_gate += dgᵀ x,
+// A bias gradient's sums over a tile: sums[i] += a(i, k) for k = 0, 1, ..., depth - 1 in order, fp32, the
+// values as the weight gradient's GEMM reads them (in MXFP8 mode the codes quantised along the tokens).
+MOK_HD inline void add_columns(const Operand& a, int rows, int depth, float* sums) {
+  for (int i = 0; i < rows; ++i) {
+    float sum = sums[i];
+    for (int k = 0; k < depth; ++k) sum = add_rn(sum, stored_value(a, i, k));
+    sums[i] = sum;
+  }
+}
+
+// The bias gradient a block of dW_down, dW_gate or dW_up carries (db_down, db_gate, db_up), or null.
+MOK_HD inline void* bias_gradient(const PassArgs& a, int matrix) {
+  return matrix == 0 ? a.ddown_bias : (matrix == 1 ? a.dgate_bias : a.dup_bias);
+}
+
+// Tile t's rows added to the block's sums, in row order (and, with bias_sums, the block's bias gradient:
+// the column sums of dy, dg or du over the same rows): dW_down += dyᵀ h, dW_gate += dgᵀ x,
 // dW_up += duᵀ x. A tile's rows are contiguous in the ring (tiles never straddle its end), and in MXFP8
 // mode a tile starts a 32-row block of its segment (expert_padding % 32 == 0): dy and x are read as
 // dispatch quantised them along the tokens, h, dg and du as swiglu_bwd did, the tile slot's blocks.
 template <class Ops>
-MOK_HD void add_tile(const PassView& v, const WgradBlock& b, int64_t tile, int expert, float* sums, Ops& ops) {
+MOK_HD void add_tile(const PassView& v, const WgradBlock& b, int64_t tile, int expert, float* sums, float* bias_sums,
+                     Ops& ops) {
   int64_t row0 = tile * v.s.expert_padding;
   int rows = tile_rows(v.s, v.sched, tile, expert);
   int h = v.s.hidden, in = v.s.intermediate;
@@ -291,6 +319,7 @@ MOK_HD void add_tile(const PassView& v, const WgradBlock& b, int64_t tile, int e
   Operand other =
       b.matrix == 0 ? ring_columns(v, v.ring_h, v.mx_h, row0, in) : ring_columns(v, v.ring_x, v.mx_x, row0, h);
   ops.gemm(gemm_one(b.rows, b.cols, a, other, rows, sums, b.cols, Epilogue::accumulate_f32));
+  if (bias_sums) add_columns(a, b.rows, rows, bias_sums);
 }
 
 // The block's sums into the caller's gradient: bf16, or added into fp32 main_grad.
@@ -299,6 +328,12 @@ MOK_HD inline void write_block(const PassView& v, const WgradBlock& b, int exper
   void* grad = b.matrix == 0 ? a.ddown : (b.matrix == 1 ? a.dgate : a.dup);
   int64_t at = (static_cast<int64_t>(expert) * (b.matrix == 0 ? v.s.hidden : v.s.intermediate) + b.row0) * b.cols;
   write_gradient(sums, static_cast<int64_t>(b.rows) * b.cols, a.accumulate != 0, grad, at);
+}
+
+MOK_HD inline void write_bias_block(const PassView& v, const WgradBlock& b, int expert, const float* bias_sums) {
+  int height = b.matrix == 0 ? v.s.hidden : v.s.intermediate;
+  write_gradient(bias_sums, b.rows, v.args->accumulate != 0, bias_gradient(*v.args, b.matrix),
+                 static_cast<int64_t>(expert) * height + b.row0);
 }
 
 // One block of an expert's weight gradient over one part of its rows, rows in order. The sums start at
@@ -318,12 +353,20 @@ MOK_HD Failure run_wgrad(const PassView& v, const Task& task, Ops& ops) {
     Failure f = wait_local(v, chain, static_cast<uint32_t>(p.number), WaitId::wgrad_order);
     if (!f.ok()) return f;
   }
-  int64_t ih = static_cast<int64_t>(v.s.intermediate) * v.s.hidden;
-  float* sums = p.slot >= 0 ? v.slots + (3 * p.slot + b.matrix) * ih + static_cast<int64_t>(b.row0) * b.cols : ops.sums;
-  if (p.first)
-    for (int64_t i = 0, n = static_cast<int64_t>(b.rows) * b.cols; i < n; ++i) sums[i] = 0.0f;
-  for (int64_t t = p.first_tile; t < p.end_tile; ++t) add_tile(v, b, t, p.expert, sums, ops);
+  int64_t ih = static_cast<int64_t>(v.s.intermediate) * v.s.hidden, n = static_cast<int64_t>(b.rows) * b.cols;
+  float* slot = p.slot >= 0 ? v.slots + p.slot * slot_floats(v.s) : nullptr;
+  float* sums = slot ? slot + b.matrix * ih + static_cast<int64_t>(b.row0) * b.cols : ops.sums;
+  // The bias sums carry over as the weight sums do: after the slot's three matrices, or the block's sums.
+  float* bias_sums = bias_gradient(*v.args, b.matrix) == nullptr
+                         ? nullptr
+                         : (slot ? slot + 3 * ih + bias_slot_offset(v.s, b.matrix) + b.row0 : ops.sums + n);
+  if (p.first) {
+    for (int64_t i = 0; i < n; ++i) sums[i] = 0.0f;
+    for (int i = 0; bias_sums && i < b.rows; ++i) bias_sums[i] = 0.0f;
+  }
+  for (int64_t t = p.first_tile; t < p.end_tile; ++t) add_tile(v, b, t, p.expert, sums, bias_sums, ops);
   if (p.last) write_block(v, b, p.expert, sums);
+  if (p.last && bias_sums) write_bias_block(v, b, p.expert, bias_sums);
   if (chain) publish(chain, static_cast<uint32_t>(p.number + 1));
   // The part's ring rows may now be overwritten, as far as this task is concerned.
   if (p.end_tile > p.first_tile)

@@ -42,7 +42,7 @@ struct GemmPart {
 };
 
 enum class Epilogue : int8_t {
-  store_bf16,      // c (bf16) = round_bf16(sum), the sum from 0
+  store_bf16,      // c (bf16) = round_bf16(sum + bias[j]), the sum from 0 (bias: when given)
   accumulate_f32,  // c (fp32) = sum started from c's value: a reduction continued across calls
 };
 
@@ -53,7 +53,15 @@ struct Gemm {
   void* c;  // c(i, j) at c[i * c_stride + j]
   int64_t c_stride;
   Epilogue epilogue;
+  // store_bf16 only: bias[j] (bf16) added to column j's fp32 sum after its last product, before the
+  // rounding to bf16 (one rounded add); null: none.
+  const bf16_t* bias;
 };
+
+// The fp32 sum of column j as store_bf16 rounds it: with the column's bias added when there is one.
+MOK_HD inline float with_bias(const Gemm& g, int j, float sum) {
+  return g.bias ? add_rn(sum, bf16_to_float(g.bias[j])) : sum;
+}
 
 MOK_HD inline Operand bf16_operand(const bf16_t* data, int64_t row_stride, int64_t depth_stride, bool quantize) {
   return Operand{data, Dtype::bf16, row_stride, depth_stride, nullptr, MxScaleLayout{0, 0}, 0, quantize};
@@ -126,7 +134,7 @@ MOK_HD inline void reference_gemm(const Gemm& g, float* scratch) {
   for (int i = 0; store && i < g.rows; ++i)
     for (int j = 0; j < g.cols; ++j)
       static_cast<bf16_t*>(g.c)[static_cast<int64_t>(i) * g.c_stride + j] =
-          float_to_bf16(acc[static_cast<int64_t>(i) * acc_stride + j]);
+          float_to_bf16(with_bias(g, j, acc[static_cast<int64_t>(i) * acc_stride + j]));
 }
 
 }  // namespace mok::core

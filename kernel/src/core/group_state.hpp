@@ -52,6 +52,13 @@ MOK_HD inline void drop_schedule(GroupState& g) {
   g.has_schedule = g.has_context = g.ring_kept = false;
 }
 
+// A context restored by the caller: the ring holds some other pass's rows, so its backward recomputes g
+// and u from the restored x.
+MOK_HD inline void restore_context(GroupState& g) {
+  g.has_context = true;
+  g.ring_kept = false;
+}
+
 // Before the group has formed, peers cannot trust this header yet: wait (bounded) until each has
 // joined, then abort them too, so that none waits for this rank.
 MOK_HD inline void tell_unformed_peers(GroupState& g, PeerHeader* const* headers, int world, int rank,

@@ -72,6 +72,7 @@ struct LayerWeights {
   MxWeight gate_rowwise, up_rowwise, down_rowwise;
   MxWeight gate_colwise, up_colwise, down_colwise;
   const bf16_t *shared_gate, *shared_up, *shared_down;
+  const bf16_t *gate_bias, *up_bias, *down_bias;  // [E, I], [E, I], [E, H]; null: no bias
   const bf16_t* shared_router;  // [H], or null: the shared expert ungated
 };
 
@@ -92,6 +93,7 @@ struct PassArgs {
   float* dtopk_weights;       // backward: [tokens, K]
   void *dgate, *dup, *ddown;  // backward: bf16, or fp32 main_grad with accumulate
   void *dshared_gate, *dshared_up, *dshared_down;
+  void *dgate_bias, *dup_bias, *ddown_bias;  // backward, each optional: as the weight gradients
   void* dshared_router;  // with weights.shared_router
   int accumulate;
 };
@@ -123,7 +125,7 @@ struct PassView {
   MxRing mx_g, mx_u, mx_h;  // MXFP8 mode: dg, du, h in their rings' bytes (SwiGLU's bf16 g, u before)
   LayerWeights w;
   Accumulators acc;
-  float* slots;        // max_slots x [dW_down, dW_gate, dW_up] fp32: experts with several parts
+  float* slots;        // max_slots x slot_floats fp32 (shape.hpp): experts with several parts
   bf16_t* shared_out;  // [tokens, H]: shared output (forward) or its input gradient (backward)
   float* scratch;      // per worker, scratch_floats each: the executor's tile-GEMM scratch
   size_t scratch_floats;

@@ -8,7 +8,7 @@
 //   worker 0: enters the group (the first call's formation, then the entry barrier), waits until every
 //             share is zero, and releases the others (kStart); the others wait for that release, so no
 //             worker adds into an accumulator before all of it is zero;
-//   takes tasks of its class (comm: the first comm_workers indices) until its queue is empty;
+//   takes tasks of its class (comm: the first comm_workers_of(s, kind) indices) until its queue is empty;
 //   counts itself out (kOut); worker 0 waits for all, enters the closing barrier, releases (kClosed);
 //   does its share of the home sums (a range of tokens) and, in backward, of the gradient write-out (a
 //   range of every gradient's elements); counts itself out (kFinished), which worker 0 waits for.
@@ -33,8 +33,14 @@ MOK_HD inline int workers_of(const PassView& v) {
   return v.s.comm_workers + v.s.compute_workers;
 }
 
+// The pass's comm workers: forward and recompute take comm_workers, backward its own split of the same
+// workers (a GPU splits its SMs differently per pass); the rest compute.
+MOK_HD inline int comm_workers_of(const LayerShape& s, PassKind kind) {
+  return is_backward(kind) && s.backward_comm_workers > 0 ? s.backward_comm_workers : s.comm_workers;
+}
+
 MOK_HD inline WorkerClass class_of(const PassView& v, int worker) {
-  return worker < v.s.comm_workers ? WorkerClass::comm : WorkerClass::compute;
+  return worker < comm_workers_of(v.s, v.kind) ? WorkerClass::comm : WorkerClass::compute;
 }
 
 // Worker `worker`'s share [first, end) of n items: contiguous ranges in worker order.
@@ -65,6 +71,16 @@ MOK_HD inline int stage_copies(const PassView& v, StageCopy* out) {
   }
   out[0] = StageCopy{v.args->dout, v.peer.dout, th * sizeof(bf16_t)};
   out[1] = StageCopy{v.args->topk_weights, v.peer.topk_weights, tk * sizeof(float)};
+  return 2;
+}
+
+// A kept context put back (mokLayerRestoreContext): the forward's x and its y slots, into the own peer
+// buffer where the forward left them. Safe to overwrite: as for stage_copies, and no peer reads them
+// before this rank's next barrier.
+MOK_HD inline int context_copies(const PassView& v, const void* x, const void* y_slots, StageCopy* out) {
+  size_t th = static_cast<size_t>(v.tokens) * v.s.hidden, tkh = th * v.s.top_k;
+  out[0] = StageCopy{x, v.peer.x, th * sizeof(bf16_t)};
+  out[1] = StageCopy{y_slots, v.peer.y_slots, tkh * sizeof(bf16_t)};
   return 2;
 }
 

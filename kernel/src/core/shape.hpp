@@ -29,6 +29,9 @@ struct LayerShape {
   int comm_workers, compute_workers;
   int activation = 0;         // Activation: 0 swiglu, 1 swiglu_oai
   float swiglu_alpha = 0.0f;  // swiglu_oai's alpha; 0 with swiglu (it has none)
+  // The backward's split of the same comm_workers + compute_workers workers: its comm workers (0 = comm_workers).
+  // Per-worker scratch is sized by the total, so the layout does not depend on either split.
+  int backward_comm_workers = 0;
 };
 
 // The layer's activation as the SwiGLU stages compute it, with the executor's sigmoid table (or null).
@@ -88,6 +91,15 @@ MOK_HD inline int64_t max_parts(const LayerShape& s) {
 MOK_HD inline int64_t max_slots(const LayerShape& s) {
   int64_t spanning = (max_minibatches(s) - 1) / ring_minibatches(s);
   return spanning < s.experts_per_rank ? spanning : s.experts_per_rank;
+}
+
+// fp32 floats of one slot: dW_down, dW_gate, dW_up (I x H each), then db_down (H), db_gate, db_up (I).
+MOK_HD inline int64_t slot_floats(const LayerShape& s) {
+  return 3 * static_cast<int64_t>(s.intermediate) * s.hidden + s.hidden + 2 * static_cast<int64_t>(s.intermediate);
+}
+// Where matrix m's (0 down, 1 gate, 2 up) bias sums start after a slot's three matrices.
+MOK_HD inline int64_t bias_slot_offset(const LayerShape& s, int matrix) {
+  return matrix == 0 ? 0 : s.hidden + static_cast<int64_t>(matrix - 1) * s.intermediate;
 }
 
 MOK_HD inline int64_t shared_chunks(const LayerShape& s) {
@@ -216,14 +228,14 @@ struct LocalLayout {
   MxRingLayout mx_g, mx_u, mx_h;                   // MXFP8 mode: dg, du, h's scales (codes in ring_g, _u, _h)
   size_t ring_y;                                   // bf16 [out_ring_rows, H]: y (forward) or dx (backward)
   size_t parts;                                    // WgradPart [max_parts]
-  size_t slots;       // fp32 [max_slots][3 x I x H]: dW_down, dW_gate, dW_up of an expert with several parts
+  size_t slots;       // fp32 [max_slots][slot_floats]: dW_down, dW_gate, dW_up, db_down, db_gate, db_up
   size_t shared_acc;  // fp32 shared weight-gradient accumulators (3 x I_s x H)
   size_t shared_out;  // bf16 [max_tokens, H]: shared output (forward) or its dx (backward)
   size_t scratch;     // fp32 per worker: the executor's tile GEMM scratch
   size_t scratch_floats;
   size_t chunk;  // bf16 per worker: the shared expert's g, u, h, dh over one chunk of tokens
   size_t chunk_values;
-  size_t sums;  // fp32 per worker: a weight-gradient task's [kColumnBlock, max(H, I)] sums
+  size_t sums;  // fp32 per worker: a weight-gradient task's [kColumnBlock, max(H, I)] sums, then its bias sums
   size_t sums_floats;
   size_t bytes;
 };
@@ -277,7 +289,7 @@ MOK_HD inline LocalLayout local_layout(const LayerShape& s) {
   l.mx_h = take_mx_scales(c, s, l.ring_h);
   l.ring_y = c.take(static_cast<size_t>(out_ring_rows(s)) * h * 2);
   l.parts = c.take(static_cast<size_t>(max_parts(s)) * kWgradPartBytes);
-  l.slots = c.take(static_cast<size_t>(max_slots(s)) * 3 * i * h * f);
+  l.slots = c.take(static_cast<size_t>(max_slots(s) * slot_floats(s)) * f);
   // With a shared expert also its gate's router gradient [H] (used only when a call gives the gate).
   l.shared_acc = c.take((3 * is * h + (is > 0 ? h : 0)) * f);
   l.shared_out = c.take(static_cast<size_t>(s.max_tokens) * h * 2);
@@ -294,7 +306,7 @@ MOK_HD inline LocalLayout local_layout(const LayerShape& s) {
   // count) and the chunk's dlogit_t (fp32, two values each).
   l.chunk_values = 4 * p * is + (is > 0 ? (p * h + 1) / 2 * 2 + 2 * p : 0);
   l.chunk = c.take(static_cast<size_t>(s.comm_workers + s.compute_workers) * l.chunk_values * 2);
-  l.sums_floats = static_cast<size_t>(kColumnBlock) * max_value(h, i);
+  l.sums_floats = static_cast<size_t>(kColumnBlock) * max_value(h, i) + kColumnBlock;  // and the bias sums
   l.sums = c.take(static_cast<size_t>(s.comm_workers + s.compute_workers) * l.sums_floats * f);
   l.bytes = c.total();
   return l;

@@ -313,7 +313,8 @@ struct TileSums {
     }
     core::bf16_t* c16 = static_cast<core::bf16_t*>(g.c) + i0 * g.c_stride + j0;
     for (int r = 0; r < nr; ++r)
-      for (int j = 0; j < nc; ++j) c16[r * g.c_stride + j] = core::float_to_bf16(sums[r * w + j]);
+      for (int j = 0; j < nc; ++j)
+        c16[r * g.c_stride + j] = core::float_to_bf16(core::with_bias(g, j0 + j, sums[r * w + j]));
   }
 };
 

@@ -39,9 +39,15 @@ int thread_limit_from_env() {
 // The workers a pass runs: the config's, unless the layer has fewer threads (a thread that could not
 // be created); then fewer compute workers, and comm workers only if need be. The result does not
 // depend on worker counts (docs/core.md), so the pass still completes with one of each.
+// The backward's comm count is capped the same way (core splits the workers there are).
+int fit_comm(int comm, int available) {
+  return comm < available - 1 ? comm : (available > 1 ? available - 1 : 1);
+}
+
 core::LayerShape fit_workers(core::LayerShape s, int available) {
   if (s.comm_workers + s.compute_workers <= available) return s;
-  s.comm_workers = s.comm_workers < available - 1 ? s.comm_workers : (available > 1 ? available - 1 : 1);
+  s.comm_workers = fit_comm(s.comm_workers, available);
+  if (s.backward_comm_workers > 0) s.backward_comm_workers = fit_comm(s.backward_comm_workers, available);
   s.compute_workers = available - s.comm_workers > 0 ? available - s.comm_workers : 0;
   return s;
 }
@@ -122,10 +128,14 @@ mokStatus_t run(Layer& l, core::PassView& v, bool schedule, core::CallKind call,
   return mokSuccess;
 }
 
+void copy_in(Layer& l, const core::StageCopy* copies, int n) {
+  for (int i = 0; i < n; ++i)
+    if (copies[i].bytes) std::memcpy(l.memory.base(l.shape.rank) + copies[i].offset, copies[i].src, copies[i].bytes);
+}
+
 void stage(Layer& l, const core::PassView& v) {
   core::StageCopy copies[core::kMaxStageCopies];
-  for (int i = 0, n = core::stage_copies(v, copies); i < n; ++i)
-    if (copies[i].bytes) std::memcpy(l.memory.base(l.shape.rank) + copies[i].offset, copies[i].src, copies[i].bytes);
+  copy_in(l, copies, core::stage_copies(v, copies));
 }
 
 core::PeerHeader* own_header(Layer& l) {
@@ -222,6 +232,9 @@ mokStatus_t backward(Layer& l, const mokLayerWeights_t& weights, const float* to
   args.dshared_gate = grads.dshared_gate;
   args.dshared_up = grads.dshared_up;
   args.dshared_down = grads.dshared_down;
+  args.dgate_bias = grads.dgate_bias;
+  args.dup_bias = grads.dup_bias;
+  args.ddown_bias = grads.ddown_bias;
   args.dshared_router = grads.dshared_router;
   args.accumulate = grads.accumulate;
   // Its forward's x, g and u are read where they are when the ring still holds them; the backward
@@ -240,6 +253,18 @@ mokStatus_t get_slots(Layer& l, uint16_t* y_slots, Detail& why) {
                 "schedule");
   core::PassView v = view_of(l, PassKind::forward, nullptr);
   for (int t = 0; t < l.group.tokens; ++t) core::copy_slots_token(v, t, y_slots);
+  return mokSuccess;
+}
+
+mokStatus_t restore_context(Layer& l, const uint16_t* x, const uint16_t* y_slots, Detail& why) {
+  if (!l.group.has_schedule)
+    return fail(why, mokInvalidUsage,
+                "mokLayerRestoreContext: needs a mokLayerBuildSchedule (with the topk_ids of "
+                "the forward the context came from)");
+  core::PassView v = view_of(l, PassKind::forward, nullptr);
+  core::StageCopy copies[core::kMaxStageCopies];
+  copy_in(l, copies, core::context_copies(v, x, y_slots, copies));
+  core::restore_context(l.group);
   return mokSuccess;
 }
 

@@ -49,6 +49,7 @@ mokStatus_t backward(Layer& layer, const mokLayerWeights_t& weights, const float
                      const mokLayerGrads_t& grads, Detail& why);
 // This rank's y slots [tokens, K, H] of the current context (zeros for -1 routes).
 mokStatus_t get_slots(Layer& layer, uint16_t* y_slots, Detail& why);
+mokStatus_t restore_context(Layer& layer, const uint16_t* x, const uint16_t* y_slots, Detail& why);
 // mokLayerAbort: "rank R aborted the group: <reason>" becomes the reason every peer reads, unless the group
 // had one already, and this rank's record (if it had none).
 void abort(Layer& layer, const char* reason);

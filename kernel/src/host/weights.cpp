@@ -15,10 +15,10 @@ const core::bf16_t* bf16(const void* p) {
 }  // namespace
 
 core::LayerWeights weights_in_place(const mokLayerWeights_t& w) {
-  return core::LayerWeights{bf16(w.gate),         bf16(w.up),          bf16(w.down),       mx(w.gate_rowwise),
-                            mx(w.up_rowwise),     mx(w.down_rowwise),  mx(w.gate_colwise), mx(w.up_colwise),
-                            mx(w.down_colwise),   bf16(w.shared_gate), bf16(w.shared_up),  bf16(w.shared_down),
-                            bf16(w.shared_router)};
+  return core::LayerWeights{bf16(w.gate),       bf16(w.up),          bf16(w.down),       mx(w.gate_rowwise),
+                            mx(w.up_rowwise),   mx(w.down_rowwise),  mx(w.gate_colwise), mx(w.up_colwise),
+                            mx(w.down_colwise), bf16(w.shared_gate), bf16(w.shared_up),  bf16(w.shared_down),
+                            bf16(w.gate_bias),  bf16(w.up_bias),     bf16(w.down_bias),  bf16(w.shared_router)};
 }
 
 }  // namespace mok::host

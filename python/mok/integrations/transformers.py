@@ -10,7 +10,10 @@ runs `experts_forward`: HF's router, shared experts and losses stay HF's, and mo
 
 Layouts: HF stores each module's experts as gate_up_proj [E, 2I, H] (gate rows, then up rows; or [E, H, 2I] when
 is_transposed; gate and up alternating when not is_concatenated) and down_proj [E, H, I] ([E, I, H] transposed).
-mok reads dense gate, up [E_local, I, H] and down [E_local, H, I]. A weight whose rank-local view already is that
+mok reads dense gate, up [E_local, I, H] and down [E_local, H, I]. Expert biases (has_bias, gpt-oss):
+gate_up_proj_bias [E, 2I] splits as gate_up_proj's columns do into gate_bias, up_bias [E_local, I], and
+down_proj_bias [E, H] is down_bias; gpt-oss's gating (_apply_gate) is mok's "swiglu_oai" with the module's alpha
+and limit. A weight whose rank-local view already is that
 (a bf16 down_proj in HF's default layout) is passed as a view of HF's parameter: no copy. The others are converted
 once per weight version: the bf16 copies are cached on the module and remade only when the parameter's version
 counter (`tensor._version`, bumped by every in-place change: optimizer steps, `copy_` under no_grad) or its
@@ -31,7 +34,7 @@ from mok.functional import MoKConfig
 from mok.layer import moe
 from mok.nn import MoE
 from mok.quant import mxfp8_quantize
-from mok.routers import Routing
+from mok.routers import Router, Routing
 
 try:
     import transformers
@@ -96,15 +99,34 @@ def unsupported_reason(experts: nn.Module) -> str | None:
     if not getattr(experts, "has_gate", False):
         return "its experts have no gate projection (has_gate=False); mok's experts are SwiGLU"
     if getattr(experts, "has_bias", False):
-        return "its experts have biases (has_bias=True, e.g. gpt-oss), not in mok's semantics yet"
+        for name in ("gate_up_proj_bias", "down_proj_bias"):
+            if getattr(experts, name, None) is None:
+                return f"it has biases (has_bias=True) but no {name}, the names mok maps"
     if getattr(experts, "has_post_expert_norm", False):
         return "it normalises each expert's output (has_post_expert_norm=True), not in mok's semantics"
-    if getattr(type(experts), "_apply_gate", None) is not _hf_moe._default_apply_gate:
-        return "it has its own gating function (_apply_gate, e.g. gpt-oss's clamped SwiGLU), not mok's SwiGLU"
+    gating = getattr(type(experts), "_apply_gate", None)
+    if gating is _gpt_oss_gate():
+        return None  # gpt-oss's clamped SwiGLU: mok's "swiglu_oai" with the module's alpha and limit
+    if gating is not _hf_moe._default_apply_gate:
+        return "it has its own gating function (_apply_gate), neither mok's SwiGLU nor gpt-oss's"
     act = getattr(experts, "act_fn", None)
     if not isinstance(act, (SiLUActivation, nn.SiLU)):
         return f"its activation is {type(act).__name__}; mok's experts use SiLU (SwiGLU)"
     return None
+
+
+def _gpt_oss_gate():
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    return GptOssExperts._apply_gate
+
+
+def activation_of(experts: nn.Module) -> dict:
+    """mok.moe's activation arguments equal to a supported experts module's gating: SwiGLU, or gpt-oss's
+    "swiglu_oai" with the module's alpha and limit (gate clamped above, up clamped both ways)."""
+    if getattr(type(experts), "_apply_gate", None) is _gpt_oss_gate():
+        return {"activation": "swiglu_oai", "alpha": float(experts.alpha), "swiglu_limit": float(experts.limit)}
+    return {"activation": "swiglu", "alpha": None, "swiglu_limit": None}
 
 
 def check_supported(experts: nn.Module) -> None:
@@ -126,7 +148,7 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
     x = hidden_states.to(torch.bfloat16).contiguous()
     weights = top_k_weights.to(torch.float32).contiguous()
     out = moe(x, top_k_index.contiguous(), weights, routed, None, group=group, config=s.config, backend=s.backend,
-              keep_context=s.keep_context)
+              keep_context=s.keep_context, **activation_of(self))
     return out.to(hidden_states.dtype)
 
 
@@ -142,6 +164,17 @@ def mok_views(experts: nn.Module, gate_up: torch.Tensor, down: torch.Tensor, lo:
     return gate_up[:, 0::2], gate_up[:, 1::2], down
 
 
+def mok_bias_views(experts: nn.Module, gate_up_bias: torch.Tensor, down_bias: torch.Tensor, lo: int = 0,
+                   hi: int | None = None):
+    """(gate_bias, up_bias, down_bias) of experts lo..hi-1 as views of HF's gate_up_proj_bias [E, 2I] (split as
+    gate_up_proj's columns are) and down_proj_bias [E, H]: [n, I], [n, I], [n, H]."""
+    gate_up_bias, down_bias = gate_up_bias[lo:hi], down_bias[lo:hi]
+    inter = gate_up_bias.shape[1] // 2
+    if getattr(experts, "is_concatenated", True):
+        return gate_up_bias[:, :inter], gate_up_bias[:, inter:], down_bias
+    return gate_up_bias[:, 0::2], gate_up_bias[:, 1::2], down_bias
+
+
 def routed_experts(experts: nn.Module, rank: int = 0, world: int = 1, *, mxfp8: bool = False):
     """This rank's experts (rank * E / world ... ) of an HF experts module as mok.RoutedExperts (RoutedExpertsMXFP8
     with mxfp8), differentiable with respect to HF's gate_up_proj and down_proj; see the module doc for when
@@ -155,7 +188,14 @@ def routed_experts(experts: nn.Module, rank: int = 0, world: int = 1, *, mxfp8: 
     gate_up, down = experts.gate_up_proj, experts.down_proj
     pieces = _from_hf(experts, "gate_up_proj", lambda t: mok_views(experts, t, down, lo, hi)[:2], (lo, hi))
     (down_mok,) = _from_hf(experts, "down_proj", lambda t: mok_views(experts, gate_up, t, lo, hi)[2:], (lo, hi))
-    routed = RoutedExperts(pieces[0], pieces[1], down_mok)
+    biases = ()
+    if getattr(experts, "has_bias", False):
+        gate_up_bias, down_bias = experts.gate_up_proj_bias, experts.down_proj_bias
+        biases = _from_hf(experts, "gate_up_proj_bias",
+                          lambda t: mok_bias_views(experts, t, down_bias, lo, hi)[:2], (lo, hi))
+        biases += _from_hf(experts, "down_proj_bias",
+                           lambda t: mok_bias_views(experts, gate_up_bias, t, lo, hi)[2:], (lo, hi))
+    routed = RoutedExperts(pieces[0], pieces[1], down_mok, *biases)
     return _mxfp8(experts, routed, (lo, hi)) if mxfp8 else routed
 
 
@@ -228,9 +268,11 @@ class HFMoE(MoE):
     """A mok.nn.MoE made from a transformers MoE block by `moe_from_hf`. It takes and returns the model's dtype
     (mok computes in bf16) and routes the tokens as given (mok's fp32 router); where mok's router cannot express
     HF's (DeepSeek-V3's grouped sigmoid top-k with score-correction bias and scaling), `router` is HF's router
-    module itself and route() calls it."""
+    module itself and route() calls it. From gpt-oss's GptOssMLP, forward returns (out, router scores [T, K]) as
+    that block does (returns_router_scores)."""
 
     uses_hf_router = False
+    returns_router_scores = False  # gpt-oss's GptOssMLP returns (out, router scores [T, K]); its HFMoE does too
 
     def route(self, x: torch.Tensor) -> Routing:
         if not self.uses_hf_router:
@@ -242,29 +284,63 @@ class HFMoE(MoE):
     def forward(self, x: torch.Tensor, output_router_logits: bool = False):
         tokens = x.reshape(-1, x.shape[-1])
         ids, weights, logits, _ = self.route(tokens)
+        recorder = self._modules.get("logits_recorder")  # see _logits_recorder
+        if recorder is not None:
+            recorder(logits)
         out = self.run_experts(tokens.to(torch.bfloat16).contiguous(), ids.contiguous(), weights.contiguous())
         out = out.reshape(x.shape).to(x.dtype)
-        return (out, logits) if output_router_logits else out
+        if output_router_logits:
+            return out, logits
+        return (out, weights) if self.returns_router_scores else out
 
 
-def _router_kind(block: nn.Module):
-    """(score, normalize_topk) of mok's router equal to the block's router, or None to keep HF's router."""
+def _logits_recorder(hf_router: nn.Module, router: nn.Module) -> nn.Module:
+    """A module HF's output recording takes for the block's router: transformers records router_logits with a forward
+    hook on every instance of the router's class (OutputRecorder(<Router>, index=0)), installed at the model's first
+    forward. An HFMoE with mok's router calls this identity with its logits, so HF's load-balancing loss sees them as
+    it saw the replaced router's. Its `weight` is mok's router weight (not a parameter of its own), so HF's weight
+    initialisation, which matches the same class, initialises the router mok uses (and its `bias`, gpt-oss's)."""
+    def forward(self, logits):
+        return logits, None, None
+
+    def init(self):
+        nn.Module.__init__(self)
+        self.__dict__["router"] = router  # not a submodule: the layer owns it
+
+    members = {"__init__": init, "forward": forward, "weight": property(lambda self: self.__dict__["router"].weight)}
+    if getattr(hf_router, "bias", None) is not None:  # gpt-oss's router bias, initialised by HF as its weight is
+        members["bias"] = property(lambda self: self.__dict__["router"].bias)
+    kind = type(f"MokLogitsOf{type(hf_router).__name__}", (type(hf_router),), members)
+    return kind()
+
+
+def _hf_router(block: nn.Module) -> nn.Module | None:
+    """The block's router module: .gate (Qwen3-MoE, Mixtral, OLMoE, DeepSeek-V3) or .router (gpt-oss)."""
+    router = getattr(block, "gate", None)
+    return router if router is not None else getattr(block, "router", None)
+
+
+def _router_kind(block: nn.Module) -> dict | None:
+    """mok.routers.Router's arguments (kind, normalize, bias) equal to the block's router, or None to keep HF's."""
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssTopKRouter
     from transformers.models.mixtral.modeling_mixtral import MixtralTopKRouter
     from transformers.models.olmoe.modeling_olmoe import OlmoeTopKRouter
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 
-    router = block.gate
+    router = _hf_router(block)
     if type(router) in (Qwen3MoeTopKRouter, OlmoeTopKRouter):
-        return ("softmax", bool(router.norm_topk_prob))
+        return {"kind": "softmax_topk", "normalize": bool(router.norm_topk_prob)}
     if type(router) is MixtralTopKRouter:
         if getattr(block, "jitter_noise", 0):
             raise ValueError("MixtralSparseMoeBlock with router_jitter_noise > 0 cannot become a mok.nn.MoE: mok's "
                              "router has no jitter noise (use set_experts_implementation('mok') instead)")
-        return ("softmax", True)
+        return {"kind": "softmax_topk", "normalize": True}
+    if type(router) is GptOssTopKRouter:  # top-k of x W^T + b, then a softmax over those k
+        return {"kind": "topk_softmax", "bias": True}
     if type(router) is DeepseekV3TopkRouter:
         return None
-    raise ValueError(f"moe_from_hf supports the MoE blocks of Qwen3-MoE, Mixtral, OLMoE and DeepSeek-V3; "
+    raise ValueError(f"moe_from_hf supports the MoE blocks of Qwen3-MoE, Mixtral, OLMoE, DeepSeek-V3 and gpt-oss; "
                      f"{type(block).__name__}'s router {type(router).__name__} is not one of them "
                      f"(set_experts_implementation('mok') runs any supported experts module with HF's router)")
 
@@ -272,11 +348,14 @@ def _router_kind(block: nn.Module):
 def moe_from_hf(block: nn.Module, *, group=None, backend: str | None = None, mxfp8: bool = False,
                 config: MoKConfig | None = None) -> HFMoE:
     """A mok.nn.MoE (HFMoE) equal to a transformers MoE block, its weights copied once from HF's names:
-    gate.weight -> router.weight (fp32); experts.gate_up_proj -> gate, up (this rank's experts, bf16);
-    experts.down_proj -> down; shared_experts.{gate,up,down}_proj.weight -> shared_gate, shared_up, shared_down."""
-    experts = getattr(block, "experts", None)
-    if experts is None or not hasattr(block, "gate"):
-        raise ValueError(f"{type(block).__name__} is not a transformers MoE block (it needs .gate and .experts)")
+    gate.weight (router.weight, router.bias for gpt-oss) -> router.weight, router.bias (fp32);
+    experts.gate_up_proj -> gate, up (this rank's experts, bf16); experts.down_proj -> down;
+    experts.gate_up_proj_bias -> gate_bias, up_bias; experts.down_proj_bias -> down_bias (gpt-oss);
+    shared_experts.{gate,up,down}_proj.weight -> shared_gate, shared_up, shared_down."""
+    experts, hf_router = getattr(block, "experts", None), _hf_router(block)
+    if experts is None or hf_router is None:
+        raise ValueError(f"{type(block).__name__} is not a transformers MoE block (it needs .gate or .router, and "
+                         f".experts)")
     check_supported(experts)
     kind = _router_kind(block)
     shared = getattr(block, "shared_experts", None)
@@ -284,26 +363,36 @@ def moe_from_hf(block: nn.Module, *, group=None, backend: str | None = None, mxf
         raise ValueError(f"{type(block).__name__}'s shared experts use {type(shared.act_fn).__name__}, not SiLU")
     hidden, inter = experts.down_proj.shape[1:] if not experts.is_transposed else experts.down_proj.shape[:0:-1]
     shared_inter = shared.gate_proj.weight.shape[0] if shared is not None else 0
-    score, normalize = kind if kind is not None else ("softmax", False)
-    layer = HFMoE(hidden, inter, experts.num_experts, block.gate.top_k, shared_intermediate=shared_inter,
-                  score=score, normalize_topk=normalize, mxfp8=mxfp8, group=group, backend=backend, config=config,
-                  device=experts.down_proj.device)
+    device, topk = experts.down_proj.device, hf_router.top_k
+    router = None if kind is None else Router(hidden, experts.num_experts, topk, **kind, device=device)
+    has_bias = bool(getattr(experts, "has_bias", False))
+    layer = HFMoE(hidden, inter, experts.num_experts, topk, shared_intermediate=shared_inter, router=router,
+                  mxfp8=mxfp8, group=group, backend=backend, config=config, device=device, expert_bias=has_bias,
+                  **activation_of(experts))
     rank, world = ep.group_rank_and_size(group)
-    local = experts.num_experts // world
+    lo, hi = rank * (experts.num_experts // world), (rank + 1) * (experts.num_experts // world)
     with torch.no_grad():
-        gate, up, down = mok_views(experts, experts.gate_up_proj, experts.down_proj, rank * local,
-                                   (rank + 1) * local)
-        for mine, theirs in ((layer.gate, gate), (layer.up, up), (layer.down, down)):
-            mine.copy_(theirs)
+        pairs = list(zip((layer.gate, layer.up, layer.down),
+                         mok_views(experts, experts.gate_up_proj, experts.down_proj, lo, hi), strict=True))
+        if has_bias:
+            pairs += zip((layer.gate_bias, layer.up_bias, layer.down_bias),
+                         mok_bias_views(experts, experts.gate_up_proj_bias, experts.down_proj_bias, lo, hi),
+                         strict=True)
         if shared is not None:
-            for mine, theirs in ((layer.shared_gate, shared.gate_proj), (layer.shared_up, shared.up_proj),
-                                 (layer.shared_down, shared.down_proj)):
-                mine.copy_(theirs.weight)
-        if kind is not None:
-            layer.router.weight.copy_(block.gate.weight)
-    if kind is None:
-        layer.router = block.gate  # HF's router module, its parameters and buffers
+            pairs += [(layer.shared_gate, shared.gate_proj.weight), (layer.shared_up, shared.up_proj.weight),
+                      (layer.shared_down, shared.down_proj.weight)]
+        if router is not None:
+            pairs.append((router.weight, hf_router.weight))
+            if router.bias is not None:
+                pairs.append((router.bias, hf_router.bias))
+        for mine, theirs in pairs:
+            mine.copy_(theirs)
+    if router is None:
+        layer.router = hf_router  # HF's router module, its parameters and buffers
         layer.uses_hf_router = True
+    else:
+        layer.logits_recorder = _logits_recorder(hf_router, layer.router)
+    layer.returns_router_scores = type(block).__name__ == "GptOssMLP"  # it returns (out, router scores)
     return layer
 
 
