@@ -43,8 +43,8 @@ static_assert(offsetof(mokLayerMemory_t, peer_bytes) % alignof(mokLayerMemory_t)
 // mokLayerWeights_t's first layout ended at shared_down, mokLayerGrads_t's at dshared_down; the expert
 // biases and their gradients came after them, then the shared expert's gate (shared_router, dshared_router).
 // Pointers all: no tail padding in between.
-const size_t kLayerWeightsLayouts[] = {offsetof(mokLayerWeights_t, gate_bias), offsetof(mokLayerWeights_t, shared_router),
-                                       sizeof(mokLayerWeights_t)};
+const size_t kLayerWeightsLayouts[] = {offsetof(mokLayerWeights_t, gate_bias),
+                                       offsetof(mokLayerWeights_t, shared_router), sizeof(mokLayerWeights_t)};
 const size_t kLayerGradsLayouts[] = {offsetof(mokLayerGrads_t, dgate_bias), offsetof(mokLayerGrads_t, dshared_router),
                                      sizeof(mokLayerGrads_t)};
 static_assert(offsetof(mokLayerWeights_t, gate_bias) % alignof(mokLayerWeights_t) == 0 &&
