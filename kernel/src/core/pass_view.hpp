@@ -73,7 +73,7 @@ struct LayerWeights {
   MxWeight gate_colwise, up_colwise, down_colwise;
   const bf16_t *shared_gate, *shared_up, *shared_down;
   const bf16_t *gate_bias, *up_bias, *down_bias;  // [E, I], [E, I], [E, H]; null: no bias
-  const bf16_t* shared_router;  // [H], or null: the shared expert ungated
+  const bf16_t* shared_router;                    // [H], or null: the shared expert ungated
 };
 
 // The shared expert's fp32 weight-gradient accumulators (summed over every chunk of the pass).
@@ -94,7 +94,7 @@ struct PassArgs {
   void *dgate, *dup, *ddown;  // backward: bf16, or fp32 main_grad with accumulate
   void *dshared_gate, *dshared_up, *dshared_down;
   void *dgate_bias, *dup_bias, *ddown_bias;  // backward, each optional: as the weight gradients
-  void* dshared_router;  // with weights.shared_router
+  void* dshared_router;                      // with weights.shared_router
   int accumulate;
 };
 
