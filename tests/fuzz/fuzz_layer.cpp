@@ -218,7 +218,7 @@ constexpr int kFields = 18;
 void set_field(mokLayerConfig_t& c, int field, int64_t v, Bytes& in) {
   int i = static_cast<int>(v);
   switch (field) {
-    case 0: c.size = v < 0 ? sizeof(c) - 8 : static_cast<size_t>(v); break;
+    case 0: c.size = v < 0 ? sizeof(c) - 4 : static_cast<size_t>(v); break;
     case 1: c.world = i; break;
     case 2: c.rank = i; break;
     case 3: c.experts_per_rank = i; break;
@@ -406,8 +406,8 @@ mokLayerWeights_t weights_for(Rank& r, int what, uint32_t seed, bool* bad, Block
   mokLayerWeights_t w = r.weights.w;
   bool mx = r.config.precision == mokPrecisionMXFP8;
   switch (what) {
-    case 0: w.size = sizeof(w) - 8, *bad = true; break;
-    case 1:  // a routed weight missing (bf16: NULL, MXFP8: its scales)
+    case 0: w.size = sizeof(w) - 4, *bad = true; break;  // no layout (sizeof - 8 is an older one)
+    case 1:                                              // a routed weight missing (bf16: NULL, MXFP8: its scales)
       if (mx)
         w.up_colwise.scales = nullptr;
       else
@@ -495,8 +495,8 @@ mokStatus_t call_backward(Rank& r, int rank, const Op& op) {
   for (int i = 0; i < 6; ++i) *slots[i] = dw[i].ptr;
   if (c.shared_intermediate == 0)  // no shared expert: its gradients are not given
     for (int i = 3; i < 6; ++i) *slots[i] = nullptr;
-  if (what == 11) g.size = sizeof(g) - 8, bad = true;
-  if (what == 12) bad = true;  // no grads at all
+  if (what == 11) g.size = sizeof(g) - 4, bad = true;  // no layout (sizeof - 8 is an older one)
+  if (what == 12) bad = true;                          // no grads at all
   mokStatus_t st = checked(mokLayerBackward(r.layer, &w, static_cast<const float*>(weights.ptr), dout.ptr,
                                             what == 12 ? nullptr : &g, nullptr),
                            rank, "mokLayerBackward");
