@@ -35,6 +35,17 @@ struct Buffers {
   }
 };
 
+// The layer both tests run: 2 ranks, a shared expert, small widths.
+Spec two_ranks() {
+  Spec spec;
+  spec.world = 2;
+  spec.hidden = 20;
+  spec.inter = 12;
+  spec.shared_inter = 8;
+  spec.max_tokens = 13;
+  return spec;
+}
+
 struct Run {
   std::vector<Bf16Grads> grads;  // every backward's outputs, in call order
 };
@@ -48,12 +59,7 @@ bool same(const Bf16Grads& a, const Bf16Grads& b) {
 
 TEST(every_backward_of_a_context_gives_the_same_bits_kept_or_not) {
   std::mt19937_64 rng(seed() + 71);
-  Spec spec;
-  spec.world = 2;
-  spec.hidden = 20;
-  spec.inter = 12;
-  spec.shared_inter = 8;
-  spec.max_tokens = 13;
+  Spec spec = two_ranks();
   ref::Problem p = make_problem(spec, rng);
   ref::Problem other = p;  // another x, as many tokens: another forward on the same schedule
   for (int r = 0; r < p.world; ++r) other.x[r] = random_bf16(p.x[r].size(), 1.0, rng);
@@ -108,12 +114,7 @@ TEST(every_backward_of_a_context_gives_the_same_bits_kept_or_not) {
 // ring fits every row, so a restore that trusted the ring would read the last forward's g and u.
 TEST(a_restored_context_gives_the_backward_of_its_forward) {
   std::mt19937_64 rng(seed() + 72);
-  Spec spec;
-  spec.world = 2;
-  spec.hidden = 20;
-  spec.inter = 12;
-  spec.shared_inter = 8;
-  spec.max_tokens = 13;
+  Spec spec = two_ranks();
   ref::Problem p = make_problem(spec, rng);
   ref::Problem q = make_problem(spec, rng);  // another layer of the same shape: other ids, x and weights
   Knobs k;
