@@ -71,24 +71,37 @@ def test_tiny_qwen3_moe_trains_on_mok_like_hf_eager(seed):
     assert experts and all("_mok_cache" in m.__dict__ for m in experts)  # they ran on mok
 
 
-def test_from_hf_blocks_feed_hf_load_balancing_loss(seed):
-    """Every MoE block replaced by mok.nn.MoE.from_hf (mok's router) before the first forward: HF still records the
-    router logits (output_router_logits=True) and its load-balancing loss equals the one of HF's own blocks."""
-    model = tiny_model(seed)
+def tiny_gpt_oss(seed: int):
+    from test_hf_moe import tiny_gpt_oss as make
+
+    return make(seed)
+
+
+@pytest.mark.parametrize("make, sequence", [(tiny_model, 32), (tiny_gpt_oss, 16)], ids=["qwen3_moe", "gpt_oss"])
+def test_from_hf_blocks_feed_hf_load_balancing_loss(seed, make, sequence):
+    """The MoE block replaced by mok.nn.MoE.from_hf (mok's router) before the first forward: HF still records the
+    router logits (output_router_logits=True; output 0 of the router's class, what load_balancing_loss_func reads)
+    and its load-balancing loss equals the one of HF's own block; HF's initialisation reaches mok's router weight
+    (and gpt-oss's router bias)."""
+    model = make(seed)
     reference = copy.deepcopy(model)
     layer = model.model.layers[0]
     layer.mlp = mok_hf.moe_from_hf(layer.mlp)
-    tokens = torch.randint(0, 96, (2, 32), generator=torch.Generator().manual_seed(seed))
+    tokens = torch.randint(0, 96, (2, sequence), generator=torch.Generator().manual_seed(seed))
     got, want = model(input_ids=tokens, labels=tokens), reference(input_ids=tokens, labels=tokens)
-    # mok's router computes the same fp32 logits from the same fp32 weight (a matmul's summation order may differ:
-    # a few fp32 ulps); the loss is a smooth function of them, so 1e-5 relative is ample and a loss from other
+    # mok's router computes the same fp32 logits from the same fp32 weight (and bias) up to a matmul's summation
+    # order (a few fp32 ulps); the loss is a smooth function of them, so 1e-5 relative is ample and a loss from other
     # logits (or none) is far outside it.
     assert got.aux_loss is not None and want.aux_loss > 0
     assert abs(float(got.aux_loss) - float(want.aux_loss)) <= 1e-5 * float(want.aux_loss), (got.aux_loss,
                                                                                              want.aux_loss)
     got.loss.backward()
-    router = model.model.layers[0].mlp.router
-    assert router.weight.grad is not None  # the aux loss reaches mok's router
-    before = router.weight.detach().clone()
+    router = layer.mlp.router
+    params = [router.weight] + ([router.bias] if getattr(router, "bias", None) is not None else [])
+    assert len(params) == (2 if make is tiny_gpt_oss else 1)
+    assert all(p.grad is not None for p in params)  # the aux loss reaches mok's router
+    before = [p.detach().clone() for p in params]
     model.model.apply(model._init_weights)  # HF's initialisation matches the recorder's class: it reaches mok's router
-    assert not torch.equal(before, router.weight) and 0.05 < float(router.weight.std()) < 0.3  # initializer_range
+    assert all(not torch.equal(b, p) for b, p in zip(before, params, strict=True))
+    if make is tiny_model:
+        assert 0.05 < float(router.weight.std()) < 0.3  # initializer_range
