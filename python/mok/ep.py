@@ -246,6 +246,7 @@ class MainGrads(NamedTuple):
     gate_bias: torch.Tensor | None = None  # with routed biases: [E_local, I], [E_local, I], [E_local, H]
     up_bias: torch.Tensor | None = None
     down_bias: torch.Tensor | None = None
+    shared_router: torch.Tensor | None = None  # with a gated shared expert: [H]
 
 
 def forward(x, topk_ids, topk_weights, routed, shared, *, schedule: Schedule, swiglu_limit=None,
@@ -253,7 +254,9 @@ def forward(x, topk_ids, topk_weights, routed, shared, *, schedule: Schedule, sw
     """out [T, H] bf16 for this rank's tokens, and the Context (None when need_context is False)."""
     ctx = recompute_forward_context(x, topk_ids, topk_weights, routed, shared, schedule=schedule,
                                     swiglu_limit=swiglu_limit, activation=activation, alpha=alpha)
-    shared_y = None if ctx.shared_activations is None else ctx.shared_activations.y[:x.shape[0]]
+    shared_y = None
+    if ctx.shared_activations is not None:
+        shared_y = reference.shared_term(ctx.shared_activations.y[:x.shape[0]], x, shared.router)
     out = reference.combine(ctx.y_slots, topk_ids, topk_weights, shared_y)
     return out, (ctx if need_context else None)
 
@@ -290,12 +293,13 @@ def backward(ctx: Context, dout: torch.Tensor, main_grads: MainGrads | None = No
     grads = [reference.expert_backward(ctx.expert_x[e], ctx.routed.expert(e), ctx.activations[e], dy_rows[e],
                                        swiglu_limit=ctx.swiglu_limit, **ctx.activation) for e in range(len(dy_rows))]
     dx_slots = combine(ctx.schedule, torch.cat([g.dx for g in grads]))
-    shared = None if ctx.shared is None else _shared_backward(ctx, dout)
+    shared, router_grad = (None, None) if ctx.shared is None else _shared_backward(ctx, dout)
     dx = reference.combine(dx_slots, ctx.topk_ids, None, None if shared is None else shared.dx)
     master = ctx.routed.master if hasattr(ctx.routed, "master") else ctx.routed
     names = ("gate", "up", "down", *master.biases())  # the bias gradients of the biases given
     routed_w = {name: torch.stack([getattr(g, name) for g in grads]) for name in names}
     shared_w = {f"shared_{n}": None if shared is None else getattr(shared, n) for n in ("gate", "up", "down")}
+    shared_w["shared_router"] = router_grad
     weights = {name: _deliver(grad, getattr(main_grads, name), name)
                for name, grad in {**routed_w, **shared_w}.items()}
     return reference.Gradients(x=dx, topk_weights=dw, **weights)
@@ -320,15 +324,21 @@ def _shared_forward(x, shared, swiglu_limit, act: dict) -> reference.ExpertActiv
     return reference.ExpertActivations(*(torch.cat(parts) for parts in zip(*acts, strict=True)))
 
 
-def _shared_backward(ctx: Context, dout: torch.Tensor) -> reference.ExpertGradients:
-    """Chunk by chunk as _shared_forward; weight gradients summed over the chunks in order, in fp32."""
-    act = ctx.shared_activations
-    chunks = zip(*(_chunks(t) for t in (ctx.x, dout, act.g, act.u, act.h)), strict=True)
-    grads = [reference.expert_backward(x, ctx.shared.expert(), reference.ExpertActivations(g, u, h, None), dy,
+def _shared_backward(ctx: Context, dout: torch.Tensor):
+    """Chunk by chunk as _shared_forward; weight gradients summed over the chunks in order, in fp32. Returns
+    (reference.ExpertGradients, the router's gradient or None when ungated)."""
+    act, router, tokens = ctx.shared_activations, ctx.shared.router, ctx.x.shape[0]
+    gated = None if router is None else reference.shared_gate_backward(ctx.x, router, act.y[:tokens], dout)
+    dy = dout if gated is None else gated.dy
+    chunks = zip(*(_chunks(t) for t in (ctx.x, dy, act.g, act.u, act.h)), strict=True)
+    grads = [reference.expert_backward(x, ctx.shared.expert(), reference.ExpertActivations(g, u, h, None), d,
                                        swiglu_limit=ctx.swiglu_limit, **ctx.activation)
-             for x, dy, g, u, h in chunks]
+             for x, d, g, u, h in chunks]
     weight_grads = [sum(parts[1:], parts[0]) for parts in zip(*(g[1:4] for g in grads), strict=True)]
-    return reference.ExpertGradients(torch.cat([g.dx for g in grads])[:ctx.x.shape[0]], *weight_grads)
+    dx = torch.cat([g.dx for g in grads])[:tokens]
+    if gated is None:
+        return reference.ExpertGradients(dx, *weight_grads), None
+    return reference.ExpertGradients(gated.input_gradient(dx, router), *weight_grads), gated.router_gradient(ctx.x)
 
 
 def _chunks(rows: torch.Tensor) -> tuple[torch.Tensor, ...]:

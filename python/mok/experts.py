@@ -127,11 +127,15 @@ class RoutedExpertsMXFP8:
 
 @dataclasses.dataclass(frozen=True, eq=False)  # tensors: compare by identity
 class SharedExpert:
-    """The shared expert, bf16: gate, up [I_s, H], down [H, I_s]. It sees every token and stays bf16 in MXFP8 mode."""
+    """The shared expert, bf16: gate, up [I_s, H], down [H, I_s]. It sees every token and stays bf16 in MXFP8 mode.
+
+    router [H] bf16 (optional; Qwen2-MoE's shared_expert_gate): the shared output of token t is scaled by
+    sigmoid(x_t . router), computed in fp32 (docs/semantics.md, "Gated shared expert"); None: ungated."""
 
     gate: torch.Tensor
     up: torch.Tensor
     down: torch.Tensor
+    router: torch.Tensor | None = None
 
     def __post_init__(self):
         for name in ("gate", "up", "down"):
@@ -139,6 +143,11 @@ class SharedExpert:
         i, h = self.gate.shape
         _check_shape(self.up, "up", (i, h), "gate's [I_s, H]")
         _check_shape(self.down, "down", (h, i), "[H, I_s] with gate's I_s, H")
+        if self.router is not None:
+            _check_weight(self.router, "router", ndim=1)
+            _check_shape(self.router, "router", (h,), "[H] with gate's H")
+            if self.router.device != self.gate.device:
+                raise ValueError(f"router must be on gate's device {self.gate.device}, got {self.router.device}")
         _check_same_device(self)
         _check_dense(self)
 
@@ -176,7 +185,7 @@ def _check_dense(experts) -> None:
     optimiser's in-place step on the caller's one never reaches."""
     from mok.validate import check_layout  # here: validate imports this module
 
-    for name in ("gate", "up", "down", *BIAS_NAMES):
+    for name in ("gate", "up", "down", "router", *BIAS_NAMES):
         if getattr(experts, name, None) is not None:
             check_layout(getattr(experts, name), name)
 

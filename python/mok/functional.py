@@ -476,10 +476,10 @@ def recompute_forward_context(x, topk_ids, topk_weights, routed, shared=None, *,
 
 def backward(ctx: ForwardContext, dout: torch.Tensor, *, main_grads: MainGrads | None = None) -> Gradients:
     """All gradients, given dout [T, H] bf16: Gradients(x, topk_weights, gate, up, down, shared_gate, shared_up,
-    shared_down). Weight gradients are bf16 (of the bf16 masters in MXFP8 mode), accumulated in fp32 in the
-    canonical row order; with main_grads, a weight's fp32 gradient is added into its buffer instead and its
-    entry is None. Routed weight gradients are this rank's experts'; shared ones are over this rank's tokens.
-    Collective over the forward's group."""
+    shared_down, the biases', shared_router). Weight gradients are bf16 (of the bf16 masters in MXFP8 mode),
+    accumulated in fp32 in the canonical row order; with main_grads, a weight's fp32 gradient is added into its
+    buffer instead and its entry is None. Routed weight gradients are this rank's experts'; shared ones are over
+    this rank's tokens. Collective over the forward's group."""
     if not isinstance(ctx, ForwardContext):
         raise TypeError(f"ctx must be the context returned by forward(need_context=True) or "
                         f"recompute_forward_context, got {type(ctx).__name__}")

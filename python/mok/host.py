@@ -215,6 +215,8 @@ def _masters(routed, shared) -> dict[str, torch.Tensor]:
     names = [("gate", routed.gate), ("up", routed.up), ("down", routed.down)]
     if shared is not None:
         names += [("shared_gate", shared.gate), ("shared_up", shared.up), ("shared_down", shared.down)]
+        if shared.router is not None:
+            names.append(("shared_router", shared.router))
     return {**dict(names), **routed.biases()}
 
 
@@ -235,6 +237,8 @@ def _weights(routed, shared) -> dict:
             w[f"shared_{name}"] = _pointer(getattr(shared, name), f"shared.{name}", torch.bfloat16)
     for name, bias in routed.biases().items():  # bf16 in both precisions
         w[name] = _pointer(bias, f"routed.{name}", torch.bfloat16)
+    if shared is not None and shared.router is not None:
+        w["shared_router"] = _pointer(shared.router, "shared.router", torch.bfloat16)
     return w
 
 

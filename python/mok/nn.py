@@ -33,14 +33,17 @@ class MoE(nn.Module):
     broadcast) and reduce their gradients over the group like any data-parallel weight.
     activation ("swiglu" or "swiglu_oai", gpt-oss's), alpha (swiglu_oai's, None meaning 1.702) and swiglu_limit
     are mok.moe's, checked here. expert_bias=True gives the routed experts gpt-oss's biases: gate_bias, up_bias
-    [E_local, I] and down_bias [E_local, H] bf16 parameters, zeros at first.
+    [E_local, I] and down_bias [E_local, H] bf16 parameters, zeros at first. shared_expert_gate=True (with
+    shared_intermediate) gates the shared expert per token as Qwen2-MoE does: its output times
+    sigmoid(x . shared_router), shared_router a [H] bf16 parameter.
     """
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, topk: int, *,
                  shared_intermediate: int = 0, score: str = "softmax", normalize_topk: bool = False,
                  swiglu_limit: float | None = None, mxfp8: bool = False, group=None, backend: str | None = None,
                  config: MoKConfig | None = None, device=None, router: Router | None = None,
-                 activation: str = "swiglu", alpha: float | None = None, expert_bias: bool = False):
+                 activation: str = "swiglu", alpha: float | None = None, expert_bias: bool = False,
+                 shared_expert_gate: bool = False):
         super().__init__()
         _, world = group_rank_and_size(group)
         for name, value, low in (("hidden", hidden, 1), ("intermediate", intermediate, 1),
@@ -54,6 +57,8 @@ class MoE(nn.Module):
             raise ValueError(f"topk must be at most num_experts ({num_experts}), got {topk}")
         if score not in SCORES:
             raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+        if shared_expert_gate and not shared_intermediate:
+            raise ValueError("shared_expert_gate=True needs a shared expert (shared_intermediate > 0)")
         if router is not None:
             _check_router(router, hidden, num_experts, topk)
             if score != "softmax" or normalize_topk:
@@ -82,12 +87,13 @@ class MoE(nn.Module):
             self.shared_down = _weight((hidden, shared_intermediate), shared_intermediate, device)
         else:
             self.shared_gate = self.shared_up = self.shared_down = None
+        self.shared_router = _weight((hidden,), hidden, device) if shared_expert_gate else None
 
     @classmethod
     def from_hf(cls, block: nn.Module, **kwargs) -> MoE:
-        """A MoE equal to a HuggingFace transformers MoE block (Qwen3-MoE, Mixtral, OLMoE, DeepSeek-V3, gpt-oss), its
-        router, experts (biases included) and shared expert copied once from HF's parameter names; kwargs: group,
-        backend, mxfp8, config.
+        """A MoE equal to a HuggingFace transformers MoE block (Qwen3-MoE, Mixtral, OLMoE, DeepSeek-V3, gpt-oss,
+        Qwen2-MoE), its router, experts (biases included) and shared expert (and its gate) copied once from HF's
+        parameter names; kwargs: group, backend, mxfp8, config.
         Implemented by mok.integrations.transformers.moe_from_hf (docs/transformers.md)."""
         from mok.integrations.transformers import moe_from_hf
 
@@ -113,7 +119,7 @@ class MoE(nn.Module):
             routed = quantize_routed(routed)
         shared = None
         if self.shared_gate is not None:
-            shared = SharedExpert(self.shared_gate, self.shared_up, self.shared_down)
+            shared = SharedExpert(self.shared_gate, self.shared_up, self.shared_down, self.shared_router)
         return moe(tokens, ids, weights, routed, shared, group=self.group, config=self.config, backend=self.backend,
                    swiglu_limit=self.swiglu_limit, activation=self.activation, alpha=self.alpha)
 

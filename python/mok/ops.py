@@ -65,7 +65,10 @@ def unflatten_routed(flat: list[torch.Tensor]):
 
 
 def flatten_shared(shared) -> list[torch.Tensor]:
-    return [] if shared is None else [getattr(shared, p) for p in _PARTS]
+    """[gate, up, down], then the router when the shared expert is gated."""
+    if shared is None:
+        return []
+    return [getattr(shared, p) for p in _PARTS] + ([] if shared.router is None else [shared.router])
 
 
 def unflatten_shared(flat: list[torch.Tensor]):
@@ -168,15 +171,23 @@ def moe_backward(dout: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor, to
                  routed: list[torch.Tensor], shared: list[torch.Tensor], y_slots: torch.Tensor,
                  swiglu_limit: float | None, activation: str, alpha: float | None, group: str, backend: str,
                  config: list[float]) -> list[torch.Tensor]:
-    """[dx, d topk_weights, d gate, d up, d down] + [d shared gate, up, down] with a shared expert; weight
+    """[dx, d topk_weights, d gate, d up, d down] + [d shared gate, up, down (, router)] with a shared expert + the
+    biases' with biases (_gradient_list); weight
     gradients bf16, of the bf16 masters. Recomputes the expert-side context from the inputs, then runs the
     backward (bitwise what a kept context gives)."""
     ctx = functional.recompute_forward_context(
         x, topk_ids, topk_weights, unflatten_routed(routed), unflatten_shared(shared), group=_group(group),
         config=_config(config), backend=backend or None, swiglu_limit=swiglu_limit, y_slots=y_slots,
         activation=activation, alpha=alpha)
-    grads = functional.backward(ctx, dout)
-    return [g for g in grads if g is not None]
+    return _gradient_list(functional.backward(ctx, dout))
+
+
+def _gradient_list(grads: functional.Gradients) -> list[torch.Tensor]:
+    """The op's gradients in its inputs' order: dx, d topk_weights, the routed weights', the shared expert's
+    (flatten_shared's order), the biases'; those of absent weights left out."""
+    order = (grads.x, grads.topk_weights, grads.gate, grads.up, grads.down, grads.shared_gate, grads.shared_up,
+             grads.shared_down, grads.shared_router, *(getattr(grads, n) for n in BIAS_NAMES))
+    return [g for g in order if g is not None]
 
 
 @torch.library.register_fake("mok::moe_backward")
@@ -203,7 +214,7 @@ def _backward(ctx, dout, _dy_slots):
     routed, shared = weights[:ctx.num_routed], weights[ctx.num_routed:]
     if ctx.mok_context is not None:  # the forward's own context: no second schedule, no recompute
         kept, ctx.mok_context = ctx.mok_context, None  # released: a second backward (retain_graph) recomputes
-        grads = [g for g in functional.backward(kept, dout.contiguous()) if g is not None]
+        grads = _gradient_list(functional.backward(kept, dout.contiguous()))
     else:
         grads = torch.ops.mok.moe_backward(dout.contiguous(), x, topk_ids, topk_weights, routed, shared, y_slots,
                                            *ctx.args)

@@ -69,6 +69,7 @@ class Gradients(NamedTuple):
     gate_bias: torch.Tensor | None = None  # [E_local, I] with routed.gate_bias (fp32, float64 in the oracle)
     up_bias: torch.Tensor | None = None  # [E_local, I] with routed.up_bias
     down_bias: torch.Tensor | None = None  # [E_local, H] with routed.down_bias
+    shared_router: torch.Tensor | None = None  # [H] with shared.router
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -205,6 +206,43 @@ def combine(
     return acc.to(_store_dtype(precision))
 
 
+def shared_gate(x: torch.Tensor, router: torch.Tensor, precision: str = "bf16") -> torch.Tensor:
+    """The gated shared expert's per-token gate g_t = sigmoid(x_t . router), [T], in fp32 (float64 in the oracle)."""
+    acc = _acc_dtype(precision)
+    return torch.sigmoid(x.to(acc) @ router.to(acc))
+
+
+def shared_term(y: torch.Tensor, x: torch.Tensor, router: torch.Tensor | None, precision: str = "bf16"):
+    """The shared expert's term of out (combine's `first`): its stored output y [T, H], or g_t * y_t in fp32 (one
+    rounding) when gated."""
+    return y if router is None else shared_gate(x, router, precision)[:, None] * y.to(_acc_dtype(precision))
+
+
+class SharedGateBackward(NamedTuple):
+    """The gate's part of the backward: dy = store(g_t * dOut_t) (what the shared expert's backward reads) and
+    dlogit_t = (ds_t * g_t) * (1 - g_t), ds_t = <dOut_t, y_t> (fp32, float64 in the oracle)."""
+
+    dy: torch.Tensor
+    dlogit: torch.Tensor
+
+    def input_gradient(self, dx: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
+        """The shared expert's dx with the gate's term: store(dx_t + dlogit_t * router)."""
+        return (dx.to(self.dlogit.dtype) + self.dlogit[:, None] * router.to(self.dlogit.dtype)).to(dx.dtype)
+
+    def router_gradient(self, x: torch.Tensor) -> torch.Tensor:
+        """d router = sum_t dlogit_t * x_t, [H] in the accumulation dtype."""
+        return (self.dlogit[:, None] * x.to(self.dlogit.dtype)).sum(0)
+
+
+def shared_gate_backward(x, router, y, dout, precision: str = "bf16") -> SharedGateBackward:
+    """x, y (the stored shared output), dout [T, H]."""
+    acc = _acc_dtype(precision)
+    gate = shared_gate(x, router, precision)
+    d = dout.to(acc)
+    ds = (d * y.to(acc)).sum(-1)
+    return SharedGateBackward((gate[:, None] * d).to(_store_dtype(precision)), ds * gate * (1 - gate))
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The whole layer
 
@@ -300,7 +338,8 @@ def forward(
     if shared is not None:
         shared_act = expert_forward(x, shared.expert(), **act_args)
     y_slots = y_slots.view(T, K, H)
-    out = combine(y_slots, topk_ids, topk_weights, None if shared_act is None else shared_act.y, precision=precision)
+    first = None if shared_act is None else shared_term(shared_act.y, x, shared.router, precision)
+    out = combine(y_slots, topk_ids, topk_weights, first, precision=precision)
     ctx = Context(
         x, topk_ids, topk_weights, routed, shared, swiglu_limit, precision, routing, activations, shared_act, y_slots,
         activation, alpha,
@@ -340,13 +379,17 @@ def backward(ctx: Context, dout: torch.Tensor) -> Gradients:
         dx_slots[routing.slots[rows]] = grads.dx
         wgrads.append(grads)
 
-    shared = None
+    shared, shared_dx, router_grad = None, None, None
     if ctx.shared is not None:
+        router = ctx.shared.router
+        gated = None if router is None else shared_gate_backward(x, router, ctx.shared_activations.y, dout, precision)
         shared = expert_backward(
-            x, ctx.shared.expert(), ctx.shared_activations, dout, swiglu_limit=ctx.swiglu_limit, precision=precision,
-            activation=ctx.activation, alpha=ctx.alpha,
+            x, ctx.shared.expert(), ctx.shared_activations, dout if gated is None else gated.dy,
+            swiglu_limit=ctx.swiglu_limit, precision=precision, activation=ctx.activation, alpha=ctx.alpha,
         )
-    dx = combine(dx_slots.view(T, K, H), ctx.topk_ids, None, None if shared is None else shared.dx, precision=precision)
+        shared_dx = shared.dx if gated is None else gated.input_gradient(shared.dx, router)
+        router_grad = None if gated is None else gated.router_gradient(x)
+    dx = combine(dx_slots.view(T, K, H), ctx.topk_ids, None, shared_dx, precision=precision)
     return Gradients(
         x=dx,
         topk_weights=dw,
@@ -357,6 +400,7 @@ def backward(ctx: Context, dout: torch.Tensor) -> Gradients:
         shared_up=None if shared is None else shared.up,
         shared_down=None if shared is None else shared.down,
         **{n: torch.stack([getattr(g, n) for g in wgrads]) for n in BIAS_NAMES if getattr(master, n) is not None},
+        shared_router=router_grad,
     )
 
 

@@ -206,7 +206,7 @@ def check_main_grads(main_grads, routed, shared) -> None:
         return
     master = routed.master if isinstance(routed, RoutedExpertsMXFP8) else routed
     weights = {"gate": master.gate, "up": master.up, "down": master.down}
-    for part in ("gate", "up", "down"):
+    for part in ("gate", "up", "down", "router"):
         weights[f"shared_{part}"] = None if shared is None else getattr(shared, part)
     for name in ("gate_bias", "up_bias", "down_bias"):
         weights[name] = getattr(master, name)
@@ -215,7 +215,8 @@ def check_main_grads(main_grads, routed, shared) -> None:
         if buf is None:
             continue
         if weight is None:
-            what = "routed has no " + name if name.endswith("_bias") else "the layer has no shared expert"
+            what = ("routed has no " + name if name.endswith("_bias") else
+                    "the shared expert has no router" if shared is not None else "the layer has no shared expert")
             raise ValueError(f"main_grads.{name} must be None: {what}")
         if not isinstance(buf, torch.Tensor) or buf.dtype != torch.float32:
             raise TypeError(f"main_grads.{name} must be a float32 tensor, got "
@@ -336,6 +337,8 @@ def _check_shared(shared, hidden: int, device) -> None:
     if shared.hidden_size != hidden:
         raise ValueError(f"shared expert's hidden size must equal x.shape[1] ({hidden}), got {shared.hidden_size}")
     _check_weights(shared, "shared", device)
+    if shared.router is not None and shared.router.device != device:
+        raise ValueError(f"shared.router must be on x's device {device}, got {shared.router.device}")
 
 
 def _check_weights(experts, name: str, device) -> None:

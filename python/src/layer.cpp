@@ -94,6 +94,7 @@ mokLayerWeights_t make_weights(const nb::dict& d) {
   w.shared_gate = ptr<const void>(d, "shared_gate");
   w.shared_up = ptr<const void>(d, "shared_up");
   w.shared_down = ptr<const void>(d, "shared_down");
+  w.shared_router = ptr<const void>(d, "shared_router");
   w.gate_bias = ptr<const void>(d, "gate_bias");
   w.up_bias = ptr<const void>(d, "up_bias");
   w.down_bias = ptr<const void>(d, "down_bias");
@@ -156,6 +157,7 @@ class Layer {
     g.dshared_gate = ptr<void>(grads, "shared_gate");
     g.dshared_up = ptr<void>(grads, "shared_up");
     g.dshared_down = ptr<void>(grads, "shared_down");
+    g.dshared_router = ptr<void>(grads, "shared_router");
     g.dgate_bias = ptr<void>(grads, "gate_bias");
     g.dup_bias = ptr<void>(grads, "up_bias");
     g.ddown_bias = ptr<void>(grads, "down_bias");

@@ -1,6 +1,7 @@
-"""A whole tiny HuggingFace causal LM (Qwen3MoeForCausalLM from a config, no hub download; one MoE and one dense
-decoder layer) trains with its experts on mok (model.set_experts_implementation("mok"), HF's routers and
-load-balancing loss kept) and its loss follows HF's own eager experts step by step."""
+"""A whole tiny HuggingFace causal LM (Qwen3MoeForCausalLM or Qwen2MoeForCausalLM, with its gated shared expert,
+from a config, no hub download; one MoE and one dense decoder layer) trains with its experts on mok
+(model.set_experts_implementation("mok"), HF's routers and load-balancing loss kept) and its loss follows HF's own
+eager experts step by step."""
 
 from __future__ import annotations
 
@@ -26,16 +27,21 @@ STEPS = 3
 LOSS_RTOL = (2 ** -10, 2 ** -8, 2 ** -6)
 
 
-def tiny_model(seed: int):
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+def tiny_model(seed: int, family: str = "qwen3_moe"):
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    config = Qwen3MoeConfig(vocab_size=96, hidden_size=64, intermediate_size=64, moe_intermediate_size=32,
-                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-                            num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, output_router_logits=True,
-                            mlp_only_layers=[1],
-                            router_aux_loss_coef=0.05, initializer_range=0.15, max_position_embeddings=64)
+    sizes = dict(vocab_size=96, hidden_size=64, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1, num_experts=4, num_experts_per_tok=2,
+                 output_router_logits=True, mlp_only_layers=[1], router_aux_loss_coef=0.05, initializer_range=0.15,
+                 max_position_embeddings=64)
     torch.manual_seed(seed)
-    return Qwen3MoeForCausalLM(config)
+    if family == "qwen2_moe":
+        return Qwen2MoeForCausalLM(Qwen2MoeConfig(**sizes, shared_expert_intermediate_size=48, norm_topk_prob=False))
+    return Qwen3MoeForCausalLM(Qwen3MoeConfig(**sizes, head_dim=32, norm_topk_prob=True))
+
+
+def tiny_qwen2_moe(seed: int):
+    return tiny_model(seed, "qwen2_moe")
 
 
 def train(model, tokens: torch.Tensor) -> list[float]:
@@ -51,8 +57,9 @@ def train(model, tokens: torch.Tensor) -> list[float]:
     return losses
 
 
-def test_tiny_qwen3_moe_trains_on_mok_like_hf_eager(seed):
-    model = tiny_model(seed)
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])
+def test_tiny_moe_lm_trains_on_mok_like_hf_eager(seed, family):
+    model = tiny_model(seed, family)
     reference = copy.deepcopy(model)
     reference.set_experts_implementation("eager")
     model.set_experts_implementation("mok")
@@ -67,7 +74,7 @@ def test_tiny_qwen3_moe_trains_on_mok_like_hf_eager(seed):
     for step in range(1, STEPS):
         moved = expected[step - 1] - expected[step]
         assert moved > 2 * LOSS_RTOL[step] * expected[step], f"the loss must move by more than that: {expected}"
-    experts = [m for m in model.modules() if type(m).__name__ == "Qwen3MoeExperts"]
+    experts = [m for m in model.modules() if type(m).__name__.endswith("MoeExperts")]
     assert experts and all("_mok_cache" in m.__dict__ for m in experts)  # they ran on mok
 
 
@@ -77,7 +84,8 @@ def tiny_gpt_oss(seed: int):
     return make(seed)
 
 
-@pytest.mark.parametrize("make, sequence", [(tiny_model, 32), (tiny_gpt_oss, 16)], ids=["qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("make, sequence", [(tiny_model, 32), (tiny_qwen2_moe, 32), (tiny_gpt_oss, 16)],
+                         ids=["qwen3_moe", "qwen2_moe", "gpt_oss"])
 def test_from_hf_blocks_feed_hf_load_balancing_loss(seed, make, sequence):
     """The MoE block replaced by mok.nn.MoE.from_hf (mok's router) before the first forward: HF still records the
     router logits (output_router_logits=True; output 0 of the router's class, what load_balancing_loss_func reads)
@@ -103,5 +111,5 @@ def test_from_hf_blocks_feed_hf_load_balancing_loss(seed, make, sequence):
     before = [p.detach().clone() for p in params]
     model.model.apply(model._init_weights)  # HF's initialisation matches the recorder's class: it reaches mok's router
     assert all(not torch.equal(b, p) for b, p in zip(before, params, strict=True))
-    if make is tiny_model:
+    if make is not tiny_gpt_oss:
         assert 0.05 < float(router.weight.std()) < 0.3  # initializer_range

@@ -1,4 +1,5 @@
-"""mok against HuggingFace transformers' own MoE blocks (Qwen3-MoE, Mixtral, OLMoE, DeepSeek-V3, gpt-oss).
+"""mok against HuggingFace transformers' own MoE blocks (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, DeepSeek-V3,
+gpt-oss).
 
 Tiny configs built from the config classes (no hub download), random weights. The ground truth is HF's module in
 float64 (its eager experts loop) on the same inputs; mok runs in bf16 or MXFP8. Inputs and weights are
@@ -44,17 +45,23 @@ SPLIT = (16, TOKENS - 16)  # tokens of rank 0 and rank 1 in the 2-rank runs
 
 def make_block(model: str, seed: int) -> torch.nn.Module:
     """The model's MoE block in fp32 with bf16-representable random weights, experts on HF's eager loop."""
-    from transformers import DeepseekV3Config, GptOssConfig, MixtralConfig, OlmoeConfig, Qwen3MoeConfig
+    from transformers import DeepseekV3Config, GptOssConfig, MixtralConfig, OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
     from transformers.models.olmoe.modeling_olmoe import OlmoeSparseMoeBlock
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
     if model == "qwen3_moe":
         block = Qwen3MoeSparseMoeBlock(Qwen3MoeConfig(hidden_size=H, moe_intermediate_size=INTER,
                                                       num_experts=EXPERTS, num_experts_per_tok=TOPK,
                                                       norm_topk_prob=True))
+    elif model == "qwen2_moe":  # a shared expert gated per token by sigmoid(x . shared_expert_gate)
+        block = Qwen2MoeSparseMoeBlock(Qwen2MoeConfig(hidden_size=H, moe_intermediate_size=INTER,
+                                                      shared_expert_intermediate_size=2 * INTER,
+                                                      num_experts=EXPERTS, num_experts_per_tok=TOPK,
+                                                      norm_topk_prob=False))
     elif model == "mixtral":
         block = MixtralSparseMoeBlock(MixtralConfig(hidden_size=H, intermediate_size=INTER, num_local_experts=EXPERTS,
                                                     num_experts_per_tok=TOPK))
@@ -99,7 +106,7 @@ def clamp_limit_in_a_gap(experts, x: torch.Tensor) -> float:
     return float(candidates[int(clear[0])])
 
 
-MODELS = ["qwen3_moe", "mixtral", "olmoe", "deepseek_v3", "gpt_oss"]
+MODELS = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3", "gpt_oss"]
 MEASURED = []  # every relative error computed, for reporting (-s shows the largest per test)
 EXPERT_WEIGHTS = ("experts.gate_up_proj", "experts.down_proj", "experts.gate_up_proj_bias", "experts.down_proj_bias")
 
@@ -165,9 +172,12 @@ def run_from_hf(block, x, dout, *, group=None, backend=None, mxfp8=False) -> dic
         grads = {"experts.gate_up_proj": torch.cat([layer.gate.grad, layer.up.grad], dim=1),
                  "experts.down_proj": layer.down.grad, "gate.weight": layer.router.weight.grad}
     if layer.shared_gate is not None:
-        grads.update({"shared_experts.gate_proj.weight": layer.shared_gate.grad,
-                      "shared_experts.up_proj.weight": layer.shared_up.grad,
-                      "shared_experts.down_proj.weight": layer.shared_down.grad})
+        shared = "shared_expert" if hasattr(block, "shared_expert") else "shared_experts"  # Qwen2-MoE's name
+        grads.update({f"{shared}.gate_proj.weight": layer.shared_gate.grad,
+                      f"{shared}.up_proj.weight": layer.shared_up.grad,
+                      f"{shared}.down_proj.weight": layer.shared_down.grad})
+    if layer.shared_router is not None:
+        grads["shared_expert_gate.weight"] = layer.shared_router.grad[None]
     return {"out": out.reshape(-1, H), "dx": x.grad.reshape(-1, H), **grads}
 
 

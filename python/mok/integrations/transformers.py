@@ -315,7 +315,7 @@ def _logits_recorder(hf_router: nn.Module, router: nn.Module) -> nn.Module:
 
 
 def _hf_router(block: nn.Module) -> nn.Module | None:
-    """The block's router module: .gate (Qwen3-MoE, Mixtral, OLMoE, DeepSeek-V3) or .router (gpt-oss)."""
+    """The block's router module: .gate (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, DeepSeek-V3) or .router (gpt-oss)."""
     router = getattr(block, "gate", None)
     return router if router is not None else getattr(block, "router", None)
 
@@ -326,10 +326,11 @@ def _router_kind(block: nn.Module) -> dict | None:
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssTopKRouter
     from transformers.models.mixtral.modeling_mixtral import MixtralTopKRouter
     from transformers.models.olmoe.modeling_olmoe import OlmoeTopKRouter
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeTopKRouter
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 
     router = _hf_router(block)
-    if type(router) in (Qwen3MoeTopKRouter, OlmoeTopKRouter):
+    if type(router) in (Qwen3MoeTopKRouter, Qwen2MoeTopKRouter, OlmoeTopKRouter):
         return {"kind": "softmax_topk", "normalize": bool(router.norm_topk_prob)}
     if type(router) is MixtralTopKRouter:
         if getattr(block, "jitter_noise", 0):
@@ -340,7 +341,8 @@ def _router_kind(block: nn.Module) -> dict | None:
         return {"kind": "topk_softmax", "bias": True}
     if type(router) is DeepseekV3TopkRouter:
         return None
-    raise ValueError(f"moe_from_hf supports the MoE blocks of Qwen3-MoE, Mixtral, OLMoE, DeepSeek-V3 and gpt-oss; "
+    raise ValueError(f"moe_from_hf supports the MoE blocks of Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, DeepSeek-V3 and "
+                     f"gpt-oss; "
                      f"{type(block).__name__}'s router {type(router).__name__} is not one of them "
                      f"(set_experts_implementation('mok') runs any supported experts module with HF's router)")
 
@@ -351,7 +353,8 @@ def moe_from_hf(block: nn.Module, *, group=None, backend: str | None = None, mxf
     gate.weight (router.weight, router.bias for gpt-oss) -> router.weight, router.bias (fp32);
     experts.gate_up_proj -> gate, up (this rank's experts, bf16); experts.down_proj -> down;
     experts.gate_up_proj_bias -> gate_bias, up_bias; experts.down_proj_bias -> down_bias (gpt-oss);
-    shared_experts.{gate,up,down}_proj.weight -> shared_gate, shared_up, shared_down."""
+    shared_experts (shared_expert in Qwen2-MoE).{gate,up,down}_proj.weight -> shared_gate, shared_up, shared_down;
+    shared_expert_gate.weight [1, H] (Qwen2-MoE) -> shared_router [H]."""
     experts, hf_router = getattr(block, "experts", None), _hf_router(block)
     if experts is None or hf_router is None:
         raise ValueError(f"{type(block).__name__} is not a transformers MoE block (it needs .gate or .router, and "
@@ -359,6 +362,10 @@ def moe_from_hf(block: nn.Module, *, group=None, backend: str | None = None, mxf
     check_supported(experts)
     kind = _router_kind(block)
     shared = getattr(block, "shared_experts", None)
+    shared = getattr(block, "shared_expert", None) if shared is None else shared  # Qwen2-MoE's name
+    shared_gate = getattr(block, "shared_expert_gate", None)  # Qwen2-MoE: Linear(H, 1), no bias
+    if shared_gate is not None and (shared is None or shared_gate.bias is not None):
+        raise ValueError(f"{type(block).__name__}'s shared_expert_gate must gate a shared expert and have no bias")
     if shared is not None and not isinstance(shared.act_fn, (SiLUActivation, nn.SiLU)):
         raise ValueError(f"{type(block).__name__}'s shared experts use {type(shared.act_fn).__name__}, not SiLU")
     hidden, inter = experts.down_proj.shape[1:] if not experts.is_transposed else experts.down_proj.shape[:0:-1]
@@ -368,7 +375,7 @@ def moe_from_hf(block: nn.Module, *, group=None, backend: str | None = None, mxf
     has_bias = bool(getattr(experts, "has_bias", False))
     layer = HFMoE(hidden, inter, experts.num_experts, topk, shared_intermediate=shared_inter, router=router,
                   mxfp8=mxfp8, group=group, backend=backend, config=config, device=device, expert_bias=has_bias,
-                  **activation_of(experts))
+                  shared_expert_gate=shared_gate is not None, **activation_of(experts))
     rank, world = ep.group_rank_and_size(group)
     lo, hi = rank * (experts.num_experts // world), (rank + 1) * (experts.num_experts // world)
     with torch.no_grad():
@@ -381,6 +388,8 @@ def moe_from_hf(block: nn.Module, *, group=None, backend: str | None = None, mxf
         if shared is not None:
             pairs += [(layer.shared_gate, shared.gate_proj.weight), (layer.shared_up, shared.up_proj.weight),
                       (layer.shared_down, shared.down_proj.weight)]
+        if shared_gate is not None:
+            pairs.append((layer.shared_router, shared_gate.weight[0]))
         if router is not None:
             pairs.append((router.weight, hf_router.weight))
             if router.bias is not None:
