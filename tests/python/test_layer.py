@@ -87,11 +87,12 @@ def assert_close_rel(got, want, tol, what):
     assert err <= tol, f"{what}: relative error {err:.3g} > {tol}"
 
 
-def compare(got, want, tol, what):
+def compare(got, want, tol, what, names=NAMES):
+    """(out, {name: grad}) against the same from another path: each of `names` within tol, or None on both."""
     out, grads = got
     out_w, grads_w = want
     assert_close_rel(out, out_w, tol, f"{what} out")
-    for name in NAMES:
+    for name in names:
         if grads_w.get(name) is None:
             assert grads.get(name) is None, f"{what} {name}: gradient where none is expected"
             continue
