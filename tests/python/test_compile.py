@@ -42,6 +42,12 @@ def test_compiled_module_trains_like_eager(seed, mxfp8):
     torch._dynamo.reset()
     module = mok.nn.MoE(64, 32, 8, 2, shared_intermediate=48, score="sigmoid", normalize_topk=True, mxfp8=mxfp8)
     x = torch.randn(3, 10, 64).to(torch.bfloat16)
+    assert_compiled_equals_eager(module, x, parameters=7)
+
+
+def assert_compiled_equals_eager(module, x, parameters: int) -> list:
+    """module(x) and torch.compile(module, fullgraph=True)(x), each with a backward: the same output and the same
+    gradient of each of the module's `parameters` parameters, bitwise. Returns the eager gradients."""
     compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
     results = []
     for run in (module, compiled):
@@ -51,7 +57,8 @@ def test_compiled_module_trains_like_eager(seed, mxfp8):
         results.append((out.detach(), [p.grad.clone() for p in module.parameters()]))
     (out_e, grads_e), (out_c, grads_c) = results
     assert torch.equal(out_e, out_c)
-    assert len(grads_e) == 7 and all(torch.equal(a, b) for a, b in zip(grads_e, grads_c, strict=True))
+    assert len(grads_e) == parameters and all(torch.equal(a, b) for a, b in zip(grads_e, grads_c, strict=True))
+    return grads_e
 
 
 def test_opcheck_forward_backward_and_quantize(seed):

@@ -8,6 +8,7 @@ import pytest
 import torch
 from backends import BACKENDS
 from dist_utils import ep_group, run_group
+from test_compile import assert_compiled_equals_eager
 from test_layer import TOL, assert_close_rel, make_inputs
 from test_layer import compare as compare_grads
 
@@ -179,17 +180,7 @@ def test_compiled_moe_with_biases_equals_eager(seed, mxfp8):
     with torch.no_grad():
         for name in BIASES:
             getattr(layer, name).copy_(torch.randn_like(getattr(layer, name), dtype=torch.float32))
-    x = torch.randn(12, 32).to(torch.bfloat16)
-    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
-    results = []
-    for run in (layer, compiled):
-        layer.zero_grad()
-        out = run(x)
-        out.float().square().mean().backward()
-        results.append((out.detach(), [p.grad.clone() for p in layer.parameters()]))
-    (out_e, grads_e), (out_c, grads_c) = results
-    assert torch.equal(out_e, out_c)
-    assert len(grads_e) == 7 and all(torch.equal(a, b) for a, b in zip(grads_e, grads_c, strict=True))
+    assert_compiled_equals_eager(layer, torch.randn(12, 32).to(torch.bfloat16), parameters=7)
 
 
 ROUTED = ("x", "topk_weights", "gate", "up", "down", *BIASES)
