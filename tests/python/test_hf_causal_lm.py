@@ -95,6 +95,8 @@ def test_from_hf_blocks_feed_hf_load_balancing_loss(seed, make, sequence):
     reference = copy.deepcopy(model)
     layer = model.model.layers[0]
     layer.mlp = mok_hf.moe_from_hf(layer.mlp)
+    again = mok_hf.moe_from_hf(reference.model.layers[0].mlp)  # one recorder class per kind of router, not per block
+    assert type(again.logits_recorder) is type(layer.mlp.logits_recorder)
     tokens = torch.randint(0, 96, (2, sequence), generator=torch.Generator().manual_seed(seed))
     got, want = model(input_ids=tokens, labels=tokens), reference(input_ids=tokens, labels=tokens)
     # mok's router computes the same fp32 logits from the same fp32 weight (and bias) up to a matmul's summation

@@ -300,18 +300,29 @@ def _logits_recorder(hf_router: nn.Module, router: nn.Module) -> nn.Module:
     forward. An HFMoE with mok's router calls this identity with its logits, so HF's load-balancing loss sees them as
     it saw the replaced router's. Its `weight` is mok's router weight (not a parameter of its own), so HF's weight
     initialisation, which matches the same class, initialises the router mok uses (and its `bias`, gpt-oss's)."""
+    has_bias = getattr(hf_router, "bias", None) is not None  # gpt-oss's router bias, initialised by HF as the weight
+    key = (type(hf_router), has_bias)
+    if key not in _RECORDERS:
+        _RECORDERS[key] = _recorder_class(*key)
+    recorder = _RECORDERS[key]()
+    recorder.__dict__["router"] = router  # not a submodule: the layer owns it
+    return recorder
+
+
+_RECORDERS: dict = {}  # (HF router class, has a bias) -> its recorder class: one per kind of block, not per block
+
+
+def _recorder_class(hf_class: type, has_bias: bool) -> type:
     def forward(self, logits):
         return logits, None, None
 
     def init(self):
         nn.Module.__init__(self)
-        self.__dict__["router"] = router  # not a submodule: the layer owns it
 
     members = {"__init__": init, "forward": forward, "weight": property(lambda self: self.__dict__["router"].weight)}
-    if getattr(hf_router, "bias", None) is not None:  # gpt-oss's router bias, initialised by HF as its weight is
+    if has_bias:
         members["bias"] = property(lambda self: self.__dict__["router"].bias)
-    kind = type(f"MokLogitsOf{type(hf_router).__name__}", (type(hf_router),), members)
-    return kind()
+    return type(f"MokLogitsOf{hf_class.__name__}", (hf_class,), members)
 
 
 def _hf_router(block: nn.Module) -> nn.Module | None:
