@@ -193,7 +193,7 @@ def routing(shape: Shape, dist: str = "uniform", seed: int = 0, zipf_s: float = 
     """Every rank's top-k ids, int32 [world, tokens, top_k], K distinct experts per token.
 
     dist: "uniform"; "zipf" (expert popularity ~ 1 / rank^zipf_s, ranks of experts shuffled); "hot" (a fraction
-    `hot` of tokens send their first route to expert 0, the rest uniform)."""
+    `hot` of tokens route one of their k to expert 0, the rest uniform)."""
     rng = np.random.default_rng(seed)
     w, t, k, e = shape.world, shape.tokens, shape.top_k, shape.experts
     if dist == "uniform":
