@@ -11,7 +11,8 @@
 namespace nb = nanobind;
 using mok::python::check;
 
-void bind_layer(nb::module_& m);  // layer.cpp
+void bind_layer(nb::module_& m);       // layer.cpp
+void bind_task_graph(nb::module_& m);  // task_graph.cpp
 
 namespace {
 
@@ -76,4 +77,5 @@ NB_MODULE(_mok, m) {
   });
 
   bind_layer(m);
+  bind_task_graph(m);
 }
