@@ -49,7 +49,7 @@ class Profile:
         return self.mxfp8_tflops
 
 
-_ANCHORS = "/work/shared/ANCHORS.md 'Physical limits' (NVIDIA datasheets: dense rates, HBM, NVLink one way)"
+_ANCHORS = "NVIDIA datasheets (dense rates, HBM, NVLink one way)"
 PROFILES = {
     "GB200": Profile(
         "GB200",
