@@ -330,6 +330,22 @@ TEST(input_scale_recompute_needs_the_weights) {
   mokLayerDestroy(layer);
 }
 
+// routing_scale is part of the math every rank shares: one rank with the other value fails every rank, the detail
+// naming the field and both values.
+TEST(routing_scale_differs_fails_every_rank) {
+  std::mt19937_64 rng(seed());
+  ref::Problem p = make_problem(input_scale(2, false), rng);
+  Knobs k;
+  k.edit_config = [](int r, mokLayerConfig_t& c) {
+    c.routing_scale = r == 1 ? mokRoutingScaleOutput : c.routing_scale;
+  };
+  Outputs o = run_layer(p, k);
+  for (int r = 0; r < p.world; ++r)
+    CHECK_MSG(o.status[r] == mokInvalidArgument && o.detail[r].find("'config.routing_scale'") != std::string::npos &&
+                  o.detail[r].find("(0)") != std::string::npos && o.detail[r].find("(1)") != std::string::npos,
+              "rank %d: %s: %s", r, mokGetStatusString(o.status[r]), o.detail[r].c_str());
+}
+
 TEST(world3_top8_minus_one_routes_int64_ids) {
   Knobs k;
   k.int64_ids = true;
