@@ -232,6 +232,7 @@ class Context:
     activations: list[reference.ExpertActivations]
     shared_activations: reference.ExpertActivations | None  # of the padded chunks, see _shared_forward
     y_slots: torch.Tensor  # [T, K, H] bf16, zero where the route is -1
+    routing_scale: str = "output"  # "input" (Llama4): the experts' rows are bf16(w_k x), out sums y_k unweighted
 
 
 class MainGrads(NamedTuple):
@@ -250,24 +251,26 @@ class MainGrads(NamedTuple):
 
 
 def forward(x, topk_ids, topk_weights, routed, shared, *, schedule: Schedule, swiglu_limit=None,
-            need_context: bool = True, activation: str = "swiglu", alpha: float | None = None):
+            need_context: bool = True, activation: str = "swiglu", alpha: float | None = None,
+            routing_scale: str = "output"):
     """out [T, H] bf16 for this rank's tokens, and the Context (None when need_context is False)."""
     ctx = recompute_forward_context(x, topk_ids, topk_weights, routed, shared, schedule=schedule,
-                                    swiglu_limit=swiglu_limit, activation=activation, alpha=alpha)
+                                    swiglu_limit=swiglu_limit, activation=activation, alpha=alpha,
+                                    routing_scale=routing_scale)
     shared_y = None
     if ctx.shared_activations is not None:
         shared_y = reference.shared_term(ctx.shared_activations.y[:x.shape[0]], x, shared.router)
-    out = reference.combine(ctx.y_slots, topk_ids, topk_weights, shared_y)
+    out = reference.combine(ctx.y_slots, topk_ids, None if routing_scale == "input" else topk_weights, shared_y)
     return out, (ctx if need_context else None)
 
 
 def recompute_forward_context(x, topk_ids, topk_weights, routed, shared, *, schedule: Schedule,
                               swiglu_limit=None, y_slots: torch.Tensor | None = None, activation: str = "swiglu",
-                              alpha: float | None = None) -> Context:
+                              alpha: float | None = None, routing_scale: str = "output") -> Context:
     """Run the forward up to (not including) the final combine. Passing the forward's y_slots skips sending
     the expert outputs back (they are bitwise what the forward had)."""
     act = _activation(activation, alpha)
-    expert_x = schedule.expert_segments(dispatch_tokens(schedule, x))
+    expert_x = schedule.expert_segments(_expert_rows(schedule, x, topk_weights, routing_scale))
     activations = [reference.expert_forward(rows, routed.expert(e), swiglu_limit=swiglu_limit, **act)
                    for e, rows in enumerate(expert_x)]
     if y_slots is None:
@@ -275,7 +278,15 @@ def recompute_forward_context(x, topk_ids, topk_weights, routed, shared, *, sche
     activations = [a._replace(y=None) for a in activations]  # the backward never reads y on the expert side
     shared_act = None if shared is None else _shared_forward(x, shared, swiglu_limit, act)
     return Context(schedule, x, topk_ids, topk_weights, routed, shared, swiglu_limit, act, expert_x, activations,
-                   shared_act, y_slots)
+                   shared_act, y_slots, routing_scale)
+
+
+def _expert_rows(schedule: Schedule, x: torch.Tensor, topk_weights: torch.Tensor, routing_scale: str):
+    """The experts' input rows: x's token rows, or with routing_scale "input" each slot's bf16(w_k * x_t) (fp32
+    product)."""
+    if routing_scale != "input":
+        return dispatch_tokens(schedule, x)
+    return dispatch_slots(schedule, (topk_weights[:, :, None] * x.float()[:, None, :]).to(torch.bfloat16))
 
 
 def backward(ctx: Context, dout: torch.Tensor, main_grads: MainGrads | None = None) -> reference.Gradients:
@@ -289,12 +300,18 @@ def backward(ctx: Context, dout: torch.Tensor, main_grads: MainGrads | None = No
     # dw_k = <dOut_t, y_k> directly: never recovered by dividing anything by w_k.
     dw = torch.where(valid, (dout_f * ctx.y_slots.float()).sum(-1), 0.0)
     dy_slots = (ctx.topk_weights[:, :, None] * dout_f).to(torch.bfloat16)
+    input_scale = ctx.routing_scale == "input"
+    if input_scale:  # the experts read bf16(w_k x): their dy is dOut itself
+        dy_slots = dout[:, None, :].expand(*ctx.topk_ids.shape, dout.shape[1])
     dy_rows = ctx.schedule.expert_segments(dispatch_slots(ctx.schedule, dy_slots))
     grads = [reference.expert_backward(ctx.expert_x[e], ctx.routed.expert(e), ctx.activations[e], dy_rows[e],
                                        swiglu_limit=ctx.swiglu_limit, **ctx.activation) for e in range(len(dy_rows))]
     dx_slots = combine(ctx.schedule, torch.cat([g.dx for g in grads]))
     shared, router_grad = (None, None) if ctx.shared is None else _shared_backward(ctx, dout)
-    dx = reference.combine(dx_slots, ctx.topk_ids, None, None if shared is None else shared.dx)
+    if input_scale:  # dx_k is w.r.t. bf16(w_k x): dx = shared + sum_k w_k dx_k, dw_k = <x_t, dx_k>
+        dw = torch.where(valid, (ctx.x.float()[:, None, :] * dx_slots.float()).sum(-1), 0.0)
+    dx = reference.combine(dx_slots, ctx.topk_ids, ctx.topk_weights if input_scale else None,
+                           None if shared is None else shared.dx)
     master = ctx.routed.master if hasattr(ctx.routed, "master") else ctx.routed
     names = ("gate", "up", "down", *master.biases())  # the bias gradients of the biases given
     routed_w = {name: torch.stack([getattr(g, name) for g in grads]) for name in names}

@@ -128,7 +128,8 @@ class Executor(Protocol):
     def build_schedule(self, topk_ids, num_local_experts: int, group, workspace: Workspace) -> Any: ...
     def forward(self, x, topk_ids, topk_weights, routed, shared, *, schedule, workspace: Workspace,
                 swiglu_limit, need_context: bool, activation: str = "swiglu", alpha: float | None = None): ...
-    # activation "swiglu" or "swiglu_oai", alpha None with "swiglu" (checked by validate.check_activation)
+    # activation "swiglu" or "swiglu_oai", alpha None with "swiglu" (checked by validate.check_activation); an
+    # executor that serves routing_scale="input" (Llama4) takes routing_scale= too, given only with that value
     def recompute_forward_context(self, x, topk_ids, topk_weights, routed, shared, *, schedule,
                                   workspace: Workspace, swiglu_limit, y_slots, activation: str = "swiglu",
                                   alpha: float | None = None): ...
@@ -186,15 +187,15 @@ class _ReferenceExecutor:
         return ep.build_schedule(topk_ids, num_local_experts, group, timeout)
 
     def forward(self, x, topk_ids, topk_weights, routed, shared, *, schedule, workspace, swiglu_limit,
-                need_context, activation="swiglu", alpha=None):
+                need_context, activation="swiglu", alpha=None, routing_scale="output"):
         return ep.forward(x, topk_ids, topk_weights, routed, shared, schedule=schedule, swiglu_limit=swiglu_limit,
-                          need_context=need_context, activation=activation, alpha=alpha)
+                          need_context=need_context, activation=activation, alpha=alpha, routing_scale=routing_scale)
 
     def recompute_forward_context(self, x, topk_ids, topk_weights, routed, shared, *, schedule, workspace,
-                                  swiglu_limit, y_slots, activation="swiglu", alpha=None):
+                                  swiglu_limit, y_slots, activation="swiglu", alpha=None, routing_scale="output"):
         return ep.recompute_forward_context(x, topk_ids, topk_weights, routed, shared, schedule=schedule,
                                             swiglu_limit=swiglu_limit, y_slots=y_slots, activation=activation,
-                                            alpha=alpha)
+                                            alpha=alpha, routing_scale=routing_scale)
 
     def backward(self, ctx, dout, main_grads):
         return ep.backward(ctx, dout, main_grads)
@@ -433,7 +434,8 @@ def build_schedule(topk_ids: torch.Tensor, num_local_experts: int, *, group=None
 
 def forward(x, topk_ids, topk_weights, routed, shared=None, *, group=None, config: MoKConfig | None = None,
             workspace: Workspace | None = None, schedule=None, backend: str | None = None, swiglu_limit=None,
-            need_context: bool = True, activation: str = "swiglu", alpha: float | None = None):
+            need_context: bool = True, activation: str = "swiglu", alpha: float | None = None,
+            routing_scale: str = "output"):
     """The layer's forward on this rank's tokens: returns (out [T, H] bf16, context or None).
 
     x [T, H] bf16; topk_ids [T, K] int32/int64, global expert ids in [0, W * E_local) or -1 (no route);
@@ -441,7 +443,8 @@ def forward(x, topk_ids, topk_weights, routed, shared=None, *, group=None, confi
     shared: SharedExpert or None. need_context=False is inference mode: nothing is kept for a backward.
     activation: "swiglu" (silu(g') * u') or "swiglu_oai" (gpt-oss: g' * sigmoid(alpha * g') * (u' + 1)); alpha:
     swiglu_oai's, None (meaning 1.702) or a finite float > 0, and None with "swiglu". Both are part of the
-    workspace's key and of what every rank must agree on, like swiglu_limit.
+    workspace's key and of what every rank must agree on, like swiglu_limit. routing_scale: "output" (out = shared +
+    sum_k w_k y_k(x)) or "input" (Llama4: out = shared + sum_k y_k(bf16(w_k x))), also agreed on by every rank.
     Collective over `group`: the expert-parallel process group, or mok.LOCAL for this process alone (None means
     LOCAL unless torch.distributed is initialised with more than one rank, where it is an error).
     """
@@ -452,14 +455,15 @@ def forward(x, topk_ids, topk_weights, routed, shared=None, *, group=None, confi
                                          need_context=need_context, **call.activation)
 
     call, (out, inner) = _run("forward", run, x, topk_ids, topk_weights, routed, shared, group, config, workspace,
-                              schedule, backend, swiglu_limit, None, activation, alpha)
+                              schedule, backend, swiglu_limit, None, activation, alpha, routing_scale)
     return out, (call.context(inner, x, routed, shared) if need_context else None)
 
 
 def recompute_forward_context(x, topk_ids, topk_weights, routed, shared=None, *, group=None,
                               config: MoKConfig | None = None, workspace: Workspace | None = None, schedule=None,
                               backend: str | None = None, swiglu_limit=None, y_slots=None,
-                              activation: str = "swiglu", alpha: float | None = None) -> ForwardContext:
+                              activation: str = "swiglu", alpha: float | None = None,
+                              routing_scale: str = "output") -> ForwardContext:
     """The context forward(need_context=True) would have returned, for a forward run with need_context=False
     (activation recompute). Same arguments as that forward; bitwise the same context."""
     def run(call):
@@ -470,7 +474,7 @@ def recompute_forward_context(x, topk_ids, topk_weights, routed, shared=None, *,
                                                            **call.activation)
 
     call, inner = _run("forward", run, x, topk_ids, topk_weights, routed, shared, group, config, workspace,
-                       schedule, backend, swiglu_limit, y_slots, activation, alpha)
+                       schedule, backend, swiglu_limit, y_slots, activation, alpha, routing_scale)
     return call.context(inner, x, routed, shared)
 
 
@@ -522,7 +526,7 @@ class _Call:
     schedule: Any
     group: Any
     world: int
-    activation: dict  # the executor's activation= and alpha= (validated)
+    activation: dict  # the executor's activation= and alpha= (validated), and routing_scale="input" when so
 
     def context(self, inner, x, routed, shared) -> ForwardContext:
         return ForwardContext(self.executor, inner, tuple(x.shape), x.device, routed, shared, self.group, self.world,
@@ -541,7 +545,8 @@ def _run(name, run, *args):
 
 
 def _prepare(name, x, topk_ids, topk_weights, routed, shared, group, config, workspace, schedule, backend,
-             swiglu_limit, y_slots=None, activation="swiglu", alpha=None, resync: GroupResync | None = None) -> _Call:
+             swiglu_limit, y_slots=None, activation="swiglu", alpha=None, routing_scale="output",
+             resync: GroupResync | None = None) -> _Call:
     """Check this rank's arguments, then find the executor, workspace and schedule. The first call of a
     workspace (and a reference-executor call) agrees with the group in one bounded exchange; a host-executor
     call that fits its workspace has no torch.distributed call at all."""
@@ -551,7 +556,7 @@ def _prepare(name, x, topk_ids, topk_weights, routed, shared, group, config, wor
     try:
         config = _config(config)
         shape = validate.check_layer_args(x, topk_ids, topk_weights, routed, shared, swiglu_limit, world,
-                                          activation, alpha)
+                                          activation, alpha, routing_scale)
         validate.check_y_slots(y_slots, (*topk_ids.shape, shape.hidden), x.device)
         executor = select_backend(backend, x.device)
         padding = (workspace.config if isinstance(workspace, Workspace) else config).expert_padding
@@ -587,7 +592,10 @@ def _prepare(name, x, topk_ids, topk_weights, routed, shared, group, config, wor
                          f"{tokens} tokens")
     if schedule is None:
         schedule = executor.build_schedule(topk_ids, shape.num_local_experts, group, workspace)
-    return _Call(executor, workspace, schedule, group, world, dict(activation=shape.activation, alpha=shape.alpha))
+    math = dict(activation=shape.activation, alpha=shape.alpha)
+    if shape.routing_scale != "output":  # only then: an executor without the option keeps its signature
+        math["routing_scale"] = shape.routing_scale
+    return _Call(executor, workspace, schedule, group, world, math)
 
 
 def _steady_workspace(name, group, world, timeout, error, x, shape, config, executor, workspace, tokens, resync):

@@ -111,6 +111,7 @@ class _Context:
     alpha: float | None
     token: int
     y_slots: torch.Tensor | None = None
+    routing_scale: str = "output"
 
 
 _tokens = itertools.count()
@@ -132,13 +133,17 @@ def _ring_rows(key, config, world: int) -> tuple[int, int]:
     return minibatch, min(config.macrobatch_size, -(-worst // minibatch) * minibatch)
 
 
-def _layer(workspace, group, swiglu_limit: float | None, activation: str, alpha: float | None):
-    """This workspace's libmok layer for `swiglu_limit`, `activation` and `alpha`, created collectively on first
+def _layer(workspace, group, swiglu_limit: float | None, activation: str, alpha: float | None,
+           routing_scale: str = "output"):
+    """This workspace's libmok layer for `swiglu_limit`, `activation`, `alpha` and `routing_scale`, created
+    collectively on first
     use. Keyed by process and group shape too: a forked process (or one that initialised torch.distributed since)
     must not reuse a layer whose shared memory and ranks belong to another group."""
     workspace_of, state = workspace, workspace.buffers
     rank, world = ep.group_rank_and_size(group)
     key = (swiglu_limit, os.getpid(), world, rank, activation, alpha)  # key[1], the pid: see close / stop_group
+    if routing_scale != "output":
+        key += (routing_scale,)
     if key in state.layers:
         return state.layers[key]
     shape, config = state.key, state.config
@@ -150,12 +155,15 @@ def _layer(workspace, group, swiglu_limit: float | None, activation: str, alpha:
                swiglu_alpha=validate.OAI_ALPHA if alpha is None else float(alpha),
                expert_padding=config.expert_padding, minibatch=minibatch, macrobatch=macrobatch,
                timeout_ms=validate.timeout_ms(config.wait_timeout_s), **_workers(config, world))
+    if routing_scale == "input":
+        cfg["routing_scale"] = 1  # mokRoutingScaleInput
     with _python_names():
         _, workspace_bytes = _mok.layer_sizes(cfg)
     memory = torch.empty(workspace_bytes + 64, dtype=torch.uint8)
     offset = -memory.data_ptr() % 64  # libmok wants 64-byte alignment
     with _python_names():
-        layer = _mok.Layer(cfg, _shm_name(workspace_of, state, swiglu_limit, activation, alpha),
+        layer = _mok.Layer(cfg, _shm_name(workspace_of, state, swiglu_limit, activation, alpha) +
+                           ("-input" if routing_scale == "input" else ""),
                            memory.data_ptr() + offset,
                            workspace_bytes)
     state.layers[key], state.memory[key] = layer, memory
@@ -170,7 +178,7 @@ _NAMES = {
     "config.intermediate": "routed I (gate.shape[1])", "config.top_k": "topk_ids.shape[1] (topk)",
     "config.max_tokens": "the workspace's max_tokens (at least the most tokens on a rank)",
     "config.shared_intermediate": "shared I_s (shared.gate.shape[0])", "config.swiglu_limit": "swiglu_limit",
-    "config.activation": "activation", "config.swiglu_alpha": "alpha",
+    "config.activation": "activation", "config.swiglu_alpha": "alpha", "config.routing_scale": "routing_scale",
     "config.expert_padding": "MoKConfig.expert_padding", "config.minibatch": "MoKConfig.minibatch_size",
     "config.macrobatch": "MoKConfig.macrobatch_size (capped at the rows a rank can receive)",
     "config.timeout_ms": "MoKConfig.wait_timeout_s (in ms)", "config.comm_workers": "MoKConfig.host_comm_workers",
@@ -307,15 +315,15 @@ class HostExecutor:
         return _Schedule(topk_ids.contiguous(), num_local_experts, group)
 
     def forward(self, x, topk_ids, topk_weights, routed, shared, *, schedule, workspace, swiglu_limit,
-                need_context, activation="swiglu", alpha=None):
+                need_context, activation="swiglu", alpha=None, routing_scale="output"):
         ctx, out = self._run(x, topk_weights, routed, shared, schedule, workspace, (swiglu_limit, activation, alpha),
-                             want_output=True)
+                             want_output=True, routing_scale=routing_scale)
         return out, (ctx if need_context else None)
 
     def recompute_forward_context(self, x, topk_ids, topk_weights, routed, shared, *, schedule, workspace,
-                                  swiglu_limit, y_slots, activation="swiglu", alpha=None):
+                                  swiglu_limit, y_slots, activation="swiglu", alpha=None, routing_scale="output"):
         return self._run(x, topk_weights, routed, shared, schedule, workspace, (swiglu_limit, activation, alpha),
-                         want_output=False)[0]
+                         want_output=False, routing_scale=routing_scale)[0]
 
     def backward(self, ctx: _Context, dout, main_grads: MainGrads | None) -> Gradients:
         if ctx.state.latest.get(ctx.layer) != ctx.token:
@@ -343,13 +351,14 @@ class HostExecutor:
         bf16 = {n: None if getattr(main, n) is not None else g.to(torch.bfloat16) for n, g in out.items()}
         return Gradients(dx, dw, *(bf16.get(n) for n in MainGrads._fields))
 
-    def _run(self, x, topk_weights, routed, shared, schedule: _Schedule, workspace, math: tuple, want_output):
+    def _run(self, x, topk_weights, routed, shared, schedule: _Schedule, workspace, math: tuple, want_output,
+             routing_scale="output"):
         """Schedule, then forward (-> out) or recompute (-> None) on libmok's layer: (context, out). math:
         (swiglu_limit, activation, alpha)."""
         state = workspace.buffers
-        layer = _layer(workspace, schedule.group, *math)
+        layer = _layer(workspace, schedule.group, *math, routing_scale)
         ctx = _Context(state, workspace, layer, schedule, x.contiguous(), topk_weights.contiguous(), routed, shared,
-                       *math, next(_tokens))
+                       *math, next(_tokens), routing_scale=routing_scale)
         _schedule(state, layer, schedule.topk_ids)
         out, (t, k), h = None, schedule.topk_ids.shape, ctx.x.shape[1]
         weights, x_address = _weights(routed, shared), _pointer(ctx.x, "x", torch.bfloat16)
@@ -358,6 +367,9 @@ class HostExecutor:
                 out = torch.empty_like(ctx.x)
                 layer.forward(weights, x_address, _pointer(ctx.topk_weights, "topk_weights", torch.float32, (t, k)),
                               _pointer(out, "out", torch.bfloat16), _NO_STREAM)
+            elif routing_scale == "input":  # the experts read bf16(w_k x): the recompute needs the weights
+                layer.recompute_weighted(weights, x_address,
+                                         _pointer(ctx.topk_weights, "topk_weights", torch.float32, (t, k)), _NO_STREAM)
             else:
                 layer.recompute(weights, x_address, _NO_STREAM)
             ctx.y_slots = torch.empty(t, k, h, dtype=torch.bfloat16)
@@ -369,7 +381,8 @@ class HostExecutor:
         """Make `ctx` the layer's current schedule and context again (bitwise what it was): its schedule, then its x
         and y slots put back (mokLayerRestoreContext: two copies, no pass). The layer is created again if it was
         closed after a failure."""
-        ctx.layer = _layer(ctx.workspace, ctx.schedule.group, ctx.swiglu_limit, ctx.activation, ctx.alpha)
+        ctx.layer = _layer(ctx.workspace, ctx.schedule.group, ctx.swiglu_limit, ctx.activation, ctx.alpha,
+                           ctx.routing_scale)
         _schedule(ctx.state, ctx.layer, ctx.schedule.topk_ids)
         with _guard(ctx.state, ctx.layer), _python_names():
             ctx.layer.restore_context(_pointer(ctx.x, "x", torch.bfloat16),

@@ -11,7 +11,8 @@ from mok.functional import MoKConfig
 
 def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, routed, shared=None, *, group=None,
         config: MoKConfig | None = None, backend: str | None = None, swiglu_limit: float | None = None,
-        keep_context: bool = True, activation: str = "swiglu", alpha: float | None = None):
+        keep_context: bool = True, activation: str = "swiglu", alpha: float | None = None,
+        routing_scale: str = "output"):
     """The MoE layer's output [T, H] for this rank's tokens (bf16, or x's dtype under autocast), differentiable.
 
     x [T, H] bf16, or float32/float16 inside a torch.autocast(dtype=torch.bfloat16) region of x's device (then
@@ -26,17 +27,19 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, rou
     every rank of the group calls it, with any token count. activation: the experts' gated activation, "swiglu"
     (h = silu(g') * u') or "swiglu_oai" (gpt-oss: h = g' * sigmoid(alpha * g') * (u' + 1)), with g' = min(g, L) and
     u' = clamp(u, -L, L) for L = swiglu_limit; alpha: swiglu_oai's, None (1.702) or a finite float > 0, and None
-    with "swiglu".
+    with "swiglu". routing_scale: "output" (out = shared(x) + sum_k w_k y_k(x)) or "input" (Llama4: out = shared(x)
+    + sum_k y_k(bf16(w_k x)), the routing weight scaling each expert's input row; docs/semantics.md).
     """
     group = ep.resolve_group(group)
     caller_dtype = x.dtype if isinstance(x, torch.Tensor) else None
     x, topk_weights = autocast_inputs(x), routing_weights(topk_weights)
     _check_before_op(x, topk_ids, topk_weights, routed, shared, config, group, swiglu_limit, backend)
     activation, alpha = _checked_activation(activation, alpha, config, group)
+    routing_scale = _checked(validate.check_routing_scale, routing_scale, config, group)
     out, _ = torch.ops.mok.moe_forward(
         x, topk_ids, topk_weights, ops.flatten_routed(routed), ops.flatten_shared(shared),
         None if swiglu_limit is None else float(swiglu_limit), activation, alpha, ops.group_name(group), backend or "",
-        ops.config_to_floats(config), bool(keep_context))  # functional turns autocast off inside
+        ops.config_to_floats(config), bool(keep_context), routing_scale)  # functional turns autocast off inside
     ops._Kept.y_slots = ops._Kept.context = None  # the autograd node has it, or nothing needs it (no_grad)
     return out if out.dtype == caller_dtype else out.to(caller_dtype)
 
@@ -69,8 +72,13 @@ _FLAT_NAMES = ("gate", "up", "down", *(f"{p}.{form}.{kind}" for p in ("gate", "u
 def _checked_activation(activation, alpha, config, group) -> tuple[str, float | None]:
     """validate.check_activation before the op (whose schema takes a str and a float); a failure goes through the
     group's agreement step like _check_before_op's."""
+    return _checked(validate.check_activation, (activation, alpha), config, group)
+
+
+def _checked(check, value, config, group):
+    """check(*value) (or check(value)) before the op; a failure goes through the group's agreement step."""
     try:
-        return validate.check_activation(activation, alpha)
+        return check(*value) if isinstance(value, tuple) else check(value)
     except (TypeError, ValueError) as error:
         timeout = config.wait_timeout_s if isinstance(config, MoKConfig) else MoKConfig().wait_timeout_s
         functional._agree(group, ep.group_rank_and_size(group)[1], timeout, error, {}, 0)

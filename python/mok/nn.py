@@ -35,7 +35,8 @@ class MoE(nn.Module):
     are mok.moe's, checked here. expert_bias=True gives the routed experts gpt-oss's biases: gate_bias, up_bias
     [E_local, I] and down_bias [E_local, H] bf16 parameters, zeros at first. shared_expert_gate=True (with
     shared_intermediate) gates the shared expert per token as Qwen2-MoE does: its output times
-    sigmoid(x . shared_router), shared_router a [H] bf16 parameter.
+    sigmoid(x . shared_router), shared_router a [H] bf16 parameter. routing_scale ("output" or "input",
+    Llama4's: each expert reads bf16(w_k x) and the outputs add unweighted) is mok.moe's, checked here.
     """
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, topk: int, *,
@@ -43,7 +44,7 @@ class MoE(nn.Module):
                  swiglu_limit: float | None = None, mxfp8: bool = False, group=None, backend: str | None = None,
                  config: MoKConfig | None = None, device=None, router: Router | None = None,
                  activation: str = "swiglu", alpha: float | None = None, expert_bias: bool = False,
-                 shared_expert_gate: bool = False):
+                 shared_expert_gate: bool = False, routing_scale: str = "output"):
         super().__init__()
         _, world = group_rank_and_size(group)
         for name, value, low in (("hidden", hidden, 1), ("intermediate", intermediate, 1),
@@ -67,6 +68,7 @@ class MoE(nn.Module):
         self.topk, self.score, self.normalize_topk = topk, score, normalize_topk
         self.swiglu_limit, self.mxfp8 = swiglu_limit, mxfp8
         self.activation, self.alpha = validate.check_activation(activation, alpha)
+        self.routing_scale = validate.check_routing_scale(routing_scale)
         self.group, self.backend, self.config = group, backend, config
         local = num_experts // world
         if router is None:
@@ -121,7 +123,8 @@ class MoE(nn.Module):
         if self.shared_gate is not None:
             shared = SharedExpert(self.shared_gate, self.shared_up, self.shared_down, self.shared_router)
         return moe(tokens, ids, weights, routed, shared, group=self.group, config=self.config, backend=self.backend,
-                   swiglu_limit=self.swiglu_limit, activation=self.activation, alpha=self.alpha)
+                   swiglu_limit=self.swiglu_limit, activation=self.activation, alpha=self.alpha,
+                   routing_scale=self.routing_scale)
 
 
 def _check_router(router, hidden: int, num_experts: int, topk: int) -> None:

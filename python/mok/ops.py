@@ -133,10 +133,10 @@ class _Kept:
 _LIB = torch.library.Library("mok", "DEF")
 _LIB.define("moe_forward(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor[] routed, Tensor[] shared, "
             "float? swiglu_limit, str activation, float? alpha, str group, str backend, float[] config, "
-            "bool keep_context) -> (Tensor, Tensor)")
+            "bool keep_context, str routing_scale) -> (Tensor, Tensor)")
 _LIB.define("moe_backward(Tensor dout, Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor[] routed, "
             "Tensor[] shared, Tensor y_slots, float? swiglu_limit, str activation, float? alpha, str group, "
-            "str backend, float[] config) -> Tensor[]")
+            "str backend, float[] config, str routing_scale) -> Tensor[]")
 _LIB.define("mxfp8_quantize(Tensor t) -> (Tensor, Tensor, Tensor, Tensor)")
 
 
@@ -150,18 +150,20 @@ def _impl(name: str):
 @_impl("moe_forward")
 def moe_forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, routed: list[torch.Tensor],
                 shared: list[torch.Tensor], swiglu_limit: float | None, activation: str, alpha: float | None,
-                group: str, backend: str, config: list[float], keep_context: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                group: str, backend: str, config: list[float], keep_context: bool,
+                routing_scale: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [T, H] bf16, y_slots [T, K, H] bf16: each route's expert output, kept for the backward)."""
     out, ctx = functional.forward(x, topk_ids, topk_weights, unflatten_routed(routed), unflatten_shared(shared),
                                   group=_group(group), config=_config(config), backend=backend or None,
-                                  swiglu_limit=swiglu_limit, activation=activation, alpha=alpha)
+                                  swiglu_limit=swiglu_limit, activation=activation, alpha=alpha,
+                                  routing_scale=routing_scale)
     _Kept.y_slots, _Kept.context = (ctx.y_slots, ctx) if keep_context else (None, None)
     return out, ctx.y_slots
 
 
 @torch.library.register_fake("mok::moe_forward")
 def _(x, topk_ids, topk_weights, routed, shared, swiglu_limit, activation, alpha, group, backend, config,
-      keep_context):
+      keep_context, routing_scale):
     tokens, hidden = x.shape
     return x.new_empty(tokens, hidden), x.new_empty(tokens, topk_ids.shape[1], hidden)
 
@@ -170,7 +172,7 @@ def _(x, topk_ids, topk_weights, routed, shared, swiglu_limit, activation, alpha
 def moe_backward(dout: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                  routed: list[torch.Tensor], shared: list[torch.Tensor], y_slots: torch.Tensor,
                  swiglu_limit: float | None, activation: str, alpha: float | None, group: str, backend: str,
-                 config: list[float]) -> list[torch.Tensor]:
+                 config: list[float], routing_scale: str) -> list[torch.Tensor]:
     """[dx, d topk_weights, d gate, d up, d down] + [d shared gate, up, down (, router)] with a shared expert + the
     biases' with biases (_gradient_list); weight
     gradients bf16, of the bf16 masters. Recomputes the expert-side context from the inputs, then runs the
@@ -178,7 +180,7 @@ def moe_backward(dout: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor, to
     ctx = functional.recompute_forward_context(
         x, topk_ids, topk_weights, unflatten_routed(routed), unflatten_shared(shared), group=_group(group),
         config=_config(config), backend=backend or None, swiglu_limit=swiglu_limit, y_slots=y_slots,
-        activation=activation, alpha=alpha)
+        activation=activation, alpha=alpha, routing_scale=routing_scale)
     return _gradient_list(functional.backward(ctx, dout))
 
 
@@ -192,17 +194,17 @@ def _gradient_list(grads: functional.Gradients) -> list[torch.Tensor]:
 
 @torch.library.register_fake("mok::moe_backward")
 def _(dout, x, topk_ids, topk_weights, routed, shared, y_slots, swiglu_limit, activation, alpha, group, backend,
-      config):
+      config, routing_scale):
     biases = [routed[i] for i in bias_positions(len(routed)) if routed[i].numel() > 0]
     return [torch.empty_like(t) for t in (x, topk_weights, *routed[:3], *shared, *biases)]
 
 
 def _setup_context(ctx, inputs, output):
-    x, topk_ids, topk_weights, routed, shared, swiglu_limit, activation, alpha, group, backend, config, keep_context = \
-        inputs
+    (x, topk_ids, topk_weights, routed, shared, swiglu_limit, activation, alpha, group, backend, config, keep_context,
+     routing_scale) = inputs
     ctx.save_for_backward(x, topk_ids, topk_weights, output[1], *routed, *shared)
     ctx.num_routed, ctx.num_shared = len(routed), len(shared)
-    ctx.args = (swiglu_limit, activation, alpha, group, backend, config)
+    ctx.args = (swiglu_limit, activation, alpha, group, backend, config, routing_scale)
     ctx.mark_non_differentiable(output[1])
     kept = _Kept.context if _Kept.y_slots is not None and _Kept.y_slots is output[1] else None
     ctx.mok_context = kept if keep_context else None
@@ -233,7 +235,7 @@ def _backward(ctx, dout, _dy_slots):
     config_grad = None if ctx.args[5] else []
     # (No schema defaults: the dispatcher drops a trailing argument equal to its default, and autograd would then
     # expect one entry fewer.)
-    return dx, None, dw, routed_grads, dweights[3:], None, None, None, None, None, config_grad, None
+    return dx, None, dw, routed_grads, dweights[3:], None, None, None, None, None, config_grad, None, None
 
 
 torch.library.register_autograd("mok::moe_forward", _backward, setup_context=_setup_context)

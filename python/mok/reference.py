@@ -296,6 +296,15 @@ class Context:
     y_slots: torch.Tensor  # [T, K, H] stored y_k (zeros for -1 routes)
     activation: str = "swiglu"
     alpha: float = OAI_ALPHA
+    routing_scale: str = "output"  # "input": the experts ran on scaled_rows(), out summed the y_k unweighted
+
+
+def scaled_rows(x: torch.Tensor, topk_weights: torch.Tensor, routing: Routing, precision: str) -> torch.Tensor:
+    """Each routed row's expert input with routing_scale="input" (Llama4): store(w_k * x_t), the product in fp32
+    (float64 in the oracle), rows in canonical order."""
+    acc = _acc_dtype(precision)
+    w_rows = topk_weights.reshape(-1)[routing.slots].to(acc)[:, None]
+    return (w_rows * x[routing.tokens].to(acc)).to(_store_dtype(precision))
 
 
 def forward(
@@ -309,16 +318,21 @@ def forward(
     precision: str = "bf16",
     activation: str = "swiglu",
     alpha: float = OAI_ALPHA,
+    routing_scale: str = "output",
 ):
     """The layer's forward on one process: returns (out [T, H], Context).
 
     activation "swiglu" (default) or "swiglu_oai" (gpt-oss) with its alpha: see swiglu().
+    routing_scale "output" (default): out = shared + sum_k w_k y_k(x); "input" (Llama4): expert k runs on
+    store(w_k * x_t) and out = shared + sum_k y_k (docs/semantics.md).
 
     x [T, H] bf16; topk_ids [T, K] int32/int64 in [-1, E) (-1 = no route); topk_weights [T, K] fp32.
     MXFP8 mode is selected by passing RoutedExpertsMXFP8. precision="float64" is the oracle (float64 out).
     """
     _check_inputs(x, topk_ids, topk_weights, routed, shared, swiglu_limit, precision)
     _check_activation(activation, alpha)
+    if routing_scale not in ("output", "input"):
+        raise ValueError(f"routing_scale must be 'output' or 'input', got {routing_scale!r}")
     act_args = dict(swiglu_limit=swiglu_limit, precision=precision, activation=activation, alpha=alpha)
     if precision == "float64" and isinstance(routed, RoutedExpertsMXFP8):
         routed = routed.master  # the oracle is the exact math the MXFP8 mode approximates
@@ -327,7 +341,7 @@ def forward(
     store = _store_dtype(precision)
     x = x.to(store)  # a no-op in bf16 mode
     routing = route(topk_ids, routed.num_experts)
-    x_rows = x[routing.tokens]
+    x_rows = scaled_rows(x, topk_weights, routing, precision) if routing_scale == "input" else x[routing.tokens]
     y_slots = torch.zeros(T * K, H, dtype=store, device=x.device)
     activations = []
     for e, rows in routing.segments():
@@ -339,10 +353,11 @@ def forward(
         shared_act = expert_forward(x, shared.expert(), **act_args)
     y_slots = y_slots.view(T, K, H)
     first = None if shared_act is None else shared_term(shared_act.y, x, shared.router, precision)
-    out = combine(y_slots, topk_ids, topk_weights, first, precision=precision)
+    out_weights = None if routing_scale == "input" else topk_weights  # input: the y_k add unweighted
+    out = combine(y_slots, topk_ids, out_weights, first, precision=precision)
     ctx = Context(
         x, topk_ids, topk_weights, routed, shared, swiglu_limit, precision, routing, activations, shared_act, y_slots,
-        activation, alpha,
+        activation, alpha, routing_scale,
     )
     return out, ctx
 
@@ -363,6 +378,9 @@ def backward(ctx: Context, dout: torch.Tensor) -> Gradients:
     w_rows = ctx.topk_weights.reshape(-1)[routing.slots].to(acc)[:, None]
     dy_rows = (w_rows * dout[routing.tokens].to(acc)).to(store)
     x_rows = x[routing.tokens]
+    input_scale = ctx.routing_scale == "input"
+    if input_scale:  # the expert's input was store(w_k x): dy is dOut itself
+        dy_rows, x_rows = dout[routing.tokens], scaled_rows(x, ctx.topk_weights, routing, precision)
     dx_slots = torch.zeros(T * K, H, dtype=store, device=x.device)
     wgrads = []
     for e, rows in routing.segments():
@@ -389,7 +407,11 @@ def backward(ctx: Context, dout: torch.Tensor) -> Gradients:
         )
         shared_dx = shared.dx if gated is None else gated.input_gradient(shared.dx, router)
         router_grad = None if gated is None else gated.router_gradient(x)
-    dx = combine(dx_slots.view(T, K, H), ctx.topk_ids, None, shared_dx, precision=precision)
+    dx_slots = dx_slots.view(T, K, H)
+    if input_scale:  # dx_k is w.r.t. store(w_k x): dx = shared + sum_k w_k dx_k; dw_k = <x_t, dx_k>, x unscaled
+        dw = torch.where(valid, (x.to(acc)[:, None, :] * dx_slots.to(acc)).sum(-1), 0).to(acc)
+    dx_weights = ctx.topk_weights if input_scale else None
+    dx = combine(dx_slots, ctx.topk_ids, dx_weights, shared_dx, precision=precision)
     return Gradients(
         x=dx,
         topk_weights=dw,

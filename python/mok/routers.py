@@ -15,6 +15,7 @@ z-loss.
 | topk_softmax | gpt-oss | top-k of l, then w = softmax over those k logits |
 | sigmoid_topk | DeepSeek-V3 | s = sigmoid(l); select on s + bias within the best groups; w = s at the selection, |
 |              |             | optionally / sum, then * routed_scaling_factor |
+| sigmoid_topk (defaults) | Llama4 | w = sigmoid of the top-k logits, not renormalised (routing_scale="input") |
 """
 
 from __future__ import annotations

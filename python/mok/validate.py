@@ -52,10 +52,11 @@ class LayerShape(NamedTuple):
     expert_padding: int = 0  # MoKConfig.expert_padding (the call's, or its workspace's); set by the caller
     activation: str = "swiglu"  # "swiglu" or "swiglu_oai"
     alpha: float | None = None  # swiglu_oai's alpha; None with "swiglu"
+    routing_scale: str = "output"  # "output" (w_k scales y_k) or "input" (Llama4: w_k scales the expert's input)
 
 
 def check_layer_args(x, topk_ids, topk_weights, routed, shared, swiglu_limit, world: int, activation="swiglu",
-                     alpha=None) -> LayerShape:
+                     alpha=None, routing_scale="output") -> LayerShape:
     """Check one rank's arguments; return the shape record to agree on. Raises TypeError/ValueError naming the
     argument and the rule."""
     _check_tensor(x, "x", (torch.bfloat16,), ndim=2)
@@ -83,11 +84,13 @@ def check_layer_args(x, topk_ids, topk_weights, routed, shared, swiglu_limit, wo
                        "most 2^20")
     limit = check_swiglu_limit(swiglu_limit)
     activation, alpha = check_activation(activation, alpha)
+    routing_scale = check_routing_scale(routing_scale)
     num_local = routed.num_experts
     check_expert_ids(topk_ids, world * num_local)
     return LayerShape(hidden, topk, num_local, routed.intermediate_size,
                       0 if shared is None else shared.intermediate_size,
-                      isinstance(routed, RoutedExpertsMXFP8), limit, activation=activation, alpha=alpha)
+                      isinstance(routed, RoutedExpertsMXFP8), limit, activation=activation, alpha=alpha,
+                      routing_scale=routing_scale)
 
 
 def check_routing_limits(topk_ids: torch.Tensor, world: int) -> None:
@@ -127,6 +130,19 @@ def check_swiglu_limit(limit) -> float | None:
         raise ValueError(f"swiglu_limit must be None or a normal float32 > 0 (between {_FLOAT32.tiny:.4g} and "
                          f"{_FLOAT32.max:.4g}; libmok's config.swiglu_limit is a float), got {limit}")
     return float(limit)
+
+
+ROUTING_SCALES = ("output", "input")
+
+
+def check_routing_scale(routing_scale) -> str:
+    """Where the routing weights apply: "output" (out = shared + sum_k w_k y_k(x), the default) or "input"
+    (Llama4: out = shared + sum_k y_k(bf16(w_k x)))."""
+    if not isinstance(routing_scale, str):
+        raise TypeError(f"routing_scale must be \"output\" or \"input\", got {type(routing_scale).__name__}")
+    if routing_scale not in ROUTING_SCALES:
+        raise ValueError(f"routing_scale must be \"output\" or \"input\", got {routing_scale!r}")
+    return routing_scale
 
 
 _FLOAT32 = torch.finfo(torch.float32)
@@ -238,6 +254,7 @@ _FIELD_SOURCE = {
     "swiglu_limit": "swiglu_limit",
     "activation": "activation",
     "alpha": "alpha",
+    "routing_scale": "routing_scale",
     "expert_padding": "MoKConfig.expert_padding",
 }
 

@@ -70,6 +70,8 @@ mokLayerConfig_t make_config(const nb::dict& d) {
   if (d.contains("activation")) c.activation = config_activation(d), ++known;
   if (d.contains("swiglu_alpha")) c.swiglu_alpha = nb::cast<float>(d["swiglu_alpha"]), ++known;
   if (d.contains("backward_comm_workers")) c.backward_comm_workers = config_int(d, "backward_comm_workers"), ++known;
+  // An int as a C caller stores it: libmok rejects one past the enum (naming config.routing_scale).
+  if (d.contains("routing_scale")) *reinterpret_cast<int*>(&c.routing_scale) = config_int(d, "routing_scale"), ++known;
   if (known != d.size()) throw nb::value_error("config: unknown key (see mokLayerConfig_t in mok.h)");
   return c;
 }
@@ -142,6 +144,15 @@ class Layer {
     mokLayerWeights_t w = make_weights(weights);
     mokLayer_t layer = get();
     mok::python::released([&] { return mokLayerRecompute(layer, &w, ptr<const void>(x), ptr<void>(stream)); });
+  }
+
+  void recompute_weighted(const nb::dict& weights, uintptr_t x, uintptr_t topk_weights, uintptr_t stream) {
+    mokLayerWeights_t w = make_weights(weights);
+    mokLayer_t layer = get();
+    mok::python::released([&] {
+      return mokLayerRecomputeWeighted(layer, &w, ptr<const void>(x), ptr<const float>(topk_weights),
+                                       ptr<void>(stream));
+    });
   }
 
   void backward(const nb::dict& weights, uintptr_t topk_weights, uintptr_t dout, const nb::dict& grads,
@@ -228,6 +239,8 @@ void bind_layer(nb::module_& m) {
       .def("forward", &Layer::forward, nb::arg("weights"), nb::arg("x"), nb::arg("topk_weights"), nb::arg("out"),
            nb::arg("stream") = 0)
       .def("recompute", &Layer::recompute, nb::arg("weights"), nb::arg("x"), nb::arg("stream") = 0)
+      .def("recompute_weighted", &Layer::recompute_weighted, nb::arg("weights"), nb::arg("x"), nb::arg("topk_weights"),
+           nb::arg("stream") = 0)
       .def("backward", &Layer::backward, nb::arg("weights"), nb::arg("topk_weights"), nb::arg("dout"), nb::arg("grads"),
            nb::arg("stream") = 0)
       .def("slots", &Layer::slots, nb::arg("y_slots"), nb::arg("stream") = 0)

@@ -31,9 +31,10 @@ struct Spec {
   Routing routing = Routing::uniform;
   bool mxfp8 = false;
   double limit = 0;
-  double alpha = 0;    // 0: swiglu; > 0: swiglu_oai with this alpha
-  bool bias = false;   // routed-expert biases (gate, up, down)
-  bool gated = false;  // the shared expert gated by weights.shared_router (needs shared_inter > 0)
+  double alpha = 0;          // 0: swiglu; > 0: swiglu_oai with this alpha
+  bool bias = false;         // routed-expert biases (gate, up, down)
+  bool gated = false;        // the shared expert gated by weights.shared_router (needs shared_inter > 0)
+  bool input_scale = false;  // mokRoutingScaleInput (Llama4): the routing weights scale the experts' inputs
 };
 
 // Uniform in [-a, a], rounded to bf16; never all zeros.
@@ -56,6 +57,7 @@ inline ref::Problem make_problem(const Spec& s, std::mt19937_64& rng) {
   p.alpha = s.alpha;
   p.mxfp8 = s.mxfp8;
   p.gated = s.gated;
+  p.input_scale = s.input_scale;
   int n_experts = s.world * s.experts;
   std::uniform_int_distribution<int> tok(1, s.max_tokens), ex(0, n_experts - 1), coin(0, 3);
   std::uniform_real_distribution<float> wt(0.05f, 1.0f);
@@ -163,6 +165,7 @@ inline mokLayerConfig_t config_for(const ref::Problem& p, const Knobs& k, int ra
   c.comm_workers = k.comm_workers;
   c.compute_workers = k.compute_workers;
   c.backward_comm_workers = k.backward_comm_workers;
+  c.routing_scale = p.input_scale ? mokRoutingScaleInput : mokRoutingScaleOutput;
   c.timeout_ms = k.timeout_ms;
   return c;
 }
@@ -307,7 +310,10 @@ inline void run_rank(const ref::Problem& p, const Knobs& k, int r, void* const* 
     o.slots[r].assign(static_cast<size_t>(T) * K * H, 0xffff);
     ok = step(mokLayerGetSlots(layer, o.slots[r].data(), nullptr));
   }
-  if (ok && k.recompute) ok = step(mokLayerRecompute(layer, &w, p.x[r].data(), nullptr));
+  // With input scaling the context depends on the weights: the recompute that takes them.
+  if (ok && k.recompute)
+    ok = step(p.input_scale ? mokLayerRecomputeWeighted(layer, &w, p.x[r].data(), p.topk_weights[r].data(), nullptr)
+                            : mokLayerRecompute(layer, &w, p.x[r].data(), nullptr));
   if (ok && k.backward) {
     size_t eih = static_cast<size_t>(p.experts) * p.inter * H, sih = static_cast<size_t>(p.shared_inter) * H;
     o.dx[r].assign(static_cast<size_t>(T) * H, 0);

@@ -116,6 +116,8 @@ struct Problem {
   double limit = 0;  // SwiGLU clamp; 0 = none
   double alpha = 0;  // 0: swiglu; > 0: swiglu_oai with this alpha
   bool mxfp8 = false;
+  // mokRoutingScaleInput (Llama4): expert k reads bf16(w_k x) and out adds y_k unweighted; false: out adds w_k y_k.
+  bool input_scale = false;
   std::vector<int> tokens;                               // per rank
   std::vector<std::vector<int64_t>> ids;                 // [rank][T*K]
   std::vector<std::vector<float>> topk_weights;          // [rank][T*K]
@@ -297,24 +299,35 @@ class Layer {
           if (id < 0) continue;
           const Expert& ex = experts_[id];
           double w = p.topk_weights[rk][t * K + k];
+          // The weight scales the expert's input row (rounded to bf16) or its output and dOut.
+          Vec xk = x;
+          if (p.input_scale)
+            for (double& v : xk) v = bf16(w * v);
           Vec g, u, h;
-          gate_up(x, ex.gate, ex.up, I, g, u, h, true, &ex.gate_bias, &ex.up_bias);
+          gate_up(xk, ex.gate, ex.up, I, g, u, h, true, &ex.gate_bias, &ex.up_bias);
           Vec y = times_wt(operand(h), ex.down, H, &ex.down_bias);
           Vec dy(H);
           double dw = 0;
           for (int o = 0; o < H; ++o) {
-            out[o] += w * y[o];
-            dy[o] = bf16(w * d[o]);
+            out[o] += (p.input_scale ? 1.0 : w) * y[o];
+            dy[o] = p.input_scale ? d[o] : bf16(w * d[o]);
             dw += d[o] * y[o];
           }
-          r.dw[rk][t * K + k] = dw;
           Vec dh = times_w(operand(dy), ex.bdown, I);
           for (double& v : dh) v = bf16(v);
           Vec dg, du;
           swiglu_bwd(g, u, dh, dg, du);
           Vec a = times_w(operand(dg), ex.bgate, H), b = times_w(operand(du), ex.bup, H);
-          for (int o = 0; o < H; ++o) dx[o] += bf16(a[o] + b[o]);
-          rows[id].push_back(Row{x, dy, h, dg, du});
+          // dx_k: the slot's bf16 gradient w.r.t. its input row; with input scaling x gets w dx_k and the
+          // weight <x, dx_k> (x unscaled).
+          if (p.input_scale) dw = 0;
+          for (int o = 0; o < H; ++o) {
+            double dxk = bf16(a[o] + b[o]);
+            dx[o] += (p.input_scale ? w : 1.0) * dxk;
+            if (p.input_scale) dw += x[o] * dxk;
+          }
+          r.dw[rk][t * K + k] = dw;
+          rows[id].push_back(Row{xk, dy, h, dg, du});
         }
         for (int o = 0; o < H; ++o) {
           r.out[rk][t * H + o] = bf16(out[o]);

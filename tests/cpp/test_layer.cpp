@@ -72,8 +72,9 @@ void check_against_reference(const Spec& spec, const Knobs& knobs) {
     if (spec.gated && !knobs.accumulate)
       close("dshared_router", r, from_bf16(o.dsrouter[r]), rounded(want.dsrouter[r]), tol);
     // mokLayerGetSlots gives the y_k the router-weight gradient used: dw_k = sum_h dOut * y_k in
-    // fp32, h in order, reproduces it bit for bit; a -1 route's slot is zeros.
-    for (int t = 0; t < p.tokens[r]; ++t)
+    // fp32, h in order, reproduces it bit for bit; a -1 route's slot is zeros. (With input scaling dw_k
+    // reads the slot's dx_k instead, which no call returns: the oracle's dw above is the check.)
+    for (int t = 0; t < p.tokens[r] && !spec.input_scale; ++t)
       for (int k = 0; k < p.top_k; ++k) {
         float dw = 0.0f;
         bool zeros = true;
@@ -242,6 +243,107 @@ TEST(world2_bias_one_expert_many_parts_mxfp8) {  // several wgrad parts: the bia
   k.minibatch = 32;
   k.macrobatch = 32;
   check_against_reference(s, k);
+}
+
+// Llama4's input-side routing scale (mokRoutingScaleInput): expert k reads bf16(w_k x), out = shared(x) +
+// sum_k y_k, dx = shared term + sum_k w_k dx_k, dw_k = <x, dx_k>; with a shared expert, 1 and 2 ranks, both
+// precisions, forward, backward and recompute. The weights are drawn in [0.05, 1] (group.hpp), so the scaled
+// rows differ visibly from x and every rounding point matters.
+Spec input_scale(int world, bool mxfp8) {
+  Spec s = spec(world, 2, Routing::uniform);
+  s.input_scale = true;
+  s.shared_inter = 12;
+  if (mxfp8) {
+    s.mxfp8 = true;
+    s.hidden = 40;
+    s.inter = 24;
+    s.max_tokens = 24;
+    s.shared_inter = 8;
+  }
+  return s;
+}
+
+TEST(world1_input_scale_shared_expert) {
+  check_against_reference(input_scale(1, false), Knobs{});
+}
+
+TEST(world2_input_scale_shared_expert_minus_one_routes) {
+  Spec s = input_scale(2, false);
+  s.routing = Routing::minus_one;
+  s.hidden = 72;  // blocks of 16 along H and a remainder in the home sums
+  check_against_reference(s, Knobs{});
+}
+
+TEST(world2_input_scale_recompute) {
+  Knobs k;
+  k.recompute = true;
+  check_against_reference(input_scale(2, false), k);
+}
+
+// More rows than the ring holds: the backward pulls x again from its home rank and scales it again.
+TEST(world2_input_scale_ring_not_kept_into_main_grad) {
+  Spec s = input_scale(2, false);
+  s.max_tokens = 24;
+  s.ragged = false;
+  Knobs k;
+  k.macrobatch = 16;
+  k.accumulate = true;
+  check_against_reference(s, k);
+}
+
+TEST(world1_input_scale_mxfp8) {
+  check_against_reference(input_scale(1, true), mxfp8_knobs());
+}
+
+TEST(world2_input_scale_mxfp8_recompute) {
+  Knobs k = mxfp8_knobs();
+  k.recompute = true;
+  check_against_reference(input_scale(2, true), k);
+}
+
+// mokLayerRecompute has no routing weights: a layer whose experts read bf16(w_k x) refuses it, naming the
+// argument and the call to use, and mokLayerRecomputeWeighted with them runs.
+TEST(input_scale_recompute_needs_the_weights) {
+  std::mt19937_64 rng(seed());
+  ref::Problem p = make_problem(input_scale(1, false), rng);
+  Knobs k;
+  mokLayerSizes_t sizes = sizes_for(p, k);
+  AlignedBuffer peer(sizes.peer_bytes), work(sizes.workspace_bytes);
+  mokLayerConfig_t c = config_for(p, k, 0);
+  mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
+  void* bases[1] = {peer.p};
+  m.peer_bases = bases;
+  m.workspace = work.p;
+  m.workspace_bytes = sizes.workspace_bytes;
+  mokLayer_t layer = nullptr;
+  CHECK(mokLayerCreate(&c, &m, &layer) == mokSuccess);
+  std::vector<int32_t> ids(p.ids[0].begin(), p.ids[0].end());
+  mokLayerWeights_t w = bf16_weights(p, 0);
+  CHECK(mokLayerBuildSchedule(layer, ids.data(), mokIndexInt32, p.tokens[0], nullptr) == mokSuccess);
+  CHECK(mokLayerRecompute(layer, &w, p.x[0].data(), nullptr) == mokInvalidArgument);
+  std::string detail = mokGetLastError();
+  CHECK_MSG(detail.find("'topk_weights'") != std::string::npos &&
+                detail.find("mokLayerRecomputeWeighted") != std::string::npos,
+            "%s", detail.c_str());
+  CHECK(mokLayerRecomputeWeighted(layer, &w, p.x[0].data(), nullptr, nullptr) == mokInvalidArgument);
+  CHECK(mokLayerRecomputeWeighted(layer, &w, p.x[0].data(), p.topk_weights[0].data(), nullptr) == mokSuccess);
+  mokLayerDestroy(layer);
+}
+
+// routing_scale is part of the math every rank shares: one rank with the other value fails every rank, the detail
+// naming the field and both values.
+TEST(routing_scale_differs_fails_every_rank) {
+  std::mt19937_64 rng(seed());
+  ref::Problem p = make_problem(input_scale(2, false), rng);
+  Knobs k;
+  k.edit_config = [](int r, mokLayerConfig_t& c) {
+    c.routing_scale = r == 1 ? mokRoutingScaleOutput : c.routing_scale;
+  };
+  Outputs o = run_layer(p, k);
+  for (int r = 0; r < p.world; ++r)
+    CHECK_MSG(o.status[r] == mokInvalidArgument && o.detail[r].find("'config.routing_scale'") != std::string::npos &&
+                  o.detail[r].find("(0)") != std::string::npos && o.detail[r].find("(1)") != std::string::npos,
+              "rank %d: %s: %s", r, mokGetStatusString(o.status[r]), o.detail[r].c_str());
 }
 
 TEST(world3_top8_minus_one_routes_int64_ids) {

@@ -146,8 +146,18 @@ static void config_second_layout(void) {
   memset(&c.backward_comm_workers, 0xab, sizeof(c.backward_comm_workers));
   EXPECT(mokLayerGetSizes(&c, &s), mokInvalidArgument, "config.backward_comm_workers");
   c = small_config();
-  c.reserved = 1;
-  EXPECT(mokLayerGetSizes(&c, &s), mokInvalidArgument, "config.reserved");
+  /* routing_scale took the place of 0.3.0's reserved, which had to be 0: that 0 is mokRoutingScaleOutput, and
+     a value past the enum is rejected, named (a C caller may store any int there) */
+  CHECK(offsetof(mokLayerConfig_t, routing_scale) == offsetof(mokLayerConfig_t, backward_comm_workers) + sizeof(int));
+  CHECK(mokRoutingScaleOutput == 0);
+  *(int*)&c.routing_scale = 0;
+  EXPECT(mokLayerGetSizes(&c, &s), mokSuccess, NULL);
+  c.routing_scale = mokRoutingScaleInput;
+  EXPECT(mokLayerGetSizes(&c, &s), mokSuccess, NULL);
+  *(int*)&c.routing_scale = 2;
+  EXPECT(mokLayerGetSizes(&c, &s), mokInvalidArgument, "config.routing_scale");
+  *(int*)&c.routing_scale = -1;
+  EXPECT(mokLayerGetSizes(&c, &s), mokInvalidArgument, "mokRoutingScaleInput (1)");
 }
 
 /* A world-1 layer over heap memory, created through `memory` (any layout); NULL when creation failed. */

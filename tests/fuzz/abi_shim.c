@@ -13,6 +13,14 @@ void fuzz_set_executor(mokLayerConfig_t* config, int value) {
   config->executor = (mokExecutor_t)value;
 }
 
+void fuzz_set_routing_scale(mokLayerConfig_t* config, int value) {
+  config->routing_scale = (mokRoutingScale_t)value;
+}
+
+int fuzz_routing_scale(const mokLayerConfig_t* config) {
+  return (int)config->routing_scale;
+}
+
 mokStatus_t fuzz_build_schedule(mokLayer_t layer, const void* topk_ids, int index_type, int num_tokens) {
   return mokLayerBuildSchedule(layer, topk_ids, (mokIndexType_t)index_type, num_tokens, NULL);
 }

@@ -33,6 +33,8 @@
 extern "C" {
 void fuzz_set_precision(mokLayerConfig_t* config, int value);
 void fuzz_set_executor(mokLayerConfig_t* config, int value);
+void fuzz_set_routing_scale(mokLayerConfig_t* config, int value);
+int fuzz_routing_scale(const mokLayerConfig_t* config);
 mokStatus_t fuzz_build_schedule(mokLayer_t layer, const void* topk_ids, int index_type, int num_tokens);
 mokStatus_t fuzz_quantize(const void* src, int dtype, int64_t batch, int64_t rows, int64_t cols, uint8_t* rowwise_data,
                           uint8_t* rowwise_scales, uint8_t* colwise_data, uint8_t* colwise_scales);
@@ -213,7 +215,8 @@ void expect_untouched(mokStatus_t s, const Block& b, int rank, const char* call,
 
 // ---- the group's configs ----------------------------------------------------------------------
 
-constexpr int kFields = 18;
+// Field 17 stays the executor and routing_scale comes last, so that older corpus bytes pick the same fields.
+constexpr int kFields = 19;
 
 void set_field(mokLayerConfig_t& c, int field, int64_t v, Bytes& in) {
   int i = static_cast<int>(v);
@@ -239,7 +242,8 @@ void set_field(mokLayerConfig_t& c, int field, int64_t v, Bytes& in) {
     case 14: c.comm_workers = i; break;
     case 15: c.compute_workers = i; break;
     case 16: c.timeout_ms = i; break;
-    default: fuzz_set_executor(&c, i); break;
+    case 17: fuzz_set_executor(&c, i); break;
+    default: fuzz_set_routing_scale(&c, i); break;
   }
 }
 
@@ -621,6 +625,9 @@ void check_sizes(Rank& r, int rank) {
   const mokLayerSizes_t init = MOK_LAYER_SIZES_INIT;
   s.size = init.size, s.magic = init.magic, s.version = init.version;
   mokStatus_t st = checked(mokLayerGetSizes(&r.config, &s), rank, "mokLayerGetSizes");
+  int routing_scale = fuzz_routing_scale(&r.config);  // an enum past its range is refused, whatever else holds
+  if (st == mokSuccess && (routing_scale < 0 || routing_scale >= mokNumRoutingScales))
+    finding("mokLayerGetSizes on rank %d accepted config.routing_scale = %d", rank, routing_scale);
   if (st != mokSuccess) {
     auto* b = reinterpret_cast<const uint8_t*>(&s);
     for (size_t i = offsetof(mokLayerSizes_t, peer_bytes); i < sizeof(s); ++i)

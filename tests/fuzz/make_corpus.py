@@ -16,7 +16,7 @@ CORPUS = Path(__file__).resolve().parent / "corpus"
 
 FIELDS = ["size", "world", "rank", "experts_per_rank", "hidden", "intermediate", "top_k", "max_tokens",
           "shared_intermediate", "precision", "swiglu_limit", "expert_padding", "minibatch", "macrobatch",
-          "comm_workers", "compute_workers", "timeout_ms", "executor"]
+          "comm_workers", "compute_workers", "timeout_ms", "executor", "routing_scale"]
 WILD = 25  # entries of Bytes::wild's table; WILD itself means "the next 4 bytes, as an int32"
 MEMORY_FAULTS = ["none", "null_base", "misaligned_base", "no_peers", "both_peers", "null_workspace",
                  "misaligned_workspace", "short_workspace", "small_memory", "bad_shm_name"]
@@ -92,10 +92,11 @@ def seeds() -> dict[str, bytes]:
     s["shm"] = group(ranks=3, shm=True) + ops() + quantize()
     for field, wild in [("world", 0), ("rank", 8), ("hidden", 1), ("precision", 3), ("precision", 5),
                         ("swiglu_limit", 1), ("expert_padding", 1), ("minibatch", 4), ("macrobatch", 5),
-                        ("timeout_ms", 1), ("executor", 2), ("executor", 0), ("size", 0), ("max_tokens", 13)]:
+                        ("timeout_ms", 1), ("executor", 2), ("executor", 0), ("size", 0), ("max_tokens", 13),
+                        ("routing_scale", 3), ("routing_scale", 0), ("routing_scale", 2)]:
         s[f"bad-{field}-{wild}"] = group(ranks=2, bad=(field, wild)) + ops()
     for field in ["hidden", "top_k", "max_tokens", "precision", "swiglu_limit", "expert_padding", "minibatch",
-                  "timeout_ms", "world", "rank"]:
+                  "timeout_ms", "world", "rank", "routing_scale"]:
         s[f"mismatch-{field}"] = group(ranks=3, mismatch=(1, field, None)) + ops()
     for fault in MEMORY_FAULTS[1:]:
         s[f"memory-{fault}"] = group(ranks=2, shm=fault == "bad_shm_name", memory=(1, fault)) + ops()

@@ -65,10 +65,11 @@ def test_opcheck_forward_backward_and_quantize(seed):
     x, ids, weights, routed, shared, dout = make_inputs(16, 4, 2)
     flat_routed, flat_shared = ops.flatten_routed(routed), ops.flatten_shared(shared)
     leaves = [t.detach().clone().requires_grad_(True) for t in (x, weights)]
-    fwd_args = (leaves[0], ids, leaves[1], flat_routed, flat_shared, 0.8, "swiglu_oai", 0.7, "", "", [], True)
+    fwd_args = (leaves[0], ids, leaves[1], flat_routed, flat_shared, 0.8, "swiglu_oai", 0.7, "", "", [], True, "output")
     torch.library.opcheck(torch.ops.mok.moe_forward.default, fwd_args)
     _, y_slots = torch.ops.mok.moe_forward(*fwd_args)
-    bwd_args = (dout, x, ids, weights, flat_routed, flat_shared, y_slots.detach(), 0.8, "swiglu_oai", 0.7, "", "", [])
+    bwd_args = (dout, x, ids, weights, flat_routed, flat_shared, y_slots.detach(), 0.8, "swiglu_oai", 0.7, "", "", [],
+                "output")
     torch.library.opcheck(torch.ops.mok.moe_backward.default, bwd_args)
     torch.library.opcheck(torch.ops.mok.mxfp8_quantize.default, (routed.down,))
 

@@ -1,5 +1,5 @@
 """mok against HuggingFace transformers' own MoE blocks (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, DeepSeek-V3,
-gpt-oss).
+gpt-oss, Llama4).
 
 Tiny configs built from the config classes (no hub download), random weights. The ground truth is HF's module in
 float64 (its eager experts loop) on the same inputs; mok runs in bf16 or MXFP8. Inputs and weights are
@@ -363,6 +363,117 @@ def test_tiny_gpt_oss_runs_on_mok_like_hf_eager(seed):
     assert "_mok_cache" in experts.__dict__  # it ran on mok
     for name, p in experts.named_parameters():
         assert p.grad is not None and p.grad.abs().max() > 0, name
+
+
+# ---- Llama4 (Llama4TextMoe): from_hf only ----
+# Its experts module is not on transformers' experts interface, so only the block path applies. Llama4 scales each
+# expert's input (routed_in = x * sigmoid(top-k logit)) and sums the expert outputs unweighted: mok's
+# routing_scale="input". The bounds are the ones above (TOLERANCE): the same bf16 / MXFP8 roundings, plus mok's
+# bf16(w_k x) (one 2^-9 relative rounding per element, as HF's own bf16 product); measured <= 4.9e-3 (bf16) and
+# <= 9.3e-2 (MXFP8, 1 and 2 ranks) over seeds 0-5 (MOK_TEST_SEED; pytest -s prints the largest per test).
+
+
+def make_llama4_block(seed: int) -> torch.nn.Module:
+    """Llama4's MoE block in fp32 (shared expert of the experts' size, as Llama4's config makes it), bf16-exact
+    random weights, router logits of spread O(1) (a clear top-k)."""
+    from transformers import Llama4TextConfig
+    from transformers.models.llama4.modeling_llama4 import Llama4TextMoe
+
+    block = Llama4TextMoe(Llama4TextConfig(hidden_size=H, intermediate_size=INTER, num_local_experts=EXPERTS,
+                                           num_experts_per_tok=TOPK))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, t in block.named_parameters():
+            # gate_up_proj [E, H, 2I] and down_proj [E, I, H] reduce over dim 1, the Linear weights over the last
+            fan_in = t.shape[1] if name.startswith("experts.") else t.shape[-1]
+            scale = 4.0 if name.startswith("router.") else 1.0
+            t.copy_(bf16_exact(torch.randn(t.shape, generator=g) * scale / fan_in ** 0.5))
+    return block
+
+
+def run_llama4_block(block, dtype, x, dout) -> dict:
+    """HF's Llama4TextMoe forward + backward in `dtype`: (out, router logits) as it returns them."""
+    block = copy.deepcopy(block).to(dtype)
+    x = x.to(dtype).reshape(1, -1, H).requires_grad_(True)
+    out, logits = block(x)
+    assert logits.shape == (x.shape[1], EXPERTS)
+    out.backward(dout.to(dtype).reshape(out.shape))
+    return {"out": out.reshape(-1, H), "dx": x.grad.reshape(-1, H),
+            **{name: p.grad for name, p in block.named_parameters()}}
+
+
+def run_llama4_from_hf(block, x, dout, *, group=None, backend=None, mxfp8=False, planted=None) -> dict:
+    """mok.nn.MoE.from_hf(Llama4TextMoe) forward + backward; gradients in Llama4's layout, written out here
+    independently of the integration: gate_up_proj [E, H, 2I] = [gate | up] transposed, down_proj [E, I, H].
+    planted="swap_gate_up" exchanges the mapped gate and up (the bug the tests must catch)."""
+    layer = mok.nn.MoE.from_hf(block, group=group, backend=backend, mxfp8=mxfp8)
+    assert isinstance(layer, mok.nn.MoE) and layer.routing_scale == "input"
+    if planted == "swap_gate_up":
+        with torch.no_grad():
+            gate = layer.gate.clone()
+            layer.gate.copy_(layer.up)
+            layer.up.copy_(gate)
+    x = x.clone().reshape(1, -1, H).requires_grad_(True)
+    out, logits = layer(x)  # as Llama4TextMoe: (out, router logits [T, E])
+    assert logits.shape == (x.shape[1], EXPERTS)
+    out.backward(dout.reshape(out.shape))
+    return {"out": out.reshape(-1, H), "dx": x.grad.reshape(-1, H),
+            "experts.gate_up_proj": torch.cat([layer.gate.grad, layer.up.grad], dim=1).transpose(1, 2),
+            "experts.down_proj": layer.down.grad.transpose(1, 2), "router.weight": layer.router.weight.grad,
+            "shared_expert.gate_proj.weight": layer.shared_gate.grad,
+            "shared_expert.up_proj.weight": layer.shared_up.grad,
+            "shared_expert.down_proj.weight": layer.shared_down.grad}
+
+
+@pytest.mark.parametrize("mxfp8", [False, True], ids=["bf16", "mxfp8"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_llama4_from_hf_matches_hf(seed, backend, mxfp8):
+    """mok.nn.MoE.from_hf(Llama4TextMoe) in bf16 / MXFP8 vs HF's block in float64: out, dx and every parameter's
+    gradient (experts, router, shared expert)."""
+    block = make_llama4_block(seed)
+    x, _, _, dout = draw(seed)
+    want = run_llama4_block(block, torch.float64, x, dout)
+    got = run_llama4_from_hf(block, x, dout, backend=backend, mxfp8=mxfp8)
+    assert sorted(got) == sorted(want)
+    assert_close(got, want, TOLERANCE[mxfp8], f"llama4 {backend} mxfp8={mxfp8}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_llama4_planted_gate_up_swap_fails(seed, backend):
+    """The comparison above catches gate and up exchanged (silu(u) g instead of silu(g) u): out and the expert
+    gradients move by far more than the bf16 bound."""
+    block = make_llama4_block(seed)
+    x, _, _, dout = draw(seed)
+    want = run_llama4_block(block, torch.float64, x, dout)
+    got = run_llama4_from_hf(block, x, dout, backend=backend, planted="swap_gate_up")
+    for name in ("out", "dx", "experts.gate_up_proj", "experts.down_proj"):
+        assert relative_error(got[name], want[name]) > 5 * TOLERANCE[False], name
+
+
+def llama4_two_rank_worker(rank: int, world: int, seed: int, backend: str) -> dict:
+    mine = slice(sum(SPLIT[:rank]), sum(SPLIT[:rank + 1]))
+    x, _, _, dout = draw(seed)
+    results = {mxfp8: run_llama4_from_hf(make_llama4_block(seed), x[mine], dout[mine], group=dist.group.WORLD,
+                                         backend=backend, mxfp8=mxfp8) for mxfp8 in (False, True)}
+    return {k: {n: t.detach() for n, t in v.items()} for k, v in results.items()}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_llama4_two_ranks_match_hf(seed, backend):
+    """2 ranks (16 and 24 tokens, 2 experts each): out and dx match HF on the rank's tokens, its experts' gradients
+    HF's over every token, the router's and shared expert's HF's over the rank's own tokens."""
+    world = 2
+    results = run_group(world, llama4_two_rank_worker, seed, backend)
+    block = make_llama4_block(seed)
+    x, _, _, dout = draw(seed)
+    everyone = run_llama4_block(block, torch.float64, x, dout)
+    for rank in range(world):
+        mine = slice(sum(SPLIT[:rank]), sum(SPLIT[:rank + 1]))
+        alone = run_llama4_block(block, torch.float64, x[mine], dout[mine])
+        want = {**alone, "out": everyone["out"][mine], "dx": everyone["dx"][mine],
+                **expert_slice({n: everyone[n] for n in EXPERT_WEIGHTS if n in everyone}, rank, world)}
+        for mxfp8 in (False, True):
+            assert_close(results[rank][mxfp8], want, TOLERANCE[mxfp8], f"llama4 rank {rank} mxfp8={mxfp8}")
 
 
 @pytest.fixture(autouse=True)

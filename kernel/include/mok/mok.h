@@ -138,6 +138,12 @@ typedef enum { mokDataBF16 = 0, mokDataFloat32 = 1 } mokDataType_t;
  *   mokActivationSwigluOai: h = g' * sigmoid(alpha * g') * (u' + 1)      (gpt-oss: alpha 1.702, L 7)
  */
 typedef enum { mokActivationSwiglu = 0, mokActivationSwigluOai = 1, mokNumActivations = 2 } mokActivation_t;
+/*
+ * Where the routing weight w_k of a (token, k) route is applied (docs/semantics.md gives the rounding points):
+ *   mokRoutingScaleOutput: out = shared(x) + sum_k w_k y_k(x)            (Mixtral, Qwen, DeepSeek, gpt-oss)
+ *   mokRoutingScaleInput:  out = shared(x) + sum_k y_k(bf16(w_k x))      (Llama4: the expert sees the scaled row)
+ */
+typedef enum { mokRoutingScaleOutput = 0, mokRoutingScaleInput = 1, mokNumRoutingScales = 2 } mokRoutingScale_t;
 
 /*
  * The layer's shapes and knobs. Every range a..b includes both ends. The products that size the
@@ -174,12 +180,15 @@ typedef struct {
   mokActivation_t activation; /* mokActivationSwiglu or mokActivationSwigluOai; no other value */
   float swiglu_alpha;         /* mokActivationSwigluOai's alpha: finite and > 0; ignored by mokActivationSwiglu */
   /* Added after activation and swiglu_alpha (a caller without them gets 0 for both): */
-  int backward_comm_workers; /* of the layer's comm_workers + compute_workers threads, those that move rows in
-                                mokLayerBackward (the rest compute), as a GPU splits its SMs differently per pass;
-                                0 (= comm_workers) or 1..comm_workers + compute_workers - 1. Forward and
-                                recompute use comm_workers. The results do not depend on it. */
-  int reserved;              /* 0. The previous layout's sizeof (96 on LP64) has 4 bytes of tail padding where
-                                backward_comm_workers lies; this field makes the new layout's sizeof differ */
+  int backward_comm_workers;       /* of the layer's comm_workers + compute_workers threads, those that move rows in
+                                      mokLayerBackward (the rest compute), as a GPU splits its SMs differently per pass;
+                                      0 (= comm_workers) or 1..comm_workers + compute_workers - 1. Forward and
+                                      recompute use comm_workers. The results do not depend on it. */
+  mokRoutingScale_t routing_scale; /* mokRoutingScaleOutput (0) or mokRoutingScaleInput; no other value. It takes
+                                      the place of 0.3.0's `reserved` (which had to be 0), so a caller that set
+                                      that to 0 gets mokRoutingScaleOutput. The previous layout's sizeof (96 on
+                                      LP64) has 4 bytes of tail padding where backward_comm_workers lies; this
+                                      field makes the new layout's sizeof differ */
 } mokLayerConfig_t;
 #define MOK_LAYER_CONFIG_INIT   \
   {MOK_STAMP(mokLayerConfig_t), \
@@ -203,7 +212,7 @@ typedef struct {
    mokActivationSwiglu,         \
    1.702f,                      \
    0,                           \
-   0}
+   mokRoutingScaleOutput}
 
 typedef struct {
   size_t size;            /* sizeof(mokLayerSizes_t), set by MOK_LAYER_SIZES_INIT */
@@ -297,8 +306,18 @@ typedef struct {
  */
 MOK_API mokStatus_t mokLayerForward(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x,
                                     const float* topk_weights, void* out, void* stream);
-/* Collective. Rebuilds the forward context from x (activation checkpointing) without an output. */
+/*
+ * Collective. Rebuilds the forward context from x (activation checkpointing) without an output. A layer with
+ * mokRoutingScaleInput needs the routing weights for it (its experts read bf16(w_k x)): mokLayerRecompute
+ * rejects that layer (mokInvalidArgument naming 'topk_weights'); use mokLayerRecomputeWeighted.
+ */
 MOK_API mokStatus_t mokLayerRecompute(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x, void* stream);
+/*
+ * Collective. mokLayerRecompute with the forward's topk_weights [num_tokens, K] fp32: required (not NULL) with
+ * mokRoutingScaleInput; with mokRoutingScaleOutput it is not read and may be NULL.
+ */
+MOK_API mokStatus_t mokLayerRecomputeWeighted(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x,
+                                              const float* topk_weights, void* stream);
 
 typedef struct {
   size_t size;          /* sizeof(mokLayerGrads_t), set by MOK_LAYER_GRADS_INIT */

@@ -126,15 +126,44 @@ MOK_API mokStatus_t mokLayerForward(mokLayer_t layer, const mokLayerWeights_t* w
                               stream);
 }
 
+namespace {
+
+// mokLayerRecompute and mokLayerRecomputeWeighted: the weights are read (and required) only when they scale
+// the experts' inputs.
+mokStatus_t recompute(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x, const float* topk_weights,
+                      void* stream, const char* func) {
+  if (mokStatus_t s = check_layer(layer, func); s != mokSuccess) return s;
+  if (mokStatus_t s = begin_pass(layer, stream, func); s != mokSuccess) return rejected(layer, s);
+  mokLayerWeights_t w;
+  if (mokStatus_t s = check_pass(layer, weights, func, &w); s != mokSuccess) return rejected(layer, s);
+  const mok::core::LayerShape& shape = layer->impl->shape();
+  if (mokStatus_t s = check_array(x, "x", per_token(layer, shape.hidden), 2, func); s != mokSuccess)
+    return rejected(layer, s);
+  if (!mok::core::input_scaled(shape))
+    topk_weights = nullptr;  // not read
+  else if (topk_weights == nullptr && per_token(layer, shape.top_k) > 0)
+    return rejected(layer, mok::api::fail(mokInvalidArgument,
+                                          "%s: argument 'topk_weights' must not be NULL with config.routing_scale = "
+                                          "mokRoutingScaleInput (the experts read bf16(w_k x)); use "
+                                          "mokLayerRecomputeWeighted",
+                                          func));
+  else if (mokStatus_t s = check_array(topk_weights, "topk_weights", per_token(layer, shape.top_k), 4, func);
+           s != mokSuccess)
+    return rejected(layer, s);
+  return layer->impl->forward(w, static_cast<const uint16_t*>(x), topk_weights, nullptr, false, stream);
+}
+
+}  // namespace
+
 MOK_API mokStatus_t mokLayerRecompute(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x, void* stream) {
   mok::api::clear_error();
-  if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
-  if (mokStatus_t s = begin_pass(layer, stream, __func__); s != mokSuccess) return rejected(layer, s);
-  mokLayerWeights_t w;
-  if (mokStatus_t s = check_pass(layer, weights, __func__, &w); s != mokSuccess) return rejected(layer, s);
-  if (mokStatus_t s = check_array(x, "x", per_token(layer, layer->impl->shape().hidden), 2, __func__); s != mokSuccess)
-    return rejected(layer, s);
-  return layer->impl->forward(w, static_cast<const uint16_t*>(x), nullptr, nullptr, false, stream);
+  return recompute(layer, weights, x, nullptr, stream, __func__);
+}
+
+MOK_API mokStatus_t mokLayerRecomputeWeighted(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x,
+                                              const float* topk_weights, void* stream) {
+  mok::api::clear_error();
+  return recompute(layer, weights, x, topk_weights, stream, __func__);
 }
 
 MOK_API mokStatus_t mokLayerBackward(mokLayer_t layer, const mokLayerWeights_t* weights, const float* topk_weights,

@@ -75,6 +75,15 @@ mokStatus_t check_activation(const mokLayerConfig_t* c, const char* func, core::
   return mokSuccess;
 }
 
+// Where the routing weights apply: the output (today's default) or the experts' input (Llama4).
+mokStatus_t check_routing_scale(const mokLayerConfig_t* c, const char* func, int* routing_scale) {
+  int32_t r = enum_bits(c->routing_scale);
+  if (!enum_in_range(r, mokNumRoutingScales))
+    return invalid(func, "must be mokRoutingScaleOutput (0) or mokRoutingScaleInput (1)", "config.routing_scale", r);
+  *routing_scale = r;
+  return mokSuccess;
+}
+
 // The rules between fields: the clamp, and the tile, minibatch and macrobatch granularities.
 mokStatus_t check_relations(const mokLayerConfig_t* c, mokPrecision_t precision, const char* func) {
   if (!(c->swiglu_limit >= 0.0f))
@@ -96,8 +105,6 @@ mokStatus_t check_relations(const mokLayerConfig_t* c, mokPrecision_t precision,
                 "%s: argument 'config.backward_comm_workers' (%d) must be 0 (= config.comm_workers) or in [1, %d] "
                 "(config.comm_workers + config.compute_workers - 1: the backward leaves a compute worker)",
                 func, c->backward_comm_workers, workers - 1);
-  if (c->reserved != 0)
-    return invalid(func, "must be 0 (MOK_LAYER_CONFIG_INIT sets it)", "config.reserved", c->reserved);
   return mokSuccess;
 }
 
@@ -168,6 +175,8 @@ mokStatus_t check_config(const mokLayerConfig_t* config, const char* func, mokLa
   if (mokStatus_t s = check_enums(c, func, &precision); s != mokSuccess) return s;
   core::Activation activation = core::Activation::swiglu;
   if (mokStatus_t s = check_activation(c, func, &activation); s != mokSuccess) return s;
+  int routing_scale = 0;
+  if (mokStatus_t s = check_routing_scale(c, func, &routing_scale); s != mokSuccess) return s;
   if (mokStatus_t s = check_relations(c, precision, func); s != mokSuccess) return s;
   if (mokStatus_t s = check_products(c, func); s != mokSuccess) return s;
   *shape = core::LayerShape{c->world,
@@ -187,7 +196,8 @@ mokStatus_t check_config(const mokLayerConfig_t* config, const char* func, mokLa
                             c->compute_workers,
                             static_cast<int>(activation),
                             activation == core::Activation::swiglu_oai ? c->swiglu_alpha : 0.0f,
-                            c->backward_comm_workers};
+                            c->backward_comm_workers,
+                            routing_scale};
   return mokSuccess;
 }
 

@@ -9,18 +9,29 @@
 
 namespace mok::core {
 
-// Row j's x (unless the backward keeps the forward's) and, in backward, its dy = bf16(w_k · dout) into
-// x_dst and dy_dst: the ring's rows (bf16 mode) or a block's rows on their way to quantisation (MXFP8).
+// Row j's x (unless the backward keeps the forward's) and, in backward, its dy into x_dst and dy_dst: the
+// ring's rows (bf16 mode) or a block's rows on their way to quantisation (MXFP8). The routing weight w_k
+// scales one of them, rounded to bf16: dy = bf16(w_k · dout) (mokRoutingScaleOutput), or x = bf16(w_k · x)
+// with dy = dout (mokRoutingScaleInput: the expert's input is the scaled row, in every pass alike).
 MOK_HD inline void pull_row(const PassView& v, int64_t j, bf16_t* x_dst, bf16_t* dy_dst) {
   RowRef ref = v.sched.rows[j];
   int h = v.s.hidden;
   int64_t slot = static_cast<int64_t>(ref.token) * v.s.top_k + ref.k;
-  if (v.kind != PassKind::backward_kept)  // else the forward's x is still in the ring
-    copy_row(peer_array<const bf16_t>(v, ref.rank, v.peer.x) + static_cast<int64_t>(ref.token) * h, h, x_dst);
+  bool input = input_scaled(v.s);
+  float weight = input || is_backward(v.kind) ? peer_array<const float>(v, ref.rank, v.peer.topk_weights)[slot] : 0.0f;
+  if (v.kind != PassKind::backward_kept) {  // else the forward's x is still in the ring
+    const bf16_t* x = peer_array<const bf16_t>(v, ref.rank, v.peer.x) + static_cast<int64_t>(ref.token) * h;
+    if (input)
+      scaled_row(weight, x, h, x_dst);
+    else
+      copy_row(x, h, x_dst);
+  }
   if (!is_backward(v.kind)) return;
-  float weight = peer_array<const float>(v, ref.rank, v.peer.topk_weights)[slot];
   const bf16_t* dout = peer_array<const bf16_t>(v, ref.rank, v.peer.dout) + static_cast<int64_t>(ref.token) * h;
-  scaled_row(weight, dout, h, dy_dst);
+  if (input)
+    copy_row(dout, h, dy_dst);
+  else
+    scaled_row(weight, dout, h, dy_dst);
 }
 
 // Rows [lo, hi) of the ring, sources served round-robin, each rank starting at its next peer, which

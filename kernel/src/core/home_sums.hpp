@@ -46,8 +46,13 @@ MOK_HD void combine_forward_block(const PassView& v, int64_t t, int i0, float ga
   const bf16_t* y = peer_array<const bf16_t>(v, v.s.rank, v.peer.y_slots) + t * k * h + i0;
   float acc[N];
   start_forward_sums<N>(v, t, i0, gate, acc);
+  bool input = input_scaled(v.s);  // the weights scaled the experts' inputs: y_k adds unweighted
   for (int s = 0; s < k; ++s) {
     if (ids[s] < 0) continue;
+    if (input) {
+      for (int i = 0; i < N; ++i) acc[i] = add_rn(acc[i], bf16_to_float(y[s * h + i]));
+      continue;
+    }
     float w = topk_weights[t * k + s];
     for (int i = 0; i < N; ++i) acc[i] = add_rn(acc[i], mul_rn(w, bf16_to_float(y[s * h + i])));
   }
@@ -55,7 +60,7 @@ MOK_HD void combine_forward_block(const PassView& v, int64_t t, int i0, float ga
 }
 
 // out_t = bf16(g_t * shared_t + sum_k w_k y_k), in fp32, shared term first, then k in order; g_t the
-// shared gate (computed once per token here), 1 when ungated.
+// shared gate (computed once per token here), 1 when ungated. With input scaling the sum is of the y_k alone.
 MOK_HD inline void combine_forward_token(const PassView& v, int64_t t, const float* topk_weights, bf16_t* out) {
   float gate = 1.0f;
   if (v.w.shared_router && v.s.shared_intermediate > 0)
@@ -72,30 +77,41 @@ MOK_HD void combine_dx_block(const PassView& v, int64_t t, int i0, bf16_t* dx) {
   int h = v.s.hidden, k = v.s.top_k;
   const int32_t* ids = peer_array<const int32_t>(v, v.s.rank, v.peer.topk_ids) + t * k;
   const bf16_t* dxs = peer_array<const bf16_t>(v, v.s.rank, v.peer.dx_slots) + t * k * h + i0;
+  const float* weights = peer_array<const float>(v, v.s.rank, v.peer.topk_weights) + t * k;
+  bool input = input_scaled(v.s);  // the slot holds the gradient w.r.t. the scaled row: w_k brings it to x
   float acc[N];
   start_sums<N>(v, t, i0, acc);
-  for (int s = 0; s < k; ++s)
-    if (ids[s] >= 0)
+  for (int s = 0; s < k; ++s) {
+    if (ids[s] < 0) continue;
+    if (input)
+      for (int i = 0; i < N; ++i) acc[i] = add_rn(acc[i], mul_rn(weights[s], bf16_to_float(dxs[s * h + i])));
+    else
       for (int i = 0; i < N; ++i) acc[i] = add_rn(acc[i], bf16_to_float(dxs[s * h + i]));
+  }
   for (int i = 0; i < N; ++i) dx[t * h + i0 + i] = float_to_bf16(acc[i]);
 }
 
-// dw of slots [s0, s0 + N): each slot's dot runs over H in order, N chains of adds in flight.
+// dw of slots [s0, s0 + N): each slot's dot runs over H in order, N chains of adds in flight. The dot is
+// <dOut_t, y_k> when the weights scale the outputs, <x_t, dx_k> (the home's unscaled x, the slot's gradient
+// w.r.t. the scaled row) when they scale the inputs.
 template <int N>
 MOK_HD void router_gradient_block(const PassView& v, int64_t t, int s0, const bf16_t* dout, float* dw) {
   int h = v.s.hidden, k = v.s.top_k;
+  bool input = input_scaled(v.s);
   const int32_t* ids = peer_array<const int32_t>(v, v.s.rank, v.peer.topk_ids) + t * k;
-  const bf16_t* y = peer_array<const bf16_t>(v, v.s.rank, v.peer.y_slots) + (t * k + s0) * h;
+  const bf16_t* row = input ? peer_array<const bf16_t>(v, v.s.rank, v.peer.x) + t * h : dout + t * h;
+  const bf16_t* y = peer_array<const bf16_t>(v, v.s.rank, input ? v.peer.dx_slots : v.peer.y_slots) + (t * k + s0) * h;
   float acc[N];
   for (int s = 0; s < N; ++s) acc[s] = 0.0f;
   for (int i = 0; i < h; ++i) {
-    float d = bf16_to_float(dout[t * h + i]);
+    float d = bf16_to_float(row[i]);
     for (int s = 0; s < N; ++s) acc[s] = add_rn(acc[s], mul_rn(d, bf16_to_float(y[s * h + i])));
   }
   for (int s = 0; s < N; ++s) dw[t * k + s0 + s] = ids[s0 + s] >= 0 ? acc[s] : 0.0f;
 }
 
-// dx_t = bf16(dxs_t + sum_k dx_k) in k order; dw_k = <dOut_t, y_k> over H in fp32 (0 for a -1 route).
+// dx_t = bf16(dxs_t + sum_k dx_k) in k order (sum_k w_k dx_k with input scaling); dw_k = <dOut_t, y_k>
+// (<x_t, dx_k> with input scaling) over H in fp32 (0 for a -1 route).
 MOK_HD inline void combine_backward_token(const PassView& v, int64_t t, const bf16_t* dout, bf16_t* dx, float* dw) {
   int i0 = 0, s0 = 0;
   for (; i0 + kSumBlock <= v.s.hidden; i0 += kSumBlock) combine_dx_block<kSumBlock>(v, t, i0, dx);

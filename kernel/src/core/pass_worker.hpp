@@ -61,13 +61,16 @@ struct StageCopy {
 };
 constexpr int kMaxStageCopies = 2;
 
-// The pass's inputs that peers read: x (forward, recompute), or dout and the router weights
-// (backward). Safe to overwrite: the closing barrier of the previous pass ended every peer's reads.
+// The pass's inputs that peers read: x (forward, recompute) with the router weights when they scale the
+// experts' inputs, or dout and the router weights (backward). Safe to overwrite: the closing barrier of the
+// previous pass ended every peer's reads.
 MOK_HD inline int stage_copies(const PassView& v, StageCopy* out) {
   size_t th = static_cast<size_t>(v.tokens) * v.s.hidden, tk = static_cast<size_t>(v.tokens) * v.s.top_k;
   if (!is_backward(v.kind)) {
     out[0] = StageCopy{v.args->x, v.peer.x, th * sizeof(bf16_t)};
-    return 1;
+    if (!input_scaled(v.s)) return 1;
+    out[1] = StageCopy{v.args->topk_weights, v.peer.topk_weights, tk * sizeof(float)};
+    return 2;
   }
   out[0] = StageCopy{v.args->dout, v.peer.dout, th * sizeof(bf16_t)};
   out[1] = StageCopy{v.args->topk_weights, v.peer.topk_weights, tk * sizeof(float)};

@@ -39,14 +39,14 @@ using DeviceAtomic = cuda::atomic_ref<T, cuda::thread_scope_device>;  // among o
 
 // The shape fields every rank of a group must share: they fix the peer layout, the schedule and
 // the math. (Minibatch, macrobatch and worker counts are a rank's own business.)
-constexpr int kGroupShapeFields = 12;
+constexpr int kGroupShapeFields = 13;
 constexpr int kGroupShapeLimit = 9, kGroupShapeAlpha = 11;  // the fields compared as float bits
 
 MOK_HD inline const char* group_shape_field(int i) {
   const char* names[kGroupShapeFields] = {
-      "world",      "experts_per_rank",    "hidden",    "intermediate",   "top_k",
-      "max_tokens", "shared_intermediate", "precision", "expert_padding", "swiglu_limit",
-      "activation", "swiglu_alpha"};
+      "world",      "experts_per_rank",    "hidden",       "intermediate",   "top_k",
+      "max_tokens", "shared_intermediate", "precision",    "expert_padding", "swiglu_limit",
+      "activation", "swiglu_alpha",        "routing_scale"};
   return names[i];
 }
 
@@ -56,8 +56,8 @@ MOK_HD inline void group_shape(const LayerShape& s, int32_t* out) {
   memcpy(&limit_bits, &limit, 4);
   memcpy(&alpha_bits, &alpha, 4);
   int32_t v[kGroupShapeFields] = {
-      s.world, s.experts_per_rank, s.hidden,   s.intermediate, s.top_k,   s.max_tokens, s.shared_intermediate,
-      s.mxfp8, s.expert_padding,   limit_bits, s.activation,   alpha_bits};
+      s.world, s.experts_per_rank, s.hidden,   s.intermediate, s.top_k,    s.max_tokens,   s.shared_intermediate,
+      s.mxfp8, s.expert_padding,   limit_bits, s.activation,   alpha_bits, s.routing_scale};
   for (int i = 0; i < kGroupShapeFields; ++i) out[i] = v[i];
 }
 

@@ -32,7 +32,14 @@ struct LayerShape {
   // The backward's split of the same comm_workers + compute_workers workers: its comm workers (0 = comm_workers).
   // Per-worker scratch is sized by the total, so the layout does not depend on either split.
   int backward_comm_workers = 0;
+  int routing_scale = 0;  // RoutingScale: 0 the weights scale the expert outputs, 1 their inputs (Llama4)
 };
+
+// mok.h's mokRoutingScale_t: where the routing weight w_k applies.
+enum class RoutingScale : int { output = 0, input = 1 };
+MOK_HD inline bool input_scaled(const LayerShape& s) {
+  return s.routing_scale == static_cast<int>(RoutingScale::input);
+}
 
 // The layer's activation as the SwiGLU stages compute it, with the executor's sigmoid table (or null).
 MOK_HD inline Swiglu layer_swiglu(const LayerShape& s, const float* sigmoid_table) {
@@ -124,7 +131,7 @@ struct Carver {
 struct PeerLayout {
   size_t header;        // PeerHeader
   size_t topk_ids;      // int32 [max_tokens, K], staged by schedule builds
-  size_t topk_weights;  // fp32 [max_tokens, K], staged by backward
+  size_t topk_weights;  // fp32 [max_tokens, K], staged by backward (and forward, recompute: input scale)
   size_t x;             // bf16 [max_tokens, H], staged by forward / recompute
   size_t dout;          // bf16 [max_tokens, H], staged by backward
   size_t y_slots;       // bf16 [max_tokens, K, H]: expert outputs pushed by their ranks (the context)

@@ -273,6 +273,7 @@ class HFMoE(MoE):
 
     uses_hf_router = False
     returns_router_scores = False  # gpt-oss's GptOssMLP returns (out, router scores [T, K]); its HFMoE does too
+    returns_router_logits = False  # Llama4's Llama4TextMoe returns (out, router logits [T, E]); its HFMoE does too
 
     def route(self, x: torch.Tensor) -> Routing:
         if not self.uses_hf_router:
@@ -289,19 +290,20 @@ class HFMoE(MoE):
             recorder(logits)
         out = self.run_experts(tokens.to(torch.bfloat16).contiguous(), ids.contiguous(), weights.contiguous())
         out = out.reshape(x.shape).to(x.dtype)
-        if output_router_logits:
+        if output_router_logits or self.returns_router_logits:
             return out, logits
         return (out, weights) if self.returns_router_scores else out
 
 
-def _logits_recorder(hf_router: nn.Module, router: nn.Module) -> nn.Module:
+def _logits_recorder(hf_router: nn.Module, router: nn.Module, index: int = 0) -> nn.Module:
     """A module HF's output recording takes for the block's router: transformers records router_logits with a forward
     hook on every instance of the router's class (OutputRecorder(<Router>, index=0)), installed at the model's first
     forward. An HFMoE with mok's router calls this identity with its logits, so HF's load-balancing loss sees them as
     it saw the replaced router's. Its `weight` is mok's router weight (not a parameter of its own), so HF's weight
-    initialisation, which matches the same class, initialises the router mok uses (and its `bias`, gpt-oss's)."""
+    initialisation, which matches the same class, initialises the router mok uses (and its `bias`, gpt-oss's). The
+    logits sit at `index` of its output, where the model's recorder reads them (1 for Llama4's Llama4Router)."""
     has_bias = getattr(hf_router, "bias", None) is not None  # gpt-oss's router bias, initialised by HF as the weight
-    key = (type(hf_router), has_bias)
+    key = (type(hf_router), has_bias, index)
     if key not in _RECORDERS:
         _RECORDERS[key] = _recorder_class(*key)
     recorder = _RECORDERS[key]()
@@ -309,12 +311,12 @@ def _logits_recorder(hf_router: nn.Module, router: nn.Module) -> nn.Module:
     return recorder
 
 
-_RECORDERS: dict = {}  # (HF router class, has a bias) -> its recorder class: one per kind of block, not per block
+_RECORDERS: dict = {}  # (HF router class, has a bias, index) -> its recorder class: one per kind of block
 
 
-def _recorder_class(hf_class: type, has_bias: bool) -> type:
+def _recorder_class(hf_class: type, has_bias: bool, index: int) -> type:
     def forward(self, logits):
-        return logits, None, None
+        return (logits, None, None) if index == 0 else (None, logits)
 
     def init(self):
         nn.Module.__init__(self)
@@ -366,6 +368,8 @@ def moe_from_hf(block: nn.Module, *, group=None, backend: str | None = None, mxf
     experts.gate_up_proj_bias -> gate_bias, up_bias; experts.down_proj_bias -> down_bias (gpt-oss);
     shared_experts (shared_expert in Qwen2-MoE).{gate,up,down}_proj.weight -> shared_gate, shared_up, shared_down;
     shared_expert_gate.weight [1, H] (Qwen2-MoE) -> shared_router [H]."""
+    if type(block).__name__ == "Llama4TextMoe":
+        return _llama4_from_hf(block, group=group, backend=backend, mxfp8=mxfp8, config=config)
     experts, hf_router = getattr(block, "experts", None), _hf_router(block)
     if experts is None or hf_router is None:
         raise ValueError(f"{type(block).__name__} is not a transformers MoE block (it needs .gate or .router, and "
@@ -413,6 +417,38 @@ def moe_from_hf(block: nn.Module, *, group=None, backend: str | None = None, mxf
     else:
         layer.logits_recorder = _logits_recorder(hf_router, layer.router)
     layer.returns_router_scores = type(block).__name__ == "GptOssMLP"  # it returns (out, router scores)
+    return layer
+
+
+def _llama4_from_hf(block: nn.Module, *, group, backend, mxfp8, config) -> HFMoE:
+    """Llama4's Llama4TextMoe as an HFMoE: its router is sigmoid of the top-k logits, unnormalised (mok's
+    "sigmoid_topk" with its defaults), its weights scale each expert's input row (routing_scale="input": HF's
+    routed_in = x * score) and the expert outputs add unweighted to the shared expert's. Llama4TextExperts stores
+    gate_up_proj [E, H, 2I] (gate the first I columns, up the last I) and down_proj [E, I, H]: transposed against
+    mok's gate, up [E, I, H] and down [E, H, I]. No biases; SiLU in the experts and in the shared expert."""
+    experts, hf_router, shared = block.experts, block.router, block.shared_expert
+    for where, act in (("experts", experts.act_fn), ("shared_expert", shared.activation_fn)):
+        if not isinstance(act, (SiLUActivation, nn.SiLU)):
+            raise ValueError(f"Llama4TextMoe's {where} use {type(act).__name__}, not SiLU (mok's experts are SwiGLU)")
+    num, hidden, inter = experts.num_experts, experts.hidden_size, experts.expert_dim
+    rank, world = ep.group_rank_and_size(group)
+    if num % world:
+        raise ValueError(f"Llama4TextMoe has {num} experts, not a multiple of the group's {world} ranks")
+    lo, hi = rank * (num // world), (rank + 1) * (num // world)
+    device = experts.down_proj.device
+    router = Router(hidden, num, hf_router.top_k, kind="sigmoid_topk", device=device)
+    layer = HFMoE(hidden, inter, num, hf_router.top_k, shared_intermediate=shared.gate_proj.weight.shape[0],
+                  router=router, mxfp8=mxfp8, group=group, backend=backend, config=config, device=device,
+                  routing_scale="input")
+    gate_up, down = experts.gate_up_proj[lo:hi], experts.down_proj[lo:hi]
+    with torch.no_grad():
+        for mine, theirs in ((layer.gate, gate_up[:, :, :inter].transpose(1, 2)),
+                             (layer.up, gate_up[:, :, inter:].transpose(1, 2)), (layer.down, down.transpose(1, 2)),
+                             (layer.shared_gate, shared.gate_proj.weight), (layer.shared_up, shared.up_proj.weight),
+                             (layer.shared_down, shared.down_proj.weight), (router.weight, hf_router.weight)):
+            mine.copy_(theirs)
+    layer.logits_recorder = _logits_recorder(hf_router, router, index=1)  # OutputRecorder(Llama4Router, index=1)
+    layer.returns_router_logits = True
     return layer
 
 
