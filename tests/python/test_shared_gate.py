@@ -57,19 +57,20 @@ def autograd_float64(inputs):
     return out.detach(), {n: t.grad for n, t in zip(NAMES, leaves, strict=True)}
 
 
-def reference_run(inputs, mxfp8=False):
+def reference_run(inputs, mxfp8=False, routing_scale="output"):
     x, ids, weights, routed, shared, dout = inputs
-    out, ctx = reference.forward(x, ids, weights, routed.to_mxfp8() if mxfp8 else routed, shared, precision="float64")
+    out, ctx = reference.forward(x, ids, weights, routed.to_mxfp8() if mxfp8 else routed, shared, precision="float64",
+                                 routing_scale=routing_scale)
     return out, reference.backward(ctx, dout)._asdict()
 
 
-def moe_run(inputs, *, backend, mxfp8=False, group=None):
+def moe_run(inputs, *, backend, mxfp8=False, group=None, routing_scale="output"):
     """(out, {name: grad}) from mok.moe with autograd."""
     _, ids, _, _, _, dout = inputs
     leaves = leaves_of(inputs)
     routed = RoutedExperts(*leaves[2:5])
     out = mok.moe(leaves[0], ids, leaves[1], routed.to_mxfp8() if mxfp8 else routed, SharedExpert(*leaves[5:]),
-                  backend=backend, group=group)
+                  backend=backend, group=group, routing_scale=routing_scale)
     out.backward(dout)
     return out.detach(), {n: t.grad for n, t in zip(NAMES, leaves, strict=True)}
 
@@ -103,6 +104,15 @@ def test_moe_against_oracle(seed, backend, mode):
     inputs = gated_inputs()
     compare(moe_run(inputs, backend=backend, mxfp8=mode == "mxfp8"), reference_run(inputs), TOL[mode],
             f"{backend} {mode} vs oracle")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gate_with_input_scaling(seed, backend):
+    """The gate and Llama4's input-side routing scale together (independent in core: the gate scales the shared
+    term, the routing weights the experts' rows)."""
+    inputs = gated_inputs()
+    compare(moe_run(inputs, backend=backend, routing_scale="input"), reference_run(inputs, routing_scale="input"),
+            TOL["bf16"], f"{backend} input scaling vs oracle")
 
 
 def two_rank_worker(rank, world, seed, backend):
