@@ -146,8 +146,8 @@ static void config_second_layout(void) {
   memset(&c.backward_comm_workers, 0xab, sizeof(c.backward_comm_workers));
   EXPECT(mokLayerGetSizes(&c, &s), mokInvalidArgument, "config.backward_comm_workers");
   c = small_config();
-  /* routing_scale took the place of 0.3.0's reserved, which had to be 0: that 0 is mokRoutingScaleOutput, and
-     a value past the enum is rejected, named (a C caller may store any int there) */
+  /* routing_scale: 0 is mokRoutingScaleOutput (what a zeroed struct means), and a value past the enum is
+     rejected, named (a C caller may store any int there) */
   CHECK(offsetof(mokLayerConfig_t, routing_scale) == offsetof(mokLayerConfig_t, backward_comm_workers) + sizeof(int));
   CHECK(mokRoutingScaleOutput == 0);
   *(int*)&c.routing_scale = 0;

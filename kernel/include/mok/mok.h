@@ -184,11 +184,10 @@ typedef struct {
                                       mokLayerBackward (the rest compute), as a GPU splits its SMs differently per pass;
                                       0 (= comm_workers) or 1..comm_workers + compute_workers - 1. Forward and
                                       recompute use comm_workers. The results do not depend on it. */
-  mokRoutingScale_t routing_scale; /* mokRoutingScaleOutput (0) or mokRoutingScaleInput; no other value. It takes
-                                      the place of 0.3.0's `reserved` (which had to be 0), so a caller that set
-                                      that to 0 gets mokRoutingScaleOutput. The previous layout's sizeof (96 on
-                                      LP64) has 4 bytes of tail padding where backward_comm_workers lies; this
-                                      field makes the new layout's sizeof differ */
+  mokRoutingScale_t routing_scale; /* mokRoutingScaleOutput (0) or mokRoutingScaleInput; no other value. The
+                                      previous layout's sizeof (96 on LP64) has 4 bytes of tail padding where
+                                      backward_comm_workers lies; with this field the new layout's sizeof
+                                      differs */
 } mokLayerConfig_t;
 #define MOK_LAYER_CONFIG_INIT   \
   {MOK_STAMP(mokLayerConfig_t), \

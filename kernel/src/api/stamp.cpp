@@ -27,7 +27,7 @@ constexpr size_t kConfigFirstEnd = offsetof(mokLayerConfig_t, activation);
 constexpr size_t kConfigFirstSize =
     (kConfigFirstEnd + alignof(mokLayerConfig_t) - 1) / alignof(mokLayerConfig_t) * alignof(mokLayerConfig_t);
 // The second layout ended at swiglu_alpha, its sizeof with 4 bytes of tail padding where
-// backward_comm_workers now is (not read); backward_comm_workers and reserved came after it.
+// backward_comm_workers now is (not read); backward_comm_workers and routing_scale came after it.
 constexpr size_t kConfigSecondEnd = offsetof(mokLayerConfig_t, backward_comm_workers);
 constexpr size_t kConfigSecondSize =
     (kConfigSecondEnd + alignof(mokLayerConfig_t) - 1) / alignof(mokLayerConfig_t) * alignof(mokLayerConfig_t);
