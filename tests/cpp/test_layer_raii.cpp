@@ -145,20 +145,56 @@ TEST(streams_and_abort_reason) {
             static_cast<unsigned long long>(record.pass), record.detail);
 }
 
+// Random bf16 bits of values in (-scale, scale).
+std::vector<uint16_t> random_bf16(std::mt19937_64& rng, size_t n, float scale) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<uint16_t> v(n);
+  for (uint16_t& b : v) {
+    float f = u(rng) * scale;
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    b = static_cast<uint16_t>(bits >> 16);
+  }
+  return v;
+}
+
+// recompute with topk_weights (mokLayerRecomputeWeighted) on an input-scaled layer rebuilds the forward's slots
+// bitwise; recompute without them throws, naming topk_weights.
+TEST(weighted_recompute_rebuilds_the_slots) {
+  std::mt19937_64 rng(mok_test::seed() + 7);
+  mokLayerConfig_t scaled = config();
+  scaled.routing_scale = mokRoutingScaleInput;
+  Memory mem;
+  CHECK(mok::layer_sizes(scaled).peer_bytes <= mem.sizes.peer_bytes &&
+        mok::layer_sizes(scaled).workspace_bytes <= mem.sizes.workspace_bytes);
+  mok::Layer layer(scaled, mem.m);
+  std::vector<uint16_t> gate = random_bf16(rng, E * I * H, 0.3f), up = random_bf16(rng, E * I * H, 0.3f),
+                        down = random_bf16(rng, E * H * I, 0.3f), x = random_bf16(rng, T * H, 2.0f);
+  mokLayerWeights_t weights = MOK_LAYER_WEIGHTS_INIT;
+  weights.gate = gate.data(), weights.up = up.data(), weights.down = down.data();
+  std::vector<float> w(T * K);
+  std::vector<int32_t> ids(T * K);
+  for (int i = 0; i < T * K; ++i)
+    w[i] = 0.25f + static_cast<float>(rng() % 8) / 8, ids[i] = static_cast<int32_t>(rng() % E);
+  std::vector<uint16_t> out(T * H), forward_slots(T * K * H), recomputed(T * K * H, 1);
+  layer.build_schedule(ids.data(), T);
+  layer.forward(weights, x.data(), w.data(), out.data());
+  layer.slots(forward_slots.data());
+  mok::Error e = thrown([&] { layer.recompute(weights, x.data()); });
+  CHECK_MSG(e.status() == mokInvalidArgument && e.detail().find("topk_weights") != std::string::npos, "%s", e.what());
+  layer.recompute(weights, x.data(), w.data());
+  layer.slots(recomputed.data());
+  CHECK(recomputed == forward_slots);
+  bool nonzero = false;
+  for (uint16_t v : recomputed) nonzero = nonzero || (v & 0x7fff) != 0;
+  CHECK(nonzero);
+}
+
 // The wrapper's forward, slots and backward against the same calls made through the C ABI: bitwise equal.
 TEST(calls_match_the_c_abi) {
   std::mt19937_64 rng(mok_test::seed());
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  auto bf16 = [&](size_t n, float scale) {
-    std::vector<uint16_t> v(n);
-    for (uint16_t& b : v) {
-      float f = u(rng) * scale;
-      uint32_t bits;
-      std::memcpy(&bits, &f, 4);
-      b = static_cast<uint16_t>(bits >> 16);
-    }
-    return v;
-  };
+  auto bf16 = [&](size_t n, float scale) { return random_bf16(rng, n, scale); };
   std::vector<uint16_t> gate = bf16(E * I * H, 0.3f), up = bf16(E * I * H, 0.3f), down = bf16(E * H * I, 0.3f);
   std::vector<uint16_t> x = bf16(T * H, 2.0f), dout = bf16(T * H, 1.0f);
   std::vector<float> w(T * K);

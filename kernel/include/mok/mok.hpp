@@ -131,6 +131,10 @@ class Layer {
   void recompute(const mokLayerWeights_t& weights, const void* x, void* stream = nullptr) {
     check(mokLayerRecompute(layer_, &weights, x, stream));
   }
+  // Collective. The same with the forward's topk_weights [T, K], which a mokRoutingScaleInput layer needs.
+  void recompute(const mokLayerWeights_t& weights, const void* x, const float* topk_weights, void* stream = nullptr) {
+    check(mokLayerRecomputeWeighted(layer_, &weights, x, topk_weights, stream));
+  }
   // Collective. dout [T, H] bf16 -> grads (dx, dtopk_weights, the weight gradients).
   void backward(const mokLayerWeights_t& weights, const float* topk_weights, const void* dout, mokLayerGrads_t& grads,
                 void* stream = nullptr) {
