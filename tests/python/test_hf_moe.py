@@ -155,10 +155,21 @@ def run_block(block, impl: str, dtype, x, dout) -> dict:
     return {"out": out.reshape(-1, H), "dx": x.grad.reshape(-1, H), **grads}
 
 
-def run_from_hf(block, x, dout, *, group=None, backend=None, mxfp8=False) -> dict:
-    """mok.nn.MoE.from_hf(block) forward + backward; gradients named as HF's parameters (mapped back)."""
+def run_from_hf(block, x, dout, *, group=None, backend=None, mxfp8=False, planted=None) -> dict:
+    """mok.nn.MoE.from_hf(block) forward + backward; gradients named as HF's parameters (mapped back). planted:
+    "swap_gate_up" (gate and up exchanged) or "shift_experts" (expert e gets e - 1's weights), the mapping bugs
+    the comparisons must catch."""
     layer = mok.nn.MoE.from_hf(block, group=group, backend=backend, mxfp8=mxfp8)
     assert isinstance(layer, mok.nn.MoE)
+    with torch.no_grad():
+        if planted == "swap_gate_up":
+            gate = layer.gate.clone()
+            layer.gate.copy_(layer.up)
+            layer.up.copy_(gate)
+        elif planted == "shift_experts":
+            for p in (layer.gate, layer.up, layer.down, layer.gate_bias, layer.up_bias, layer.down_bias):
+                if p is not None:
+                    p.copy_(p.roll(1, 0))
     x = x.clone().reshape(1, -1, H).requires_grad_(True)
     out = layer(x)
     gpt_oss = type(block).__name__ == "GptOssMLP"
@@ -271,6 +282,19 @@ def test_from_hf_matches_hf(seed, model, backend, mxfp8):
     want = run_block(block, "eager", torch.float64, x, dout)
     got = run_from_hf(block, x, dout, backend=backend, mxfp8=mxfp8)
     assert_close(got, want, TOLERANCE[mxfp8], f"{model} {backend} mxfp8={mxfp8}", names=sorted(got))
+
+
+@pytest.mark.parametrize("planted", ["swap_gate_up", "shift_experts"])
+@pytest.mark.parametrize("model", MODELS)
+def test_planted_mapping_bugs_fail(seed, model, planted):
+    """The comparisons above can fail: gate and up swapped, or the experts shifted by one, moves the output by far
+    more than the bf16 bound."""
+    block = make_block(model, seed)
+    x, _, _, dout = draw(seed)
+    want = run_block(block, "eager", torch.float64, x, dout)
+    got = run_from_hf(block, x, dout, planted=planted)
+    error = relative_error(got["out"], want["out"])
+    assert error > 5 * TOLERANCE[False], f"{model} {planted}: output error {error} only"
 
 
 def two_rank_worker(rank: int, world: int, seed: int, backend: str) -> dict:
