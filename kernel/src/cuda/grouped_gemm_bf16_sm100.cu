@@ -17,7 +17,7 @@
 // clang-format on
 
 namespace mok::cuda {
-namespace {
+namespace grouped_gemm_detail {  // named: nvcc names an anonymous one after the file's absolute path (test_repro)
 
 using namespace cute;
 
@@ -181,7 +181,8 @@ GemmStatus sm_count(int* count, cudaError_t* error) {
   return e == cudaSuccess ? GemmStatus::ok : cuda_failed(e, error);
 }
 
-}  // namespace
+}  // namespace grouped_gemm_detail
+using namespace grouped_gemm_detail;
 
 const char* gemm_status_name(GemmStatus status) {
   switch (status) {
