@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from backends import BACKENDS
-from dist_utils import ep_group, run_group
+from dist_utils import assert_ranks_equal_one_process, ep_group, halves, run_group
 from test_compile import assert_compiled_equals_eager
 from test_layer import TOL, assert_close_rel, make_inputs
 from test_layer import compare as compare_grads
@@ -204,7 +204,7 @@ def rank_slice(routed, experts):
 def two_rank_worker(rank, world, seed, backend):
     torch.manual_seed(seed)
     x, ids, weights, routed, _, dout = biased_inputs()
-    tokens, experts = slice(rank * 12, rank * 12 + 12), slice(rank * 2, rank * 2 + 2)
+    tokens, experts = halves(rank)
     return routed_only_run((x[tokens], ids[tokens], weights[tokens], rank_slice(routed, experts), dout[tokens]),
                            backend, group=ep_group())
 
@@ -216,10 +216,5 @@ def test_two_ranks_equal_one_process(seed, backend):
     torch.manual_seed(seed)
     x, ids, weights, routed, _, dout = biased_inputs()
     alone_out, alone = routed_only_run((x, ids, weights, routed, dout), backend)
-    for rank, (out, grads) in enumerate(run_group(2, two_rank_worker, seed, backend)):
-        tokens, experts = slice(rank * 12, rank * 12 + 12), slice(rank * 2, rank * 2 + 2)
-        assert torch.equal(out, alone_out[tokens]), f"rank {rank}: out differs"
-        for name in ("x", "topk_weights"):
-            assert torch.equal(grads[name], alone[name][tokens]), f"rank {rank}: d{name} differs"
-        for name in ("gate", "up", "down", *BIASES):
-            assert torch.equal(grads[name], alone[name][experts]), f"rank {rank}: d{name} differs"
+    assert_ranks_equal_one_process(run_group(2, two_rank_worker, seed, backend), alone_out, alone,
+                                   ("gate", "up", "down", *BIASES))

@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 from backends import BACKENDS, needs_host
-from dist_utils import ep_group, run_group
+from dist_utils import assert_ranks_equal_one_process, ep_group, halves, run_group
 from test_host_backend import assert_close_bf16
 from test_layer import NAMES, TOL, compare, make_inputs
 
@@ -178,7 +178,7 @@ def test_bad_routing_scale_is_rejected(backend, bad, kind, message):
 def two_rank_worker(rank, world, seed, backend, mxfp8):
     torch.manual_seed(seed)
     x, ids, weights, routed, _, dout = wide_inputs(24, 4, 2)
-    tokens, experts = slice(rank * 12, rank * 12 + 12), slice(rank * 2, rank * 2 + 2)
+    tokens, experts = halves(rank)
     mine = RoutedExperts(routed.gate[experts], routed.up[experts], routed.down[experts])
     return moe_run((x[tokens], ids[tokens], weights[tokens], mine, None, dout[tokens]), backend=backend, mxfp8=mxfp8,
                    group=ep_group(), shared=False)
@@ -190,10 +190,4 @@ def test_two_ranks_equal_one_process(seed, backend, mxfp8):
     torch.manual_seed(seed)
     x, ids, weights, routed, _, dout = wide_inputs(24, 4, 2)
     alone_out, alone = moe_run((x, ids, weights, routed, None, dout), backend=backend, mxfp8=mxfp8, shared=False)
-    for rank, (out, grads) in enumerate(run_group(2, two_rank_worker, seed, backend, mxfp8)):
-        tokens, experts = slice(rank * 12, rank * 12 + 12), slice(rank * 2, rank * 2 + 2)
-        assert torch.equal(out, alone_out[tokens]), f"rank {rank}: out differs"
-        for name in ("x", "topk_weights"):
-            assert torch.equal(grads[name], alone[name][tokens]), f"rank {rank}: d{name} differs"
-        for name in ("gate", "up", "down"):
-            assert torch.equal(grads[name], alone[name][experts]), f"rank {rank}: d{name} differs"
+    assert_ranks_equal_one_process(run_group(2, two_rank_worker, seed, backend, mxfp8), alone_out, alone)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from backends import BACKENDS
-from dist_utils import ep_group, run_group
+from dist_utils import ep_group, halves, run_group
 from test_compile import assert_compiled_equals_eager
 from test_layer import TOL, assert_close_rel, make_inputs
 from test_layer import compare as compare_grads
@@ -118,7 +118,7 @@ def test_gate_with_input_scaling(seed, backend):
 def two_rank_worker(rank, world, seed, backend):
     torch.manual_seed(seed)
     x, ids, weights, routed, shared, dout = gated_inputs()
-    tokens, experts = slice(rank * 12, rank * 12 + 12), slice(rank * 2, rank * 2 + 2)
+    tokens, experts = halves(rank)
     mine = RoutedExperts(*(getattr(routed, n)[experts] for n in ("gate", "up", "down")))
     return moe_run((x[tokens], ids[tokens], weights[tokens], mine, shared, dout[tokens]), backend=backend,
                    group=ep_group())

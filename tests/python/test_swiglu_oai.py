@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 from backends import BACKENDS, needs_host
-from dist_utils import ep_group, run_group
+from dist_utils import assert_ranks_equal_one_process, ep_group, halves, run_group
 from test_host_backend import assert_close_bf16
 from test_layer import NAMES, TOL, assert_close_rel, compare, make_inputs
 
@@ -214,7 +214,7 @@ def test_nn_moe_rejects_bad_activation(bad, kind, message):
 def two_rank_worker(rank, world, seed, backend):
     torch.manual_seed(seed)
     x, ids, weights, routed, _, dout = wide_inputs(24, 4, 2, 4.0)
-    tokens, experts = slice(rank * 12, rank * 12 + 12), slice(rank * 2, rank * 2 + 2)
+    tokens, experts = halves(rank)
     mine = RoutedExperts(routed.gate[experts], routed.up[experts], routed.down[experts])
     return moe_run((x[tokens], ids[tokens], weights[tokens], mine, None, dout[tokens]), backend=backend, alpha=0.5,
                    limit=1.5, group=ep_group())
@@ -225,14 +225,7 @@ def test_two_ranks_equal_one_process(seed, backend):
     torch.manual_seed(seed)
     x, ids, weights, routed, _, dout = wide_inputs(24, 4, 2, 4.0)
     alone_out, alone = moe_run((x, ids, weights, routed, None, dout), backend=backend, alpha=0.5, limit=1.5)
-    results = run_group(2, two_rank_worker, seed, backend)
-    for rank, (out, grads) in enumerate(results):
-        tokens, experts = slice(rank * 12, rank * 12 + 12), slice(rank * 2, rank * 2 + 2)
-        assert torch.equal(out, alone_out[tokens]), f"rank {rank}: out differs"
-        for name in ("x", "topk_weights"):
-            assert torch.equal(grads[name], alone[name][tokens]), f"rank {rank}: d{name} differs"
-        for name in ("gate", "up", "down"):
-            assert torch.equal(grads[name], alone[name][experts]), f"rank {rank}: d{name} differs"
+    assert_ranks_equal_one_process(run_group(2, two_rank_worker, seed, backend), alone_out, alone)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
