@@ -257,6 +257,10 @@ def graph(shape: Shape, ids: np.ndarray, rank: int, kind: str = "forward", mma_r
         minibatch=shape.minibatch,
         macrobatch=shape.macrobatch,
     )
+    if not hasattr(_mok, "task_graph"):
+        raise RuntimeError("this mok's extension was built without core's task graph (mok._mok.task_graph: a "
+                           "package built against an installed libmok without libmok's source tree beside it); "
+                           "mok.perf needs it")
     raw = _mok.task_graph(spec, ids, rank, kind)
     if list(raw["kind_names"]) != list(KINDS):
         raise RuntimeError(f"core's task kinds {raw['kind_names']} are not mok.perf's {KINDS}")

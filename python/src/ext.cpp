@@ -12,7 +12,9 @@ namespace nb = nanobind;
 using mok::python::check;
 
 void bind_layer(nb::module_& m);       // layer.cpp
+#ifdef MOK_WITH_TASK_GRAPH
 void bind_task_graph(nb::module_& m);  // task_graph.cpp
+#endif
 
 namespace {
 
@@ -77,5 +79,7 @@ NB_MODULE(_mok, m) {
   });
 
   bind_layer(m);
+#ifdef MOK_WITH_TASK_GRAPH
   bind_task_graph(m);
+#endif
 }

@@ -10,6 +10,15 @@ import pytest
 
 from mok import perf
 
+try:
+    from mok import _mok
+
+    HAS_GRAPH = hasattr(_mok, "task_graph")
+except ImportError:
+    HAS_GRAPH = False
+pytestmark = pytest.mark.skipif(not HAS_GRAPH, reason="mok._mok has no task_graph (an extension built without "
+                                                      "core's headers, or MOK_NO_EXTENSION): mok.perf needs it")
+
 SMALL = perf.Shape(
     world=2,
     experts=16,
