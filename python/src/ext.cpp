@@ -11,7 +11,7 @@
 namespace nb = nanobind;
 using mok::python::check;
 
-void bind_layer(nb::module_& m);       // layer.cpp
+void bind_layer(nb::module_& m);  // layer.cpp
 #ifdef MOK_WITH_TASK_GRAPH
 void bind_task_graph(nb::module_& m);  // task_graph.cpp
 #endif
