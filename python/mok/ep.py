@@ -295,10 +295,9 @@ def backward(ctx: Context, dout: torch.Tensor, main_grads: MainGrads | None = No
     data-parallel weight). Weight gradients come back bf16, or None where main_grads holds a buffer they were
     added into."""
     main_grads = main_grads or MainGrads()
-    valid = ctx.topk_ids >= 0
     dout_f = dout.float()[:, None, :]
     # dw_k = <dOut_t, y_k> directly: never recovered by dividing anything by w_k.
-    dw = torch.where(valid, (dout_f * ctx.y_slots.float()).sum(-1), 0.0)
+    dw = reference.routing_weight_gradient(dout, ctx.y_slots, ctx.topk_ids)
     dy_slots = (ctx.topk_weights[:, :, None] * dout_f).to(torch.bfloat16)
     input_scale = ctx.routing_scale == "input"
     if input_scale:  # the experts read bf16(w_k x): their dy is dOut itself
@@ -309,7 +308,7 @@ def backward(ctx: Context, dout: torch.Tensor, main_grads: MainGrads | None = No
     dx_slots = combine(ctx.schedule, torch.cat([g.dx for g in grads]))
     shared, router_grad = (None, None) if ctx.shared is None else _shared_backward(ctx, dout)
     if input_scale:  # dx_k is w.r.t. bf16(w_k x): dx = shared + sum_k w_k dx_k, dw_k = <x_t, dx_k>
-        dw = torch.where(valid, (ctx.x.float()[:, None, :] * dx_slots.float()).sum(-1), 0.0)
+        dw = reference.routing_weight_gradient(ctx.x, dx_slots, ctx.topk_ids)
     dx = reference.combine(dx_slots, ctx.topk_ids, ctx.topk_weights if input_scale else None,
                            None if shared is None else shared.dx)
     master = ctx.routed.master if hasattr(ctx.routed, "master") else ctx.routed

@@ -206,6 +206,15 @@ def combine(
     return acc.to(_store_dtype(precision))
 
 
+def routing_weight_gradient(rows: torch.Tensor, slots: torch.Tensor, topk_ids: torch.Tensor,
+                            precision: str = "bf16") -> torch.Tensor:
+    """dw[t, k] = <rows_t, slots[t, k]> over H in fp32 (float64 in the oracle), 0 for a -1 route: dOut and the y
+    slots when the weights scale the outputs, x and the dx slots when they scale the inputs. Computed directly,
+    never recovered by dividing something by w_k."""
+    acc = _acc_dtype(precision)
+    return torch.where(topk_ids >= 0, (rows.to(acc)[:, None, :] * slots.to(acc)).sum(-1), 0).to(acc)
+
+
 def shared_gate(x: torch.Tensor, router: torch.Tensor, precision: str = "bf16") -> torch.Tensor:
     """The gated shared expert's per-token gate g_t = sigmoid(x_t . router), [T], in fp32 (float64 in the oracle)."""
     acc = _acc_dtype(precision)
@@ -371,9 +380,8 @@ def backward(ctx: Context, dout: torch.Tensor) -> Gradients:
     _check_dout(dout, (T, H), precision, x.device)
     store, acc = _store_dtype(precision), _acc_dtype(precision)
     dout = dout.to(store)
-    valid = ctx.topk_ids >= 0
     # dw_k = <dOut_t, y_k> directly: never recovered by dividing something by w_k.
-    dw = torch.where(valid, (dout.to(acc)[:, None, :] * ctx.y_slots.to(acc)).sum(-1), 0).to(acc)
+    dw = routing_weight_gradient(dout, ctx.y_slots, ctx.topk_ids, precision)
 
     w_rows = ctx.topk_weights.reshape(-1)[routing.slots].to(acc)[:, None]
     dy_rows = (w_rows * dout[routing.tokens].to(acc)).to(store)
@@ -409,7 +417,7 @@ def backward(ctx: Context, dout: torch.Tensor) -> Gradients:
         router_grad = None if gated is None else gated.router_gradient(x)
     dx_slots = dx_slots.view(T, K, H)
     if input_scale:  # dx_k is w.r.t. store(w_k x): dx = shared + sum_k w_k dx_k; dw_k = <x_t, dx_k>, x unscaled
-        dw = torch.where(valid, (x.to(acc)[:, None, :] * dx_slots.to(acc)).sum(-1), 0).to(acc)
+        dw = routing_weight_gradient(x, dx_slots, ctx.topk_ids, precision)
     dx_weights = ctx.topk_weights if input_scale else None
     dx = combine(dx_slots, ctx.topk_ids, dx_weights, shared_dx, precision=precision)
     return Gradients(
