@@ -4,6 +4,7 @@
 #include "core/mxfp8.hpp"
 #include "core/pass_worker.hpp"
 #include "core/schedule.hpp"
+#include "core/split_plan.hpp"
 
 namespace mok::cuda {
 
@@ -27,6 +28,12 @@ __global__ void build_schedule(core::LayerShape shape, core::Routing routing, co
   __syncthreads();
   for (int e = threadIdx.x; e < shape.experts_per_rank; e += blockDim.x)
     core::place_expert(shape, routing, schedule, e);
+}
+
+// The split executor's launch sequence (core/split_plan.hpp), planned on the device: core stays device code.
+__global__ void plan_split_pass(core::LayerShape shape, core::PassKind kind, core::RowPeriods periods,
+                                core::SplitLaunch* launches, int64_t* count) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) *count = core::split_plan(shape, kind, periods, launches);
 }
 
 // The task graph of a pass, laid out on the device.

@@ -1,0 +1,136 @@
+// The split executor's pass (issue #12) as data: the fixed sequence of launches one pass makes on one stream.
+// It depends on the shape, the pass kind and the row-buffer periods only, never on the routing, so the host
+// never reads the schedule and a pass is a CUDA graph of constant topology. Each launch covers a window of
+// schedule rows sized for the worst case (max_recv_rows); a launch reads the schedule on the device and does
+// nothing past its total_rows (an empty window costs a launch, not a sync).
+//
+// Stream order is the only synchronisation inside a rank: a launch starts after the one before it has
+// finished, so a ring row is overwritten (by the next window's dispatch, or the next out-window's GEMM) only
+// after every launch reading it is done, and no counter is needed between launches.
+//
+// Windows: ring window i is schedule rows [i P, (i + 1) P) cut at max_recv_rows, P the ring period. The GEMMs
+// that write the output ring (down, dgrad_x_*) and the combine that empties it go in out-windows: the ring
+// window cut wherever the output ring turns (rows_in_turn). Weight gradients add each ring window's product
+// into fp32 sums in window order: canonical row order, no split-K, so a pass is deterministic.
+#pragma once
+
+#include <cstdint>
+
+#include "core/grouped_problems.hpp"
+#include "core/shape.hpp"
+#include "core/tasks.hpp"
+
+namespace mok::core {
+
+enum class SplitStep : int32_t {
+  dispatch,         // pull the window's rows into the x ring (and dy in backward), quantised in MXFP8 mode
+  gemm,             // one grouped GEMM of `gemm` over the window (grouped_problems.hpp)
+  swiglu,           // h from g and u over the window's rows
+  swiglu_backward,  // dg, du (and h for dW_down) from dh, g and u
+  combine,          // push the window's finished rows (y, or dx in backward) into their home ranks' slots
+  shared,           // the shared expert over this rank's tokens (forward, or backward with its gradients)
+  barrier,          // the group's closing barrier: every peer has written this rank's slots
+  home_sums,        // out, or dx and dw, summed in k order (home_sums.hpp)
+  count
+};
+
+MOK_HD inline const char* split_step_name(SplitStep step) {
+  switch (step) {
+    case SplitStep::dispatch: return "dispatch";
+    case SplitStep::gemm: return "gemm";
+    case SplitStep::swiglu: return "swiglu";
+    case SplitStep::swiglu_backward: return "swiglu_backward";
+    case SplitStep::combine: return "combine";
+    case SplitStep::shared: return "shared";
+    case SplitStep::barrier: return "barrier";
+    case SplitStep::home_sums: return "home_sums";
+    case SplitStep::count: break;
+  }
+  return "none";
+}
+
+struct SplitLaunch {
+  SplitStep step;
+  GroupedGemm gemm;  // the grouped GEMM of a gemm step (GroupedGemm::count otherwise)
+  RowWindow window;  // schedule rows (empty for shared, barrier and home_sums)
+};
+
+// A backward that keeps the forward's x, g and u needs them all in one ring turn for every routing.
+MOK_HD inline bool split_keeps_ring(const LayerShape& s, const RowPeriods& p) {
+  return max_recv_rows(s) <= p.ring;
+}
+
+// Appends to a caller's array, or only counts with a null one (the same walk sizes and fills it).
+struct SplitPlanWriter {
+  SplitLaunch* out;
+  int64_t count;
+  MOK_HD void add(SplitStep step, GroupedGemm gemm, RowWindow window) {
+    if (out) out[count] = SplitLaunch{step, gemm, window};
+    ++count;
+  }
+  MOK_HD void add(SplitStep step, RowWindow window) { add(step, GroupedGemm::count, window); }
+  MOK_HD void add(GroupedGemm gemm, RowWindow window) { add(SplitStep::gemm, gemm, window); }
+};
+
+// The out-windows of ring window w: the GEMMs `first` (and `second`, unless count) into the output ring,
+// then the combine that pushes those rows home.
+MOK_HD inline void add_out_windows(SplitPlanWriter& plan, const RowPeriods& p, const RowWindow& w, GroupedGemm first,
+                                   GroupedGemm second) {
+  int64_t end = w.row0 + w.rows;
+  for (int64_t row0 = w.row0; row0 < end;) {
+    int64_t left = rows_in_turn(first, p, row0), rows = left < end - row0 ? left : end - row0;
+    RowWindow out{row0, rows};
+    plan.add(first, out);
+    if (second != GroupedGemm::count) plan.add(second, out);
+    plan.add(SplitStep::combine, out);
+    row0 += rows;
+  }
+}
+
+MOK_HD inline void add_forward_window(SplitPlanWriter& plan, const RowPeriods& p, const RowWindow& w) {
+  plan.add(SplitStep::dispatch, w);
+  plan.add(GroupedGemm::gate, w);
+  plan.add(GroupedGemm::up, w);
+  plan.add(SplitStep::swiglu, w);
+  add_out_windows(plan, p, w, GroupedGemm::down, GroupedGemm::count);
+}
+
+MOK_HD inline void add_backward_window(SplitPlanWriter& plan, const RowPeriods& p, const RowWindow& w, bool kept) {
+  plan.add(SplitStep::dispatch, w);
+  if (!kept) {
+    plan.add(GroupedGemm::gate, w);
+    plan.add(GroupedGemm::up, w);
+  }
+  plan.add(GroupedGemm::dgrad_h, w);
+  plan.add(SplitStep::swiglu_backward, w);
+  plan.add(GroupedGemm::wgrad_down, w);
+  plan.add(GroupedGemm::wgrad_gate, w);
+  plan.add(GroupedGemm::wgrad_up, w);
+  add_out_windows(plan, p, w, GroupedGemm::dgrad_x_gate, GroupedGemm::dgrad_x_up);
+}
+
+// The launches of one pass of `kind`, in stream order, into `out` (null: count only); returns their number,
+// or -1 when the pass cannot be planned: a period that is not a positive multiple of the tile height, or
+// backward_kept where the ring cannot keep every routing's rows (split_keeps_ring).
+MOK_HD inline int64_t split_plan(const LayerShape& s, PassKind kind, const RowPeriods& p, SplitLaunch* out) {
+  int64_t pad = s.expert_padding;
+  if (pad <= 0 || p.ring <= 0 || p.out <= 0 || p.ring % pad || p.out % pad) return -1;
+  bool kept = kind == PassKind::backward_kept;
+  if (kept && !split_keeps_ring(s, p)) return -1;
+  SplitPlanWriter plan{out, 0};
+  // The shared expert needs nothing from peers; recompute rebuilds only the routed experts' y slots.
+  if (s.shared_intermediate > 0 && kind != PassKind::recompute) plan.add(SplitStep::shared, RowWindow{0, 0});
+  int64_t rows = max_recv_rows(s);
+  for (int64_t row0 = 0; row0 < rows; row0 += p.ring) {
+    RowWindow w{row0, rows - row0 < p.ring ? rows - row0 : p.ring};
+    if (is_backward(kind))
+      add_backward_window(plan, p, w, kept);
+    else
+      add_forward_window(plan, p, w);
+  }
+  plan.add(SplitStep::barrier, RowWindow{0, 0});
+  if (kind != PassKind::recompute) plan.add(SplitStep::home_sums, RowWindow{0, 0});
+  return plan.count;
+}
+
+}  // namespace mok::core
