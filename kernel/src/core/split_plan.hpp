@@ -12,6 +12,8 @@
 // that write the output ring (down, dgrad_x_*) and the combine that empties it go in out-windows: the ring
 // window cut wherever the output ring turns (rows_in_turn). Weight gradients add each ring window's product
 // into fp32 sums in window order: canonical row order, no split-K, so a pass is deterministic.
+// dx_k's two terms add in fp32 (DESIGN 1), as core's dgrad_x task adds them: dgrad_x_gate leaves its product in
+// fp32, and dgrad_x_up adds its own to it and stores bf16 dx.
 #pragma once
 
 #include <cstdint>
