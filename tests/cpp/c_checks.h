@@ -1,5 +1,5 @@
-/* What the C tests share: the failure count their exit status reports, CHECK / CHECK_MSG, and a small layer
- * config every executor can size. C99, so each test sees mok.h as a C caller does. */
+/* What the C tests share: the failure count their exit status reports, CHECK / CHECK_MSG, and small_config.h. C99, so
+ * each test sees mok.h as a C caller does. */
 #ifndef MOK_TESTS_C_CHECKS_H
 #define MOK_TESTS_C_CHECKS_H
 
@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "mok/mok.h"
+#include "small_config.h"
 
 static int failures = 0;
 
@@ -36,19 +37,6 @@ static inline void* aligned_fill(size_t bytes, int fill) {
   if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
   memset(p, fill, bytes ? bytes : 64);
   return p;
-}
-
-static mokLayerConfig_t small_config(void) {
-  mokLayerConfig_t c = MOK_LAYER_CONFIG_INIT;
-  c.experts_per_rank = 2;
-  c.hidden = 16;
-  c.intermediate = 8;
-  c.top_k = 2;
-  c.max_tokens = 4;
-  c.expert_padding = 8;
-  c.minibatch = 16;
-  c.macrobatch = 32;
-  return c;
 }
 
 #endif

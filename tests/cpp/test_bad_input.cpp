@@ -8,6 +8,7 @@
 
 #include "core/mxfp8.hpp"
 #include "group.hpp"
+#include "small_config.h"
 
 using namespace mok_test;
 
@@ -32,22 +33,9 @@ void store_int(Enum* field, int value) {
   std::memcpy(field, &value, sizeof(value));
 }
 
-mokLayerConfig_t good_config() {
-  mokLayerConfig_t c = MOK_LAYER_CONFIG_INIT;
-  c.experts_per_rank = 2;
-  c.hidden = 16;
-  c.intermediate = 8;
-  c.top_k = 2;
-  c.max_tokens = 4;
-  c.expert_padding = 8;
-  c.minibatch = 16;
-  c.macrobatch = 32;
-  return c;
-}
-
 // A one-rank context: its collective calls complete on this thread alone.
 struct Solo {
-  mokLayerConfig_t config = good_config();
+  mokLayerConfig_t config = small_config();
   mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
   std::unique_ptr<AlignedBuffer> peer, work;
   void* bases[1];
@@ -71,7 +59,7 @@ struct Solo {
 
 template <class Edit>
 void expect_config(Edit edit, std::initializer_list<const char*> parts, int line) {
-  mokLayerConfig_t c = good_config();
+  mokLayerConfig_t c = small_config();
   edit(c);
   mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
   expect(mokLayerGetSizes(&c, &sizes), mokInvalidArgument, parts, line);
@@ -83,7 +71,7 @@ void expect_config(Edit edit, std::initializer_list<const char*> parts, int line
 // byte counts no smaller than the buffers they must hold: a wrapped size_t would show up here.
 template <class Edit>
 void accept_config(Edit edit, int line) {
-  mokLayerConfig_t c = good_config();
+  mokLayerConfig_t c = small_config();
   edit(c);
   mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
   mokStatus_t got = mokLayerGetSizes(&c, &sizes);
@@ -101,7 +89,7 @@ void accept_config(Edit edit, int line) {
 TEST(config_rules) {
   mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
   EXPECT(mokLayerGetSizes(nullptr, &sizes), mokInvalidArgument, "'config'");
-  mokLayerConfig_t c = good_config();
+  mokLayerConfig_t c = small_config();
   EXPECT(mokLayerGetSizes(&c, nullptr), mokInvalidArgument, "'sizes'");
   EXPECT_CONFIG(c.size = 0, "MOK_LAYER_CONFIG_INIT");
   EXPECT_CONFIG(store_int(&c.precision, 7), "'config.precision' (7)", "mokPrecisionBF16 (0) or mokPrecisionMXFP8 (1)");
@@ -114,7 +102,7 @@ TEST(config_rules) {
   ACCEPT_CONFIG(c.macrobatch = c.minibatch);
   store_int(&c.executor, 9);
   EXPECT(mokLayerGetSizes(&c, &sizes), mokInvalidArgument, "'config.executor' (9)", "mokExecutorHost (0)");
-  c = good_config();
+  c = small_config();
   c.executor = mokExecutorSm100;
   EXPECT(mokLayerGetSizes(&c, &sizes), mokNotCompiled, "argument 'config.executor' (sm100)", "runs no layer");
 }
@@ -228,7 +216,7 @@ TEST(config_product_limits) {
                 "at most 1099511627776");
   // Three products at 2^40 together, MXFP8 and the widest shared expert:
   // the byte counts stay below the 2^47 that docs/c-api.md promises.
-  mokLayerConfig_t big = good_config();
+  mokLayerConfig_t big = small_config();
   big.precision = mokPrecisionMXFP8;
   big.experts_per_rank = 1 << 12;
   big.hidden = big.intermediate = 1 << 14;

@@ -49,9 +49,15 @@ mokStatus_t rejected(mokLayer_t layer, mokStatus_t status) {
   return status;
 }
 
-// What every pass checks after the context: weights that fit its shape (`copy`: in this libmok's layout).
-mokStatus_t check_pass(mokLayer_t layer, const mokLayerWeights_t* weights, const char* func, mokLayerWeights_t* copy) {
-  return mok::api::check_weights(weights, layer->impl->shape(), func, copy);
+// The first steps of a pass over the weights: a live context, the pass numbered on a good stream, and weights that
+// fit its shape (`copy`: in this libmok's layout). What fails after the context check is rejected (the group hears).
+mokStatus_t start_pass(mokLayer_t layer, const mokLayerWeights_t* weights, void* stream, const char* func,
+                       mokLayerWeights_t* copy) {
+  if (mokStatus_t s = check_layer(layer, func); s != mokSuccess) return s;
+  if (mokStatus_t s = begin_pass(layer, stream, func); s != mokSuccess) return rejected(layer, s);
+  if (mokStatus_t s = mok::api::check_weights(weights, layer->impl->shape(), func, copy); s != mokSuccess)
+    return rejected(layer, s);
+  return mokSuccess;
 }
 
 }  // namespace
@@ -113,10 +119,8 @@ MOK_API mokStatus_t mokLayerBuildSchedule(mokLayer_t layer, const void* topk_ids
 MOK_API mokStatus_t mokLayerForward(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x,
                                     const float* topk_weights, void* out, void* stream) {
   mok::api::clear_error();
-  if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
-  if (mokStatus_t s = begin_pass(layer, stream, __func__); s != mokSuccess) return rejected(layer, s);
   mokLayerWeights_t w;
-  if (mokStatus_t s = check_pass(layer, weights, __func__, &w); s != mokSuccess) return rejected(layer, s);
+  if (mokStatus_t s = start_pass(layer, weights, stream, __func__, &w); s != mokSuccess) return s;
   int64_t th = per_token(layer, layer->impl->shape().hidden), tk = per_token(layer, layer->impl->shape().top_k);
   if (mokStatus_t s = check_array(x, "x", th, 2, __func__); s != mokSuccess) return rejected(layer, s);
   if (mokStatus_t s = check_array(topk_weights, "topk_weights", tk, 4, __func__); s != mokSuccess)
@@ -132,10 +136,8 @@ namespace {
 // the experts' inputs.
 mokStatus_t recompute(mokLayer_t layer, const mokLayerWeights_t* weights, const void* x, const float* topk_weights,
                       void* stream, const char* func) {
-  if (mokStatus_t s = check_layer(layer, func); s != mokSuccess) return s;
-  if (mokStatus_t s = begin_pass(layer, stream, func); s != mokSuccess) return rejected(layer, s);
   mokLayerWeights_t w;
-  if (mokStatus_t s = check_pass(layer, weights, func, &w); s != mokSuccess) return rejected(layer, s);
+  if (mokStatus_t s = start_pass(layer, weights, stream, func, &w); s != mokSuccess) return s;
   const mok::core::LayerShape& shape = layer->impl->shape();
   if (mokStatus_t s = check_array(x, "x", per_token(layer, shape.hidden), 2, func); s != mokSuccess)
     return rejected(layer, s);
@@ -169,10 +171,8 @@ MOK_API mokStatus_t mokLayerRecomputeWeighted(mokLayer_t layer, const mokLayerWe
 MOK_API mokStatus_t mokLayerBackward(mokLayer_t layer, const mokLayerWeights_t* weights, const float* topk_weights,
                                      const void* dout, mokLayerGrads_t* grads, void* stream) {
   mok::api::clear_error();
-  if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
-  if (mokStatus_t s = begin_pass(layer, stream, __func__); s != mokSuccess) return rejected(layer, s);
   mokLayerWeights_t w;
-  if (mokStatus_t s = check_pass(layer, weights, __func__, &w); s != mokSuccess) return rejected(layer, s);
+  if (mokStatus_t s = start_pass(layer, weights, stream, __func__, &w); s != mokSuccess) return s;
   const mok::core::LayerShape& shape = layer->impl->shape();
   int64_t th = per_token(layer, shape.hidden), tk = per_token(layer, shape.top_k);
   if (mokStatus_t s = check_array(topk_weights, "topk_weights", tk, 4, __func__); s != mokSuccess)
