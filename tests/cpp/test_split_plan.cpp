@@ -3,7 +3,8 @@
 // window's routed rows otherwise), give every routed row each of its pass's stages exactly once, each after
 // the stages it reads and while the ring and output-ring rows it reads still hold that row; every GEMM window
 // lies in one turn of its buffers; the shared expert, the closing barrier and the home sums come where the
-// pass needs them. The plan is a pure function of the shape: one plan serves every routing below.
+// pass needs them. The plan is a pure function of the shape: one plan serves every routing below. And a launch's
+// count of the schedule's rows, from the segments alone, is the schedule's.
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -236,6 +237,9 @@ void check_cases(uint64_t seed, int trials, bool skewed) {
     make_case(rng, c, skewed);
     c.s.shared_intermediate = mok_test::pick(rng, 0, 1) * 8;
     int before = mok_test::failures().load();
+    // A launch counts the schedule's rows from its segments (the host never reads them).
+    CHECK_MSG(core::schedule_rows(c.s, c.sched) == c.sched.total_rows, "segments give %lld rows, the schedule %lld",
+              static_cast<long long>(core::schedule_rows(c.s, c.sched)), static_cast<long long>(c.sched.total_rows));
     for (PassKind kind : {PassKind::forward, PassKind::recompute, PassKind::backward, PassKind::backward_kept})
       check_pass(c, kind);
     if (mok_test::failures().load() != before) {

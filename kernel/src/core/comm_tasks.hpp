@@ -77,6 +77,15 @@ MOK_HD inline void pull_quantized(const PassView& v, int64_t lo, int64_t hi, bf1
   }
 }
 
+// Rows [lo, hi) into the ring, bf16 or (MXFP8 mode, whole 32-row blocks) quantised through `staging`: dispatch's
+// body without its waits, which the split executor runs over a window after the launches it follows.
+MOK_HD inline void pull_window(const PassView& v, int64_t lo, int64_t hi, bf16_t* staging) {
+  if (v.s.mxfp8)
+    pull_quantized(v, lo, hi, staging);
+  else
+    pull_rows(v, lo, hi, nullptr);
+}
+
 // The wgrad tasks that read minibatch m's rows: every part holding them, one per expert with tiles in m.
 MOK_HD inline uint32_t wgrad_tasks_over(const PassView& v, int64_t m) {
   uint32_t experts = 0;
@@ -101,12 +110,22 @@ MOK_HD inline Failure run_dispatch(const PassView& v, int64_t m, bf16_t* staging
   }
   int64_t lo = m * v.s.minibatch,
           hi = lo + v.s.minibatch < v.sched.total_rows ? lo + v.s.minibatch : v.sched.total_rows;
-  if (v.s.mxfp8)
-    pull_quantized(v, lo, hi, staging);
-  else
-    pull_rows(v, lo, hi, nullptr);
+  pull_window(v, lo, hi, staging);
   publish(&v.c.ready[m], 1);
   return kNoFailure;
+}
+
+// Rows [lo, hi) of the output ring (y, or dx in backward) into their home ranks' (token, k) slots; padding rows
+// stay. Combine's body without its waits (see pull_window).
+MOK_HD inline void push_rows(const PassView& v, int64_t lo, int64_t hi) {
+  int h = v.s.hidden;
+  size_t slots = is_backward(v.kind) ? v.peer.dx_slots : v.peer.y_slots;
+  for (int64_t j = lo; j < hi; ++j) {
+    RowRef ref = v.sched.rows[j];
+    if (ref.rank < 0) continue;
+    int64_t slot = static_cast<int64_t>(ref.token) * v.s.top_k + ref.k;
+    copy_row(out_row(v, j), h, peer_array<bf16_t>(v, ref.rank, slots) + slot * h);
+  }
 }
 
 // Push minibatch m's finished rows (y, or dx in backward) into their home ranks' (token, k) slots.
@@ -115,14 +134,7 @@ MOK_HD inline Failure run_combine(const PassView& v, int64_t m) {
   uint32_t tasks = static_cast<uint32_t>(end - first) * static_cast<uint32_t>(last_stage(v.s, v.kind).tasks);
   Failure f = wait_local(v, &v.c.done[m], tasks, WaitId::minibatch_done);
   if (!f.ok()) return f;
-  int h = v.s.hidden;
-  size_t slots = is_backward(v.kind) ? v.peer.dx_slots : v.peer.y_slots;
-  for (int64_t j = first * v.s.expert_padding; j < end * v.s.expert_padding; ++j) {
-    RowRef ref = v.sched.rows[j];
-    if (ref.rank < 0) continue;
-    int64_t slot = static_cast<int64_t>(ref.token) * v.s.top_k + ref.k;
-    copy_row(out_row(v, j), h, peer_array<bf16_t>(v, ref.rank, slots) + slot * h);
-  }
+  push_rows(v, first * v.s.expert_padding, end * v.s.expert_padding);
   publish(&v.c.freed[m], 1);
   return kNoFailure;
 }

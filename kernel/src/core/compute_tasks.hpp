@@ -165,9 +165,8 @@ MOK_HD inline int block_rows(const TileInfo& t, int64_t b) {
 // h = SwiGLU(g, u) over the tile's rows. In MXFP8 mode h is only read by down, quantised along I: each
 // 32-row block is computed into `staging` (the worker's, mx_swiglu_staging_values bf16) and written as
 // its rowwise codes and scales into mx_h (ring_h's bytes); its bf16 values never reach the ring.
-MOK_HD inline Failure run_swiglu(const PassView& v, const TileInfo& t, bf16_t* staging) {
-  Failure f = wait_stage(v, t, TaskKind::swiglu);
-  if (!f.ok()) return f;
+// The stage's body, without its waits: the split executor runs it after the launches it reads.
+MOK_HD inline void swiglu_rows(const PassView& v, const TileInfo& t, bf16_t* staging) {
   int in = v.s.intermediate;
   bool mx = v.s.mxfp8 != 0;
   Swiglu sw = layer_swiglu(v.s, v.sigmoid_table);
@@ -181,6 +180,12 @@ MOK_HD inline Failure run_swiglu(const PassView& v, const TileInfo& t, bf16_t* s
     zero_rows(staging + n * in, static_cast<int64_t>(kMxBlock - n) * in);
     quantize_ring_block(v.s, v.mx_h, in, b, staging, false);
   }
+}
+
+MOK_HD inline Failure run_swiglu(const PassView& v, const TileInfo& t, bf16_t* staging) {
+  Failure f = wait_stage(v, t, TaskKind::swiglu);
+  if (!f.ok()) return f;
+  swiglu_rows(v, t, staging);
   finish_stage(v, t, TaskKind::swiglu);
   return kNoFailure;
 }
@@ -218,9 +223,8 @@ MOK_HD Failure run_dgrad_h(const PassView& v, const TileInfo& t, Ops& ops) {
 // du along I) and the weight gradients (dg, du, h along the tokens): each 32-row block's g, u, dh are
 // copied into `staging` (the worker's, mx_swiglu_staging_values bf16), become dg, du, h there, and are
 // written in both orientations into mx_g, mx_u, mx_h, whose codes fill exactly the block's bf16 bytes.
-MOK_HD inline Failure run_swiglu_bwd(const PassView& v, const TileInfo& t, bf16_t* staging) {
-  Failure f = wait_stage(v, t, TaskKind::swiglu_bwd);
-  if (!f.ok()) return f;
+// The stage's body, without its waits (see swiglu_rows).
+MOK_HD inline void swiglu_backward_rows(const PassView& v, const TileInfo& t, bf16_t* staging) {
   int in = v.s.intermediate;
   bool mx = v.s.mxfp8 != 0;
   Swiglu sw = layer_swiglu(v.s, v.sigmoid_table);
@@ -248,6 +252,12 @@ MOK_HD inline Failure run_swiglu_bwd(const PassView& v, const TileInfo& t, bf16_
     quantize_ring_block(v.s, v.mx_u, in, b, du, true);
     quantize_ring_block(v.s, v.mx_h, in, b, hd, true);
   }
+}
+
+MOK_HD inline Failure run_swiglu_bwd(const PassView& v, const TileInfo& t, bf16_t* staging) {
+  Failure f = wait_stage(v, t, TaskKind::swiglu_bwd);
+  if (!f.ok()) return f;
+  swiglu_backward_rows(v, t, staging);
   finish_stage(v, t, TaskKind::swiglu_bwd);
   return kNoFailure;
 }

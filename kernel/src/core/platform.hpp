@@ -10,9 +10,10 @@
 #endif
 
 // A function kept out of line on the device: a large body inlined into the worker's loop can push the
-// loop itself out of line, and a call then stacks the loop's frame on its caller's.
+// loop itself out of line, and a call then stacks the loop's frame on its caller's. Still `inline`: every
+// unit that includes core/ holds the same definition (the device units link into one libmok).
 #if defined(__CUDACC__)
-#define MOK_HD_NOINLINE __host__ __device__ __noinline__
+#define MOK_HD_NOINLINE inline __host__ __device__ __noinline__
 #else
 #define MOK_HD_NOINLINE inline
 #endif

@@ -37,6 +37,18 @@ MOK_HD inline int32_t expert_first(const Schedule& s, int e) {
   return s.experts[2 * e + 1];
 }
 
+// Expert e's segment: its routed rows padded to a multiple of the tile height.
+MOK_HD inline int64_t segment_rows(const LayerShape& shape, const Schedule& s, int e) {
+  return (static_cast<int64_t>(expert_count(s, e)) + shape.expert_padding - 1) / shape.expert_padding *
+         shape.expert_padding;
+}
+
+// The padded total from the segments alone: what a device launch reads where the host never saw the schedule.
+MOK_HD inline int64_t schedule_rows(const LayerShape& shape, const Schedule& s) {
+  int last = shape.experts_per_rank - 1;
+  return expert_first(s, last) + segment_rows(shape, s, last);
+}
+
 // Pass 1: how many rows local expert e receives.
 MOK_HD inline int32_t count_expert(const LayerShape& shape, const Routing& routing, int e) {
   int32_t wanted = shape.rank * shape.experts_per_rank + e, n = 0;
@@ -51,7 +63,7 @@ MOK_HD inline int64_t lay_out_segments(const LayerShape& shape, Schedule& s) {
   int64_t at = 0;
   for (int e = 0; e < shape.experts_per_rank; ++e) {
     s.experts[2 * e + 1] = static_cast<int32_t>(at);
-    at += (expert_count(s, e) + shape.expert_padding - 1) / shape.expert_padding * shape.expert_padding;
+    at += segment_rows(shape, s, e);
   }
   s.total_rows = at;
   return at;
@@ -65,8 +77,7 @@ MOK_HD inline void place_expert(const LayerShape& shape, const Routing& routing,
     for (int32_t t = 0; t < routing.tokens[r]; ++t)
       for (int k = 0; k < shape.top_k; ++k)
         if (routing.ids[r][static_cast<int64_t>(t) * shape.top_k + k] == wanted) s.rows[at++] = RowRef{r, t, k};
-  int64_t end = expert_first(s, e) +
-                (expert_count(s, e) + shape.expert_padding - 1) / shape.expert_padding * shape.expert_padding;
+  int64_t end = expert_first(s, e) + segment_rows(shape, s, e);
   while (at < end) s.rows[at++] = RowRef{-1, -1, -1};
 }
 

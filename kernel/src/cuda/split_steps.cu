@@ -1,0 +1,88 @@
+// The split executor's row steps (core/split_plan.hpp's dispatch, swiglu, swiglu_backward and combine), one
+// kernel each over one window of schedule rows. Each runs core's wait-free body of the task the host executor
+// runs (pull_window, swiglu_rows, swiglu_backward_rows, push_rows), so the bytes are the host's. The launch
+// before a step has finished when it starts (stream order), so no counter is waited on or bumped.
+//
+// The host never reads the schedule: each kernel takes its row count from the segments on the device and does
+// nothing past it. A CTA takes one tile at a time (grid-stride over the window's tiles) and its thread 0 runs
+// the body: the first GPU path is the host's code, unchanged; the fused executor (issue #14) spreads a tile's
+// work over the CTA. Not launched by libmok yet (the split executor's host side is issue #12's next step).
+#include "core/comm_tasks.hpp"
+#include "core/compute_tasks.hpp"
+#include "core/split_plan.hpp"
+
+namespace mok::cuda {
+namespace split_detail {  // named: nvcc names an anonymous one after the file's absolute path (test_repro)
+
+// The view as a device launch sees it: the schedule's row count from its segments.
+__device__ core::PassView on_device(core::PassView view) {
+  view.sched.total_rows = core::schedule_rows(view.s, view.sched);
+  return view;
+}
+
+// Tiles [first, end) of the window that hold schedule rows (windows start and end on tile boundaries).
+struct Tiles {
+  int64_t first, end;
+};
+
+__device__ Tiles window_tiles(const core::PassView& v, const core::RowWindow& w) {
+  int64_t end = w.row0 + w.rows < v.sched.total_rows ? w.row0 + w.rows : v.sched.total_rows;
+  int64_t pad = v.s.expert_padding;
+  return Tiles{w.row0 / pad, end > w.row0 ? end / pad : w.row0 / pad};
+}
+
+// The tile that CTA blockIdx.x takes at its turn `turn`, or -1 past the window.
+__device__ int64_t tile_at(const Tiles& t, int64_t turn) {
+  int64_t tile = t.first + blockIdx.x + turn * gridDim.x;
+  return tile < t.end ? tile : -1;
+}
+
+}  // namespace split_detail
+using namespace split_detail;
+
+// The window's rows pulled into the ring, quantised in MXFP8 mode; `staging` holds mx_staging_values bf16 per CTA.
+__global__ void dispatch_window(core::PassView view, core::RowWindow window, core::bf16_t* staging,
+                                int64_t staging_values) {
+  if (threadIdx.x != 0) return;
+  core::PassView v = on_device(view);
+  Tiles tiles = window_tiles(v, window);
+  int64_t pad = v.s.expert_padding;
+  for (int64_t turn = 0, tile; (tile = tile_at(tiles, turn)) >= 0; ++turn)
+    core::pull_window(v, tile * pad, (tile + 1) * pad, staging + blockIdx.x * staging_values);
+}
+
+// h from g and u over the window's tiles; `staging`: mx_swiglu_staging_values bf16 per CTA.
+__global__ void swiglu_window(core::PassView view, core::RowWindow window, core::bf16_t* staging,
+                              int64_t staging_values) {
+  if (threadIdx.x != 0) return;
+  core::PassView v = on_device(view);
+  Tiles tiles = window_tiles(v, window);
+  for (int64_t turn = 0, tile; (tile = tile_at(tiles, turn)) >= 0; ++turn) {
+    core::Task task{core::TaskKind::swiglu, 0, static_cast<int32_t>(tile)};
+    core::swiglu_rows(v, core::tile_info(v, task, v.s.intermediate), staging + blockIdx.x * staging_values);
+  }
+}
+
+// dg, du and h from dh, g and u over the window's tiles.
+__global__ void swiglu_backward_window(core::PassView view, core::RowWindow window, core::bf16_t* staging,
+                                       int64_t staging_values) {
+  if (threadIdx.x != 0) return;
+  core::PassView v = on_device(view);
+  Tiles tiles = window_tiles(v, window);
+  for (int64_t turn = 0, tile; (tile = tile_at(tiles, turn)) >= 0; ++turn) {
+    core::Task task{core::TaskKind::swiglu_bwd, 0, static_cast<int32_t>(tile)};
+    core::swiglu_backward_rows(v, core::tile_info(v, task, v.s.intermediate), staging + blockIdx.x * staging_values);
+  }
+}
+
+// The window's finished rows (y, or dx in backward) pushed into their home ranks' slots.
+__global__ void combine_window(core::PassView view, core::RowWindow window) {
+  if (threadIdx.x != 0) return;
+  core::PassView v = on_device(view);
+  Tiles tiles = window_tiles(v, window);
+  int64_t pad = v.s.expert_padding;
+  for (int64_t turn = 0, tile; (tile = tile_at(tiles, turn)) >= 0; ++turn)
+    core::push_rows(v, tile * pad, (tile + 1) * pad);
+}
+
+}  // namespace mok::cuda
