@@ -45,16 +45,18 @@ def calibration_errors(costs: Costs, seed: int = 0, profile: str = "GB200") -> l
     return out
 
 
-def calibrate(seed: int = 0, grid: tuple = tuple(range(50, 121, 2))) -> tuple[float, list]:
-    """The HBM-per-SM value on `grid` (GB/s) with the smallest worst relative error on PUBLISHED."""
+def calibrate(seed: int = 0, grid: tuple = tuple(range(50, 121, 2)), costs: Costs | None = None) -> tuple[float, list]:
+    """The HBM-per-SM value on `grid` (GB/s) with the smallest worst relative error on PUBLISHED, the other
+    parameters those of `costs` (default CALIBRATED)."""
     best = None
+    base = costs if costs is not None else CALIBRATED
     graphs = {m: _graph(MOK_SHAPE.replace(mxfp8=m == "mxfp8"), "forward", seed) for m, _, _ in PUBLISHED}
     for value in grid:
-        costs = CALIBRATED.replace(hbm_per_sm_gbps=float(value))
+        costs = base.replace(hbm_per_sm_gbps=float(value))
         err = max(abs(simulate(graphs[m], PROFILES["GB200"], c, costs).time_s * 1e3 / ms - 1) for m, c, ms in PUBLISHED)
         if best is None or err < best[1]:
             best = (float(value), err)
-    return best[0], calibration_errors(CALIBRATED.replace(hbm_per_sm_gbps=best[0]), seed)
+    return best[0], calibration_errors(base.replace(hbm_per_sm_gbps=best[0]), seed)
 
 
 
@@ -428,12 +430,12 @@ def write_plots(directory, args, prof, results) -> list[str]:
     return paths
 
 
-def print_best(args, prof) -> None:
+def print_best(args, prof, costs) -> None:
     modes = ("bf16", "mxfp8") if prof.mxfp8_tflops else ("bf16",)
     print(f"\nAutotuner (tune.best, what MoKConfig's \"auto\" fields get), MoK's shape, EP 4, {prof.name}:")
     print("  mode   fwd comm  bwd comm  minibatch  macrobatch  pred fwd ms  pred bwd ms  simulations  seconds")
     for mode in modes:
-        c = best(MOK_SHAPE.replace(mxfp8=mode == "mxfp8"), prof.name, seed=args.seed)
+        c = best(MOK_SHAPE.replace(mxfp8=mode == "mxfp8"), prof.name, seed=args.seed, costs=costs)
         print(f"  {mode:5s} {c.fwd_comm_sms:9d} {c.bwd_comm_sms:9d} {c.minibatch:10d} {c.macrobatch:11d} "
               f"{c.forward_s * 1e3:12.3f} {c.backward_s * 1e3:12.3f} {c.simulations:12d} {c.seconds:8.1f}")
 
@@ -447,6 +449,8 @@ def main(argv=None) -> int:
     ap.add_argument("--minibatch", type=int, nargs="*", default=[1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--world", type=int, nargs="*", default=[4, 8, 16, 32, 64, 72])
     ap.add_argument("--calibrate", action="store_true", help="refit hbm_per_sm_gbps on the published points")
+    ap.add_argument("--nvlink-per-sm-gbps", type=float, metavar="GBPS",
+                    help="assume one SM moves at most this over NVLink (default: unbounded, as calibrated)")
     ap.add_argument("--best", action=argparse.BooleanOptionalAction, default=True,
                     help="also run the autotuner at MoK's shape (a few seconds per mode)")
     ap.add_argument("--plots", metavar="DIR", help="write tune_comm_sms.png, tune_minibatch.png, tune_ep.png here "
@@ -471,9 +475,13 @@ def main(argv=None) -> int:
         f"HBM {prof.hbm_tbps} TB/s, NVLink {prof.nvlink_gbps:.0f} GB/s one way"
     )
     costs = CALIBRATED
+    if args.nvlink_per_sm_gbps is not None:
+        if not args.nvlink_per_sm_gbps > 0:
+            ap.error("--nvlink-per-sm-gbps must be positive")
+        costs = costs.replace(nvlink_per_sm_gbps=args.nvlink_per_sm_gbps)
     if args.calibrate:
-        value, _ = calibrate(args.seed)
-        costs = CALIBRATED.replace(hbm_per_sm_gbps=value)
+        value, _ = calibrate(args.seed, costs=costs)
+        costs = costs.replace(hbm_per_sm_gbps=value)
     print(f"  costs: {costs}")
     print("\nCalibration (forward, 4x GB200, MoK's shape): published vs predicted")
     for mode, comm, ms, pred in calibration_errors(costs, args.seed):
@@ -483,7 +491,7 @@ def main(argv=None) -> int:
     results = sweeps(args, prof, costs, progress)
     print_tables(args, results)
     if args.best:
-        print_best(args, prof)
+        print_best(args, prof, costs)
     if args.plots:
         for path in write_plots(args.plots, args, prof, results):
             print(f"  wrote {path}")
