@@ -25,6 +25,8 @@ BUILD_DEPS = ("scikit-build-core==0.11.6", "nanobind==2.9.2", "cmake==3.31.6", "
 TEST_DEPS = ("pytest==8.4.2", "numpy==2.3.5")
 # HuggingFace transformers, for tests/python/test_hf_*.py (mok against HF's own MoE blocks, mok.integrations).
 TRANSFORMERS = "transformers==5.24.0"
+# The PNG plots of python -m mok.tune --plots and python -m mok.bench --plot (tests/python/test_tune.py draws them).
+MATPLOTLIB = "matplotlib==3.11.2"
 # CUTLASS/CuTe C++ headers for tests/cpp/test_sf_layout_cute (core's device layouts against CuTe on the host).
 # Installed --no-deps: only the headers are used, not the Python package's cuda-python/scipy dependencies.
 CUTLASS = "nvidia-cutlass==4.2.0.0"
@@ -64,7 +66,7 @@ def build(session: nox.Session, build_type: str, archs: str) -> None:
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """The whole pytest suite (C++ CTest suite included) against a freshly built libmok and wheel."""
-    session.install(*BUILD_DEPS, *TEST_DEPS, TORCH, TRANSFORMERS)
+    session.install(*BUILD_DEPS, *TEST_DEPS, TORCH, TRANSFORMERS, MATPLOTLIB)
     session.install("--no-deps", CUTLASS)
     session.env.update(cuda_env(session))
     prefix = cmake_build(session, "tests-libmok", "Release", ARCHS["blackwell"], "-DMOK_BUILD_TESTS=ON")
@@ -119,9 +121,9 @@ def fuzz(session: nox.Session) -> None:
     session.run("pytest", "-ra", "-s", "tests/library/test_fuzz.py")
 
 
-def run_module(session: nox.Session, module: str) -> None:
+def run_module(session: nox.Session, module: str, *extra: str) -> None:
     """The mok package built from this tree, then `python -m <module>` with the session's posargs."""
-    session.install(*BUILD_DEPS, TORCH, "numpy==2.3.5")
+    session.install(*BUILD_DEPS, TORCH, "numpy==2.3.5", *extra)
     session.env.update(cuda_env(session))
     session.install("--no-build-isolation", "--no-deps", str(ROOT / "python"))
     session.run("python", "-m", module, *session.posargs)
@@ -136,7 +138,13 @@ def demo(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
     """The layer's forward and backward per CPU backend, side by side (docs/performance.md); posargs go to it."""
-    run_module(session, "mok.bench")
+    run_module(session, "mok.bench", MATPLOTLIB)
+
+
+@nox.session(python="3.11")
+def tune(session: nox.Session) -> None:
+    """mok.perf's predictions and the autotuner (docs/performance.md); `nox -s tune -- --plots docs/images`."""
+    run_module(session, "mok.tune", MATPLOTLIB)
 
 
 if (ROOT / "tools" / "nox_packaging.py").exists():  # the packaging sessions: conda, nix, repro

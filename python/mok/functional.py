@@ -57,37 +57,58 @@ class MoKConfig:
     host_comm_workers / host_compute_workers: threads per rank of the host executor (backend="host") that move rows
     / compute tiles; host_compute_workers=None: the CPUs this process may run on, divided by the group's ranks
     (all on this host: they share memory), at least 1.
+
+    "auto" (fwd_num_comm_sms, bwd_num_comm_sms, minibatch_size, macrobatch_size): the autotuner (mok.tune.best over
+    mok.perf, a model of a GPU) chooses the value when the workspace is made, for its shapes, group size and
+    gpu_profile (cached: one search per shape); `workspace.config` holds the values chosen. gpu_profile: the GPU
+    profile it models (mok.perf.PROFILES: "GB200", "B200", ...); None: on CUDA the device's name picks it, on
+    another device "auto" is an error (the model has no CPU). On backend="host" the comm fields become the GPU's
+    comm share of the host's workers (docs/performance.md, "The autotuner"). The reference executor ignores
+    these fields, "auto" too.
     """
 
-    fwd_num_comm_sms: int | None = None
-    bwd_num_comm_sms: int | None = None
-    minibatch_size: int = 4096
-    macrobatch_size: int = 131072
+    fwd_num_comm_sms: int | str | None = None
+    bwd_num_comm_sms: int | str | None = None
+    minibatch_size: int | str = 4096
+    macrobatch_size: int | str = 131072
     expert_padding: int = 256
     wait_timeout_s: float = 60.0
     host_comm_workers: int = 1
     host_compute_workers: int | None = None
+    gpu_profile: str | None = None
 
     def __post_init__(self):
         # The upper limits are libmok's (validate.py mirrors them from its C ABI), checked here so that the error
         # names the MoKConfig field and the value given, never the C field it becomes.
         for name in ("fwd_num_comm_sms", "bwd_num_comm_sms"):
-            if getattr(self, name) is not None:
-                _check_int(self, name, 1, 256, "None or between 1 and 256 (a GPU has at most a few hundred SMs)")
+            if getattr(self, name) is not None and not _auto(self, name):
+                _check_int(self, name, 1, 256, "None or between 1 and 256 (a GPU has at most a few hundred SMs), "
+                           "or 'auto'")
         _check_int(self, "expert_padding", 1, 1024, "a power of two between 1 and 1024")
         if self.expert_padding & (self.expert_padding - 1):
             raise ValueError(f"MoKConfig.expert_padding must be a power of two between 1 and 1024, "
                              f"got {self.expert_padding}")
-        _check_int(self, "minibatch_size", self.expert_padding, validate.MAX_MINIBATCH,
-                   f"a multiple of expert_padding ({self.expert_padding}), at most 2^24")
-        if self.minibatch_size % self.expert_padding:
-            raise ValueError(f"MoKConfig.minibatch_size must be a multiple of expert_padding "
-                             f"({self.expert_padding}), got {self.minibatch_size}")
-        _check_int(self, "macrobatch_size", self.minibatch_size, validate.MAX_MACROBATCH,
-                   f"a multiple of minibatch_size ({self.minibatch_size}), at most 2^26")
-        if self.macrobatch_size % self.minibatch_size:
-            raise ValueError(f"MoKConfig.macrobatch_size must be a multiple of minibatch_size "
-                             f"({self.minibatch_size}), got {self.macrobatch_size}")
+        if not _auto(self, "minibatch_size"):
+            _check_int(self, "minibatch_size", self.expert_padding, validate.MAX_MINIBATCH,
+                       f"'auto' or a multiple of expert_padding ({self.expert_padding}), at most 2^24")
+            if self.minibatch_size % self.expert_padding:
+                raise ValueError(f"MoKConfig.minibatch_size must be 'auto' or a multiple of expert_padding "
+                                 f"({self.expert_padding}), got {self.minibatch_size}")
+        if not _auto(self, "macrobatch_size"):
+            # with minibatch_size "auto", the minibatch chosen divides it: a multiple of expert_padding does
+            unit, unit_name = ((self.expert_padding, "expert_padding") if _auto(self, "minibatch_size") else
+                               (self.minibatch_size, "minibatch_size"))
+            _check_int(self, "macrobatch_size", unit, validate.MAX_MACROBATCH,
+                       f"'auto' or a multiple of {unit_name} ({unit}), at most 2^26")
+            if self.macrobatch_size % unit:
+                raise ValueError(f"MoKConfig.macrobatch_size must be 'auto' or a multiple of {unit_name} "
+                                 f"({unit}), got {self.macrobatch_size}")
+        if self.gpu_profile is not None:
+            from mok.perf import PROFILES
+
+            if not isinstance(self.gpu_profile, str) or self.gpu_profile not in PROFILES:
+                raise ValueError(f"MoKConfig.gpu_profile must be None or one of {sorted(PROFILES)} (mok.perf's "
+                                 f"GPU profiles), got {self.gpu_profile!r}")
         _check_int(self, "host_comm_workers", 1, validate.MAX_COMM_WORKERS, "between 1 and 64 (libmok's limit)")
         if self.host_compute_workers is not None:
             _check_int(self, "host_compute_workers", 1, validate.MAX_COMPUTE_WORKERS,
@@ -101,8 +122,16 @@ class MoKConfig:
             raise ValueError(f"MoKConfig.wait_timeout_s must be {rule}, got {t!r}")
 
 
+def _auto(config, name: str) -> bool:
+    """Whether the field is "auto" (any other string is refused by _check_int, naming the field)."""
+    value = getattr(config, name)
+    return isinstance(value, str) and value == "auto"
+
+
 def _check_int(config, name: str, low: int, high: int, rule: str) -> None:
     value = getattr(config, name)
+    if isinstance(value, str):
+        raise ValueError(f"MoKConfig.{name} must be {rule}, got {value!r}")
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"MoKConfig.{name} must be an int ({rule}), got {type(value).__name__}")
     if not low <= value <= high:
@@ -123,6 +152,9 @@ class Executor(Protocol):
     # and raises GroupResync when a peer stopped it (the host executor, through libmok's error record).
     agrees_per_call: bool
 
+    # Optional: reads_schedule_config (default True): whether the executor reads the comm SM, minibatch and
+    # macrobatch fields (False: their "auto" is not resolved); workers(config, world) -> int: its fixed workers that
+    # the comm fields split when they are not a GPU's SMs (absent: a GPU executor, whose SMs the profile has).
     def supports(self, device: torch.device) -> bool: ...
     def create_workspace(self, key: WorkspaceKey, config: MoKConfig) -> Any: ...
     def build_schedule(self, topk_ids, num_local_experts: int, group, workspace: Workspace) -> Any: ...
@@ -175,6 +207,7 @@ class _ReferenceExecutor:
     name = "reference"
     agrees_per_call = True  # its all_to_alls are torch.distributed calls anyway; the exchange gives every rank
     # a bad argument's reason
+    reads_schedule_config = False  # comm SMs, minibatch, macrobatch: "auto" is left unresolved (no model run)
 
     def supports(self, device: torch.device) -> bool:
         return True
@@ -296,7 +329,26 @@ def _close(workspace: Workspace) -> None:
 
 
 def _new_workspace(key: WorkspaceKey, config: MoKConfig, group, nonce: str) -> Workspace:
-    return Workspace(key, config, group, _BACKENDS[key.backend][1].create_workspace(key, config), nonce)
+    executor = _BACKENDS[key.backend][1]
+    config = _resolve_auto(config, key, group, executor)
+    return Workspace(key, config, group, executor.create_workspace(key, config), nonce)
+
+
+def _resolve_auto(config: MoKConfig, key: WorkspaceKey, group, executor) -> MoKConfig:
+    """config with its "auto" fields chosen by the autotuner for the workspace's shapes (mok.tune.resolve_config;
+    every rank resolves alike: the same shapes, group size, profile and a deterministic model). An executor
+    that reads none of these fields (reads_schedule_config False) keeps "auto"."""
+    if not getattr(executor, "reads_schedule_config", True) or not any(
+            _auto(config, f) for f in ("fwd_num_comm_sms", "bwd_num_comm_sms", "minibatch_size", "macrobatch_size")):
+        return config
+    from mok import tune
+
+    world = ep.group_rank_and_size(group)[1]
+    workers = getattr(executor, "workers", None)
+    return tune.resolve_config(config, world=world, experts_per_rank=key.num_local_experts, hidden=key.hidden,
+                               intermediate=key.intermediate, topk=key.topk, tokens=key.max_tokens,
+                               shared_intermediate=key.shared_intermediate, mxfp8=key.mxfp8, device=key.device,
+                               workers=None if workers is None else workers(config, world))
 
 
 def _workspace_key(max_tokens, hidden, topk, num_local_experts, intermediate, shared_intermediate, mxfp8, group,

@@ -37,11 +37,7 @@ def _workers(config, world: int) -> dict:
     process may run on shared among the group's ranks (all on this host: their memory is shared) for compute.
     fwd_num_comm_sms / bwd_num_comm_sms split those threads per pass (None: host_comm_workers); libmok's
     comm_workers is the forward's split, backward_comm_workers the backward's."""
-    compute = config.host_compute_workers
-    if compute is None:
-        compute = max(1, len(os.sched_getaffinity(0)) // world)
-    comm = config.host_comm_workers
-    total = comm + min(compute, validate.MAX_COMPUTE_WORKERS)
+    comm, total = config.host_comm_workers, _total_workers(config, world)
     split = {}
     for name in ("fwd_num_comm_sms", "bwd_num_comm_sms"):
         value = getattr(config, name)
@@ -55,6 +51,14 @@ def _workers(config, world: int) -> dict:
     forward = split["fwd_num_comm_sms"]
     return {"comm_workers": forward, "compute_workers": min(total - forward, validate.MAX_COMPUTE_WORKERS),
             "backward_comm_workers": split["bwd_num_comm_sms"]}
+
+
+def _total_workers(config, world: int) -> int:
+    """host_comm_workers + host_compute_workers (None: the CPUs this process may run on / the group's ranks)."""
+    compute = config.host_compute_workers
+    if compute is None:
+        compute = max(1, len(os.sched_getaffinity(0)) // world)
+    return config.host_comm_workers + min(compute, validate.MAX_COMPUTE_WORKERS)
 
 
 @dataclass
@@ -310,6 +314,10 @@ class HostExecutor:
 
     def create_workspace(self, key, config) -> _Layers:
         return _Layers(key, config)
+
+    def workers(self, config, world: int) -> int:
+        """The threads per rank that fwd_num_comm_sms / bwd_num_comm_sms split ("auto": their GPU share)."""
+        return _total_workers(config, world)
 
     def build_schedule(self, topk_ids, num_local_experts, group, workspace) -> _Schedule:
         return _Schedule(topk_ids.contiguous(), num_local_experts, group)

@@ -98,21 +98,47 @@ def _group(name: str):
     return _GROUPS[name]
 
 
+_NONE, _AUTO = -1.0, -2.0  # a field left None, a field given as "auto"
+
+
+def _profiles() -> list[str]:
+    from mok.perf import PROFILES
+
+    return sorted(PROFILES)
+
+
 def config_to_floats(config: functional.MoKConfig | None) -> list[float]:
     """A MoKConfig as floats, its fields in order (every int field is far below 2^53, so exact; -1 for a field
-    left None); [] for None (the executor's default). The op rebuilds the very same MoKConfig from them."""
+    left None, -2 for "auto", gpu_profile as its index in sorted(mok.perf.PROFILES)); [] for None (the executor's
+    default). The op rebuilds the very same MoKConfig from them."""
     if config is None:
         return []
-    return [-1.0 if getattr(config, f.name) is None else float(getattr(config, f.name))
-            for f in dataclasses.fields(config)]
+
+    def encode(name, value):
+        if value is None:
+            return _NONE
+        if name == "gpu_profile":
+            return float(_profiles().index(value))
+        return _AUTO if value == "auto" else float(value)
+
+    return [encode(f.name, getattr(config, f.name)) for f in dataclasses.fields(config)]
 
 
 def _config(values: list[float]):
     if not values:
         return None
+
+    def decode(name, v):
+        if name == "wait_timeout_s":
+            return v
+        if v == _AUTO:
+            return "auto"
+        if v < 0:
+            return None
+        return _profiles()[int(v)] if name == "gpu_profile" else int(v)
+
     names = [f.name for f in dataclasses.fields(functional.MoKConfig)]
-    return functional.MoKConfig(**{name: v if name == "wait_timeout_s" else None if v < 0 else int(v)
-                                   for name, v in zip(names, values, strict=True)})
+    return functional.MoKConfig(**{name: decode(name, v) for name, v in zip(names, values, strict=True)})
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -3,11 +3,14 @@ baseline it times computes the layer. Never asserts a speed (the machine is shar
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import subprocess
 import sys
 
+import pytest
+import torch
 from dist_utils import ep_group, run_group
 
 from mok import bench, functional
@@ -18,10 +21,14 @@ FIGURES = ("median_ms", "min_ms", "max_ms", "gflops", "x_reference", "x_matmul")
 def test_tiny_preset_prints_and_writes_every_figure(tmp_path):
     path = tmp_path / "bench.json"
     # As a command (python -m), so the module's __main__ path runs as a user's does, not only main().
+    png = tmp_path / "bench.png"
+    plots = ["--plot", str(png)] if importlib.util.find_spec("matplotlib") else []  # CI's tests session has it
     proc = subprocess.run([sys.executable, "-m", "mok.bench", "--preset", "tiny", "--iters", "2", "--warmup", "1",
-                           "--world", "1", "--world", "2", "--json", str(path)],
+                           "--world", "1", "--world", "2", "--json", str(path), *plots],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    if plots:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = proc.stdout
     result = json.loads(path.read_text())
     assert [run["world"] for run in result["runs"]] == [1, 2]
@@ -68,3 +75,59 @@ def test_composed_baseline_computes_the_layer(seed):
     for world in (1, 2):
         for rank, errors in enumerate(run_group(world, _composed_against_reference, problem, seed)):
             assert max(errors.values()) < 2e-2, (world, rank, seed, errors)
+
+
+def test_cuda_without_a_gpu_says_so_and_times_nothing(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the refusal is for machines without one")
+    path = tmp_path / "never.json"
+    assert bench.main(["--device", "cuda", "--preset", "mok", "--json", str(path)]) == 2
+    printed = capsys.readouterr().out
+    assert "mok bench --device cuda: no CUDA device here (torch.cuda.is_available() is False" in printed
+    assert "Nothing was timed: no GPU figure is printed without a GPU" in printed
+    assert "median" not in printed and not path.exists()
+
+
+def test_gpu_summary_takes_the_slowest_rank_per_iteration_then_the_median():
+    # rank 0 is slow in iteration 0, rank 1 in iterations 1 and 2: per iteration max (3, 5, 7), median 5 ms.
+    problem = bench.Problem(tokens=8, hidden=16, intermediate=32, experts=4, topk=2, shared=0)
+    ranks = [{name: {"forward": [3e-3, 1e-3, 1e-3], "backward": [6e-3, 2e-3, 2e-3]}
+              for name in ("mok:reference", bench.GPU_COMPOSED)} for _ in range(2)]
+    for name in ranks[1]:
+        ranks[1][name] = {"forward": [1e-3, 5e-3, 7e-3], "backward": [2e-3, 10e-3, 14e-3]}
+    ranks[1][bench.GPU_COMPOSED]["forward"] = [1e-3, 10e-3, 14e-3]  # the baseline twice as slow forward
+    lines = {(line["pass"], line["case"]): line for line in bench.gpu_summary(ranks, problem)}
+    ref = lines["forward", "mok:reference"]
+    assert (ref["median_ms"], ref["min_ms"], ref["max_ms"]) == pytest.approx((5.0, 3.0, 7.0))
+    assert ref["x_baseline"] == pytest.approx(10 / 5)
+    assert lines["backward", "mok:reference"]["median_ms"] == pytest.approx(10.0)
+    # MoK's TFLOP/s: 6 (T + T K) H I / t, twice the work backward
+    work = 6 * (8 + 8 * 2) * 16 * 32
+    assert ref["tflops"] == pytest.approx(work / 5e-3 / 1e12)
+    assert lines["backward", "mok:reference"]["tflops"] == pytest.approx(2 * work / 10e-3 / 1e12)
+
+
+def _grouped_against_reference(rank, world, problem, seed):
+    x, ids, weights, routed, shared, dout, _ = bench.rank_share(problem, world, rank, seed)
+    want, ctx = functional.forward(x, ids, weights, routed, shared, backend="reference", group=ep_group())
+    grads = functional.backward(ctx, dout)
+    leaves = [t.clone().requires_grad_(True) for t in (x, weights, routed.gate, routed.up, routed.down)]
+    shared_leaves = [w.clone().requires_grad_(True) for w in (shared.gate, shared.up, shared.down)]
+    out = bench.grouped_forward(*leaves, ids, shared_leaves, world)
+    out.backward(dout)
+    pairs = {"out": (out, want), "x": (leaves[0].grad, grads.x), "topk_weights": (leaves[1].grad, grads.topk_weights),
+             "gate": (leaves[2].grad, grads.gate), "up": (leaves[3].grad, grads.up),
+             "down": (leaves[4].grad, grads.down), "shared_up": (shared_leaves[1].grad, grads.shared_up)}
+    return bench.GROUPED_PATH[0], {name: float((a.double() - b.double()).norm() / b.double().norm())
+                                   for name, (a, b) in pairs.items()}
+
+
+def test_grouped_gpu_baseline_computes_the_layer(seed):
+    # The GPU baseline (all_to_all + grouped GEMM) run on the CPU, where this torch's _grouped_mm runs too: its
+    # output and gradients match the reference executor's (2e-2: bf16 storage rounded in other places, as with the
+    # composed baseline).
+    problem = bench.Problem(tokens=48, hidden=64, intermediate=32, experts=4, topk=2, shared=32)
+    for world in (1, 2):
+        for rank, (path, errors) in enumerate(run_group(world, _grouped_against_reference, problem, seed)):
+            assert path == "torch._grouped_mm", path  # the grouped GEMM itself, not the fallback
+            assert max(errors.values()) < 2e-2, (world, rank, seed, path, errors)
