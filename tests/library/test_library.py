@@ -136,6 +136,18 @@ def test_protocol_uses_system_scope_release_acquire(libmok, cuda_bin):
         assert re.search(instruction, barrier.group(1)), f"{instruction} missing from group_barrier's SASS"
 
 
+def test_error_record_is_published_at_system_scope(libmok, cuda_bin):
+    """A device pass's error record lives in host-mapped memory (kernel/src/cuda/mapped_record.hpp), read by the host
+    while the kernel runs: core's record_failure must publish it with a system-scope fence and store (the self-test's
+    record probe runs it), or the host may never see the failure."""
+    env = {**os.environ, "NVDISASM_PATH": str(cuda_bin)}
+    sass = run(cuda_bin / "cuobjdump", "--dump-sass", libmok, env=env).stdout
+    probe = re.search(r"Function : \S*record_probe\S*\n(.*?)(?=\n\s*Function :|\Z)", sass, re.S)
+    assert probe, "the self-test's record probe kernel is missing from the SASS"
+    for instruction in (r"MEMBAR\.ALL\.SYS", r"ST\.E\.STRONG\.SYS"):
+        assert re.search(instruction, probe.group(1)), f"{instruction} missing from record_probe's SASS"
+
+
 def test_only_mok_symbols_are_exported(libmok):
     out = run("nm", "-D", "--defined-only", libmok).stdout
     names = [line.split()[-1] for line in out.splitlines() if line.strip()]
