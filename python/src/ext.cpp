@@ -78,6 +78,28 @@ NB_MODULE(_mok, m) {
     return nb::make_tuple(static_cast<int>(s), std::string(mokGetLastError()), supported != 0);
   });
 
+  // The self-test (mok.selftest): one stage, (status, message, seconds); the GIL is released while it runs.
+  m.attr("NUM_SELFTEST_STAGES") = static_cast<int>(mokNumSelftestStages);
+  m.def("selftest_stage_name", [](int stage) {
+    const char* name = mokSelftestStageName(static_cast<mokSelftestStage_t>(stage));
+    if (!name) throw nb::value_error("stage: not a mokSelftestStage_t value");
+    return std::string(name);
+  });
+  m.def("selftest_run", [](int stage, int device, int timeout_ms, uint64_t seed) {
+    mokSelftestOptions_t options = MOK_SELFTEST_OPTIONS_INIT;
+    options.device = device;
+    options.timeout_ms = timeout_ms;
+    options.seed = seed;
+    mokSelftestReport_t report = MOK_SELFTEST_REPORT_INIT;
+    mokStatus_t s;
+    {
+      nb::gil_scoped_release release;
+      s = mokSelftestRun(static_cast<mokSelftestStage_t>(stage), &options, &report);
+    }
+    std::string message = report.message[0] ? report.message : mokGetLastError();
+    return nb::make_tuple(static_cast<int>(s), message, report.seconds);
+  });
+
   bind_layer(m);
 #ifdef MOK_WITH_TASK_GRAPH
   bind_task_graph(m);

@@ -348,6 +348,23 @@ static void device_info(void) {
   CHECK(untouched(&newer, 16, sizeof(newer), 0xab));
 }
 
+/* The self-test's options and report: a newer header's larger ones are refused, nothing written or run. */
+static void selftest_structs(void) {
+  mokSelftestReport_t report = MOK_SELFTEST_REPORT_INIT;
+  NEWER(mokSelftestOptions_t) newer_o;
+  NEWER(mokSelftestReport_t) newer_r;
+  memset(&newer_o, 0, sizeof(newer_o));
+  newer_o.now = (mokSelftestOptions_t)MOK_SELFTEST_OPTIONS_INIT;
+  stamp_newer(&newer_o, sizeof(newer_o));
+  EXPECT(mokSelftestRun(mokSelftestProbe, &newer_o.now, &report), mokInvalidArgument, newer_name);
+  EXPECT(mokSelftestRun(mokSelftestProbe, &newer_o.now, &report), mokInvalidArgument, "argument 'options'");
+  memset(&newer_r, 0xab, sizeof(newer_r));
+  newer_r.now.magic = MOK_STRUCT_MAGIC;
+  stamp_newer(&newer_r, sizeof(newer_r));
+  EXPECT(mokSelftestRun(mokSelftestProbe, NULL, &newer_r.now), mokInvalidArgument, newer_name);
+  CHECK(untouched(&newer_r, 16, sizeof(newer_r), 0xab));
+}
+
 int main(void) {
   rng = (uint32_t)time(NULL);
   printf("seed %u\n", rng);
@@ -358,6 +375,7 @@ int main(void) {
   memory_layouts();
   pass_structs();
   device_info();
+  selftest_structs();
   printf("%d failed checks\n", failures);
   return failures;
 }

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 
+import pytest
 from buildutil import ROOT, run
 
 
@@ -133,6 +136,18 @@ def test_protocol_uses_system_scope_release_acquire(libmok, cuda_bin):
         assert re.search(instruction, barrier.group(1)), f"{instruction} missing from group_barrier's SASS"
 
 
+def test_error_record_is_published_at_system_scope(libmok, cuda_bin):
+    """A device pass's error record lives in host-mapped memory (kernel/src/cuda/mapped_record.hpp), read by the host
+    while the kernel runs: core's record_failure must publish it with a system-scope fence and store (the self-test's
+    record probe runs it), or the host may never see the failure."""
+    env = {**os.environ, "NVDISASM_PATH": str(cuda_bin)}
+    sass = run(cuda_bin / "cuobjdump", "--dump-sass", libmok, env=env).stdout
+    probe = re.search(r"Function : \S*record_probe\S*\n(.*?)(?=\n\s*Function :|\Z)", sass, re.S)
+    assert probe, "the self-test's record probe kernel is missing from the SASS"
+    for instruction in (r"MEMBAR\.ALL\.SYS", r"ST\.E\.STRONG\.SYS"):
+        assert re.search(instruction, probe.group(1)), f"{instruction} missing from record_probe's SASS"
+
+
 def test_only_mok_symbols_are_exported(libmok):
     out = run("nm", "-D", "--defined-only", libmok).stdout
     names = [line.split()[-1] for line in out.splitlines() if line.strip()]
@@ -150,7 +165,39 @@ def test_soname_and_static_cudart(libmok):
 
 
 def test_install_layout(prefix):
-    for rel in ("include/mok/mok.h", "include/mok/mok.hpp", "include/mok/mok_version.h",
+    for rel in ("bin/mok_selftest", "include/mok/mok.h", "include/mok/mok.hpp", "include/mok/mok_version.h",
                 "lib/cmake/mok/mokConfig.cmake", "lib/cmake/mok/mokConfigVersion.cmake",
                 "lib/cmake/mok/mokTargets.cmake", "lib/pkgconfig/mok.pc"):
         assert (prefix / rel).exists(), rel
+
+
+def test_selftest_is_installed_and_says_why_it_cannot_run_here(prefix):
+    """mok_selftest (docs/gpu.md, "On your first GPU") is in a CUDA build's bin/, finds the installed libmok through
+    its rpath alone, and on a machine without a GPU stops at the probe, naming the CUDA error, with exit code 2."""
+    program = prefix / "bin" / "mok_selftest"
+    assert program.exists(), f"{program} missing from the install prefix"
+    dynamic = run("readelf", "-d", program).stdout
+    assert re.search(r"R(UN)?PATH.*\[\$ORIGIN/\.\./lib", dynamic), dynamic
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    proc = subprocess.run([program, "--timeout-ms", "10000"], capture_output=True, text=True, env=env, timeout=300)
+    if proc.returncode in (3, 5):
+        pytest.skip(f"a GPU is here (tests/gpu checks the stages on it):\n{proc.stdout}")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "CUDA architectures: 100a" in lines[0], lines[0]
+    assert lines[1].startswith("[1/7] probe: NO GPU (") and re.search(r"\(cudaError\w+\)", lines[1]), lines[1]
+    assert lines[-1] == "mok self-test: no usable GPU or driver (exit code 2)", proc.stdout
+
+
+def test_selftest_runners_print_the_same(prefix):
+    """`python -m mok.selftest` and mok_selftest over the same libmok: the same lines (times aside) and exit code."""
+    times = re.compile(r"\(\d+\.\d\d s\)")
+    outs = []
+    seed = ["--seed", "7", "--timeout-ms", "10000"]
+    for cmd in ([prefix / "bin" / "mok_selftest", *seed], [sys.executable, "-m", "mok.selftest", *seed]):
+        proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=300)
+        outs.append((proc.returncode, times.sub("(t)", proc.stdout)))
+    if outs[0][1].splitlines()[:1] != outs[1][1].splitlines()[:1]:
+        pytest.skip("this Python's mok package carries another libmok than the installed one (nox -s tests installs "
+                    f"it against MOK_PREFIX): {outs[0][1].splitlines()[:1]} vs {outs[1][1].splitlines()[:1]}")
+    assert outs[0] == outs[1], outs

@@ -416,6 +416,55 @@ MOK_API mokStatus_t mokMxfp8Quantize(const void* src, mokDataType_t dtype, int64
                                      uint8_t* rowwise_data, uint8_t* rowwise_scales, uint8_t* colwise_data,
                                      uint8_t* colwise_scales, void* stream);
 
+/* ---- self-test (docs/gpu.md, "On your first GPU") ------------------------------------------------ */
+/*
+ * The staged self-test that `mok_selftest` and `python -m mok.selftest` run, stage by stage, in this order. Each
+ * stage checks one layer of the GPU path on the device given in the options, with random inputs, every wait
+ * bounded by options.timeout_ms.
+ */
+typedef enum {
+  mokSelftestProbe = 0,        /* the device, the driver's entry points, the probe kernels, the host-mapped record */
+  mokSelftestGemmTile = 1,     /* the split executor's grouped GEMM against core's host GEMM of the same bytes */
+  mokSelftestOneRank = 2,      /* one rank's layer on the GPU against the host executor */
+  mokSelftestVirtualRanks = 3, /* several ranks on one GPU, peers as device pointers */
+  mokSelftestEveryGpu = 4,     /* one rank on every GPU of the machine */
+  mokSelftestDeterminism = 5,  /* the layer run again: bitwise the same outputs and gradients */
+  mokSelftestBenchmark = 6,    /* one benchmark line */
+  mokNumSelftestStages = 7
+} mokSelftestStage_t;
+
+typedef struct {
+  size_t size;          /* sizeof(mokSelftestOptions_t), set by MOK_SELFTEST_OPTIONS_INIT */
+  unsigned int magic;   /* MOK_STRUCT_MAGIC */
+  unsigned int version; /* MOK_VERSION of the mok.h the caller was built with */
+  int device;           /* the CUDA device of the one-GPU stages, >= 0 */
+  int timeout_ms;       /* 1..600000: the bound of each wait of a stage for the GPU */
+  uint64_t seed;        /* the random inputs' seed; 0 = a fresh one, named in the report */
+} mokSelftestOptions_t;
+#define MOK_SELFTEST_OPTIONS_INIT {MOK_STAMP(mokSelftestOptions_t), 0, 60000, 0}
+
+typedef struct {
+  size_t size;          /* sizeof(mokSelftestReport_t), set by MOK_SELFTEST_REPORT_INIT */
+  unsigned int magic;   /* MOK_STRUCT_MAGIC */
+  unsigned int version; /* MOK_VERSION of the mok.h the caller was built with */
+  double seconds;       /* the stage's wall time */
+  char message[1024];   /* what it checked and found, passed or not ("" only for a rejected call) */
+} mokSelftestReport_t;
+#define MOK_SELFTEST_REPORT_INIT {MOK_STAMP(mokSelftestReport_t), 0.0, {0}}
+
+/* "probe", "gemm_tile", "one_rank", "virtual_ranks", "every_gpu", "determinism", "benchmark"; NULL otherwise. */
+MOK_API const char* mokSelftestStageName(mokSelftestStage_t stage);
+/*
+ * Runs one stage; its status is the verdict: mokSuccess (passed), mokNotCompiled (not built in this libmok: no
+ * CUDA, no grouped GEMM, or a stage whose executor is not written yet), mokNoDevice (no usable GPU or driver),
+ * mokUnsupported (this GPU cannot run this libmok's device code), mokCudaError, mokOutOfMemory, mokTimeout (a wait
+ * ran out: the GPU may still be running the kernel), mokInternalError (the GPU's results are wrong). report->message
+ * says what was checked and found (on failure also mokGetLastError()). options NULL: MOK_SELFTEST_OPTIONS_INIT.
+ * A bad argument: mokInvalidArgument, nothing run.
+ */
+MOK_API mokStatus_t mokSelftestRun(mokSelftestStage_t stage, const mokSelftestOptions_t* options,
+                                   mokSelftestReport_t* report);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -55,6 +55,9 @@ const size_t kLayerErrorLayouts[] = {offsetof(mokLayerError_t, pass), sizeof(mok
 static_assert(offsetof(mokLayerError_t, pass) % alignof(mokLayerError_t) == 0,
               "the first layout's sizeof is where pass starts");
 
+const size_t kSelftestOptionsLayouts[] = {sizeof(mokSelftestOptions_t)};
+const size_t kSelftestReportLayouts[] = {sizeof(mokSelftestReport_t)};
+
 template <size_t N>
 constexpr StampedType stamped(const char* name, const char* init, const size_t (&layouts)[N],
                               const size_t* field_ends = nullptr) {
@@ -71,6 +74,9 @@ const StampedType kLayerMemory = stamped("mokLayerMemory_t", "MOK_LAYER_MEMORY_I
 const StampedType kLayerWeights = stamped("mokLayerWeights_t", "MOK_LAYER_WEIGHTS_INIT", kLayerWeightsLayouts);
 const StampedType kLayerGrads = stamped("mokLayerGrads_t", "MOK_LAYER_GRADS_INIT", kLayerGradsLayouts);
 const StampedType kLayerError = stamped("mokLayerError_t", "MOK_LAYER_ERROR_INIT", kLayerErrorLayouts);
+const StampedType kSelftestOptions =
+    stamped("mokSelftestOptions_t", "MOK_SELFTEST_OPTIONS_INIT", kSelftestOptionsLayouts);
+const StampedType kSelftestReport = stamped("mokSelftestReport_t", "MOK_SELFTEST_REPORT_INIT", kSelftestReportLayouts);
 
 mokStatus_t check_stamp(const void* arg, const StampedType& type, const char* name, const char* func, size_t* size) {
   if (arg == nullptr) return fail(mokInvalidArgument, "%s: argument '%s' must not be NULL", func, name);

@@ -30,7 +30,8 @@ inline size_t fields_end(const StampedType& type, size_t size) {
 }
 
 // The layouts of every stamped struct of mok.h.
-extern const StampedType kDeviceInfo, kLayerConfig, kLayerSizes, kLayerMemory, kLayerWeights, kLayerGrads, kLayerError;
+extern const StampedType kDeviceInfo, kLayerConfig, kLayerSizes, kLayerMemory, kLayerWeights, kLayerGrads, kLayerError,
+    kSelftestOptions, kSelftestReport;
 
 // The stamp of the caller's `arg` (not NULL, MOK_STRUCT_MAGIC, a layout of `type`); *size is its layout's size.
 mokStatus_t check_stamp(const void* arg, const StampedType& type, const char* name, const char* func, size_t* size);

@@ -48,7 +48,7 @@ enum class WorkerClass : int { comm = 0, compute = 1 };
 MOK_HD inline const Task* take_task(const PassView& v, WorkerClass cls) {
   if (abort_seen(own_header(v))) return nullptr;
   int q = static_cast<int>(cls);
-  int64_t n = DeviceAtomic<uint32_t>(v.c.heads[q]).fetch_add(1, cuda::std::memory_order_relaxed);
+  int64_t n = DeviceAtomic<uint32_t>(v.c.heads[q]).fetch_add(1, ::cuda::std::memory_order_relaxed);
   const Task* queue = cls == WorkerClass::comm ? v.graph.comm : v.graph.compute;
   return n < (cls == WorkerClass::comm ? v.graph.num_comm : v.graph.num_compute) ? queue + n : nullptr;
 }

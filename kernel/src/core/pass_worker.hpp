@@ -123,7 +123,7 @@ MOK_HD inline Failure wait_workers(const PassView& v, SyncWord word, uint32_t ta
   Patience patience(timeout_ns);
   Backoff backoff;
   for (;;) {
-    if (c.load(cuda::std::memory_order_acquire) >= target) return kNoFailure;
+    if (c.load(::cuda::std::memory_order_acquire) >= target) return kNoFailure;
     if (patience.run_out(watched)) return Failure{Outcome::timeout, what};
     backoff.pause();
   }
@@ -139,7 +139,7 @@ MOK_HD inline bool released(const PassView& v, SyncWord word, WaitId what) {
     fail_pass(v, f, nullptr);
     return false;
   }
-  return DeviceAtomic<uint32_t>(v.c.sync[word]).load(cuda::std::memory_order_acquire) == kGo;
+  return DeviceAtomic<uint32_t>(v.c.sync[word]).load(::cuda::std::memory_order_acquire) == kGo;
 }
 
 MOK_HD inline void release(const PassView& v, SyncWord word, bool go) {

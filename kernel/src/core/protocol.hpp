@@ -32,10 +32,11 @@
 
 namespace mok::core {
 
+// ::cuda (libcu++), not cuda: a unit may include core/ after a header that declares mok::cuda.
 template <class T>
-using SystemAtomic = cuda::atomic_ref<T, cuda::thread_scope_system>;  // across ranks
+using SystemAtomic = ::cuda::atomic_ref<T, ::cuda::thread_scope_system>;  // across ranks
 template <class T>
-using DeviceAtomic = cuda::atomic_ref<T, cuda::thread_scope_device>;  // among one rank's workers
+using DeviceAtomic = ::cuda::atomic_ref<T, ::cuda::thread_scope_device>;  // among one rank's workers
 
 // The shape fields every rank of a group must share: they fix the peer layout, the schedule and
 // the math. (Minibatch, macrobatch and worker counts are a rank's own business.)
@@ -210,14 +211,25 @@ MOK_HD inline void record_failure(ErrorRecord* rec, Failure f, int rank, int tas
   int n = 0;
   for (; detail && detail[n] && n + 1 < static_cast<int>(sizeof(rec->detail)); ++n) rec->detail[n] = detail[n];
   rec->detail[n] = '\0';
-  DeviceAtomic<int32_t>(rec->published).store(1, cuda::std::memory_order_release);
+  // System scope: a device executor's record lives in host-mapped memory (cuda/mapped_record.hpp), where the
+  // host reads it while the pass runs; the release makes the fields above visible to it before the flag.
+  SystemAtomic<int32_t>(rec->published).store(1, ::cuda::std::memory_order_release);
 }
 
 // A consistent copy of the record, readable while a pass runs; false when nothing failed.
 MOK_HD inline bool read_record(ErrorRecord* rec, ErrorRecord* copy) {
-  if (!DeviceAtomic<int32_t>(rec->claimed).load(cuda::std::memory_order_acquire)) return false;
+  if (!DeviceAtomic<int32_t>(rec->claimed).load(::cuda::std::memory_order_acquire)) return false;
   Backoff backoff;
-  while (!DeviceAtomic<int32_t>(rec->published).load(cuda::std::memory_order_acquire)) backoff.pause();
+  while (!DeviceAtomic<int32_t>(rec->published).load(::cuda::std::memory_order_acquire)) backoff.pause();
+  *copy = *rec;
+  return true;
+}
+
+// The record as far as it is published, never waiting: false until the claimer has written every field. The
+// host's read of a device's record, whose claimer may have died with its kernel between claim and publish.
+MOK_HD inline bool read_published_record(const ErrorRecord* rec, ErrorRecord* copy) {
+  if (!SystemAtomic<int32_t>(const_cast<int32_t&>(rec->published)).load(::cuda::std::memory_order_acquire))
+    return false;
   *copy = *rec;
   return true;
 }
@@ -228,10 +240,10 @@ MOK_HD inline bool read_record(ErrorRecord* rec, ErrorRecord* copy) {
 // acknowledgement, must not both miss the other's store.
 
 MOK_HD inline uint64_t load_word(uint64_t& w) {
-  return SystemAtomic<uint64_t>(w).load(cuda::std::memory_order_seq_cst);
+  return SystemAtomic<uint64_t>(w).load(::cuda::std::memory_order_seq_cst);
 }
 MOK_HD inline void store_word(uint64_t& w, uint64_t v) {
-  SystemAtomic<uint64_t>(w).store(v, cuda::std::memory_order_seq_cst);
+  SystemAtomic<uint64_t>(w).store(v, ::cuda::std::memory_order_seq_cst);
 }
 
 // The owner, at creation: reset every group field, publish the shape, then the incarnation.
@@ -270,8 +282,8 @@ MOK_HD inline bool peer_aborting(PeerHeader* const* headers, int q) {
 }
 
 MOK_HD inline bool abort_seen(PeerHeader* own) {
-  uint64_t inc = SystemAtomic<uint64_t>(own->incarnation).load(cuda::std::memory_order_relaxed);
-  return SystemAtomic<uint64_t>(own->abort).load(cuda::std::memory_order_acquire) == inc && inc != 0;
+  uint64_t inc = SystemAtomic<uint64_t>(own->incarnation).load(::cuda::std::memory_order_relaxed);
+  return SystemAtomic<uint64_t>(own->abort).load(::cuda::std::memory_order_acquire) == inc && inc != 0;
 }
 
 // Tell every rank (this one included) to wind down. A peer that has not acknowledged this rank yet
@@ -359,7 +371,7 @@ MOK_HD inline Failure form_group(PeerHeader* const* headers, int world, int rank
 // The owner's workers finished a task or a share. Relaxed: the word only tells waiters that the rank
 // is alive and working; nothing is read because of it.
 MOK_HD inline void note_progress(PeerHeader* own) {
-  SystemAtomic<uint64_t>(own->progress).fetch_add(1, cuda::std::memory_order_relaxed);
+  SystemAtomic<uint64_t>(own->progress).fetch_add(1, ::cuda::std::memory_order_relaxed);
 }
 
 // The ranks [first, end) whose progress a wait watches (their headers belong to the group).
@@ -372,7 +384,7 @@ struct Watched {
 MOK_HD inline uint64_t progress_of(Watched w) {
   uint64_t sum = 0;
   for (int q = w.first; q < w.end; ++q)
-    sum += SystemAtomic<uint64_t>(w.headers[q]->progress).load(cuda::std::memory_order_relaxed);
+    sum += SystemAtomic<uint64_t>(w.headers[q]->progress).load(::cuda::std::memory_order_relaxed);
   return sum;
 }
 
@@ -424,15 +436,15 @@ MOK_HD Failure wait_for(Ready ready, PeerHeader* own, uint64_t timeout_ns, WaitI
 MOK_HD inline Failure wait_counter(uint32_t* counter, uint32_t target, PeerHeader* own, uint64_t timeout_ns,
                                    WaitId what) {
   DeviceAtomic<uint32_t> c(*counter);
-  return wait_for([&] { return c.load(cuda::std::memory_order_acquire) >= target; }, own, timeout_ns, what);
+  return wait_for([&] { return c.load(::cuda::std::memory_order_acquire) >= target; }, own, timeout_ns, what);
 }
 
 MOK_HD inline void publish(uint32_t* counter, uint32_t value) {
-  DeviceAtomic<uint32_t>(*counter).store(value, cuda::std::memory_order_release);
+  DeviceAtomic<uint32_t>(*counter).store(value, ::cuda::std::memory_order_release);
 }
 
 MOK_HD inline void bump(uint32_t* counter) {
-  DeviceAtomic<uint32_t>(*counter).fetch_add(1, cuda::std::memory_order_acq_rel);
+  DeviceAtomic<uint32_t>(*counter).fetch_add(1, ::cuda::std::memory_order_acq_rel);
 }
 
 MOK_HD inline uint64_t arrival_word(uint64_t epoch, CallKind call) {
@@ -450,12 +462,12 @@ MOK_HD inline uint64_t arrival_word(uint64_t epoch, CallKind call) {
 // its peers completed too.
 MOK_HD inline Failure barrier(PeerHeader* const* headers, int world, int rank, uint64_t epoch, CallKind call,
                               uint64_t timeout_ns, WaitId what) {
-  SystemAtomic<uint64_t>(headers[rank]->arrival).store(arrival_word(epoch, call), cuda::std::memory_order_release);
+  SystemAtomic<uint64_t>(headers[rank]->arrival).store(arrival_word(epoch, call), ::cuda::std::memory_order_release);
   Patience patience(timeout_ns);
   Backoff backoff;
   for (int next = 0;;) {  // peers before `next` have arrived
     for (; next < world; ++next) {
-      uint64_t a = SystemAtomic<uint64_t>(headers[next]->arrival).load(cuda::std::memory_order_acquire);
+      uint64_t a = SystemAtomic<uint64_t>(headers[next]->arrival).load(::cuda::std::memory_order_acquire);
       if (a >> 8 < epoch) break;
       // Past this epoch, the peer completed this barrier, so it entered it from this call too.
       if (a >> 8 == epoch && (a & 0xff) != static_cast<uint64_t>(call))
@@ -470,7 +482,7 @@ MOK_HD inline Failure barrier(PeerHeader* const* headers, int world, int rank, u
 
 // The call peer q entered its latest barrier from.
 MOK_HD inline uint32_t arrival_call(PeerHeader* const* headers, int q) {
-  return static_cast<uint32_t>(SystemAtomic<uint64_t>(headers[q]->arrival).load(cuda::std::memory_order_acquire) &
+  return static_cast<uint32_t>(SystemAtomic<uint64_t>(headers[q]->arrival).load(::cuda::std::memory_order_acquire) &
                                0xff);
 }
 

@@ -1,4 +1,4 @@
-// The probe kernel: compiled for MOK_CUDA_ARCHITECTURES like every executor kernel.
+// The probe kernels: compiled for MOK_CUDA_ARCHITECTURES like every executor kernel.
 #include "cuda/probe.hpp"
 
 namespace mok::cuda {
@@ -12,6 +12,12 @@ __global__ void probe_kernel(int* arch) {
 #endif
 }
 
+// One failure recorded as a pass records it: claimed at device scope, published at system scope.
+__global__ void record_probe(core::ErrorRecord* record, int rank) {
+  if (threadIdx.x == 0 && blockIdx.x == 0)
+    core::record_failure(record, probe_record_failure(rank), rank, -1, kProbeRecordTask, "probe");
+}
+
 }  // namespace probe_detail
 
 cudaError_t probe_attributes(int device) {
@@ -22,6 +28,16 @@ cudaError_t probe_attributes(int device) {
   cudaError_t err = cudaFuncGetAttributes(&attr, probe_detail::probe_kernel);
   cudaSetDevice(previous);
   return err;
+}
+
+cudaError_t launch_arch_probe(int* arch, cudaStream_t stream) {
+  probe_detail::probe_kernel<<<1, 32, 0, stream>>>(arch);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_record_probe(core::ErrorRecord* record, int rank, cudaStream_t stream) {
+  probe_detail::record_probe<<<1, 32, 0, stream>>>(record, rank);
+  return cudaGetLastError();
 }
 
 }  // namespace mok::cuda
