@@ -32,7 +32,8 @@ using MMajorA = cutlass::layout::ColumnMajor;
 using KMajorB = cutlass::layout::ColumnMajor;
 using NMajorB = cutlass::layout::RowMajor;
 
-// An SM100 CTA may use 227 KB of shared memory (static and dynamic together); a 2-CTA kernel runs one CTA per SM.
+// An SM100 CTA may ask for 227 KB of shared memory (the opt-in maximum; the SM's 228 KB also hold the 1 KB the
+// system reserves per CTA). A 2-CTA kernel runs one CTA per SM. CUTLASS's stage count fills up to this.
 constexpr size_t kSharedBudget = 227 * 1024;
 
 template <class LayoutA_, class LayoutB_, class ElementD_, class ElementC_>
