@@ -1,7 +1,8 @@
 // The grouped GEMMs of the split executor (libmok issue #12), as host-callable launchers. Each launch
 // fills CUTLASS's ptr-array arguments on the device from core's schedule (core/grouped_problems.hpp, one
 // thread per local expert: no host sync, no host read), then runs the grouped GEMM, all on the caller's
-// stream. Built only in a CUDA build; no executor launches them yet.
+// stream. One entry point serves every kind: it picks the instantiation whose operand layouts and element
+// types the kind has (docs/gpu.md). Built only in a CUDA build with CUTLASS; no executor launches them yet.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -16,18 +17,27 @@ namespace mok::cuda {
 
 enum class GemmStatus : int32_t {
   ok = 0,
-  bad_kind,             // this instantiation does not serve the kind's operand layout
-  cannot_implement,     // CUTLASS's can_implement refused, or H, I or a pointer breaks TMA's 16-byte alignment
+  bad_kind,             // not a GroupedGemm kind, or no instantiation serves its operand layout
+  cannot_implement,     // CUTLASS's can_implement refused, the window does not fit (core::window_fits), or H,
+                        // I or a pointer breaks TMA's 16-byte alignment (`arguments`: 128 bytes)
   workspace_too_small,  // fewer workspace bytes than grouped_gemm_bf16_workspace_bytes reports
   cuda_error,           // a CUDA call failed: its error is in `*error`
+  bad_operands,         // a pointer the kind reads or writes is null, or one it does not use is set (below)
 };
 
 const char* gemm_status_name(GemmStatus status);
 
-// One BF16 grouped GEMM of a pass (fp32 accumulation, bf16 D = A B^T, no bias): the local experts' problems
-// of `kind` over `window` of the schedule (core/grouped_problems.hpp for the buffers each kind reads and
-// writes). Pointers are device memory. The SM100 instantiation serves the kinds whose A and B are both
-// K-major: gate, up and down.
+// One BF16 grouped GEMM of a pass (bf16 A and B, fp32 accumulation, D = A B^T (+ C), no bias): the local
+// experts' problems of `kind` over `window` of the schedule (core/grouped_problems.hpp for the buffers each
+// kind reads and writes; C and D share the offsets and leading dim of the kind's C/D). Pointers are device
+// memory. Which pointers a kind uses (every other must be null, else bad_operands):
+//   gate, up, down, dgrad_h:  a, b, d (bf16 D = A B^T)
+//   dgrad_x_gate:             a, b, d_fp32: the partial dx, fp32 [out rows, H], D = dg W_gate
+//   dgrad_x_up:               a, b, c_fp32 (dgrad_x_gate's partial), d (bf16 dx): D = bf16(du W_up + C)
+//   wgrad_down, _gate, _up:   a, b, d_fp32: main_grad [E_local, ...] fp32, read as C and written as D:
+//                             main_grad += A B^T, one window after another in schedule order, no split-K
+// So dx_k is rounded to bf16 once, after one fp32 sum of both terms (docs/semantics.md), and every result is
+// deterministic: each element of D has one writer, its K loop runs in a fixed order.
 struct GroupedGemmBf16 {
   core::LayerShape shape;
   core::Schedule schedule;  // its `experts` array in device memory (rows and total_rows are not read)
@@ -38,15 +48,20 @@ struct GroupedGemmBf16 {
   const core::bf16_t* b;
   core::bf16_t* d;
   void* arguments;  // device, grouped_gemm_bf16_argument_bytes(shape.experts_per_rank) bytes, 128-byte aligned
+  // The backward's fp32 operands (after the fields above, so a caller naming only those gets null):
+  float* d_fp32;
+  const float* c_fp32;
 };
 
-// Device bytes of the per-expert argument arrays (problem sizes, pointers, strides) for `groups` experts.
+// Device bytes of the per-expert argument arrays (problem sizes, pointers, strides) for `groups` experts:
+// enough for every kind.
 size_t grouped_gemm_bf16_argument_bytes(int groups);
 
-// The CUTLASS workspace the launch needs on the current device.
+// The CUTLASS workspace the launch of `gemm.kind` needs on the current device (the pointers are not read).
 GemmStatus grouped_gemm_bf16_workspace_bytes(const GroupedGemmBf16& gemm, size_t* bytes, cudaError_t* error);
 
-// Fills the arguments on the device and launches the SM100 2-CTA grouped GEMM on `stream`.
+// Checks the launch (kind, operands, window, alignment, workspace), then fills the arguments on the device
+// and launches the kind's SM100 2-CTA grouped GEMM on `stream`. Never launches anything when it refuses.
 GemmStatus grouped_gemm_bf16(const GroupedGemmBf16& gemm, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                              cudaError_t* error);
 
