@@ -36,7 +36,7 @@ def test_three_outputs_built(packages):
 
 def test_outputs_split_the_install(packages):
     lib, dev, py = (set(rb.Package.from_file(packages[n]).files) for n in NAMES)
-    assert lib == {"lib/libmok.so.0.3", "lib/libmok.so.0.3.0"}  # the SONAME carries the minor while major is 0
+    assert lib == {"lib/libmok.so.0.4", "lib/libmok.so.0.4.0"}  # the SONAME carries the minor while major is 0
     assert {
         "include/mok/mok.h",
         "include/mok/mok_version.h",
@@ -54,10 +54,10 @@ def test_pins_between_outputs(packages):
     from rattler.package import RunExportsJson
 
     lib, dev, py = (rb.Package.from_file(packages[n]) for n in NAMES)
-    assert RunExportsJson.from_package_archive(packages["libmok"]).weak == ["libmok >=0.3.0,<0.4.0a0"]
+    assert RunExportsJson.from_package_archive(packages["libmok"]).weak == ["libmok >=0.4.0,<0.5.0a0"]
     assert "__cuda >=13" in lib.constrains
-    assert dev.depends == [f"libmok ==0.3.0 {lib.build_string}"]
-    assert "libmok >=0.3.0,<0.4.0a0" in py.depends  # libmok-dev's run_exports
+    assert dev.depends == [f"libmok ==0.4.0 {lib.build_string}"]
+    assert "libmok >=0.4.0,<0.5.0a0" in py.depends  # libmok-dev's run_exports
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -82,4 +82,4 @@ def test_cpp_example_builds_from_installed_channel(packages, tmp_path):
         text=True,
     )
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count("libmok 0.3.0 (header 0.3.0)") == 2  # CMake and pkg-config builds both ran
+    assert run.stdout.count("libmok 0.4.0 (header 0.4.0)") == 2  # CMake and pkg-config builds both ran
