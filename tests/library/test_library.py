@@ -41,6 +41,8 @@ def test_device_kernels_and_their_resources(libmok, cuda_bin):
     assert {"sm_100a", "sm_103a"} <= set(usage), usage.keys()
     assert usage["sm_100a"].keys() == usage["sm_103a"].keys(), "both targets must carry the same kernels"
     assert any("run_workers" in k for k in usage["sm_100a"]), "core/'s task-graph worker is not in the device code"
+    for step in ("dispatch_window", "swiglu_window", "swiglu_backward_window", "combine_window"):
+        assert any(step in k for k in usage["sm_100a"]), f"the split executor's {step} is not in the device code"
     for arch, kernels in usage.items():
         for kernel, r in kernels.items():
             if is_cutlass_gemm(kernel):
@@ -51,12 +53,13 @@ def test_device_kernels_and_their_resources(libmok, cuda_bin):
             assert r["LOCAL"] == 0, f"{arch} {kernel}: {r['LOCAL']} bytes of local memory"
             # The per-thread stack lives in local memory too. The only stacks in the device code are arrays
             # indexed by rank, which cannot be kept in registers: the comm task's int64_t cursor[kMaxWorld]
-            # (core/comm_tasks.hpp pull_rows): 8 * 72 = 576 bytes in run_workers; the schedule build's
+            # (core/comm_tasks.hpp pull_rows): 8 * 72 = 576 bytes in run_workers and in the split executor's
+            # dispatch_window (cuda/split_steps.cu), the same pull_rows; the schedule build's
             # Routing, a pointer and a token count per rank (core/pass_worker.hpp run_schedule_worker):
             # 12 * 72 = 864 bytes in run_schedule_workers; nothing anywhere else. More means register spills or
             # a new per-thread array: raise this deliberately, not silently.
-            budget = 8 * max_world() if "run_workers" in kernel else 12 * max_world() if "run_schedule_workers" in \
-                kernel else 0
+            pulls_rows = "run_workers" in kernel or "dispatch_window" in kernel
+            budget = 8 * max_world() if pulls_rows else 12 * max_world() if "run_schedule_workers" in kernel else 0
             assert r["STACK"] <= budget, f"{arch} {kernel}: {r['STACK']} bytes of stack, budget {budget}"
 
 
