@@ -179,8 +179,8 @@ def _group():
     return dist.group.WORLD if dist.is_initialized() else functional.LOCAL
 
 
-def composed_case(x, ids, weights, routed, shared, dout, world: int):
-    """The layer as a user composes it from torch ops, with autograd for the backward."""
+def autograd_case(layer, x, ids, weights, routed, shared, dout, world: int):
+    """forward() and backward() of `layer` (composed_forward's signature) on fresh leaves, autograd for the backward."""
     leaves = [t.clone().requires_grad_(True) for t in (x, weights, routed.gate, routed.up, routed.down)]
     shared_leaves = [w.clone().requires_grad_(True) for w in (shared.gate, shared.up, shared.down)] if shared else []
     state = {}
@@ -188,12 +188,17 @@ def composed_case(x, ids, weights, routed, shared, dout, world: int):
     def forward():
         for t in leaves + shared_leaves:
             t.grad = None
-        state["out"] = composed_forward(*leaves, ids, shared_leaves, world)
+        state["out"] = layer(*leaves, ids, shared_leaves, world)
 
     def backward():
         state.pop("out").backward(dout)
 
     return forward, backward
+
+
+def composed_case(x, ids, weights, routed, shared, dout, world: int):
+    """The layer as a user composes it from torch ops, with autograd for the backward."""
+    return autograd_case(composed_forward, x, ids, weights, routed, shared, dout, world)
 
 
 def composed_forward(x, weights, gate, up, down, ids, shared, world: int):
@@ -400,19 +405,7 @@ def grouped_forward(x, weights, gate, up, down, ids, shared, world: int):
 
 
 def grouped_case(x, ids, weights, routed, shared, dout, world: int):
-    leaves = [t.clone().requires_grad_(True) for t in (x, weights, routed.gate, routed.up, routed.down)]
-    shared_leaves = [w.clone().requires_grad_(True) for w in (shared.gate, shared.up, shared.down)] if shared else []
-    state = {}
-
-    def forward():
-        for t in leaves + shared_leaves:
-            t.grad = None
-        state["out"] = grouped_forward(*leaves, ids, shared_leaves, world)
-
-    def backward():
-        state.pop("out").backward(dout)
-
-    return forward, backward
+    return autograd_case(grouped_forward, x, ids, weights, routed, shared, dout, world)
 
 
 def cuda_timed(fn, world: int) -> float:

@@ -31,10 +31,18 @@ __device__ Tiles window_tiles(const core::PassView& v, const core::RowWindow& w)
   return Tiles{w.row0 / pad, end > w.row0 ? end / pad : w.row0 / pad};
 }
 
-// The tile that CTA blockIdx.x takes at its turn `turn`, or -1 past the window.
-__device__ int64_t tile_at(const Tiles& t, int64_t turn) {
-  int64_t tile = t.first + blockIdx.x + turn * gridDim.x;
-  return tile < t.end ? tile : -1;
+// Calls step(v, tile) for each of the window's tiles this CTA takes (grid-stride), on its thread 0.
+template <class Step>
+__device__ void each_tile(const core::PassView& view, const core::RowWindow& window, Step step) {
+  if (threadIdx.x != 0) return;
+  core::PassView v = on_device(view);
+  Tiles tiles = window_tiles(v, window);
+  for (int64_t tile = tiles.first + blockIdx.x; tile < tiles.end; tile += gridDim.x) step(v, tile);
+}
+
+// A tile's rows for the row stages (core/compute_tasks.hpp), as its task of `kind` sees them.
+__device__ core::TileInfo tile_of(const core::PassView& v, core::TaskKind kind, int64_t tile) {
+  return core::tile_info(v, core::Task{kind, 0, static_cast<int32_t>(tile)}, v.s.intermediate);
 }
 
 }  // namespace split_detail
@@ -43,46 +51,34 @@ using namespace split_detail;
 // The window's rows pulled into the ring, quantised in MXFP8 mode; `staging` holds mx_staging_values bf16 per CTA.
 __global__ void dispatch_window(core::PassView view, core::RowWindow window, core::bf16_t* staging,
                                 int64_t staging_values) {
-  if (threadIdx.x != 0) return;
-  core::PassView v = on_device(view);
-  Tiles tiles = window_tiles(v, window);
-  int64_t pad = v.s.expert_padding;
-  for (int64_t turn = 0, tile; (tile = tile_at(tiles, turn)) >= 0; ++turn)
+  each_tile(view, window, [&](const core::PassView& v, int64_t tile) {
+    int64_t pad = v.s.expert_padding;
     core::pull_window(v, tile * pad, (tile + 1) * pad, staging + blockIdx.x * staging_values);
+  });
 }
 
 // h from g and u over the window's tiles; `staging`: mx_swiglu_staging_values bf16 per CTA.
 __global__ void swiglu_window(core::PassView view, core::RowWindow window, core::bf16_t* staging,
                               int64_t staging_values) {
-  if (threadIdx.x != 0) return;
-  core::PassView v = on_device(view);
-  Tiles tiles = window_tiles(v, window);
-  for (int64_t turn = 0, tile; (tile = tile_at(tiles, turn)) >= 0; ++turn) {
-    core::Task task{core::TaskKind::swiglu, 0, static_cast<int32_t>(tile)};
-    core::swiglu_rows(v, core::tile_info(v, task, v.s.intermediate), staging + blockIdx.x * staging_values);
-  }
+  each_tile(view, window, [&](const core::PassView& v, int64_t tile) {
+    core::swiglu_rows(v, tile_of(v, core::TaskKind::swiglu, tile), staging + blockIdx.x * staging_values);
+  });
 }
 
 // dg, du and h from dh, g and u over the window's tiles.
 __global__ void swiglu_backward_window(core::PassView view, core::RowWindow window, core::bf16_t* staging,
                                        int64_t staging_values) {
-  if (threadIdx.x != 0) return;
-  core::PassView v = on_device(view);
-  Tiles tiles = window_tiles(v, window);
-  for (int64_t turn = 0, tile; (tile = tile_at(tiles, turn)) >= 0; ++turn) {
-    core::Task task{core::TaskKind::swiglu_bwd, 0, static_cast<int32_t>(tile)};
-    core::swiglu_backward_rows(v, core::tile_info(v, task, v.s.intermediate), staging + blockIdx.x * staging_values);
-  }
+  each_tile(view, window, [&](const core::PassView& v, int64_t tile) {
+    core::swiglu_backward_rows(v, tile_of(v, core::TaskKind::swiglu_bwd, tile), staging + blockIdx.x * staging_values);
+  });
 }
 
 // The window's finished rows (y, or dx in backward) pushed into their home ranks' slots.
 __global__ void combine_window(core::PassView view, core::RowWindow window) {
-  if (threadIdx.x != 0) return;
-  core::PassView v = on_device(view);
-  Tiles tiles = window_tiles(v, window);
-  int64_t pad = v.s.expert_padding;
-  for (int64_t turn = 0, tile; (tile = tile_at(tiles, turn)) >= 0; ++turn)
+  each_tile(view, window, [&](const core::PassView& v, int64_t tile) {
+    int64_t pad = v.s.expert_padding;
     core::push_rows(v, tile * pad, (tile + 1) * pad);
+  });
 }
 
 }  // namespace mok::cuda
