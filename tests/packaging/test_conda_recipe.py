@@ -60,7 +60,7 @@ def test_libmok_pins_itself_and_needs_a_cuda_13_driver(rendered):
         assert pin["pin_subpackage"]["name"] == "libmok" and pin["pin_subpackage"]["upper_bound"] == "x.x"
         assert "__cuda >=13" in req["run_constraints"]
         assert "cuda-version >=13.0,<14" in req["run_constraints"]
-        assert r.build.to_dict()["files"] == ["lib/libmok.so.*"]
+        assert r.build.to_dict()["files"] == ["lib/libmok.so.*", "bin/mok_selftest"]  # the self-test comes along
 
 
 def test_libmok_dev_carries_headers_and_consumer_test(rendered):

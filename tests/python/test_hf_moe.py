@@ -14,6 +14,13 @@ errors ||mok - hf|| / ||hf||:
 - bf16: mok rounds g, u, h, y and out to bf16 (2^-9 relative each, round to nearest), so errors of a few 2^-9
   add up; measured <= 6.3e-3 over the cases here (<= 1.2e-2 for gpt-oss);
   the bound is 2e-2 (the demo's BF16 bound).
+- gpt-oss's router bias: its gradient is a sum over tokens of the logits' gradients, and each token's top-k softmax
+  gradients sum to zero, so the sum cancels: over seeds 1-12 and 1784745088 its norm ranged 1.8 to 28 against 25
+  to 50 for the sum of the terms' absolute values, and its normwise error relative to itself reached 2.8e-2 (CI's
+  failing seed, host and reference alike) while router.weight's stayed <= 2e-3. Its error is measured against
+  that absolute sum (the float64 run's, ABS_SUM), the scale its roundings act on (ABS_SUM_TOLERANCE): measured
+  <= 2.5e-3 in bf16 over 300 seeds (bound 1e-2; a bias gradient of zero measured >= 1.8e-2 there) and <= 4.7e-2
+  in MXFP8 over 150 (from_hf; bound 2e-1, as TOLERANCE's).
 - MXFP8: the GEMM operands are e4m3 (3 mantissa bits: up to 2^-4 relative rounding each) with per-32 scales, on
   both operands of every GEMM; measured <= 1.5e-1 over several seeds; the bound is 2e-1.
 A swapped gate/up or an expert shifted by one gives errors of order 1. gpt-oss runs with a swiglu_limit that
@@ -40,6 +47,7 @@ import mok.integrations.transformers as mok_hf  # noqa: E402
 
 H, INTER, EXPERTS, TOPK, TOKENS = 64, 32, 4, 2, 40
 TOLERANCE = {False: 2e-2, True: 2e-1}  # by mxfp8: bf16 and MXFP8 resolution, see the module doc
+ABS_SUM_TOLERANCE = {False: 1e-2, True: 2e-1}  # an error against a sum's absolute terms (ABS_SUM, module doc)
 SPLIT = (16, TOKENS - 16)  # tokens of rank 0 and rank 1 in the 2-rank runs
 
 
@@ -108,6 +116,7 @@ def clamp_limit_in_a_gap(experts, x: torch.Tensor) -> float:
 
 MODELS = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3", "gpt_oss"]
 MEASURED = []  # every relative error computed, for reporting (-s shows the largest per test)
+ABS_SUM = ":abs_sum"  # a gradient's name + this: the scale its error is measured against (module doc)
 EXPERT_WEIGHTS = ("experts.gate_up_proj", "experts.down_proj", "experts.gate_up_proj_bias", "experts.down_proj_bias")
 
 
@@ -145,13 +154,20 @@ def run_experts(experts, impl: str, dtype, x, ids, weights, dout) -> dict:
 
 
 def run_block(block, impl: str, dtype, x, dout) -> dict:
-    """The whole HF block (its router included) forward + backward; every parameter's gradient."""
+    """The whole HF block (its router included) forward + backward; every parameter's gradient. A router with a
+    bias (gpt-oss's) also gives "router.bias" + ABS_SUM: the sum over tokens of its logits' gradients' absolute
+    values, the scale the bias gradient's error is measured against (module doc)."""
     block = with_impl(block, impl, dtype)
+    logits = []
+    if getattr(getattr(block, "router", None), "bias", None) is not None:  # GptOssTopKRouter: (logits, scores, ids)
+        block.router.register_forward_hook(lambda module, args, out: logits.append(out[0]) or out[0].retain_grad())
     x = x.to(dtype).reshape(1, -1, H).requires_grad_(True)
     out = block(x)
     out = out[0] if isinstance(out, tuple) else out  # gpt-oss's block returns (out, router scores)
     out.backward(dout.to(dtype).reshape(out.shape))
     grads = {name: p.grad for name, p in block.named_parameters()}
+    if logits:
+        grads["router.bias" + ABS_SUM] = logits[0].grad.abs().sum(0)
     return {"out": out.reshape(-1, H), "dx": x.grad.reshape(-1, H), **grads}
 
 
@@ -206,18 +222,22 @@ def gpt_oss_grads(layer) -> dict:
             "router.weight": layer.router.weight.grad, "router.bias": layer.router.bias.grad}
 
 
-def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+def relative_error(got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor | None = None) -> float:
+    """||got - want|| / ||scale||, scale want unless given (a sum's absolute terms: ABS_SUM)."""
     got, want = got.detach().double(), want.detach().double()
-    error = float((got - want).norm() / want.norm().clamp_min(1e-300))
+    scale = want if scale is None else scale.detach().double()
+    error = float((got - want).norm() / scale.norm().clamp_min(1e-300))
     MEASURED.append(error)
     return error
 
 
-def assert_close(got: dict, want: dict, bound: float, what: str, names=None) -> None:
-    names = names or sorted(want)
-    errors = {n: relative_error(got[n], want[n]) for n in names}
-    bad = {n: e for n, e in errors.items() if not e <= bound}
-    assert not bad, f"{what}: relative errors above {bound}: {bad} (all: {errors})"
+def assert_close(got: dict, want: dict, mxfp8: bool, what: str, names=None) -> None:
+    """Every gradient of `names` (default: want's) within its bound in bf16 or MXFP8 mode (module doc)."""
+    names = [n for n in (names or sorted(want)) if not n.endswith(ABS_SUM)]
+    errors = {n: relative_error(got[n], want[n], want.get(n + ABS_SUM)) for n in names}
+    bounds = {n: (ABS_SUM_TOLERANCE if n + ABS_SUM in want else TOLERANCE)[mxfp8] for n in names}
+    bad = {n: e for n, e in errors.items() if not e <= bounds[n]}
+    assert not bad, f"{what}: relative errors above their bounds {bounds}: {bad} (all: {errors})"
 
 
 def expert_slice(grads: dict, rank: int, world: int) -> dict:
@@ -254,7 +274,7 @@ def test_experts_module_matches_hf(seed, mok_settings, model, backend, mxfp8):
     want = run_experts(experts, "eager", torch.float64, *inputs)
     got = run_experts(experts, "mok", torch.bfloat16, *inputs)
     assert got["out"].dtype == torch.bfloat16 and got["experts.gate_up_proj"].dtype == torch.bfloat16
-    assert_close(got, want, TOLERANCE[mxfp8], f"{model} {backend} mxfp8={mxfp8}")
+    assert_close(got, want, mxfp8, f"{model} {backend} mxfp8={mxfp8}")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -269,7 +289,7 @@ def test_block_with_hf_router_matches_hf(seed, mok_settings, model, backend):
     got = run_block(block, "mok", torch.float32, x, dout)
     assert got["out"].dtype == torch.float32
     assert "gate.weight" in want or "router.weight" in want
-    assert_close(got, want, TOLERANCE[False], f"{model} {backend}")
+    assert_close(got, want, False, f"{model} {backend}")
 
 
 @pytest.mark.parametrize("mxfp8", [False, True], ids=["bf16", "mxfp8"])
@@ -281,7 +301,7 @@ def test_from_hf_matches_hf(seed, model, backend, mxfp8):
     x, _, _, dout = draw(seed)
     want = run_block(block, "eager", torch.float64, x, dout)
     got = run_from_hf(block, x, dout, backend=backend, mxfp8=mxfp8)
-    assert_close(got, want, TOLERANCE[mxfp8], f"{model} {backend} mxfp8={mxfp8}", names=sorted(got))
+    assert_close(got, want, mxfp8, f"{model} {backend} mxfp8={mxfp8}", names=sorted(got))
 
 
 @pytest.mark.parametrize("planted", ["swap_gate_up", "shift_experts"])
@@ -337,7 +357,7 @@ def test_two_ranks_match_hf(seed, backend):
                 got = expert_slice(results[rank][model, "experts", mxfp8], rank, world)
                 want = {"out": everyone["out"][mine], "dx": everyone["dx"][mine], "dw": everyone["dw"][mine],
                         **expert_slice({n: everyone[n] for n in EXPERT_WEIGHTS if n in everyone}, rank, world)}
-                assert_close(got, want, TOLERANCE[mxfp8], f"{model} experts rank {rank} mxfp8={mxfp8}")
+                assert_close(got, want, mxfp8, f"{model} experts rank {rank} mxfp8={mxfp8}")
                 assert not results[rank][model, "experts", mxfp8]["experts.gate_up_proj"][others].any()
             # Router and shared expert: this rank's tokens (alone); routed experts: every token (block_all).
             want = {**alone, "out": block_all["out"][mine], "dx": block_all["dx"][mine],
@@ -347,7 +367,7 @@ def test_two_ranks_match_hf(seed, backend):
                 if path == "block":  # HF's full-size parameters: only this rank's experts have gradients
                     assert not got["experts.gate_up_proj"][others].any()
                     got = expert_slice(got, rank, world)
-                assert_close(got, want, TOLERANCE[False], f"{model} {path} rank {rank}", names=sorted(got))
+                assert_close(got, want, False, f"{model} {path} rank {rank}", names=sorted(got))
 
 
 def test_unsupported_experts_are_refused():
@@ -459,7 +479,7 @@ def test_llama4_from_hf_matches_hf(seed, backend, mxfp8):
     want = run_llama4_block(block, torch.float64, x, dout)
     got = run_llama4_from_hf(block, x, dout, backend=backend, mxfp8=mxfp8)
     assert sorted(got) == sorted(want)
-    assert_close(got, want, TOLERANCE[mxfp8], f"llama4 {backend} mxfp8={mxfp8}")
+    assert_close(got, want, mxfp8, f"llama4 {backend} mxfp8={mxfp8}")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -497,7 +517,7 @@ def test_llama4_two_ranks_match_hf(seed, backend):
         want = {**alone, "out": everyone["out"][mine], "dx": everyone["dx"][mine],
                 **expert_slice({n: everyone[n] for n in EXPERT_WEIGHTS if n in everyone}, rank, world)}
         for mxfp8 in (False, True):
-            assert_close(results[rank][mxfp8], want, TOLERANCE[mxfp8], f"llama4 rank {rank} mxfp8={mxfp8}")
+            assert_close(results[rank][mxfp8], want, mxfp8, f"llama4 rank {rank} mxfp8={mxfp8}")
 
 
 @pytest.fixture(autouse=True)
