@@ -11,6 +11,7 @@
 #include "core/gemm.hpp"
 #include "core/grouped_problems.hpp"
 #include "core/platform.hpp"
+#include "core/split_pass.hpp"
 #include "cuda/selftest.hpp"
 #include "cuda/wait.hpp"
 
@@ -166,15 +167,7 @@ mokStatus_t run_kind(const SelftestSetup& setup, const core::LayerShape& s, cons
     core::GroupedProblem p = core::grouped_problem(s, host_sched, k.kind, periods, window, ex);
     if (p.m == 0) continue;
     scratch.assign(core::gemm_scratch_floats(p.m, p.n, p.k, true), 0.0f);
-    core::Gemm g{};
-    g.rows = p.m;
-    g.cols = p.n;
-    g.parts[0] = core::GemmPart{core::bf16_operand(a.data() + p.a, l.lda, 1, false),
-                                core::bf16_operand(b.data() + p.b, l.ldb, 1, false), p.k};
-    g.num_parts = 1;
-    g.c = expected.data() + p.c;
-    g.c_stride = l.ldc;
-    g.epilogue = core::Epilogue::store_bf16;
+    core::Gemm g = core::problem_gemm(p, l, a.data(), b.data(), expected.data(), core::Epilogue::store_bf16);
     core::reference_gemm(g, scratch.data());
     for (int i = 0; i < p.m; ++i)
       for (int j = 0; j < p.n; ++j) {

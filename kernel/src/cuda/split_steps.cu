@@ -8,8 +8,7 @@
 // the body: the first GPU path is the host's code, unchanged; the fused executor (issue #14) spreads a tile's
 // work over the CTA. Not launched by libmok yet (the split executor's host side is issue #12's next step).
 #include "core/comm_tasks.hpp"
-#include "core/compute_tasks.hpp"
-#include "core/split_plan.hpp"
+#include "core/split_pass.hpp"
 
 namespace mok::cuda {
 namespace split_detail {  // named: nvcc names an anonymous one after the file's absolute path (test_repro)
@@ -20,29 +19,13 @@ __device__ core::PassView on_device(core::PassView view) {
   return view;
 }
 
-// Tiles [first, end) of the window that hold schedule rows (windows start and end on tile boundaries).
-struct Tiles {
-  int64_t first, end;
-};
-
-__device__ Tiles window_tiles(const core::PassView& v, const core::RowWindow& w) {
-  int64_t end = w.row0 + w.rows < v.sched.total_rows ? w.row0 + w.rows : v.sched.total_rows;
-  int64_t pad = v.s.expert_padding;
-  return Tiles{w.row0 / pad, end > w.row0 ? end / pad : w.row0 / pad};
-}
-
 // Calls step(v, tile) for each of the window's tiles this CTA takes (grid-stride), on its thread 0.
 template <class Step>
 __device__ void each_tile(const core::PassView& view, const core::RowWindow& window, Step step) {
   if (threadIdx.x != 0) return;
   core::PassView v = on_device(view);
-  Tiles tiles = window_tiles(v, window);
+  core::SplitTiles tiles = core::split_window_tiles(v, window);
   for (int64_t tile = tiles.first + blockIdx.x; tile < tiles.end; tile += gridDim.x) step(v, tile);
-}
-
-// A tile's rows for the row stages (core/compute_tasks.hpp), as its task of `kind` sees them.
-__device__ core::TileInfo tile_of(const core::PassView& v, core::TaskKind kind, int64_t tile) {
-  return core::tile_info(v, core::Task{kind, 0, static_cast<int32_t>(tile)}, v.s.intermediate);
 }
 
 }  // namespace split_detail
@@ -61,7 +44,7 @@ __global__ void dispatch_window(core::PassView view, core::RowWindow window, cor
 __global__ void swiglu_window(core::PassView view, core::RowWindow window, core::bf16_t* staging,
                               int64_t staging_values) {
   each_tile(view, window, [&](const core::PassView& v, int64_t tile) {
-    core::swiglu_rows(v, tile_of(v, core::TaskKind::swiglu, tile), staging + blockIdx.x * staging_values);
+    core::swiglu_rows(v, core::split_tile(v, core::TaskKind::swiglu, tile), staging + blockIdx.x * staging_values);
   });
 }
 
@@ -69,7 +52,8 @@ __global__ void swiglu_window(core::PassView view, core::RowWindow window, core:
 __global__ void swiglu_backward_window(core::PassView view, core::RowWindow window, core::bf16_t* staging,
                                        int64_t staging_values) {
   each_tile(view, window, [&](const core::PassView& v, int64_t tile) {
-    core::swiglu_backward_rows(v, tile_of(v, core::TaskKind::swiglu_bwd, tile), staging + blockIdx.x * staging_values);
+    core::swiglu_backward_rows(v, core::split_tile(v, core::TaskKind::swiglu_bwd, tile),
+                               staging + blockIdx.x * staging_values);
   });
 }
 

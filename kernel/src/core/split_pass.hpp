@@ -1,0 +1,136 @@
+// The split executor's pass over one rank's view (issue #12): split_plan's launches walked in stream order,
+// each handed to an executor's Steps, and what every grouped GEMM of the pass reads and writes. An executor
+// supplies only how a step computes (kernel launches on a stream, or host loops); which buffer a GEMM reads,
+// which tiles a row step covers and the order of the steps are here, once. tests/cpp/test_split_pass runs the
+// whole pass with host steps over the host executor's memory and holds it to the host executor's bytes.
+//
+// The split executor computes with the stock grouped GEMMs of docs/gpu.md: no expert biases, BF16 operands, the
+// shared expert not yet (split_supports says which layers it can run).
+#pragma once
+
+#include <cstdint>
+
+#include "core/compute_tasks.hpp"
+#include "core/gemm.hpp"
+#include "core/split_plan.hpp"
+
+namespace mok::core {
+
+// Whether the split pass computes this layer: the grouped GEMMs take no bias and no MXFP8 operand yet, and
+// the split plan has no shared-expert step yet.
+MOK_HD inline bool split_supports(const LayerShape& s, bool biases) {
+  return !s.mxfp8 && s.shared_intermediate == 0 && !biases;
+}
+
+// ---- the row steps: which tiles of a window a launch covers ----
+
+// Tiles [first, end) of the window that hold schedule rows (windows start and end on tile boundaries).
+struct SplitTiles {
+  int64_t first, end;
+};
+
+MOK_HD inline SplitTiles split_window_tiles(const PassView& v, const RowWindow& w) {
+  int64_t end = w.row0 + w.rows < v.sched.total_rows ? w.row0 + w.rows : v.sched.total_rows;
+  int64_t pad = v.s.expert_padding;
+  return SplitTiles{w.row0 / pad, end > w.row0 ? end / pad : w.row0 / pad};
+}
+
+// A tile's rows for the row stages (core/compute_tasks.hpp), as its task of `kind` sees them.
+MOK_HD inline TileInfo split_tile(const PassView& v, TaskKind kind, int64_t tile) {
+  return tile_info(v, Task{kind, 0, static_cast<int32_t>(tile)}, v.s.intermediate);
+}
+
+// ---- the grouped GEMMs: every kind's operands in the view's buffers ----
+
+// The split executor's own fp32 buffers, beside the view's: dx's first term (dgrad_x_gate's product, read by
+// dgrad_x_up as its source), [out ring rows, H]; and the weight gradients' sums [E, I, H], [E, I, H], [E, H, I]
+// (the caller's fp32 main_grad in an accumulating backward).
+struct SplitTargets {
+  float* dx_partial;
+  float *wgrad_gate, *wgrad_up, *wgrad_down;
+};
+
+// What D receives from the GEMM's product P = A B^T over the window's rows of each expert.
+enum class SplitResult : int8_t {
+  store_bf16,       // D (bf16) = bf16(P): gate, up, down, dgrad_h
+  store_f32,        // D (fp32) = P: dgrad_x_gate, dx's first term
+  add_source_bf16,  // D (bf16) = bf16(C + P), C fp32: dgrad_x_up, one rounding of dx's two terms
+  accumulate_f32,   // D (fp32) = D + P: the weight gradients, one window after another in schedule order
+};
+
+// One grouped GEMM's buffers, offsets from grouped_problem: a and b bf16; d bf16 or d_fp32; c_fp32 the source.
+struct SplitGemmOperands {
+  const bf16_t* a;
+  const bf16_t* b;
+  bf16_t* d;
+  float* d_fp32;
+  const float* c_fp32;
+  SplitResult result;
+};
+
+// The ring holds g and u in the forward and dg and du after the backward's SwiGLU step; ring_h holds dh after
+// dgrad_h and h again after the SwiGLU backward (compute_tasks.hpp); the output ring holds y or dx.
+MOK_HD inline SplitGemmOperands split_gemm_operands(const PassView& v, GroupedGemm kind, const SplitTargets& t) {
+  const LayerWeights& w = v.w;
+  switch (kind) {
+    case GroupedGemm::gate: return {v.ring_x, w.gate, v.ring_g, nullptr, nullptr, SplitResult::store_bf16};
+    case GroupedGemm::up: return {v.ring_x, w.up, v.ring_u, nullptr, nullptr, SplitResult::store_bf16};
+    case GroupedGemm::down: return {v.ring_h, w.down, v.ring_y, nullptr, nullptr, SplitResult::store_bf16};
+    case GroupedGemm::dgrad_h: return {v.ring_dy, w.down, v.ring_h, nullptr, nullptr, SplitResult::store_bf16};
+    case GroupedGemm::dgrad_x_gate: return {v.ring_g, w.gate, nullptr, t.dx_partial, nullptr, SplitResult::store_f32};
+    case GroupedGemm::dgrad_x_up:
+      return {v.ring_u, w.up, v.ring_y, nullptr, t.dx_partial, SplitResult::add_source_bf16};
+    case GroupedGemm::wgrad_down:
+      return {v.ring_dy, v.ring_h, nullptr, t.wgrad_down, nullptr, SplitResult::accumulate_f32};
+    case GroupedGemm::wgrad_gate:
+      return {v.ring_g, v.ring_x, nullptr, t.wgrad_gate, nullptr, SplitResult::accumulate_f32};
+    case GroupedGemm::wgrad_up: return {v.ring_u, v.ring_x, nullptr, t.wgrad_up, nullptr, SplitResult::accumulate_f32};
+    case GroupedGemm::count: break;
+  }
+  return {nullptr, nullptr, nullptr, nullptr, nullptr, SplitResult::store_bf16};
+}
+
+// One expert's problem as core's tile GEMM (gemm.hpp): A and B each K-major (depth contiguous) or MN-major, as
+// grouped_layout says; D at the problem's offset of `d`, bf16 for store_bf16, fp32 for accumulate_f32.
+MOK_HD inline Gemm problem_gemm(const GroupedProblem& p, const GroupedLayout& l, const bf16_t* a, const bf16_t* b,
+                                void* d, Epilogue epilogue) {
+  Gemm g{};
+  g.rows = p.m;
+  g.cols = p.n;
+  g.parts[0] = GemmPart{bf16_operand(a + p.a, l.a_k_major ? l.lda : 1, l.a_k_major ? 1 : l.lda, false),
+                        bf16_operand(b + p.b, l.b_k_major ? l.ldb : 1, l.b_k_major ? 1 : l.ldb, false), p.k};
+  g.num_parts = 1;
+  g.c = epilogue == Epilogue::store_bf16 ? static_cast<void*>(static_cast<bf16_t*>(d) + p.c)
+                                         : static_cast<void*>(static_cast<float*>(d) + p.c);
+  g.c_stride = l.ldc;
+  g.epilogue = epilogue;
+  return g;
+}
+
+// ---- the pass ----
+
+// Runs launches [0, count) of a split plan in order: steps.dispatch(w), gemm(kind, w), swiglu(w),
+// swiglu_backward(w), combine(w), shared(), barrier(), home_sums(). A step returns false to stop the pass
+// (a failure the executor has recorded); so does a step this walk does not know. Returns whether every step ran.
+template <class Steps>
+bool run_split_pass(const SplitLaunch* launches, int64_t count, Steps& steps) {
+  for (int64_t i = 0; i < count; ++i) {
+    const SplitLaunch& l = launches[i];
+    bool ok = false;
+    switch (l.step) {
+      case SplitStep::dispatch: ok = steps.dispatch(l.window); break;
+      case SplitStep::gemm: ok = steps.gemm(l.gemm, l.window); break;
+      case SplitStep::swiglu: ok = steps.swiglu(l.window); break;
+      case SplitStep::swiglu_backward: ok = steps.swiglu_backward(l.window); break;
+      case SplitStep::combine: ok = steps.combine(l.window); break;
+      case SplitStep::shared: ok = steps.shared(); break;
+      case SplitStep::barrier: ok = steps.barrier(); break;
+      case SplitStep::home_sums: ok = steps.home_sums(); break;
+      case SplitStep::count: break;
+    }
+    if (!ok) return false;
+  }
+  return true;
+}
+
+}  // namespace mok::core

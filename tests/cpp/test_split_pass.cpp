@@ -1,0 +1,383 @@
+// core/split_pass.hpp run on the host: the split executor's whole pass (split_plan's launches in stream order,
+// each GEMM from split_gemm_operands and the grouped problems, the row steps over split_window_tiles with core's
+// wait-free bodies, the home sums) over the memory the host executor left after its own pass, ranks as threads
+// meeting at the plan's barrier. It must give the host executor's bytes: out, dx and dw bitwise; the weight
+// gradients bitwise where each expert's rows lie in one ring window, else within the fp32 bound below.
+//
+// The host steps compute each GEMM in core's contract order (gemm.hpp), dgrad_x_up's source C continued by its
+// own products as core's dgrad_x task continues dg W_gate's sum; a weight gradient's window product from 0 and
+// then added to main_grad, as the wgrad GEMM's epilogue adds it (D = C + P). Only the order inside a GEMM
+// differs on a GPU. Random ragged routings (one expert, empty experts, -1 routes, a rank with no tokens),
+// swiglu and swiglu_oai with a clamp, both routing scales, rings that turn and rings that hold every row.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+
+#include "core/comm_tasks.hpp"
+#include "core/home_sums.hpp"
+#include "core/split_pass.hpp"
+#include "group.hpp"
+
+namespace core = mok::core;
+using namespace mok_test;
+using core::GroupedGemm;
+using core::PassKind;
+using core::SplitResult;
+
+namespace {
+
+// The plan's barrier for ranks as threads: bounded, like every wait of the layer.
+class ThreadBarrier {
+ public:
+  explicit ThreadBarrier(int world) : world_(world) {}
+  bool wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    int round = round_;
+    if (++arrived_ == world_) {
+      arrived_ = 0;
+      ++round_;
+      done_.notify_all();
+      return true;
+    }
+    return done_.wait_for(lock, std::chrono::seconds(60), [&] { return round_ != round; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_;
+  int world_, arrived_ = 0, round_ = 0;
+};
+
+core::LayerShape shape_of(const mokLayerConfig_t& c) {
+  bool oai = c.activation == mokActivationSwigluOai;
+  return core::LayerShape{c.world,
+                          c.rank,
+                          c.experts_per_rank,
+                          c.hidden,
+                          c.intermediate,
+                          c.top_k,
+                          c.max_tokens,
+                          c.shared_intermediate,
+                          0,
+                          c.swiglu_limit > 0.0f ? c.swiglu_limit : INFINITY,
+                          c.expert_padding,
+                          c.minibatch,
+                          c.macrobatch,
+                          c.comm_workers,
+                          c.compute_workers,
+                          oai ? 1 : 0,
+                          oai ? c.swiglu_alpha : 0.0f,
+                          c.backward_comm_workers,
+                          c.routing_scale == mokRoutingScaleInput ? 1 : 0};
+}
+
+const float* sigmoid_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(core::kSigmoidTableSize);
+    core::fill_sigmoid_table(t.data());
+    return t;
+  }();
+  return table.data();
+}
+
+// One rank's outputs of a split pass: out (forward), or dx, dw and the weight gradients' fp32 main_grad.
+struct SplitOutputs {
+  std::vector<uint16_t> out, dx;
+  std::vector<float> dw, main_gate, main_up, main_down;
+};
+
+// The host's way of running each step of the split pass over one rank's view.
+struct HostSteps {
+  core::PassView v;
+  core::SplitTargets targets;
+  const ref::Problem& p;
+  int rank;
+  ThreadBarrier& barrier_;
+  SplitOutputs& o;
+  std::vector<core::bf16_t> staging;
+  std::vector<float> scratch, product;
+
+  template <class Body>
+  void each_tile(const core::RowWindow& w, Body body) {
+    core::SplitTiles tiles = core::split_window_tiles(v, w);
+    for (int64_t tile = tiles.first; tile < tiles.end; ++tile) body(tile);
+  }
+  bool dispatch(core::RowWindow w) {
+    int64_t pad = v.s.expert_padding;
+    each_tile(w, [&](int64_t t) { core::pull_window(v, t * pad, (t + 1) * pad, staging.data()); });
+    return true;
+  }
+  bool swiglu(core::RowWindow w) {
+    each_tile(w,
+              [&](int64_t t) { core::swiglu_rows(v, core::split_tile(v, core::TaskKind::swiglu, t), staging.data()); });
+    return true;
+  }
+  bool swiglu_backward(core::RowWindow w) {
+    each_tile(w, [&](int64_t t) {
+      core::swiglu_backward_rows(v, core::split_tile(v, core::TaskKind::swiglu_bwd, t), staging.data());
+    });
+    return true;
+  }
+  bool combine(core::RowWindow w) {
+    int64_t pad = v.s.expert_padding;
+    each_tile(w, [&](int64_t t) { core::push_rows(v, t * pad, (t + 1) * pad); });
+    return true;
+  }
+  bool shared() { return false; }  // split_supports: no shared expert in the split pass yet
+  bool barrier() { return barrier_.wait(); }
+  bool home_sums() {
+    int T = p.tokens[rank], H = p.hidden, K = p.top_k;
+    if (core::is_backward(v.kind)) {
+      o.dx.assign(static_cast<size_t>(T) * H, 0xffff);
+      o.dw.assign(static_cast<size_t>(T) * K, NAN);
+      for (int t = 0; t < T; ++t) core::combine_backward_token(v, t, p.dout[rank].data(), o.dx.data(), o.dw.data());
+    } else {
+      o.out.assign(static_cast<size_t>(T) * H, 0xffff);
+      for (int t = 0; t < T; ++t) core::combine_forward_token(v, t, p.topk_weights[rank].data(), o.out.data());
+    }
+    return true;
+  }
+
+  // Expert e's product P over the window into `product` ([m, n] fp32, from 0 or from `start`), in core's order.
+  void multiply(const core::GroupedProblem& pr, const core::GroupedLayout& l, const core::SplitGemmOperands& ops,
+                const float* start) {
+    product.assign(static_cast<size_t>(pr.m) * pr.n, 0.0f);
+    for (int i = 0; start && i < pr.m; ++i)
+      for (int j = 0; j < pr.n; ++j) product[static_cast<size_t>(i) * pr.n + j] = start[pr.c + i * l.ldc + j];
+    core::Gemm g = core::problem_gemm(pr, l, ops.a, ops.b, product.data(), core::Epilogue::accumulate_f32);
+    g.c = product.data();  // P alone, [m, n]: the result's epilogue follows in gemm()
+    g.c_stride = pr.n;
+    scratch.assign(core::gemm_scratch_floats(pr.m, pr.n, pr.k, false), 0.0f);
+    core::reference_gemm(g, scratch.data());
+  }
+  bool gemm(GroupedGemm kind, core::RowWindow w) {
+    core::SplitGemmOperands ops = core::split_gemm_operands(v, kind, targets);
+    core::GroupedLayout l = core::grouped_layout(v.s, kind);
+    for (int e = 0; e < v.s.experts_per_rank; ++e) {
+      core::GroupedProblem pr = core::grouped_problem(v.s, v.sched, kind, core::ring_periods(v.s), w, e);
+      if (pr.m == 0) continue;
+      multiply(pr, l, ops, ops.result == SplitResult::add_source_bf16 ? ops.c_fp32 : nullptr);
+      for (int i = 0; i < pr.m; ++i)
+        for (int j = 0; j < pr.n; ++j) {
+          int64_t at = pr.c + i * l.ldc + j;
+          float value = product[static_cast<size_t>(i) * pr.n + j];
+          switch (ops.result) {
+            case SplitResult::store_bf16:
+            case SplitResult::add_source_bf16: ops.d[at] = core::float_to_bf16(value); break;
+            case SplitResult::store_f32: ops.d_fp32[at] = value; break;
+            case SplitResult::accumulate_f32: ops.d_fp32[at] = core::add_rn(ops.d_fp32[at], value); break;
+          }
+        }
+    }
+    return true;
+  }
+};
+
+// The view's row buffers filled with bf16 NaN: what the split pass reads there it must have written itself.
+void poison_rings(const core::PassView& v) {
+  int64_t ring = v.s.macrobatch, h = v.s.hidden, in = v.s.intermediate;
+  for (auto [rows, width] : {std::pair{v.ring_x, ring * h},
+                             {v.ring_dy, ring * h},
+                             {v.ring_g, ring * in},
+                             {v.ring_u, ring * in},
+                             {v.ring_h, ring * in},
+                             {v.ring_y, core::out_ring_rows(v.s) * h}})
+    std::fill(rows, rows + width, core::bf16_t{0xffff});
+}
+
+// The home slots of this rank's tokens (y or dx per (token, k)) filled likewise: the home sums must read only
+// what this pass's combines pushed there.
+void poison_slots(const core::PassView& v, int tokens) {
+  size_t slots = core::is_backward(v.kind) ? v.peer.dx_slots : v.peer.y_slots;
+  core::bf16_t* first = core::peer_array<core::bf16_t>(v, v.s.rank, slots);
+  std::fill(first, first + static_cast<int64_t>(tokens) * v.s.top_k * v.s.hidden, core::bf16_t{0xffff});
+}
+
+// Every rank's memory: the host executor's pass runs over it first, then the split pass.
+struct Group {
+  const ref::Problem& p;
+  const Knobs& k;
+  mokLayerSizes_t sizes;
+  std::vector<std::unique_ptr<AlignedBuffer>> peers, work;
+  std::vector<void*> bases, workspaces;
+
+  Group(const ref::Problem& problem, const Knobs& knobs) : p(problem), k(knobs), sizes(sizes_for(p, k)) {
+    for (int r = 0; r < p.world; ++r) {
+      peers.emplace_back(new AlignedBuffer(sizes.peer_bytes));
+      work.emplace_back(new AlignedBuffer(sizes.workspace_bytes));
+      bases.push_back(peers.back()->p);
+      workspaces.push_back(work.back()->p);
+    }
+  }
+
+  Outputs host() { return run_layer_over(p, k, bases.data(), workspaces.data(), sizes.workspace_bytes); }
+
+  // Rank r's view of a pass of `kind` over the memory the host executor left: its schedule, staged inputs, rings.
+  core::PassView view(int r, PassKind kind, const core::PassArgs* args, core::PeerHeader* const* headers,
+                      core::ErrorRecord* error) const {
+    core::LayerShape s = shape_of(config_for(p, k, r));
+    core::PassView v =
+        core::pass_view_at(s, kind, static_cast<char*>(workspaces[r]), reinterpret_cast<char* const*>(bases.data()),
+                           headers, nullptr, p.tokens[r], 0, 0, error);
+    v.sched.total_rows = core::schedule_rows(s, v.sched);
+    v.w = core::LayerWeights{};
+    v.w.gate = p.gate[r].data();
+    v.w.up = p.up[r].data();
+    v.w.down = p.down[r].data();
+    v.args = args;
+    v.sigmoid_table = sigmoid_table();
+    return v;
+  }
+
+  // The split pass of `kind` on every rank (each on its own thread); weight gradients added into main_grad
+  // that starts at k.main_grad_start.
+  std::vector<SplitOutputs> split(PassKind kind) {
+    int W = p.world;
+    std::vector<SplitOutputs> outputs(static_cast<size_t>(W));
+    std::vector<core::PeerHeader*> headers;
+    for (void* b : bases) headers.push_back(static_cast<core::PeerHeader*>(b));
+    ThreadBarrier barrier(W);
+    for (int r = 0; r < W; ++r) {  // before any rank's combine can write into them
+      core::ErrorRecord unused{};
+      poison_slots(view(r, kind, nullptr, headers.data(), &unused), p.tokens[r]);
+    }
+    each_rank(W, [&](int r) {
+      SplitOutputs& o = outputs[static_cast<size_t>(r)];
+      core::ErrorRecord error{};
+      core::PassArgs args{};
+      core::PassView v = view(r, kind, &args, headers.data(), &error);
+      if (kind != PassKind::backward_kept) poison_rings(v);  // a step left out cannot pass on the host's bytes
+      size_t eih = static_cast<size_t>(p.experts) * p.inter * p.hidden;
+      for (auto* m : {&o.main_gate, &o.main_up, &o.main_down}) m->assign(eih, k.main_grad_start);
+      std::vector<float> partial(static_cast<size_t>(core::out_ring_rows(v.s)) * p.hidden, NAN);
+      core::SplitTargets targets{partial.data(), o.main_gate.data(), o.main_up.data(), o.main_down.data()};
+      HostSteps steps{v, targets, p, r, barrier, o, {}, {}, {}};
+      steps.staging.assign(std::max(core::mx_staging_values(v.s), core::mx_swiglu_staging_values(v.s)) + 1, 0);
+      core::RowPeriods periods = core::ring_periods(v.s);
+      std::vector<core::SplitLaunch> launches(static_cast<size_t>(core::split_plan(v.s, kind, periods, nullptr)));
+      CHECK(core::split_plan(v.s, kind, periods, launches.data()) == static_cast<int64_t>(launches.size()));
+      CHECK_MSG(core::run_split_pass(launches.data(), static_cast<int64_t>(launches.size()), steps),
+                "rank %d: a step of the split pass stopped it", r);
+    });
+    return outputs;
+  }
+};
+
+void check_bits(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want, const char* what, int r) {
+  CHECK_MSG(got.size() == want.size(), "%s rank %d: %zu values, host %zu", what, r, got.size(), want.size());
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i)
+    if (got[i] != want[i]) {
+      CHECK_MSG(false, "%s rank %d [%zu]: split %04x, host %04x", what, r, i, got[i], want[i]);
+      return;
+    }
+}
+
+// fp32 values: bitwise, or with `fp32_bound` > 0 within it relative to the largest |value - start| (below).
+void check_floats(const std::vector<float>& got, const std::vector<float>& want, const char* what, int r,
+                  double fp32_bound = 0, float start = 0) {
+  CHECK_MSG(got.size() == want.size(), "%s rank %d: %zu values, host %zu", what, r, got.size(), want.size());
+  double scale = 0;
+  for (float x : want) scale = std::max(scale, std::fabs(static_cast<double>(x) - start));
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    bool same = std::memcmp(&got[i], &want[i], sizeof(float)) == 0;
+    if (same || (fp32_bound > 0 && std::fabs(static_cast<double>(got[i]) - want[i]) <= fp32_bound * scale)) continue;
+    CHECK_MSG(false, "%s rank %d [%zu]: split %.9g, host %.9g (bound %g of %g)", what, r, i, got[i], want[i],
+              fp32_bound, scale);
+    return;
+  }
+}
+
+// One problem: the host's forward, the split forward over its memory; the host's forward and backward, then the
+// split forward, backward and (where the ring keeps every row) kept backward over theirs.
+void check_case(const Spec& spec, Knobs k, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  ref::Problem p = make_problem(spec, rng);
+  k.accumulate = true;  // the split pass adds weight gradients into fp32 main_grad (docs/gpu.md)
+  k.backward = false;
+  Group forward_only(p, k);
+  Outputs host = forward_only.host();
+  for (int r = 0; r < p.world; ++r)
+    CHECK_MSG(host.status[r] == mokSuccess, "host rank %d: %s", r, host.detail[r].c_str());
+  std::vector<SplitOutputs> split = forward_only.split(PassKind::forward);
+  for (int r = 0; r < p.world; ++r) check_bits(split[r].out, host.out[r], "forward out", r);
+
+  k.backward = true;
+  Group both(p, k);
+  host = both.host();
+  for (int r = 0; r < p.world; ++r)
+    CHECK_MSG(host.status[r] == mokSuccess, "host rank %d: %s", r, host.detail[r].c_str());
+  mokLayerConfig_t c0 = config_for(p, k, 0);
+  core::LayerShape s = shape_of(c0);
+  // An expert whose rows span ring windows gets its weight gradient as (main_grad + P_1) + P_2 ..., the host as
+  // main_grad + (P_1 + P_2 ...): the same products, grouped differently, each fp32 addition rounding by at most
+  // 2^-24 of its running sum. Measured: at most 1.2e-7 of the largest |main_grad - start| (three runs of every
+  // case); the bound 2^-16 (1.5e-5) leaves 100x. A wrong row, operand or window moves a gradient by the order
+  // of that largest value itself.
+  bool one_window = core::max_recv_rows(s) <= s.macrobatch;
+  double bound = one_window ? 0 : std::ldexp(1.0, -16);
+  for (PassKind kind : {PassKind::backward, PassKind::backward_kept}) {
+    if (kind == PassKind::backward_kept && !core::split_keeps_ring(s, core::ring_periods(s))) continue;
+    split = both.split(PassKind::forward);  // the ring holds the forward's x, g and u again
+    for (int r = 0; r < p.world; ++r) check_bits(split[r].out, host.out[r], "forward out (again)", r);
+    split = both.split(kind);
+    const char* name = kind == PassKind::backward ? "backward" : "kept backward";
+    for (int r = 0; r < p.world; ++r) {
+      std::printf("  %s rank %d\n", name, r);
+      check_bits(split[r].dx, host.dx[r], "dx", r);
+      check_floats(split[r].dw, host.dw[r], "dw", r);
+      check_floats(split[r].main_gate, host.main_gate[r], "main_grad gate", r, bound, k.main_grad_start);
+      check_floats(split[r].main_up, host.main_up[r], "main_grad up", r, bound, k.main_grad_start);
+      check_floats(split[r].main_down, host.main_down[r], "main_grad down", r, bound, k.main_grad_start);
+    }
+  }
+}
+
+Spec spec_of(int world, Routing routing) {
+  Spec spec;
+  spec.world = world;
+  spec.experts = 3;
+  spec.hidden = 24;
+  spec.inter = 16;
+  spec.top_k = 2;
+  spec.max_tokens = 9;
+  spec.routing = routing;
+  return spec;
+}
+
+}  // namespace
+
+// Rings that turn inside a pass (macrobatch below the worst case) and rings that hold every row.
+TEST(split_pass_gives_the_host_executors_bytes) {
+  for (int world : {1, 2, 3})
+    for (Routing routing : {Routing::uniform, Routing::one_expert, Routing::empty_experts, Routing::minus_one})
+      for (int macrobatch : {16, 256}) {
+        Spec spec = spec_of(world, routing);
+        Knobs k;
+        k.padding = 8;
+        k.minibatch = 8;
+        k.macrobatch = macrobatch;
+        std::printf("world %d routing %d macrobatch %d\n", world, static_cast<int>(routing), macrobatch);
+        check_case(spec, k, seed() + static_cast<uint64_t>(world * 100 + macrobatch + static_cast<int>(routing)));
+      }
+}
+
+// The variants the split pass's row steps carry: swiglu_oai with a clamp, the input-side routing scale, a rank
+// with no tokens.
+TEST(split_pass_variants) {
+  Spec spec = spec_of(2, Routing::uniform);
+  spec.alpha = 1.702;
+  spec.limit = 0.75;
+  Knobs k;
+  check_case(spec, k, seed() + 1);
+  spec = spec_of(2, Routing::uniform);
+  spec.input_scale = true;
+  check_case(spec, k, seed() + 2);
+  spec = spec_of(3, Routing::uniform);
+  spec.empty_rank = 1;
+  check_case(spec, k, seed() + 3);
+}
+
+MOK_TEST_MAIN
