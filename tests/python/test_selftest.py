@@ -76,9 +76,9 @@ def test_no_stage_passes_without_a_gpu():
         assert message and 0 <= seconds < 60
         if not cuda:
             assert status == selftest.NOT_COMPILED and "without CUDA" in message, message
-        elif stage <= 1:
+        elif stage <= 2:  # the probe, the GEMM tile and one rank's pass are written
             assert (status == selftest.NO_DEVICE and "cudaError" in message) or (
-                stage == 1 and status == selftest.NOT_COMPILED and "CUTLASS" in message), message
+                stage > 0 and status == selftest.NOT_COMPILED and "CUTLASS" in message), message
         else:
             assert status == selftest.NOT_COMPILED and "not built in this libmok (issue #12)" in message, message
 

@@ -83,15 +83,4 @@ __global__ void form_group(core::PeerHeader* const* headers, int world, int rank
   }
 }
 
-// The home rank's k-order sums, a thread per token.
-__global__ void combine_forward(core::PassView view, const float* topk_weights, core::bf16_t* out) {
-  int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (t < view.tokens) core::combine_forward_token(view, t, topk_weights, out);
-}
-
-__global__ void combine_backward(core::PassView view, const core::bf16_t* dout, core::bf16_t* dx, float* dw) {
-  int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (t < view.tokens) core::combine_backward_token(view, t, dout, dx, dw);
-}
-
 }  // namespace mok::cuda

@@ -2,11 +2,14 @@
 // verdict as a status and writes what it checked and found into its Text, passed or not.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstdarg>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
 #include "mok/mok.h"
 
@@ -31,12 +34,38 @@ struct Text {
   }
 };
 
+// Device memory a stage owns; freed unless a wait ran out (cudaFree would wait for the kernel that did not end).
+struct DeviceBuffers {
+  std::vector<void*> blocks;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t done = nullptr;
+  bool keep = false;
+  cudaError_t alloc(size_t bytes, void** p) {
+    cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
+    if (e == cudaSuccess) blocks.push_back(*p);
+    return e;
+  }
+  ~DeviceBuffers() {
+    if (keep) return;
+    if (done) cudaEventDestroy(done);
+    if (stream) cudaStreamDestroy(stream);
+    for (void* p : blocks) cudaFree(p);
+  }
+};
+
+// A CUDA call that failed, worded into the stage's text (`what` it was doing); its status.
+mokStatus_t cuda_failed(Text* text, const char* what, cudaError_t e);
+
 // The device, its driver's entry points, the probe kernels and the host-mapped error record.
 mokStatus_t selftest_probe(const SelftestSetup& setup, Text* text);
 // The SM100 grouped GEMM (gate and down) against core's host GEMM of the same bytes.
 mokStatus_t selftest_gemm_tile(const SelftestSetup& setup, Text* text);
+// One rank's layer (the split executor's pass: forward, then backward) against the host executor's bytes.
+mokStatus_t selftest_one_rank(const SelftestSetup& setup, Text* text);
 
 // Shared by the stages: the device is there, loads libmok's code, and is current. `info` describes it.
 mokStatus_t open_device(const SelftestSetup& setup, mokDeviceInfo_t* info, Text* text);
+// open_device, then a device of compute capability 10.x, which the SM100 grouped GEMMs need (else mokUnsupported).
+mokStatus_t open_sm100(const SelftestSetup& setup, Text* text);
 
 }  // namespace mok::cuda

@@ -31,31 +31,6 @@ namespace {
 
 using core::bf16_t;
 
-// Device memory the stage owns; freed unless a wait ran out (cudaFree would wait for the kernel that did not end).
-struct DeviceBuffers {
-  std::vector<void*> blocks;
-  cudaStream_t stream = nullptr;
-  cudaEvent_t done = nullptr;
-  bool keep = false;
-  cudaError_t alloc(size_t bytes, void** p) {
-    cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
-    if (e == cudaSuccess) blocks.push_back(*p);
-    return e;
-  }
-  ~DeviceBuffers() {
-    if (keep) return;
-    if (done) cudaEventDestroy(done);
-    if (stream) cudaStreamDestroy(stream);
-    for (void* p : blocks) cudaFree(p);
-  }
-};
-
-mokStatus_t cuda_failed(Text* text, const char* what, cudaError_t e) {
-  text->add("%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
-  cudaGetLastError();
-  return e == cudaErrorMemoryAllocation ? mokOutOfMemory : mokCudaError;
-}
-
 // The layer's shape for the stage: one rank, four local experts, H and I multiples of the GEMM's tiles.
 core::LayerShape stage_shape() {
   core::LayerShape s{};
@@ -213,15 +188,7 @@ mokStatus_t run_kind(const SelftestSetup& setup, const core::LayerShape& s, cons
 }  // namespace
 
 mokStatus_t selftest_gemm_tile(const SelftestSetup& setup, Text* text) {
-  mokDeviceInfo_t info;
-  if (mokStatus_t s = open_device(setup, &info, text); s != mokSuccess) return s;
-  if (info.cc_major != 10) {
-    text->add(
-        "the SM100 grouped GEMM runs on compute capability 10.x (B200, GB200, B300, GB300); device %d (%s) is "
-        "sm_%d%d",
-        setup.device, info.name, info.cc_major, info.cc_minor);
-    return mokUnsupported;
-  }
+  if (mokStatus_t s = open_sm100(setup, text); s != mokSuccess) return s;
   text->add("seed %llu: ", static_cast<unsigned long long>(setup.seed));  // --seed repeats the inputs
   std::mt19937_64 rng(setup.seed);
   core::LayerShape s = stage_shape();

@@ -13,13 +13,14 @@
 #include "cuda/wait.hpp"
 
 namespace mok::cuda {
-namespace {
 
 mokStatus_t cuda_failed(Text* text, const char* what, cudaError_t e) {
   text->add("%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
   cudaGetLastError();
   return e == cudaErrorMemoryAllocation ? mokOutOfMemory : mokCudaError;
 }
+
+namespace {
 
 // What the probe allocates; freed unless a wait ran out (cudaFree would wait for the kernel that did not end).
 struct ProbeResources {
@@ -134,6 +135,17 @@ mokStatus_t open_device(const SelftestSetup& setup, mokDeviceInfo_t* info, Text*
   }
   if (cudaError_t e = cudaSetDevice(setup.device); e != cudaSuccess) return cuda_failed(text, "cudaSetDevice", e);
   return mokSuccess;
+}
+
+mokStatus_t open_sm100(const SelftestSetup& setup, Text* text) {
+  mokDeviceInfo_t info;
+  if (mokStatus_t s = open_device(setup, &info, text); s != mokSuccess) return s;
+  if (info.cc_major == 10) return mokSuccess;
+  text->add(
+      "the SM100 grouped GEMM runs on compute capability 10.x (B200, GB200, B300, GB300); device %d (%s) is "
+      "sm_%d%d",
+      setup.device, info.name, info.cc_major, info.cc_minor);
+  return mokUnsupported;
 }
 
 mokStatus_t selftest_probe(const SelftestSetup& setup, Text* text) {

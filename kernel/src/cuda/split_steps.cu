@@ -1,14 +1,17 @@
 // The split executor's row steps (core/split_plan.hpp's dispatch, swiglu, swiglu_backward and combine), one
-// kernel each over one window of schedule rows. Each runs core's wait-free body of the task the host executor
-// runs (pull_window, swiglu_rows, swiglu_backward_rows, push_rows), so the bytes are the host's. The launch
-// before a step has finished when it starts (stream order), so no counter is waited on or bumped.
+// kernel each over one window of schedule rows, the home sums, and their launchers (split_device.hpp). Each runs core's
+// wait-free body of the task the host executor runs (pull_window, swiglu_rows, swiglu_backward_rows, push_rows), so the
+// bytes are the host's. The launch before a step has finished when it starts (stream order), so no counter is waited on
+// or bumped.
 //
 // The host never reads the schedule: each kernel takes its row count from the segments on the device and does
 // nothing past it. A CTA takes one tile at a time (grid-stride over the window's tiles) and its thread 0 runs
 // the body: the first GPU path is the host's code, unchanged; the fused executor (issue #14) spreads a tile's
-// work over the CTA. Not launched by libmok yet (the split executor's host side is issue #12's next step).
+// work over the CTA. Enqueued by enqueue_split_pass (split_pass_device.cpp).
 #include "core/comm_tasks.hpp"
+#include "core/home_sums.hpp"
 #include "core/split_pass.hpp"
+#include "cuda/split_device.hpp"
 
 namespace mok::cuda {
 namespace split_detail {  // named: nvcc names an anonymous one after the file's absolute path (test_repro)
@@ -63,6 +66,55 @@ __global__ void combine_window(core::PassView view, core::RowWindow window) {
     int64_t pad = v.s.expert_padding;
     core::push_rows(v, tile * pad, (tile + 1) * pad);
   });
+}
+
+// The home rank's k-order sums (core/home_sums.hpp), a thread per token: out, or dx and dw.
+__global__ void home_sums_forward(core::PassView view, const float* topk_weights, core::bf16_t* out) {
+  int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t < view.tokens) core::combine_forward_token(view, t, topk_weights, out);
+}
+
+__global__ void home_sums_backward(core::PassView view, const core::bf16_t* dout, core::bf16_t* dx, float* dw) {
+  int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t < view.tokens) core::combine_backward_token(view, t, dout, dx, dw);
+}
+
+// ---- launchers: one thread per CTA runs a tile's body (each_tile), so a row step's CTAs are small ----
+
+namespace split_detail {
+constexpr int kRowStepThreads = 32;
+constexpr int kHomeSumThreads = 128;
+}  // namespace split_detail
+
+cudaError_t launch_dispatch(const SplitDevice& d, const core::RowWindow& window) {
+  dispatch_window<<<d.ctas, kRowStepThreads, 0, d.stream>>>(d.view, window, d.staging, d.staging_values);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_swiglu(const SplitDevice& d, const core::RowWindow& window) {
+  swiglu_window<<<d.ctas, kRowStepThreads, 0, d.stream>>>(d.view, window, d.staging, d.staging_values);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_swiglu_backward(const SplitDevice& d, const core::RowWindow& window) {
+  swiglu_backward_window<<<d.ctas, kRowStepThreads, 0, d.stream>>>(d.view, window, d.staging, d.staging_values);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_combine(const SplitDevice& d, const core::RowWindow& window) {
+  combine_window<<<d.ctas, kRowStepThreads, 0, d.stream>>>(d.view, window);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_home_sums(const SplitDevice& d) {
+  int tokens = d.view.tokens;
+  if (tokens == 0) return cudaSuccess;
+  int blocks = (tokens + kHomeSumThreads - 1) / kHomeSumThreads;
+  if (core::is_backward(d.view.kind))
+    home_sums_backward<<<blocks, kHomeSumThreads, 0, d.stream>>>(d.view, d.dout, d.dx, d.dw);
+  else
+    home_sums_forward<<<blocks, kHomeSumThreads, 0, d.stream>>>(d.view, d.topk_weights, d.out);
+  return cudaGetLastError();
 }
 
 }  // namespace mok::cuda

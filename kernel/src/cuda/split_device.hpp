@@ -1,0 +1,73 @@
+// The split executor's pass on a GPU (core/split_pass.hpp): each launch of the plan enqueued as kernels on one
+// stream, in order; stream order is the only synchronisation inside the rank. The host plans the launches from
+// the shape alone (core::split_plan) and never reads the schedule: every kernel takes the row count from the
+// schedule's segments on the device. Nothing here waits for the GPU.
+//
+// What runs today: the row steps (split_steps.cu, core's bodies), the BF16 grouped GEMMs (grouped_gemm.hpp, in a
+// build with CUTLASS) and the home sums, for one rank (world 1: the closing barrier is stream order). A group of
+// several ranks needs the device barrier between them, which this pass does not launch yet, and the shared expert
+// has no step body yet: both are refused (SplitRefusal). Nothing here has run on a GPU.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/split_pass.hpp"
+
+namespace mok::cuda {
+
+// One rank's split pass on the device. Every pointer is device memory, those inside the view included (its peers
+// and headers arrays, the schedule, the rings, the weights); the view's kind is the pass's.
+struct SplitDevice {
+  core::PassView view;
+  core::SplitTargets targets;  // dx's fp32 first term [out ring rows, H]; the fp32 main_grad of the weight gradients
+  core::bf16_t* staging;       // staging_values bf16 per CTA of a row step (MXFP8's dispatch and SwiGLU)
+  int64_t staging_values;
+  int ctas;              // CTAs of a row step: each takes the window's tiles grid-stride
+  void* gemm_arguments;  // grouped_gemm_bf16_argument_bytes(experts_per_rank) bytes, 128-byte aligned
+  void* gemm_workspace;  // CUTLASS's workspace: the largest grouped_gemm_bf16_workspace_bytes of the kinds
+  size_t gemm_workspace_bytes;
+  const float* topk_weights;  // the home sums: forward [tokens, K] ...
+  core::bf16_t* out;          // ... into out [tokens, H]
+  const core::bf16_t* dout;   // backward: dOut [tokens, H] ...
+  core::bf16_t* dx;           // ... into dx [tokens, H] and dw [tokens, K]
+  float* dw;
+  cudaStream_t stream;
+};
+
+enum class SplitRefusal : int32_t {
+  none = 0,
+  unsupported_layer,  // core::split_supports refuses it (MXFP8, biases, a shared expert)
+  group,              // world > 1: the device barrier between ranks is not launched yet
+  no_gemm,            // this libmok has no grouped GEMM (built without CUTLASS's headers)
+  gemm_refused,       // the grouped GEMM refused a launch: gemm_status says why
+  cuda_error,         // a launch failed: error
+};
+
+// Where an enqueued pass stopped: the launch (its index in the plan, step and GEMM kind) and why.
+struct SplitFailure {
+  SplitRefusal refusal = SplitRefusal::none;
+  int64_t launch = -1;
+  core::SplitStep step = core::SplitStep::count;
+  core::GroupedGemm gemm = core::GroupedGemm::count;
+  int gemm_status = 0;  // GemmStatus (grouped_gemm.hpp) with gemm_refused
+  cudaError_t error = cudaSuccess;
+};
+
+const char* split_refusal_name(SplitRefusal refusal);
+
+// Enqueues the pass of d.view.kind on d.stream, the plan's launches in order; returns false at the first launch
+// that could not be enqueued (what was enqueued before it still runs). `biases`: the caller's layer has expert
+// biases (split_supports).
+bool enqueue_split_pass(const SplitDevice& d, bool biases, SplitFailure* failure);
+
+// The row steps and the home sums (split_steps.cu): enqueued on d.stream, never waited for; the launch's error.
+cudaError_t launch_dispatch(const SplitDevice& d, const core::RowWindow& window);
+cudaError_t launch_swiglu(const SplitDevice& d, const core::RowWindow& window);
+cudaError_t launch_swiglu_backward(const SplitDevice& d, const core::RowWindow& window);
+cudaError_t launch_combine(const SplitDevice& d, const core::RowWindow& window);
+cudaError_t launch_home_sums(const SplitDevice& d);
+
+}  // namespace mok::cuda

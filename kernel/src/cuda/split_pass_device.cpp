@@ -1,0 +1,89 @@
+// The split executor's pass enqueued on a stream (split_device.hpp): core's run_split_pass over device steps.
+#include <vector>
+
+#include "cuda/split_device.hpp"
+
+#if MOK_WITH_GROUPED_GEMM
+#include "cuda/grouped_gemm.hpp"
+#endif
+
+namespace mok::cuda {
+namespace {
+
+// Each step of the plan as kernel launches on the stream; the first that cannot be enqueued is told in `failure`.
+struct DeviceSteps {
+  const SplitDevice& d;
+  SplitFailure& failure;
+
+  bool launched(cudaError_t e) {
+    if (e == cudaSuccess) return true;
+    failure.refusal = SplitRefusal::cuda_error;
+    failure.error = e;
+    return false;
+  }
+  bool dispatch(core::RowWindow w) { return launched(launch_dispatch(d, w)); }
+  bool swiglu(core::RowWindow w) { return launched(launch_swiglu(d, w)); }
+  bool swiglu_backward(core::RowWindow w) { return launched(launch_swiglu_backward(d, w)); }
+  bool combine(core::RowWindow w) { return launched(launch_combine(d, w)); }
+  bool shared() { return false; }  // refused before the walk (split_supports)
+  bool barrier() { return true; }  // one rank: the stream's order is the barrier (a group is refused)
+  bool home_sums() { return launched(launch_home_sums(d)); }
+  bool gemm(core::GroupedGemm kind, core::RowWindow w) {
+#if MOK_WITH_GROUPED_GEMM
+    core::SplitGemmOperands o = core::split_gemm_operands(d.view, kind, d.targets);
+    GroupedGemmBf16 g{d.view.s,         d.view.sched, kind,    core::ring_periods(d.view.s), w, o.a, o.b, o.d,
+                      d.gemm_arguments, o.d_fp32,     o.c_fp32};
+    cudaError_t e = cudaSuccess;
+    GemmStatus s = grouped_gemm_bf16(g, d.gemm_workspace, d.gemm_workspace_bytes, d.stream, &e);
+    if (s == GemmStatus::cuda_error) return launched(e);
+    if (s == GemmStatus::ok) return true;
+    failure.refusal = SplitRefusal::gemm_refused;
+    failure.gemm_status = static_cast<int>(s);
+    return false;
+#else
+    (void)kind;
+    (void)w;
+    failure.refusal = SplitRefusal::no_gemm;
+    return false;
+#endif
+  }
+};
+
+}  // namespace
+
+const char* split_refusal_name(SplitRefusal refusal) {
+  switch (refusal) {
+    case SplitRefusal::none: return "none";
+    case SplitRefusal::unsupported_layer: return "unsupported_layer";
+    case SplitRefusal::group: return "group";
+    case SplitRefusal::no_gemm: return "no_gemm";
+    case SplitRefusal::gemm_refused: return "gemm_refused";
+    case SplitRefusal::cuda_error: return "cuda_error";
+  }
+  return "unknown";
+}
+
+bool enqueue_split_pass(const SplitDevice& d, bool biases, SplitFailure* failure) {
+  *failure = SplitFailure{};
+  const core::LayerShape& s = d.view.s;
+  if (!core::split_supports(s, biases)) failure->refusal = SplitRefusal::unsupported_layer;
+  if (s.world > 1) failure->refusal = SplitRefusal::group;
+#if !MOK_WITH_GROUPED_GEMM
+  failure->refusal = SplitRefusal::no_gemm;
+#endif
+  core::RowPeriods periods = core::ring_periods(s);
+  int64_t count = failure->refusal == SplitRefusal::none ? core::split_plan(s, d.view.kind, periods, nullptr) : 0;
+  if (count < 0) failure->refusal = SplitRefusal::unsupported_layer;
+  if (failure->refusal != SplitRefusal::none) return false;
+  std::vector<core::SplitLaunch> launches(static_cast<size_t>(count));
+  core::split_plan(s, d.view.kind, periods, launches.data());
+  DeviceSteps steps{d, *failure};
+  int64_t stopped = core::run_split_pass(launches.data(), count, steps);
+  if (stopped == count) return true;
+  failure->launch = stopped;
+  failure->step = launches[static_cast<size_t>(stopped)].step;
+  failure->gemm = launches[static_cast<size_t>(stopped)].gemm;
+  return false;
+}
+
+}  // namespace mok::cuda
