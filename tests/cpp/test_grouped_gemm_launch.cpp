@@ -14,26 +14,19 @@
 
 #include "check.hpp"
 #include "cuda/grouped_gemm.hpp"
+#include "fake_launch.hpp"
 
 namespace core = mok::core;
 using core::GroupedGemm;
 using mok::cuda::GemmStatus;
 using mok::cuda::GroupedGemmBf16;
+using mok_test::address;
+using mok_test::gpu_usable;
+using mok_test::pick;
 
 namespace {
 
 constexpr int kKinds = static_cast<int>(GroupedGemm::count);
-
-int pick(std::mt19937_64& rng, int lo, int hi) {
-  return std::uniform_int_distribution<int>(lo, hi)(rng);
-}
-
-// Fake device addresses, 256-byte aligned and never dereferenced: every case is refused, or fails at the
-// first CUDA call, before anything reads them.
-template <class T>
-T* address(std::mt19937_64& rng) {
-  return reinterpret_cast<T*>(static_cast<uintptr_t>(pick(rng, 1, 1 << 20)) * 256);
-}
 
 bool writes_bf16_d(GroupedGemm k) {
   return k == GroupedGemm::gate || k == GroupedGemm::up || k == GroupedGemm::down || k == GroupedGemm::dgrad_h;
@@ -42,10 +35,7 @@ bool writes_bf16_d(GroupedGemm k) {
 // A launch every check passes: the pointers the kind uses (grouped_gemm.hpp's table), the others null.
 GroupedGemmBf16 valid(std::mt19937_64& rng, GroupedGemm kind) {
   GroupedGemmBf16 g{};
-  g.shape.world = 1;
-  g.shape.experts_per_rank = pick(rng, 1, 300);
-  g.shape.hidden = 8 * pick(rng, 1, 512);
-  g.shape.intermediate = 8 * pick(rng, 1, 512);
+  g.shape = mok_test::random_shape(rng, 8, 512);
   g.schedule.experts = address<int32_t>(rng);
   g.kind = kind;
   g.periods = core::RowPeriods{128 * pick(rng, 1, 8), 128 * pick(rng, 1, 8)};
@@ -67,11 +57,6 @@ GemmStatus launch(const GroupedGemmBf16& g) {
 
 GroupedGemm random_kind(std::mt19937_64& rng) {
   return static_cast<GroupedGemm>(pick(rng, 0, kKinds - 1));
-}
-
-bool gpu_usable() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
 TEST(valid_launch_reaches_cuda) {

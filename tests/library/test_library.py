@@ -90,13 +90,18 @@ def cubin_strings(binary, cuda_bin, tmp_path) -> str:
     return "\n".join(run("strings", c).stdout for c in cubins)
 
 
-# The SM100 grouped GEMMs: one CUTLASS instantiation per unit kernel/src/cuda/grouped_gemm_bf16*_sm100.cu (over
-# grouped_gemm_sm100.cuh), each writing one resource note into the binary. A new unit is checked with no change here.
-GEMM_UNITS = sorted((ROOT / "kernel" / "src" / "cuda").glob("grouped_gemm_bf16*_sm100.cu"))
-GEMM_NOTE = r"mok_gemm_bf16_sm100 (\w+) shared=(\d+) threads=(\d+)"
-# What each GEMM's SASS must hold. UTCHMMA.2CTA: the tcgen05 BF16 MMA over the CTA pair; UTMALDG: TMA loads of A and
-# B (2CTA: each CTA of the pair loads its half).
-GEMM_SASS = (r"UTCHMMA\S*\.2CTA", r"UTMALDG")
+# The SM100 grouped GEMMs: one CUTLASS instantiation per unit kernel/src/cuda/grouped_gemm_FAMILY*_sm100.cu (bf16 over
+# grouped_gemm_sm100.cuh, mxfp8 over grouped_gemm_mxfp8_sm100.cuh), each writing one resource note into the binary.
+# A new unit of a known family is checked with no change here.
+GEMM_UNITS = sorted((ROOT / "kernel" / "src" / "cuda").glob("grouped_gemm_*_sm100.cu"))
+GEMM_NOTE = r"mok_gemm_(bf16|mxfp8)_sm100 (\w+) shared=(\d+) threads=(\d+)"
+# What each family's GEMM SASS must hold. UTMALDG: TMA loads of A and B (2CTA: each CTA of the pair loads its half).
+# bf16: UTCHMMA.2CTA, the tcgen05 BF16 MMA over the CTA pair. mxfp8: UTCQMMA.2CTA, the block-scaled MXF8F6F4 MMA over
+# the pair, and UTCCP.T.S.2CTA, the copy of the scale factors from shared to tensor memory that it reads them from.
+GEMM_SASS = {
+    "bf16": (r"UTCHMMA\S*\.2CTA", r"UTMALDG"),
+    "mxfp8": (r"UTCQMMA\S*\.2CTA", r"UTCCP\S*\.2CTA", r"UTMALDG"),
+}
 # Registers: a CTA launches only if registers x threads fit the SM's 65536 (256 threads: 256, above the 255 a thread
 # may have), and the budget is the 128 CUTLASS 4.2 gives these configurations (76 to 80 today): more means another
 # configuration or a new CUTLASS, which is to be looked at (spills, occupancy) and then raised deliberately.
@@ -110,31 +115,50 @@ SHARED_BYTES = 227 * 1024
 SM_SHARED_BYTES = 228 * 1024
 
 
-def gemm_notes(binary) -> dict[str, tuple[int, int]]:
-    """{instantiation: (dynamic shared bytes, threads)} from the units' resource notes in the binary."""
+def gemm_notes(binary) -> dict[str, tuple[str, int, int]]:
+    """{instantiation: (family, dynamic shared bytes, threads)} from the units' resource notes in the binary."""
     notes = re.findall(GEMM_NOTE, run("strings", binary).stdout)
-    names = [n for n, _, _ in notes]
+    names = [n for _, n, _, _ in notes]
     assert len(set(names)) == len(names), f"two units write the same note name: {sorted(names)}"
-    return {name: (int(shared), int(threads)) for name, shared, threads in notes}
+    return {name: (family, int(shared), int(threads)) for family, name, shared, threads in notes}
 
 
-def check_grouped_gemm(binary, cuda_bin, tmp_path, archs=("sm_100a", "sm_103a"), units: int | None = None) -> None:
-    """Every grouped GEMM in `binary` (`units` instantiations, by default one per unit in the tree) for each of
-    `archs`: present, the intended SASS, within its budgets."""
-    units = len(GEMM_UNITS) if units is None else units
+def unit_family(unit) -> str:
+    return re.match(r"grouped_gemm_([a-z0-9]+?)(_|$)", unit.stem).group(1)
+
+
+def kernel_family(kernel: str) -> str:
+    """The family of a CUTLASS kernel by its mangled name: the block-scaled mainloop is the MXFP8 one."""
+    return "mxfp8" if "BlockScaled" in kernel else "bf16"
+
+
+def count_families(families) -> dict[str, int]:
+    counts = {}
+    for f in families:
+        counts[f] = counts.get(f, 0) + 1
+    return counts
+
+
+def check_grouped_gemm(binary, cuda_bin, tmp_path, archs=("sm_100a", "sm_103a")) -> None:
+    """Every grouped GEMM in `binary` (one instantiation per unit in the tree) for each of `archs`: present, one per
+    unit of its family, the family's SASS, within its budgets."""
+    units = count_families(unit_family(u) for u in GEMM_UNITS)
+    assert set(units) <= set(GEMM_SASS), f"a unit family with no SASS expectation: {units}"
     notes = gemm_notes(binary)
-    assert len(notes) == units, f"{len(notes)} resource notes {sorted(notes)} for {units} GEMM units"
-    for name, (dynamic, _) in notes.items():
+    noted = count_families(f for f, _, _ in notes.values())
+    assert noted == units, f"resource notes {sorted(notes)} by family {noted}, GEMM units by family {units}"
+    for name, (_, dynamic, _) in notes.items():
         assert dynamic <= SHARED_BYTES, f"{name}: {dynamic} bytes of dynamic shared memory, above {SHARED_BYTES}"
     # cuobjdump names kernels, the notes name units: each kernel is held to the largest note (conservative).
-    dynamic, threads = max(d for d, _ in notes.values()), max(t for _, t in notes.values())
+    dynamic, threads = max(d for _, d, _ in notes.values()), max(t for _, _, t in notes.values())
     sass = sass_functions(binary, cuda_bin)
     usage = resource_usage(binary, cuda_bin)
     for arch in archs:
         gemms = [f for f in sass.get(arch, {}) if is_cutlass_gemm(f)]
-        assert len(gemms) == units, f"{arch}: {len(gemms)} grouped GEMM kernels, one per unit ({units}) wanted"
+        found = count_families(kernel_family(g) for g in gemms)
+        assert found == units, f"{arch}: grouped GEMM kernels by family {found}, one per unit ({units}) wanted"
         for gemm in gemms:
-            for instruction in GEMM_SASS:
+            for instruction in GEMM_SASS[kernel_family(gemm)]:
                 assert re.search(instruction, sass[arch][gemm]), f"{arch} {gemm}: {instruction} missing from its SASS"
             r = usage[arch][gemm]
             # No spills, no per-thread arrays: CUTLASS keeps everything in registers, tensor and shared memory.
@@ -151,6 +175,7 @@ def test_grouped_gemms_for_every_blackwell_target(libmok, cuda_bin, tmp_path):
     # The glob finds the units docs/gpu.md names (a renamed unit must not drop out of the check silently).
     names = {u.name for u in GEMM_UNITS}
     assert {f"grouped_gemm_bf16{k}_sm100.cu" for k in ("", "_dgrad", "_dgrad_partial", "_wgrad")} <= names, names
+    assert "grouped_gemm_mxfp8_sm100.cu" in names, names
     check_grouped_gemm(libmok, cuda_bin, tmp_path)
 
 

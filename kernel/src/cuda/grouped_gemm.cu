@@ -89,4 +89,19 @@ GemmStatus grouped_gemm_bf16(const GroupedGemmBf16& g, void* workspace, size_t w
   return s == GemmStatus::ok ? r.instance->launch(g, r.operands, workspace, workspace_bytes, stream, error) : s;
 }
 
+// One instantiation serves every MXFP8 kind (gate, up, down); it checks the kind itself.
+size_t grouped_gemm_mxfp8_argument_bytes(int groups) {
+  return grouped_gemm_sm100_mxfp8_forward().argument_bytes(groups);
+}
+
+GemmStatus grouped_gemm_mxfp8_workspace_bytes(const GroupedGemmMxfp8& g, size_t* bytes, cudaError_t* error) {
+  if (!core::mx_forward_kind(g.kind)) return GemmStatus::bad_kind;
+  return grouped_gemm_sm100_mxfp8_forward().workspace_bytes(g, bytes, error);
+}
+
+GemmStatus grouped_gemm_mxfp8(const GroupedGemmMxfp8& g, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                              cudaError_t* error) {
+  return grouped_gemm_sm100_mxfp8_forward().launch(g, workspace, workspace_bytes, stream, error);
+}
+
 }  // namespace mok::cuda

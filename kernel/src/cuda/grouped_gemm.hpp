@@ -1,8 +1,9 @@
 // The grouped GEMMs of the split executor (libmok issue #12), as host-callable launchers. Each launch
 // fills CUTLASS's ptr-array arguments on the device from core's schedule (core/grouped_problems.hpp, one
 // thread per local expert: no host sync, no host read), then runs the grouped GEMM, all on the caller's
-// stream. One entry point serves every kind: it picks the instantiation whose operand layouts and element
-// types the kind has (docs/gpu.md). Built only in a CUDA build with CUTLASS; no executor launches them yet.
+// stream. One entry point serves every BF16 kind: it picks the instantiation whose operand layouts and element
+// types the kind has; another serves the MXFP8 forward (docs/gpu.md). Built only in a CUDA build with CUTLASS; no
+// executor launches them yet.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -10,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/grouped_mx_problems.hpp"
 #include "core/grouped_problems.hpp"
 #include "core/numeric.hpp"
 
@@ -64,5 +66,37 @@ GemmStatus grouped_gemm_bf16_workspace_bytes(const GroupedGemmBf16& gemm, size_t
 // and launches the kind's SM100 2-CTA grouped GEMM on `stream`. Never launches anything when it refuses.
 GemmStatus grouped_gemm_bf16(const GroupedGemmBf16& gemm, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                              cudaError_t* error);
+
+// The forward's grouped GEMMs in MXFP8 mode (gate, up, down): e4m3 A and B in 1x32 blocks along K with e8m0
+// scales in the SM100 layout (core/mxfp8_layout.hpp), fp32 accumulation, bf16 D = A B^T, no source. Per expert
+// the group reads (core/grouped_mx_problems.hpp):
+//   A: the ring's rowwise codes, ring row r at a + r * a_stride, and its row scales, one [periods.ring, K]
+//      matrix (core::mx_ring_scales) at a_scales;
+//   B: the expert's weight codes [N, K] at b + e N K, its scales MxScaleLayout::of(N, K) at
+//      b_scales + e * matrix_bytes();
+//   D: bf16 as the BF16 launch's gate, up or down.
+// Every group must start a scale row tile (core::mx_tiles_whole: expert_padding, periods.ring and window.row0
+// multiples of 128), else cannot_implement.
+struct GroupedGemmMxfp8 {
+  core::LayerShape shape;
+  core::Schedule schedule;  // its `experts` array in device memory
+  core::GroupedGemm kind;   // gate, up or down
+  core::RowPeriods periods;
+  core::RowWindow window;
+  const uint8_t* a;  // e4m3 codes
+  int64_t a_stride;  // codes from one ring row to the next: H for x, 2 I for h (in ring_h's bytes)
+  const uint8_t* a_scales;
+  const uint8_t* b;  // e4m3 codes [E_local, N, K]
+  const uint8_t* b_scales;
+  core::bf16_t* d;
+  void* arguments;  // device, grouped_gemm_mxfp8_argument_bytes(shape.experts_per_rank) bytes, 128-byte aligned
+};
+
+size_t grouped_gemm_mxfp8_argument_bytes(int groups);
+GemmStatus grouped_gemm_mxfp8_workspace_bytes(const GroupedGemmMxfp8& gemm, size_t* bytes, cudaError_t* error);
+// As grouped_gemm_bf16: checks everything it can (kind, pointers, 16-byte alignment, stride, window, tiles)
+// before any CUDA call, then fills the arguments on the device and launches on `stream`.
+GemmStatus grouped_gemm_mxfp8(const GroupedGemmMxfp8& gemm, void* workspace, size_t workspace_bytes,
+                              cudaStream_t stream, cudaError_t* error);
 
 }  // namespace mok::cuda

@@ -36,4 +36,16 @@ const GroupedGemmInstance& grouped_gemm_sm100_dgrad_partial();
 // A M-major, B N-major, fp32 D = C + A B^T: wgrad_down, wgrad_gate, wgrad_up (grouped_gemm_bf16_wgrad_sm100.cu).
 const GroupedGemmInstance& grouped_gemm_sm100_wgrad();
 
+// The MXFP8 forward (grouped_gemm_mxfp8_sm100.cu): its own operands, so its own table entry.
+struct GroupedGemmMxInstance {
+  const char* name;
+  size_t (*argument_bytes)(int groups);
+  GemmStatus (*workspace_bytes)(const GroupedGemmMxfp8& gemm, size_t* bytes, cudaError_t* error);
+  GemmStatus (*launch)(const GroupedGemmMxfp8& gemm, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                       cudaError_t* error);
+};
+
+// e4m3 A and B K-major with e8m0 scales, bf16 D, no source: gate, up, down (grouped_gemm_mxfp8_sm100.cu).
+const GroupedGemmMxInstance& grouped_gemm_sm100_mxfp8_forward();
+
 }  // namespace mok::cuda

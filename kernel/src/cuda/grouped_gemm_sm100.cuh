@@ -2,7 +2,9 @@
 // BF16 A and B, fp32 accumulation, 2-CTA tcgen05 MMA (a 256 x 128 tile over a CTA pair, 64-deep k blocks),
 // problem sizes read on the device, D = A B^T + beta C. A unit names ONE instantiation (the layouts of A and
 // B, D's element, C's element or void for no source): one alone takes minutes and gigabytes of nvcc
-// (CMakeLists.txt pools these units), so nothing here is instantiated twice in a unit.
+// (CMakeLists.txt pools these units), so nothing here is instantiated twice in a unit. What does not depend
+// on the element types (Instantiation, the resource note, the argument carving, put_group, the checks of the
+// shape, the launch's run) also serves the MXFP8 unit's grouped_gemm_mxfp8_sm100.cuh.
 #pragma once
 
 #include <type_traits>
@@ -36,8 +38,10 @@ using NMajorB = cutlass::layout::RowMajor;
 // system reserves per CTA). A 2-CTA kernel runs one CTA per SM. CUTLASS's stage count fills up to this.
 constexpr size_t kSharedBudget = 227 * 1024;
 
+// The BF16 instantiation's choices: element types, layouts, tile, schedules (Instantiation below builds
+// the kernel from them).
 template <class LayoutA_, class LayoutB_, class ElementD_, class ElementC_>
-struct GroupedGemm {
+struct Bf16Config {
   using LayoutA = LayoutA_;
   using LayoutB = LayoutB_;
   using LayoutD = cutlass::layout::RowMajor;  // D [M, N], N contiguous
@@ -47,6 +51,7 @@ struct GroupedGemm {
   using ElementAligned = std::conditional_t<kSource, ElementC_, ElementD_>;  // C's alignment when void
   static constexpr bool kAKMajor = std::is_same_v<LayoutA, KMajorA>;
   static constexpr bool kBKMajor = std::is_same_v<LayoutB, KMajorB>;
+  static constexpr const char* kNote = "mok_gemm_bf16_sm100 ";  // resource_note's family
 
   // TMA moves 16-byte aligned rows.
   static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;
@@ -58,7 +63,7 @@ struct GroupedGemm {
   using MmaTileShape = Shape<_256, _128, _64>;  // per pair; 64 bf16 = one 128 B swizzle row (K- and MN-major)
 
   // The epilogue builder takes the MMA's tile (per pair) and halves M itself for a 2Sm schedule, as the
-  // mainloop does (CUTLASS example 75): the static_assert below holds the two CTA tiles equal.
+  // mainloop does (CUTLASS example 75): Instantiation holds the two CTA tiles equal.
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm100, cutlass::arch::OpClassTensorOp, MmaTileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC_, LayoutD*, kAlignmentC, ElementD,
@@ -70,7 +75,14 @@ struct GroupedGemm {
       kAlignment, float, MmaTileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelPtrArrayTmaWarpSpecialized2SmSm100>::CollectiveOp;
+};
 
+// A configuration's kernel, what the launch code reads of it, and the checks every instantiation must pass.
+template <class Config>
+struct Instantiation : Config {
+  using typename Config::Epilogue;
+  using typename Config::Mainloop;
+  using typename Config::ProblemShape;
   using ElementC = typename Epilogue::ElementC;  // void with no source: the pointer array CUTLASS takes
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -93,8 +105,12 @@ struct GroupedGemm {
   static_assert(kSharedBytes <= kSharedBudget, "the grouped GEMM's shared storage exceeds an SM100 CTA's 227 KB");
 };
 
-// "mok_gemm_bf16_sm100 NAME shared=NNNNNNN threads=NNNN", the digits written from the instantiation's
-// constants: one per unit, so a test finds every instantiation's budget without knowing the units.
+template <class LayoutA, class LayoutB, class ElementD, class ElementC>
+using GroupedGemm = Instantiation<Bf16Config<LayoutA, LayoutB, ElementD, ElementC>>;
+
+// "mok_gemm_FAMILY_sm100 NAME shared=NNNNNNN threads=NNNN" (G::kNote the family: bf16, mxfp8), the digits
+// written from the instantiation's constants: one per unit, so a test finds every instantiation's budget
+// without knowing the units.
 struct Note {
   char text[96];
 };
@@ -110,7 +126,7 @@ constexpr Note resource_note(const char* name) {
   auto put = [&](const char* s) {
     while (*s && at < 80) n.text[at++] = *s++;
   };
-  put("mok_gemm_bf16_sm100 ");
+  put(G::kNote);
   put(name);
   put(" shared=");
   put_digits(n.text + at, 7, G::kSharedBytes);
@@ -140,27 +156,42 @@ inline size_t round_up(size_t n) {
   return (n + kArrayAlign - 1) / kArrayAlign * kArrayAlign;
 }
 
+// Hands out arrays of `groups` entries one after another from `base`, each 128-byte aligned; null `base`
+// only counts the bytes.
+struct ArrayCarver {
+  char* base;
+  size_t groups, at = 0;
+
+  template <class T>
+  T* take() {
+    char* p = base ? base + at : nullptr;
+    at += round_up(groups * sizeof(T));
+    return reinterpret_cast<T*>(p);
+  }
+};
+
+template <class G>
+Arrays<G> carve_arrays(ArrayCarver& c) {
+  Arrays<G> out{};
+  out.problems = c.take<typename G::Problem>();
+  out.a = c.take<const typename G::Element*>();
+  out.b = c.take<const typename G::Element*>();
+  out.d = c.take<typename G::ElementD*>();
+  out.c = c.take<const typename G::ElementC*>();
+  out.stride_a = c.take<typename G::StrideA>();
+  out.stride_b = c.take<typename G::StrideB>();
+  out.stride_c = c.take<typename G::StrideC>();
+  out.stride_d = c.take<typename G::StrideD>();
+  return out;
+}
+
 // Offsets of the arrays from the block's start (sizes: `groups` entries each); returns the total.
 template <class G>
 size_t carve(int groups, char* base, Arrays<G>* arrays) {
-  size_t g = static_cast<size_t>(groups), at = 0;
-  auto take = [&](size_t bytes) {
-    char* p = base + at;
-    at += round_up(bytes);
-    return p;
-  };
-  Arrays<G> out{};
-  out.problems = reinterpret_cast<typename G::Problem*>(take(g * sizeof(typename G::Problem)));
-  out.a = reinterpret_cast<const typename G::Element**>(take(g * sizeof(void*)));
-  out.b = reinterpret_cast<const typename G::Element**>(take(g * sizeof(void*)));
-  out.d = reinterpret_cast<typename G::ElementD**>(take(g * sizeof(void*)));
-  out.c = reinterpret_cast<const typename G::ElementC**>(take(g * sizeof(void*)));
-  out.stride_a = reinterpret_cast<typename G::StrideA*>(take(g * sizeof(typename G::StrideA)));
-  out.stride_b = reinterpret_cast<typename G::StrideB*>(take(g * sizeof(typename G::StrideB)));
-  out.stride_c = reinterpret_cast<typename G::StrideC*>(take(g * sizeof(typename G::StrideC)));
-  out.stride_d = reinterpret_cast<typename G::StrideD*>(take(g * sizeof(typename G::StrideD)));
+  ArrayCarver c{base, static_cast<size_t>(groups)};
+  Arrays<G> out = carve_arrays<G>(c);
   if (arrays) *arrays = out;
-  return at;
+  return c.at;
 }
 
 // A stride has one unit (static) mode among M/N and K, the contiguous one; the other, the leading dim, is
@@ -185,19 +216,14 @@ constexpr bool one_unit_mode() {
     return is_static<S1>::value && S1::value == 1;
 }
 
-// One thread per local expert: its problem from the schedule, as CUTLASS reads it. C, when read, has D's
-// offsets and leading dim.
+// Expert e's entries of the arrays: its problem as CUTLASS reads it. C, when read, has D's offsets and
+// leading dim.
 template <class G>
-__global__ void fill_grouped_arguments(core::LayerShape shape, core::Schedule schedule, core::GroupedGemm kind,
-                                       core::RowPeriods periods, core::RowWindow window, GemmOperands operands,
-                                       Arrays<G> arrays) {
+CUTE_DEVICE void put_group(const Arrays<G>& arrays, const GemmOperands& operands, int e, const core::GroupedProblem& p,
+                           const core::GroupedLayout& l) {
   static_assert(one_unit_mode<typename G::StrideA>() && one_unit_mode<typename G::StrideB>() &&
                     one_unit_mode<typename G::StrideC>() && one_unit_mode<typename G::StrideD>(),
                 "each operand has one contiguous extent");
-  int e = blockIdx.x * blockDim.x + threadIdx.x;
-  if (e >= shape.experts_per_rank) return;
-  core::GroupedProblem p = core::grouped_problem(shape, schedule, kind, periods, window, e);
-  core::GroupedLayout l = core::grouped_layout(shape, kind);
   arrays.problems[e] = make_shape(p.m, p.n, p.k);
   arrays.a[e] = static_cast<const typename G::Element*>(operands.a) + p.a;
   arrays.b[e] = static_cast<const typename G::Element*>(operands.b) + p.b;
@@ -210,6 +236,17 @@ __global__ void fill_grouped_arguments(core::LayerShape shape, core::Schedule sc
   arrays.stride_d[e] = leading<typename G::StrideD>(l.ldc);
 }
 
+// One thread per local expert: its problem from the schedule.
+template <class G>
+__global__ void fill_grouped_arguments(core::LayerShape shape, core::Schedule schedule, core::GroupedGemm kind,
+                                       core::RowPeriods periods, core::RowWindow window, GemmOperands operands,
+                                       Arrays<G> arrays) {
+  int e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= shape.experts_per_rank) return;
+  core::GroupedProblem p = core::grouped_problem(shape, schedule, kind, periods, window, e);
+  put_group<G>(arrays, operands, e, p, core::grouped_layout(shape, kind));
+}
+
 inline bool aligned(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
@@ -217,23 +254,30 @@ inline bool aligned(const void* p) {
 // What the launch can check before CUTLASS does: the kind's layout is this instantiation's, the operands
 // match what it reads, the window fits, and TMA's 16-byte rule for every expert's pointers and leading dims
 // (offsets are multiples of H or I elements; H and I multiples of 8 give 16 bytes in bf16 and fp32 alike).
+// What every instantiation asks of its launch: the window fits, H and I keep rows `alignment`-element aligned,
+// the argument block is 128-byte aligned.
+inline GemmStatus check_shape(const core::LayerShape& shape, core::GroupedGemm kind, const core::RowPeriods& periods,
+                              const core::RowWindow& window, int alignment, const void* arguments) {
+  if (!core::window_fits(kind, periods, window)) return GemmStatus::cannot_implement;
+  if (shape.hidden % alignment || shape.intermediate % alignment) return GemmStatus::cannot_implement;
+  if (reinterpret_cast<uintptr_t>(arguments) % kArrayAlign) return GemmStatus::cannot_implement;
+  return GemmStatus::ok;
+}
+
 template <class G>
 GemmStatus check(const GroupedGemmBf16& g, const GemmOperands& o) {
   if (static_cast<uint32_t>(g.kind) >= static_cast<uint32_t>(core::GroupedGemm::count)) return GemmStatus::bad_kind;
   core::GroupedLayout l = core::grouped_layout(g.shape, g.kind);
   if (l.a_k_major != G::kAKMajor || l.b_k_major != G::kBKMajor) return GemmStatus::bad_kind;
   if (!o.a || !o.b || !o.d || (o.c && !G::kSource) || (!o.c && o.beta != 0.0f)) return GemmStatus::bad_operands;
-  if (!core::window_fits(g.kind, g.periods, g.window)) return GemmStatus::cannot_implement;
-  if (g.shape.hidden % G::kAlignment || g.shape.intermediate % G::kAlignment) return GemmStatus::cannot_implement;
-  if (!aligned(o.a) || !aligned(o.b) || !aligned(o.d) || !aligned(o.c) ||
-      reinterpret_cast<uintptr_t>(g.arguments) % kArrayAlign)
-    return GemmStatus::cannot_implement;
-  return GemmStatus::ok;
+  if (!aligned(o.a) || !aligned(o.b) || !aligned(o.d) || !aligned(o.c)) return GemmStatus::cannot_implement;
+  return check_shape(g.shape, g.kind, g.periods, g.window, G::kAlignment, g.arguments);
 }
 
+// CUTLASS's arguments over the arrays, the mainloop's (operand pointers, strides, scales) given.
 template <class G>
-typename G::Gemm::Arguments arguments(const GroupedGemmBf16& g, const GemmOperands& o, const Arrays<G>& arrays,
-                                      int sm_count) {
+typename G::Gemm::Arguments gemm_arguments(int groups, const GemmOperands& o, const Arrays<G>& arrays,
+                                           const typename G::Mainloop::Arguments& mainloop, int sm_count) {
   cutlass::KernelHardwareInfo hw;
   cudaGetDevice(&hw.device_id);
   hw.sm_count = sm_count;
@@ -243,11 +287,18 @@ typename G::Gemm::Arguments arguments(const GroupedGemmBf16& g, const GemmOperan
   fusion.beta = o.c ? o.beta : 0.0f;
   const typename G::ElementC** c = o.c ? arrays.c : nullptr;  // null: the epilogue reads no source
   args = typename G::Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
-                                     {g.shape.experts_per_rank, arrays.problems, nullptr},  // sizes on the device
-                                     {arrays.a, arrays.stride_a, arrays.b, arrays.stride_b},
+                                     {groups, arrays.problems, nullptr},  // sizes on the device
+                                     mainloop,
                                      {fusion, c, o.c ? arrays.stride_c : nullptr, arrays.d, arrays.stride_d},
                                      hw};
   return args;
+}
+
+template <class G>
+typename G::Gemm::Arguments arguments(const GroupedGemmBf16& g, const GemmOperands& o, const Arrays<G>& arrays,
+                                      int sm_count) {
+  return gemm_arguments<G>(g.shape.experts_per_rank, o, arrays, {arrays.a, arrays.stride_a, arrays.b, arrays.stride_b},
+                           sm_count);
 }
 
 inline GemmStatus cuda_failed(cudaError_t e, cudaError_t* error) {
@@ -267,32 +318,34 @@ size_t argument_bytes(int groups) {
   return carve<G>(groups, nullptr, nullptr);
 }
 
-template <class G>
-GemmStatus workspace_bytes(const GroupedGemmBf16& g, const GemmOperands& o, size_t* bytes, cudaError_t* error) {
+// CUTLASS's workspace for the arguments `arguments(sm count)` builds, on the current device.
+template <class G, class Arguments>
+GemmStatus query_workspace(Arguments arguments, size_t* bytes, cudaError_t* error) {
   int sms = 0;
   GemmStatus s = sm_count(&sms, error);
-  if (s != GemmStatus::ok) return s;
-  Arrays<G> arrays{};
-  carve<G>(g.shape.experts_per_rank, static_cast<char*>(g.arguments), &arrays);
-  *bytes = G::Gemm::get_workspace_size(arguments<G>(g, o, arrays, sms));
-  return GemmStatus::ok;
+  if (s == GemmStatus::ok) *bytes = G::Gemm::get_workspace_size(arguments(sms));
+  return s;
 }
 
 template <class G>
-GemmStatus launch(const GroupedGemmBf16& g, const GemmOperands& o, void* workspace, size_t workspace_bytes,
-                  cudaStream_t stream, cudaError_t* error) {
-  GemmStatus s = check<G>(g, o);
-  int sms = 0;
-  if (s == GemmStatus::ok) s = sm_count(&sms, error);
-  if (s != GemmStatus::ok) return s;
+GemmStatus workspace_bytes(const GroupedGemmBf16& g, const GemmOperands& o, size_t* bytes, cudaError_t* error) {
   Arrays<G> arrays{};
   carve<G>(g.shape.experts_per_rank, static_cast<char*>(g.arguments), &arrays);
-  typename G::Gemm::Arguments args = arguments<G>(g, o, arrays, sms);
+  return query_workspace<G>([&](int sms) { return arguments<G>(g, o, arrays, sms); }, bytes, error);
+}
+
+// The launch, once the instantiation's own checks gave `checked`: the arguments `arguments(sm count)` builds,
+// CUTLASS's checks, the workspace, `fill` (which launches the fill kernel on the stream), then the GEMM.
+template <class G, class Arguments, class Fill>
+GemmStatus run(GemmStatus checked, Arguments arguments, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+               cudaError_t* error, Fill fill) {
+  int sms = 0;
+  if (checked == GemmStatus::ok) checked = sm_count(&sms, error);
+  if (checked != GemmStatus::ok) return checked;
+  typename G::Gemm::Arguments args = arguments(sms);
   if (G::Gemm::can_implement(args) != cutlass::Status::kSuccess) return GemmStatus::cannot_implement;
   if (workspace_bytes < G::Gemm::get_workspace_size(args)) return GemmStatus::workspace_too_small;
-  int threads = 128, blocks = (g.shape.experts_per_rank + threads - 1) / threads;
-  fill_grouped_arguments<G>
-      <<<blocks, threads, 0, stream>>>(g.shape, g.schedule, g.kind, g.periods, g.window, o, arrays);
+  fill();
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return cuda_failed(e, error);
   typename G::Gemm gemm;
@@ -300,6 +353,24 @@ GemmStatus launch(const GroupedGemmBf16& g, const GemmOperands& o, void* workspa
     return cuda_failed(cudaGetLastError(), error);
   if (gemm.run(stream) != cutlass::Status::kSuccess) return cuda_failed(cudaGetLastError(), error);
   return GemmStatus::ok;
+}
+
+constexpr int kFillThreads = 128;
+
+inline int fill_blocks(int groups) {
+  return (groups + kFillThreads - 1) / kFillThreads;
+}
+
+template <class G>
+GemmStatus launch(const GroupedGemmBf16& g, const GemmOperands& o, void* workspace, size_t workspace_bytes,
+                  cudaStream_t stream, cudaError_t* error) {
+  Arrays<G> arrays{};  // pointer arithmetic only: nothing is read or written before the checks pass
+  carve<G>(g.shape.experts_per_rank, static_cast<char*>(g.arguments), &arrays);
+  auto args = [&](int sms) { return arguments<G>(g, o, arrays, sms); };
+  return run<G>(check<G>(g, o), args, workspace, workspace_bytes, stream, error, [&] {
+    fill_grouped_arguments<G><<<fill_blocks(g.shape.experts_per_rank), kFillThreads, 0, stream>>>(
+        g.shape, g.schedule, g.kind, g.periods, g.window, o, arrays);
+  });
 }
 
 // The unit's instantiation as the launcher's table entry.
