@@ -16,6 +16,7 @@
 
 #include "check.hpp"
 #include "core/mxfp8_layout.hpp"
+#include "core/shape.hpp"
 #include "mok/mok.h"
 #include "reference.hpp"
 
@@ -168,6 +169,31 @@ inline mokLayerConfig_t config_for(const ref::Problem& p, const Knobs& k, int ra
   c.routing_scale = p.input_scale ? mokRoutingScaleInput : mokRoutingScaleOutput;
   c.timeout_ms = k.timeout_ms;
   return c;
+}
+
+// The core shape a valid config stands for, as mokLayerCreate reads it (api/layer_checks.cpp check_config): the
+// tests that hold core's layouts against a layer's memory build their views from it.
+inline mok::core::LayerShape shape_of(const mokLayerConfig_t& c) {
+  bool oai = c.activation == mokActivationSwigluOai;
+  return mok::core::LayerShape{c.world,
+                               c.rank,
+                               c.experts_per_rank,
+                               c.hidden,
+                               c.intermediate,
+                               c.top_k,
+                               c.max_tokens,
+                               c.shared_intermediate,
+                               c.precision == mokPrecisionMXFP8 ? 1 : 0,
+                               c.swiglu_limit > 0.0f ? c.swiglu_limit : INFINITY,
+                               c.expert_padding,
+                               c.minibatch,
+                               c.macrobatch,
+                               c.comm_workers,
+                               c.compute_workers,
+                               oai ? 1 : 0,
+                               oai ? c.swiglu_alpha : 0.0f,
+                               c.backward_comm_workers,
+                               c.routing_scale == mokRoutingScaleInput ? 1 : 0};
 }
 
 struct AlignedBuffer {

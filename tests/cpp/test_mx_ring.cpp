@@ -32,24 +32,6 @@ std::vector<uint16_t> scaled_rows(std::mt19937_64& rng) {
   return v;
 }
 
-mok::core::LayerShape shape_of(const mokLayerConfig_t& c) {
-  return mok::core::LayerShape{c.world,
-                               c.rank,
-                               c.experts_per_rank,
-                               c.hidden,
-                               c.intermediate,
-                               c.top_k,
-                               c.max_tokens,
-                               c.shared_intermediate,
-                               1,
-                               INFINITY,
-                               c.expert_padding,
-                               c.minibatch,
-                               c.macrobatch,
-                               c.comm_workers,
-                               c.compute_workers};
-}
-
 struct Mismatches {
   int count = 0;
   std::string first;

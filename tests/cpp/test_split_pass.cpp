@@ -53,29 +53,6 @@ class ThreadBarrier {
   int world_, arrived_ = 0, round_ = 0;
 };
 
-core::LayerShape shape_of(const mokLayerConfig_t& c) {
-  bool oai = c.activation == mokActivationSwigluOai;
-  return core::LayerShape{c.world,
-                          c.rank,
-                          c.experts_per_rank,
-                          c.hidden,
-                          c.intermediate,
-                          c.top_k,
-                          c.max_tokens,
-                          c.shared_intermediate,
-                          0,
-                          c.swiglu_limit > 0.0f ? c.swiglu_limit : INFINITY,
-                          c.expert_padding,
-                          c.minibatch,
-                          c.macrobatch,
-                          c.comm_workers,
-                          c.compute_workers,
-                          oai ? 1 : 0,
-                          oai ? c.swiglu_alpha : 0.0f,
-                          c.backward_comm_workers,
-                          c.routing_scale == mokRoutingScaleInput ? 1 : 0};
-}
-
 const float* sigmoid_table() {
   static const std::vector<float> table = [] {
     std::vector<float> t(core::kSigmoidTableSize);
@@ -169,6 +146,8 @@ struct HostSteps {
   bool gemm(GroupedGemm kind, core::RowWindow w) {
     core::SplitGemmOperands ops = core::split_gemm_operands(v, kind, targets);
     core::GroupedLayout l = core::grouped_layout(v.s, kind);
+    CHECK_MSG(core::window_fits(kind, core::ring_periods(v.s), w), "a %s window the GPU's launcher would refuse",
+              core::split_step_name(core::SplitStep::gemm));
     for (int e = 0; e < v.s.experts_per_rank; ++e) {
       core::GroupedProblem pr = core::grouped_problem(v.s, v.sched, kind, core::ring_periods(v.s), w, e);
       if (pr.m == 0) continue;

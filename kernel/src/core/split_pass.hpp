@@ -24,12 +24,15 @@ MOK_HD inline bool split_supports(const LayerShape& s, bool biases) {
 
 // How far a split pass whose GEMMs sum in another order than core's (a GPU's tensor cores) may be from the host
 // executor's bytes: the normwise relative difference of out, dx, dw and each weight gradient (less what main_grad
-// held). The roundings are the same and at the same points; a different fp32 order moves a sum by at most
-// K 2^-22 of its terms, which flips a bf16 rounding by one unit (2^-8 relative) only where the sum lies that close
-// to a rounding boundary. test_split_pass measures the pass with every GEMM summed in reverse order against the
-// host at the self-test's shape: at most 3.0e-4 over six seeds (dx; 7.7e-5 typical), 26x under this bound, which
-// leaves room for an adder that truncates (twice a rounding one's error). The self-test's one_rank stage holds the
-// GPU's pass to it; a wrong row, operand or window is an error of order one.
+// held). The bf16 roundings are the same and at the same points. The fp32 sums differ in order (a different order
+// moves a sum by at most K 2^-22 of its terms, which flips a bf16 rounding by one unit, 2^-8 relative, only where
+// the sum lies that close to a rounding boundary) and in two groupings: the GPU's dgrad_x_up adds its product to
+// dx's partial once where core continues the partial's sum, and a weight gradient adds each window's product to
+// main_grad where the host adds the whole pass's: one more fp32 rounding each, 2^-24 relative. test_split_pass measures
+// the pass with every GEMM summed in reverse order against the host at the self-test's shape: at most 3.0e-4 over six
+// seeds (dx; 7.7e-5 typical), 26x under this bound, which leaves room for an adder that truncates (twice a rounding
+// one's error). The self-test's one_rank stage holds the GPU's pass to it; a wrong row, operand or window is an error
+// of order one.
 constexpr double kSplitOrderTolerance = 1.0 / 128;
 
 // ---- the row steps: which tiles of a window a launch covers ----

@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "api/layer_checks.hpp"
 #include "core/platform.hpp"
 #include "core/split_pass.hpp"
 #include "cuda/selftest.hpp"
@@ -56,24 +57,6 @@ mokLayerConfig_t stage_config(int timeout_ms) {
   c.compute_workers = 1;
   c.timeout_ms = timeout_ms;
   return c;
-}
-
-core::LayerShape shape_of(const mokLayerConfig_t& c) {
-  core::LayerShape s{};
-  s.world = c.world;
-  s.rank = c.rank;
-  s.experts_per_rank = c.experts_per_rank;
-  s.hidden = c.hidden;
-  s.intermediate = c.intermediate;
-  s.top_k = c.top_k;
-  s.max_tokens = c.max_tokens;
-  s.swiglu_limit = INFINITY;
-  s.expert_padding = c.expert_padding;
-  s.minibatch = c.minibatch;
-  s.macrobatch = c.macrobatch;
-  s.comm_workers = c.comm_workers;
-  s.compute_workers = c.compute_workers;
-  return s;
 }
 
 std::vector<bf16_t> random_bf16(size_t n, float scale, std::mt19937_64& rng) {
@@ -230,7 +213,6 @@ mokStatus_t set_up(const core::LayerShape& s, const Inputs& in, const HostRun& h
   if (e == cudaSuccess) e = allocate(b, host.sizes.peer_bytes, &d->peer);
   if (e == cudaSuccess) e = upload(b, std::vector<char*>{d->peer}, &d->peers);
   if (e == cudaSuccess) e = allocate(b, 1, &d->error);
-  if (e == cudaSuccess) e = cudaMemset(d->error, 0, sizeof(core::ErrorRecord));
   if (e == cudaSuccess) e = upload(b, in.gate, &d->gate);
   if (e == cudaSuccess) e = upload(b, in.up, &d->up);
   if (e == cudaSuccess) e = upload(b, in.down, &d->down);
@@ -258,7 +240,9 @@ mokStatus_t set_up(const core::LayerShape& s, const Inputs& in, const HostRun& h
   return mokSuccess;
 }
 
-// The pass's view over the device's copy of the host's memory; its rings and home slots filled with bf16 NaN.
+// The pass's view over the device's copy of the host's memory; its rings, home slots, dx's fp32 partial and every
+// output filled with NaN (bf16 or fp32: all bits set), so that what the pass reads or leaves it must have written.
+// All on the pass's stream: a non-blocking stream does not wait for the legacy stream's copies and fills.
 mokStatus_t prepare(const core::LayerShape& s, PassKind kind, const std::vector<char>& workspace,
                     const std::vector<char>& peer, Device* d, Text* text) {
   core::PassView v =
@@ -282,27 +266,27 @@ mokStatus_t prepare(const core::LayerShape& s, PassKind kind, const std::vector<
                {v.ring_u, ring * in * 2},
                {v.ring_h, ring * in * 2},
                {v.ring_y, core::out_ring_rows(s) * h * 2},
-               {d->peer + slots, static_cast<size_t>(s.max_tokens) * s.top_k * h * 2}};
+               {d->peer + slots, static_cast<size_t>(s.max_tokens) * s.top_k * h * 2},
+               {d->split.targets.dx_partial, core::out_ring_rows(s) * h * sizeof(float)},
+               {d->split.out, static_cast<size_t>(s.max_tokens) * h * 2},
+               {d->split.dx, static_cast<size_t>(s.max_tokens) * h * 2},
+               {d->split.dw, static_cast<size_t>(s.max_tokens) * s.top_k * sizeof(float)}};
   std::vector<float> start(static_cast<size_t>(s.experts_per_rank) * h * in, kMainGradStart);
-  cudaError_t e = cudaMemcpy(d->workspace, workspace.data(), workspace.size(), cudaMemcpyHostToDevice);
-  if (e == cudaSuccess) e = cudaMemcpy(d->peer, peer.data(), peer.size(), cudaMemcpyHostToDevice);
+  cudaStream_t stream = d->buffers.stream;
+  cudaError_t e = cudaMemcpyAsync(d->workspace, workspace.data(), workspace.size(), cudaMemcpyHostToDevice, stream);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(d->peer, peer.data(), peer.size(), cudaMemcpyHostToDevice, stream);
   for (const Fill& f : fills)
-    if (e == cudaSuccess) e = cudaMemset(f.at, 0xff, f.bytes);
+    if (e == cudaSuccess) e = cudaMemsetAsync(f.at, 0xff, f.bytes, stream);
+  if (e == cudaSuccess) e = cudaMemsetAsync(d->error, 0, sizeof(core::ErrorRecord), stream);  // no failure yet
   for (float* m : {d->main_gate, d->main_up, d->main_down})
-    if (e == cudaSuccess) e = cudaMemcpy(m, start.data(), start.size() * sizeof(float), cudaMemcpyHostToDevice);
+    if (e == cudaSuccess)
+      e = cudaMemcpyAsync(m, start.data(), start.size() * sizeof(float), cudaMemcpyHostToDevice, stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);  // `start` lives until here; only copies and fills wait
   return e == cudaSuccess ? mokSuccess : cuda_failed(text, "copying the host executor's memory to the device", e);
 }
 
-mokStatus_t run_pass(const SelftestSetup& setup, Device* d, const char* name, Text* text) {
-  SplitFailure f;
-  if (!enqueue_split_pass(d->split, false, &f)) {
-    if (f.refusal == SplitRefusal::cuda_error) return cuda_failed(text, name, f.error);
-    text->add("%s: the split pass stopped at launch %lld (%s, GEMM %d): %s", name, static_cast<long long>(f.launch),
-              core::split_step_name(f.step), static_cast<int>(f.gemm),
-              f.refusal == SplitRefusal::gemm_refused ? gemm_status_name(static_cast<GemmStatus>(f.gemm_status))
-                                                      : split_refusal_name(f.refusal));
-    return mokInternalError;
-  }
+// Waits, bounded, for what the stream holds; a wait that runs out keeps the buffers (freeing them would wait).
+mokStatus_t wait_stream(const SelftestSetup& setup, Device* d, const char* name, Text* text) {
   uint64_t deadline = core::now_ns() + static_cast<uint64_t>(setup.timeout_ms) * 1000000ull;
   cudaError_t e = cudaEventRecord(d->buffers.done, d->buffers.stream);
   if (e == cudaSuccess) e = wait_event(d->buffers.done, deadline);
@@ -312,6 +296,27 @@ mokStatus_t run_pass(const SelftestSetup& setup, Device* d, const char* name, Te
     return mokTimeout;
   }
   return e == cudaSuccess ? mokSuccess : cuda_failed(text, name, e);
+}
+
+mokStatus_t run_pass(const SelftestSetup& setup, Device* d, const char* name, Text* text) {
+  SplitFailure f;
+  bool enqueued = enqueue_split_pass(d->split, false, &f);
+  // The launches enqueued before a refusal still run: wait for them too.
+  if (mokStatus_t st = wait_stream(setup, d, name, text); st != mokSuccess || enqueued) {
+    if (st != mokSuccess) return st;
+    core::ErrorRecord record{};
+    cudaError_t e = cudaMemcpy(&record, d->error, sizeof(record), cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) return cuda_failed(text, "reading the pass's error record", e);
+    if (record.claimed == 0) return mokSuccess;
+    text->add("%s: the pass recorded a failure (outcome %d, task %d)", name, record.outcome, record.task_kind);
+    return mokInternalError;
+  }
+  text->add("%s: the split pass stopped at launch %lld (%s, GEMM %d): ", name, static_cast<long long>(f.launch),
+            core::split_step_name(f.step), static_cast<int>(f.gemm));
+  if (f.refusal == SplitRefusal::cuda_error) return cuda_failed(text, "its launch", f.error);
+  text->add("%s", f.refusal == SplitRefusal::gemm_refused ? gemm_status_name(static_cast<GemmStatus>(f.gemm_status))
+                                                          : split_refusal_name(f.refusal));
+  return mokInternalError;
 }
 
 template <class T>
@@ -400,8 +405,12 @@ mokStatus_t selftest_one_rank(const SelftestSetup& setup, Text* text) {
   if (mokStatus_t s = open_sm100(setup, text); s != mokSuccess) return s;
   text->add("seed %llu: ", static_cast<unsigned long long>(setup.seed));  // --seed repeats the inputs
   std::mt19937_64 rng(setup.seed);
-  mokLayerConfig_t c = stage_config(setup.timeout_ms);
-  core::LayerShape s = shape_of(c);
+  mokLayerConfig_t c = stage_config(setup.timeout_ms), copy;
+  core::LayerShape s{};
+  if (api::check_config(&c, "mokSelftestRun", &copy, &s) != mokSuccess) {  // the shape as mokLayerCreate reads it
+    text->add("the stage's own layer config is refused: %s", mokGetLastError());
+    return mokInternalError;
+  }
   Inputs in = draw(s, rng);
   HostRun host;
   if (mokStatus_t st = run_host(c, in, &host, text); st != mokSuccess) return st;
@@ -412,10 +421,10 @@ mokStatus_t selftest_one_rank(const SelftestSetup& setup, Text* text) {
   if (mokStatus_t st = run_twice(setup, s, PassKind::backward, host, &d, &bwd, text); st != mokSuccess) return st;
   if (d.buffers.keep) return mokTimeout;
   text->add(
-      "the split pass of one rank (%d experts, H %d, I %d, %d tokens, a %d-row ring turning %lld times) against "
-      "the host executor, normwise: ",
+      "the split pass of one rank (%d experts, H %d, I %d, %d tokens, a %d-row ring in windows over up to %lld "
+      "rows) against the host executor, normwise: ",
       s.experts_per_rank, s.hidden, s.intermediate, s.max_tokens, s.macrobatch,
-      static_cast<long long>(core::max_recv_rows(s) / s.macrobatch));
+      static_cast<long long>(core::max_recv_rows(s)));
   bool ok = within("out", relative_error(fwd.out, host.out), text) &
             within("dx", relative_error(bwd.dx, host.dx), text) & within("dw", relative_error(bwd.dw, host.dw), text) &
             within("dW_gate", relative_error(bwd.main_gate, host.main_gate, kMainGradStart), text) &

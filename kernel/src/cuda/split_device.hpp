@@ -44,6 +44,7 @@ enum class SplitRefusal : int32_t {
   no_gemm,            // this libmok has no grouped GEMM (built without CUTLASS's headers)
   gemm_refused,       // the grouped GEMM refused a launch: gemm_status says why
   cuda_error,         // a launch failed: error
+  bad_device,         // the SplitDevice itself: ctas < 1, no GEMM argument block, or no staging where it needs one
 };
 
 // Where an enqueued pass stopped: the launch (its index in the plan, step and GEMM kind) and why.

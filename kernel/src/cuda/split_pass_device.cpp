@@ -59,6 +59,7 @@ const char* split_refusal_name(SplitRefusal refusal) {
     case SplitRefusal::no_gemm: return "no_gemm";
     case SplitRefusal::gemm_refused: return "gemm_refused";
     case SplitRefusal::cuda_error: return "cuda_error";
+    case SplitRefusal::bad_device: return "bad_device";
   }
   return "unknown";
 }
@@ -68,6 +69,8 @@ bool enqueue_split_pass(const SplitDevice& d, bool biases, SplitFailure* failure
   const core::LayerShape& s = d.view.s;
   if (!core::split_supports(s, biases)) failure->refusal = SplitRefusal::unsupported_layer;
   if (s.world > 1) failure->refusal = SplitRefusal::group;
+  if (d.ctas < 1 || !d.gemm_arguments || (d.staging_values > 0 && !d.staging))
+    failure->refusal = SplitRefusal::bad_device;
 #if !MOK_WITH_GROUPED_GEMM
   failure->refusal = SplitRefusal::no_gemm;
 #endif
