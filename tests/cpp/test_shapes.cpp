@@ -41,16 +41,16 @@ void check_shape(int hidden, int inter, int shared_inter, bool mxfp8) {
   double tol = mxfp8 ? kTolMx : kTolBf16;
   std::printf("  H %d, I %d, I_s %d, %s\n", hidden, inter, shared_inter, mxfp8 ? "MXFP8" : "bf16");
   for (int r = 0; r < p.world; ++r) {
-    close("out", r, from_bf16(o.out[r]), want.out[r], tol, kMinExact);
-    close("dx", r, from_bf16(o.dx[r]), want.dx[r], tol, kMinExact);
+    close("out", r, from_bf16(o.out[r]), want.out[r], tol, kMinExact, p.hidden);
+    close("dx", r, from_bf16(o.dx[r]), want.dx[r], tol, kMinExact, p.hidden);
     close("dtopk_weights", r, from_float(o.dw[r]), want.dw[r], tol);
-    close("dgate", r, from_bf16(o.dgate[r]), rounded(want.dgate[r]), tol, kMinExact);
-    close("dup", r, from_bf16(o.dup[r]), rounded(want.dup[r]), tol, kMinExact);
-    close("ddown", r, from_bf16(o.ddown[r]), rounded(want.ddown[r]), tol, kMinExact);
+    close("dgate", r, from_bf16(o.dgate[r]), rounded(want.dgate[r]), tol, kMinExact, p.hidden);
+    close("dup", r, from_bf16(o.dup[r]), rounded(want.dup[r]), tol, kMinExact, p.hidden);
+    close("ddown", r, from_bf16(o.ddown[r]), rounded(want.ddown[r]), tol, kMinExact, p.inter);
     if (shared_inter == 0) continue;
-    close("dshared_gate", r, from_bf16(o.dsgate[r]), rounded(want.dsgate[r]), tol, kMinExact);
-    close("dshared_up", r, from_bf16(o.dsup[r]), rounded(want.dsup[r]), tol, kMinExact);
-    close("dshared_down", r, from_bf16(o.dsdown[r]), rounded(want.dsdown[r]), tol, kMinExact);
+    close("dshared_gate", r, from_bf16(o.dsgate[r]), rounded(want.dsgate[r]), tol, kMinExact, p.hidden);
+    close("dshared_up", r, from_bf16(o.dsup[r]), rounded(want.dsup[r]), tol, kMinExact, p.hidden);
+    close("dshared_down", r, from_bf16(o.dsdown[r]), rounded(want.dsdown[r]), tol, kMinExact, p.shared_inter);
   }
 }
 
