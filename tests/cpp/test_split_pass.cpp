@@ -21,6 +21,7 @@
 #include "core/comm_tasks.hpp"
 #include "core/home_sums.hpp"
 #include "core/split_pass.hpp"
+#include "core/split_shared.hpp"
 #include "group.hpp"
 
 namespace core = mok::core;
@@ -65,7 +66,25 @@ const float* sigmoid_table() {
 // One rank's outputs of a split pass: out (forward), or dx, dw and the weight gradients' fp32 main_grad.
 struct SplitOutputs {
   std::vector<uint16_t> out, dx;
-  std::vector<float> dw, main_gate, main_up, main_down;
+  std::vector<float> dw, main_gate, main_up, main_down, main_sgate, main_sup, main_sdown, main_srouter;
+};
+
+// The split pass's shared-expert buffers (core::SplitShared), NaN-filled: what it reads there it must have written.
+struct SharedBuffers {
+  explicit SharedBuffers(const core::LayerShape& s) {
+    size_t rows = static_cast<size_t>(core::shared_rows(s)), is = static_cast<size_t>(s.shared_intermediate),
+           h = static_cast<size_t>(s.hidden);
+    bf16.assign(4 * rows * is + rows * h, core::bf16_t{0xffff});
+    fp32.assign(rows + rows * h, NAN);
+    core::bf16_t* at = bf16.data();
+    buffers =
+        core::SplitShared{at,          at + rows * is,     at + 2 * rows * is, at + 3 * rows * is, at + 4 * rows * is,
+                          fp32.data(), fp32.data() + rows, schedule.data()};
+  }
+  std::vector<core::bf16_t> bf16;
+  std::vector<float> fp32;
+  std::vector<int32_t> schedule = {-1, -1};
+  core::SplitShared buffers;
 };
 
 // The host's way of running each step of the split pass over one rank's view.
@@ -77,6 +96,7 @@ struct HostSteps {
   ThreadBarrier& barrier_;
   SplitOutputs& o;
   bool reverse;  // each GEMM's sum in reverse order: another order, as a GPU's tensor cores have their own
+  core::SplitShared shared;
   std::vector<core::bf16_t> staging;
   std::vector<float> scratch, product;
 
@@ -106,7 +126,11 @@ struct HostSteps {
     each_tile(w, [&](int64_t t) { core::push_rows(v, t * pad, (t + 1) * pad); });
     return true;
   }
-  bool shared() { return false; }  // split_supports: no shared expert in the split pass yet
+  bool shared_rows(core::SplitStep step) {
+    for (int64_t i = 0; i < core::shared_step_items(v, step); ++i)
+      core::shared_step_item(v, shared, targets.wgrad_shared_router, step, i);
+    return true;
+  }
   bool barrier() { return barrier_.wait(); }
   bool home_sums() {
     int T = p.tokens[rank], H = p.hidden, K = p.top_k;
@@ -144,12 +168,20 @@ struct HostSteps {
       }
   }
   bool gemm(GroupedGemm kind, core::RowWindow w) {
-    core::SplitGemmOperands ops = core::split_gemm_operands(v, kind, targets);
-    core::GroupedLayout l = core::grouped_layout(v.s, kind);
-    CHECK_MSG(core::window_fits(kind, core::ring_periods(v.s), w), "a %s window the GPU's launcher would refuse",
+    return grouped(kind, core::split_gemm_operands(v, kind, targets), v.s, v.sched, core::ring_periods(v.s), w);
+  }
+  bool shared_gemm(GroupedGemm kind) {
+    return grouped(kind, core::shared_gemm_operands(v, kind, shared, targets), core::shared_expert_shape(v.s),
+                   core::shared_schedule(v.s, shared, v.tokens), core::shared_periods(v.s), core::shared_window(v.s));
+  }
+  // One grouped GEMM: every expert's problem of `kind` over the window, as the GPU's launcher is given it.
+  bool grouped(GroupedGemm kind, const core::SplitGemmOperands& ops, const core::LayerShape& s,
+               const core::Schedule& sched, const core::RowPeriods& periods, core::RowWindow w) {
+    core::GroupedLayout l = core::grouped_layout(s, kind);
+    CHECK_MSG(core::window_fits(kind, periods, w), "a %s window the GPU's launcher would refuse",
               core::split_step_name(core::SplitStep::gemm));
-    for (int e = 0; e < v.s.experts_per_rank; ++e) {
-      core::GroupedProblem pr = core::grouped_problem(v.s, v.sched, kind, core::ring_periods(v.s), w, e);
+    for (int e = 0; e < s.experts_per_rank; ++e) {
+      core::GroupedProblem pr = core::grouped_problem(s, sched, kind, periods, w, e);
       if (pr.m == 0) continue;
       multiply(pr, l, ops, ops.result == SplitResult::add_source_bf16 ? ops.c_fp32 : nullptr);
       for (int i = 0; i < pr.m; ++i)
@@ -178,6 +210,8 @@ void poison_rings(const core::PassView& v) {
                              {v.ring_h, ring * in},
                              {v.ring_y, core::out_ring_rows(v.s) * h}})
     std::fill(rows, rows + width, core::bf16_t{0xffff});
+  if (v.s.shared_intermediate > 0)
+    std::fill(v.shared_out, v.shared_out + static_cast<int64_t>(v.tokens) * h, core::bf16_t{0xffff});
 }
 
 // The home slots of this rank's tokens (y or dx per (token, k)) filled likewise: the home sums must read only
@@ -219,6 +253,12 @@ struct Group {
     v.w.gate = p.gate[r].data();
     v.w.up = p.up[r].data();
     v.w.down = p.down[r].data();
+    if (p.shared_inter > 0) {
+      v.w.shared_gate = p.sgate[r].data();
+      v.w.shared_up = p.sup[r].data();
+      v.w.shared_down = p.sdown[r].data();
+      if (p.gated) v.w.shared_router = p.srouter[r].data();
+    }
     v.args = args;
     v.sigmoid_table = sigmoid_table();
     return v;
@@ -243,14 +283,21 @@ struct Group {
       core::PassView v = view(r, kind, &args, headers.data(), &error);
       if (kind != PassKind::backward_kept) poison_rings(v);  // a step left out cannot pass on the host's bytes
       size_t eih = static_cast<size_t>(p.experts) * p.inter * p.hidden;
+      size_t sih = static_cast<size_t>(p.shared_inter) * p.hidden;
       for (auto* m : {&o.main_gate, &o.main_up, &o.main_down}) m->assign(eih, k.main_grad_start);
+      for (auto* m : {&o.main_sgate, &o.main_sup, &o.main_sdown}) m->assign(sih, k.main_grad_start);
+      o.main_srouter.assign(p.gated ? static_cast<size_t>(p.hidden) : 0, k.main_grad_start);
       std::vector<float> partial(static_cast<size_t>(core::out_ring_rows(v.s)) * p.hidden, NAN);
-      core::SplitTargets targets{partial.data(), o.main_gate.data(), o.main_up.data(), o.main_down.data()};
-      HostSteps steps{v, targets, p, r, barrier, o, reverse, {}, {}, {}};
+      core::SplitTargets targets{partial.data(),      o.main_gate.data(), o.main_up.data(),    o.main_down.data(),
+                                 o.main_sgate.data(), o.main_sup.data(),  o.main_sdown.data(), o.main_srouter.data()};
+      SharedBuffers shared(v.s);
+      HostSteps steps{v, targets, p, r, barrier, o, reverse, shared.buffers, {}, {}, {}};
       steps.staging.assign(std::max(core::mx_staging_values(v.s), core::mx_swiglu_staging_values(v.s)) + 1, 0);
       core::RowPeriods periods = core::ring_periods(v.s);
-      std::vector<core::SplitLaunch> launches(static_cast<size_t>(core::split_plan(v.s, kind, periods, nullptr)));
-      CHECK(core::split_plan(v.s, kind, periods, launches.data()) == static_cast<int64_t>(launches.size()));
+      bool gated = v.w.shared_router != nullptr;
+      std::vector<core::SplitLaunch> launches(
+          static_cast<size_t>(core::split_plan(v.s, kind, periods, gated, nullptr)));
+      CHECK(core::split_plan(v.s, kind, periods, gated, launches.data()) == static_cast<int64_t>(launches.size()));
       int64_t ran = core::run_split_pass(launches.data(), static_cast<int64_t>(launches.size()), steps);
       CHECK_MSG(ran == static_cast<int64_t>(launches.size()), "rank %d: launch %lld (%s) stopped the split pass", r,
                 static_cast<long long>(ran), core::split_step_name(launches[static_cast<size_t>(ran)].step));
@@ -324,6 +371,16 @@ void check_case(const Spec& spec, Knobs k, uint64_t seed) {
       check_floats(split[r].main_gate, host.main_gate[r], "main_grad gate", r, bound, k.main_grad_start);
       check_floats(split[r].main_up, host.main_up[r], "main_grad up", r, bound, k.main_grad_start);
       check_floats(split[r].main_down, host.main_down[r], "main_grad down", r, bound, k.main_grad_start);
+      if (p.shared_inter == 0) continue;
+      // The host adds the shared expert's weight gradients chunk by chunk (expert_padding tokens), the split pass
+      // the whole window's product: grouped differently as above once a rank has more than one chunk.
+      double shared_bound = p.tokens[r] <= k.padding ? 0 : std::ldexp(1.0, -16);
+      check_floats(split[r].main_sgate, host.main_sgate[r], "main_grad shared gate", r, shared_bound,
+                   k.main_grad_start);
+      check_floats(split[r].main_sup, host.main_sup[r], "main_grad shared up", r, shared_bound, k.main_grad_start);
+      check_floats(split[r].main_sdown, host.main_sdown[r], "main_grad shared down", r, shared_bound,
+                   k.main_grad_start);
+      if (p.gated) check_floats(split[r].main_srouter, host.main_srouter[r], "main_grad shared router", r);
     }
   }
 }
@@ -393,15 +450,38 @@ TEST(split_pass_variants) {
   check_case(spec, k, seed() + 3);
 }
 
+// The shared expert (its own GEMMs over a one-expert schedule of the rank's tokens): narrower and wider than the
+// hidden size, gated by a router (Qwen2-MoE) with its gradient, with a rank that holds no token and ranks of
+// several chunks.
+TEST(split_pass_shared_expert) {
+  for (int shared_inter : {16, 40})
+    for (bool gated : {false, true}) {
+      Spec spec = spec_of(3, Routing::uniform);
+      spec.shared_inter = shared_inter;
+      spec.gated = gated;
+      spec.max_tokens = 21;
+      spec.empty_rank = 2;
+      Knobs k;
+      k.padding = 8;
+      k.minibatch = 8;
+      k.macrobatch = 32;
+      std::printf("shared %d gated %d\n", shared_inter, gated);
+      check_case(spec, k, seed() + static_cast<uint64_t>(10 + shared_inter + gated));
+    }
+}
+
 // The GPU's GEMMs sum in their own order: the pass with every GEMM summed in reverse stays within
 // core::kSplitOrderTolerance of the host's bytes (the bound the self-test's one_rank stage holds a GPU to), at that
-// stage's shape: one rank, four experts (one with no rows, one hot), H 512, I 256, 300 tokens, a 256-row ring.
+// stage's shape: one rank, four experts (one with no rows, one hot), H 512, I 256, a gated shared expert of I_s 384,
+// 300 tokens, a 256-row ring.
 TEST(another_summation_order_stays_within_the_self_tests_bound) {
   std::mt19937_64 rng(seed() + 7);
   Spec spec = spec_of(1, Routing::uniform);
   spec.experts = 4;
   spec.hidden = 512;
   spec.inter = 256;
+  spec.shared_inter = 384;
+  spec.gated = true;
   spec.max_tokens = 300;
   spec.ragged = false;
   ref::Problem p = make_problem(spec, rng);
@@ -423,10 +503,23 @@ TEST(another_summation_order_stays_within_the_self_tests_bound) {
                      normwise(b.dw, host.dw[0]),
                      normwise(b.main_gate, host.main_gate[0], start),
                      normwise(b.main_up, host.main_up[0], start),
-                     normwise(b.main_down, host.main_down[0], start)};
-  const char* names[] = {"out", "dx", "dw", "dW_gate", "dW_up", "dW_down"};
+                     normwise(b.main_down, host.main_down[0], start),
+                     normwise(b.main_sgate, host.main_sgate[0], start),
+                     normwise(b.main_sup, host.main_sup[0], start),
+                     normwise(b.main_sdown, host.main_sdown[0], start),
+                     normwise(b.main_srouter, host.main_srouter[0], start)};
+  const char* names[] = {"out",
+                         "dx",
+                         "dw",
+                         "dW_gate",
+                         "dW_up",
+                         "dW_down",
+                         "dW_shared_gate",
+                         "dW_shared_up",
+                         "dW_shared_down",
+                         "dW_shared_router"};
   double largest = 0;
-  for (int i = 0; i < 6; ++i) {
+  for (size_t i = 0; i < std::size(errors); ++i) {
     std::printf("  reversed sums: %s %.3g\n", names[i], errors[i]);
     CHECK_MSG(errors[i] <= core::kSplitOrderTolerance, "%s: %g above %g", names[i], errors[i],
               core::kSplitOrderTolerance);

@@ -45,20 +45,84 @@ struct Row {
   int combines = 0, wgrads = 0;
 };
 
+// The shared expert's values (core/split_shared.hpp): one window of every token, so one set of bits.
+enum SharedProduced : uint32_t {
+  kSchedule = 1,
+  kSg = 2,
+  kSu = 4,
+  kSh = 8,
+  kSOut = 16,   // the forward's output (also the gated backward's, which ds reads)
+  kSGate = 32,  // the gated backward's scaled dout and dlogit
+  kSDh = 64,
+  kSDgDu = 128,   // dg, du in place of g, u
+  kSFirst = 256,  // dx's first term
+  kSDx = 512,
+  kSGateDx = 1024,
+  kSRouter = 2048,
+  kSWDown = 4096,
+  kSWGate = 8192,
+  kSWUp = 16384,
+};
+
+// The shared expert's launches in stream order: each after what it reads, each once; g and u not rebuilt once
+// the SwiGLU backward has put dg and du in their place; the output read by the gate before dx overwrites it.
+struct SharedSim {
+  bool backward, gated;
+  uint32_t has = 0;
+
+  void step(uint32_t needs, uint32_t gives, const char* what) {
+    CHECK_MSG((has & needs) == needs, "shared %s before its inputs (has 0x%x, needs 0x%x)", what, has, needs);
+    CHECK_MSG((has & gives) == 0, "shared %s twice", what);
+    has |= gives;
+  }
+  void gemm(GroupedGemm g) {
+    uint32_t dout = gated ? static_cast<uint32_t>(kSGate) : 0u;  // dh and dW_down read the gated one's scaled dout
+    switch (g) {
+      case GroupedGemm::gate: step(kSchedule, kSg, "gate"); break;
+      case GroupedGemm::up: step(kSchedule, kSu, "up"); break;
+      case GroupedGemm::down: step(kSh, kSOut, "down"); break;
+      case GroupedGemm::dgrad_h: step(kSchedule | dout, kSDh, "dgrad_h"); break;
+      case GroupedGemm::dgrad_x_gate: step(kSDgDu, kSFirst, "dgrad_x_gate"); break;
+      case GroupedGemm::dgrad_x_up: step(kSDgDu | kSFirst | dout, kSDx, "dgrad_x_up"); break;
+      case GroupedGemm::wgrad_down: step(kSh | dout, kSWDown, "wgrad_down"); break;
+      case GroupedGemm::wgrad_gate: step(kSDgDu, kSWGate, "wgrad_gate"); break;
+      case GroupedGemm::wgrad_up: step(kSDgDu, kSWUp, "wgrad_up"); break;
+      case GroupedGemm::count: CHECK_MSG(false, "a shared gemm launch without a GEMM"); break;
+    }
+  }
+  void row_step(SplitStep st) {
+    switch (st) {
+      case SplitStep::shared_schedule: step(0, kSchedule, "schedule"); break;
+      case SplitStep::shared_swiglu: step(kSg | kSu, kSh, "swiglu"); break;
+      case SplitStep::shared_swiglu_backward: step(kSg | kSu | kSh | kSDh, kSDgDu, "swiglu_backward"); break;
+      case SplitStep::shared_gate_backward: step(kSOut, kSGate, "gate_backward"); break;
+      case SplitStep::shared_gate_dx: step(kSDx | kSGate, kSGateDx, "gate_dx"); break;
+      case SplitStep::shared_router_gradient: step(kSGate, kSRouter, "router_gradient"); break;
+      default: CHECK_MSG(false, "step %s is not a shared step", core::split_step_name(st)); break;
+    }
+  }
+  // What the home sums read, and (backward) every gradient.
+  uint32_t done() const {
+    if (!backward) return kSOut;
+    return kSDx | kSWDown | kSWGate | kSWUp | (gated ? kSGateDx | kSRouter : 0);
+  }
+};
+
 struct Sim {
   const Case& c;
   PassKind kind;
   std::vector<Row> rows;
   std::vector<int64_t> ring_holder, out_holder;  // the schedule row each buffer row holds, -1 none
   bool barrier = false, sums = false;
-  int shared = 0;
+  SharedSim shared;
 
-  Sim(const Case& cs, PassKind k)
+  Sim(const Case& cs, PassKind k, bool gated)
       : c(cs),
         kind(k),
         rows(static_cast<size_t>(cs.sched.total_rows)),
         ring_holder(static_cast<size_t>(cs.periods.ring), -1),
-        out_holder(static_cast<size_t>(cs.periods.out), -1) {}
+        out_holder(static_cast<size_t>(cs.periods.out), -1),
+        shared{core::is_backward(k), gated} {}
 
   bool routed(int64_t r) const { return r < c.sched.total_rows && c.rows[static_cast<size_t>(r)].rank >= 0; }
 
@@ -151,8 +215,14 @@ struct Sim {
   void launch(const core::SplitLaunch& l) {
     CHECK_MSG(!barrier || l.step == SplitStep::home_sums, "%s after the closing barrier",
               core::split_step_name(l.step));
+    CHECK_MSG(!l.shared || l.step == SplitStep::gemm, "a %s launch marked shared", core::split_step_name(l.step));
     switch (l.step) {
-      case SplitStep::shared: ++shared; return;
+      case SplitStep::shared_schedule:
+      case SplitStep::shared_swiglu:
+      case SplitStep::shared_swiglu_backward:
+      case SplitStep::shared_gate_backward:
+      case SplitStep::shared_gate_dx:
+      case SplitStep::shared_router_gradient: shared.row_step(l.step); return;
       case SplitStep::barrier:
         for (int64_t r = 0; r < c.sched.total_rows; ++r)
           if (routed(r))
@@ -162,9 +232,11 @@ struct Sim {
         return;
       case SplitStep::home_sums:
         CHECK_MSG(barrier && !sums, "home sums before the barrier, or twice");
+        CHECK_MSG(c.s.shared_intermediate == 0 || (shared.has & shared.done()) == shared.done(),
+                  "home sums before the shared expert's 0x%x (has 0x%x)", shared.done(), shared.has);
         sums = true;
         return;
-      case SplitStep::gemm: gemm_launch(l); return;
+      case SplitStep::gemm: l.shared ? shared.gemm(l.gemm) : gemm_launch(l); return;
       default:
         for (int64_t r = l.window.row0; r < l.window.row0 + l.window.rows; ++r)
           if (routed(r)) row_step(l.step, r);
@@ -192,8 +264,9 @@ struct Sim {
     }
     CHECK_MSG(barrier, "no closing barrier");
     CHECK_MSG(sums == (kind != PassKind::recompute), "home sums %s", sums ? "in a recompute" : "missing");
-    int want = c.s.shared_intermediate > 0 && kind != PassKind::recompute ? 1 : 0;
-    CHECK_MSG(shared == want, "the shared expert ran %d times, not %d", shared, want);
+    uint32_t want = c.s.shared_intermediate > 0 && kind != PassKind::recompute ? shared.done() : 0;
+    CHECK_MSG((shared.has & want) == want && (want != 0 || shared.has == 0), "the shared expert gave 0x%x, not 0x%x",
+              shared.has, want);
   }
 };
 
@@ -205,21 +278,23 @@ void keep_forward(Sim& sim) {
   }
 }
 
-std::vector<core::SplitLaunch> plan_of(const core::LayerShape& s, PassKind kind, const core::RowPeriods& p) {
-  int64_t n = core::split_plan(s, kind, p, nullptr);
+std::vector<core::SplitLaunch> plan_of(const core::LayerShape& s, PassKind kind, const core::RowPeriods& p,
+                                       bool gated = false) {
+  int64_t n = core::split_plan(s, kind, p, gated, nullptr);
   std::vector<core::SplitLaunch> plan(static_cast<size_t>(n > 0 ? n : 0));
-  if (n > 0) CHECK(core::split_plan(s, kind, p, plan.data()) == n);
+  if (n > 0) CHECK(core::split_plan(s, kind, p, gated, plan.data()) == n);
   return plan;
 }
 
-void check_pass(const Case& c, PassKind kind) {
-  std::vector<core::SplitLaunch> plan = plan_of(c.s, kind, c.periods);
+void check_pass(const Case& c, PassKind kind, bool gated) {
+  std::vector<core::SplitLaunch> plan = plan_of(c.s, kind, c.periods, gated);
   if (kind == PassKind::backward_kept && !core::split_keeps_ring(c.s, c.periods)) {
-    CHECK_MSG(core::split_plan(c.s, kind, c.periods, nullptr) == -1, "a kept backward planned over a turning ring");
+    CHECK_MSG(core::split_plan(c.s, kind, c.periods, gated, nullptr) == -1,
+              "a kept backward planned over a turning ring");
     return;
   }
   CHECK(!plan.empty());
-  Sim sim(c, kind);
+  Sim sim(c, kind, gated);
   if (kind == PassKind::backward_kept) keep_forward(sim);
   for (const core::SplitLaunch& l : plan) {
     CHECK_MSG(l.window.row0 >= 0 && l.window.rows >= 0 && l.window.row0 + l.window.rows <= core::max_recv_rows(c.s),
@@ -236,12 +311,13 @@ void check_cases(uint64_t seed, int trials, bool skewed) {
     Case c;
     make_case(rng, c, skewed);
     c.s.shared_intermediate = mok_test::pick(rng, 0, 1) * 8;
+    bool gated = mok_test::pick(rng, 0, 1) == 1;
     int before = mok_test::failures().load();
     // A launch counts the schedule's rows from its segments (the host never reads them).
     CHECK_MSG(core::schedule_rows(c.s, c.sched) == c.sched.total_rows, "segments give %lld rows, the schedule %lld",
               static_cast<long long>(core::schedule_rows(c.s, c.sched)), static_cast<long long>(c.sched.total_rows));
     for (PassKind kind : {PassKind::forward, PassKind::recompute, PassKind::backward, PassKind::backward_kept})
-      check_pass(c, kind);
+      check_pass(c, kind, gated);
     if (mok_test::failures().load() != before) {
       std::printf("  trial %d: world %d, E %d, K %d, T %d, pad %d, periods %lld / %lld\n", trial, c.s.world,
                   c.s.experts_per_rank, c.s.top_k, c.s.max_tokens, c.s.expert_padding,
@@ -287,10 +363,10 @@ TEST(bad_periods_are_refused) {
   s.macrobatch = 16;
   for (core::RowPeriods p : {core::RowPeriods{0, 8}, core::RowPeriods{16, 0}, core::RowPeriods{6, 8},
                              core::RowPeriods{16, 10}, core::RowPeriods{-4, 8}})
-    CHECK_MSG(core::split_plan(s, PassKind::forward, p, nullptr) == -1, "periods %lld / %lld planned",
+    CHECK_MSG(core::split_plan(s, PassKind::forward, p, false, nullptr) == -1, "periods %lld / %lld planned",
               static_cast<long long>(p.ring), static_cast<long long>(p.out));
   s.expert_padding = 0;
-  CHECK(core::split_plan(s, PassKind::forward, core::RowPeriods{16, 8}, nullptr) == -1);
+  CHECK(core::split_plan(s, PassKind::forward, core::RowPeriods{16, 8}, false, nullptr) == -1);
 }
 
 }  // namespace

@@ -41,7 +41,15 @@ def test_device_kernels_and_their_resources(libmok, cuda_bin):
     assert {"sm_100a", "sm_103a"} <= set(usage), usage.keys()
     assert usage["sm_100a"].keys() == usage["sm_103a"].keys(), "both targets must carry the same kernels"
     assert any("run_workers" in k for k in usage["sm_100a"]), "core/'s task-graph worker is not in the device code"
-    for step in ("dispatch_window", "swiglu_window", "swiglu_backward_window", "combine_window"):
+    for step in (
+        "dispatch_window",
+        "swiglu_window",
+        "swiglu_backward_window",
+        "combine_window",
+        "shared_rows",
+        "home_sums_forward",
+        "home_sums_backward",
+    ):
         assert any(step in k for k in usage["sm_100a"]), f"the split executor's {step} is not in the device code"
     for arch, kernels in usage.items():
         for kernel, r in kernels.items():

@@ -4,8 +4,8 @@
 // which tiles a row step covers and the order of the steps are here, once. tests/cpp/test_split_pass runs the
 // whole pass with host steps over the host executor's memory and holds it to the host executor's bytes.
 //
-// The split executor computes with the stock grouped GEMMs of docs/gpu.md: no expert biases, BF16 operands, the
-// shared expert not yet (split_supports says which layers it can run).
+// The split executor computes with the stock grouped GEMMs of docs/gpu.md: no expert biases, BF16 operands
+// (split_supports says which layers it can run); the shared expert's steps are split_shared.hpp's.
 #pragma once
 
 #include <cstdint>
@@ -16,10 +16,9 @@
 
 namespace mok::core {
 
-// Whether the split pass computes this layer: the grouped GEMMs take no bias and no MXFP8 operand yet, and
-// the split plan has no shared-expert step yet.
+// Whether the split pass computes this layer: the grouped GEMMs take no bias and no MXFP8 operand yet.
 MOK_HD inline bool split_supports(const LayerShape& s, bool biases) {
-  return !s.mxfp8 && s.shared_intermediate == 0 && !biases;
+  return !s.mxfp8 && !biases;
 }
 
 // How far a split pass whose GEMMs sum in another order than core's (a GPU's tensor cores) may be from the host
@@ -30,7 +29,8 @@ MOK_HD inline bool split_supports(const LayerShape& s, bool biases) {
 // dx's partial once where core continues the partial's sum, and a weight gradient adds each window's product to
 // main_grad where the host adds the whole pass's: one more fp32 rounding each, 2^-24 relative. test_split_pass measures
 // the pass with every GEMM summed in reverse order against the host at the self-test's shape: at most 3.0e-4 over six
-// seeds (dx; 7.7e-5 typical), 26x under this bound, which leaves room for an adder that truncates (twice a rounding
+// seeds (dx; 7.7e-5 typical) without a shared expert, at most 2.1e-4 over six with the stage's gated one (out; its
+// gradients at most 1.4e-4), 26x under this bound, which leaves room for an adder that truncates (twice a rounding
 // one's error). The self-test's one_rank stage holds the GPU's pass to it; a wrong row, operand or window is an error
 // of order one.
 constexpr double kSplitOrderTolerance = 1.0 / 128;
@@ -56,11 +56,13 @@ MOK_HD inline TileInfo split_tile(const PassView& v, TaskKind kind, int64_t tile
 // ---- the grouped GEMMs: every kind's operands in the view's buffers ----
 
 // The split executor's own fp32 buffers, beside the view's: dx's first term (dgrad_x_gate's product, read by
-// dgrad_x_up as its source), [out ring rows, H]; and the weight gradients' sums [E, I, H], [E, I, H], [E, H, I]
-// (the caller's fp32 main_grad in an accumulating backward).
+// dgrad_x_up as its source), [out ring rows, H]; and the weight gradients' sums [E, I, H], [E, I, H], [E, H, I],
+// the shared expert's [I_s, H], [I_s, H], [H, I_s] and its router's [H] (the caller's fp32 main_grad in an
+// accumulating backward).
 struct SplitTargets {
   float* dx_partial;
   float *wgrad_gate, *wgrad_up, *wgrad_down;
+  float *wgrad_shared_gate, *wgrad_shared_up, *wgrad_shared_down, *wgrad_shared_router;
 };
 
 // What D receives from the GEMM's product P = A B^T over the window's rows of each expert.
@@ -123,8 +125,9 @@ MOK_HD inline Gemm problem_gemm(const GroupedProblem& p, const GroupedLayout& l,
 // ---- the pass ----
 
 // Runs launches [0, count) of a split plan in order: steps.dispatch(w), gemm(kind, w), swiglu(w),
-// swiglu_backward(w), combine(w), shared(), barrier(), home_sums(). A step returns false to stop the pass (a
-// failure the executor has recorded). Returns the index of the launch that stopped it, or count when all ran.
+// swiglu_backward(w), combine(w), barrier(), home_sums(), and the shared expert's shared_gemm(kind) and
+// shared_rows(step) (split_shared.hpp). A step returns false to stop the pass (a failure the executor has
+// recorded). Returns the index of the launch that stopped it, or count when all ran.
 template <class Steps>
 int64_t run_split_pass(const SplitLaunch* launches, int64_t count, Steps& steps) {
   for (int64_t i = 0; i < count; ++i) {
@@ -132,13 +135,18 @@ int64_t run_split_pass(const SplitLaunch* launches, int64_t count, Steps& steps)
     bool ok = false;
     switch (l.step) {
       case SplitStep::dispatch: ok = steps.dispatch(l.window); break;
-      case SplitStep::gemm: ok = steps.gemm(l.gemm, l.window); break;
+      case SplitStep::gemm: ok = l.shared ? steps.shared_gemm(l.gemm) : steps.gemm(l.gemm, l.window); break;
       case SplitStep::swiglu: ok = steps.swiglu(l.window); break;
       case SplitStep::swiglu_backward: ok = steps.swiglu_backward(l.window); break;
       case SplitStep::combine: ok = steps.combine(l.window); break;
-      case SplitStep::shared: ok = steps.shared(); break;
       case SplitStep::barrier: ok = steps.barrier(); break;
       case SplitStep::home_sums: ok = steps.home_sums(); break;
+      case SplitStep::shared_schedule:
+      case SplitStep::shared_swiglu:
+      case SplitStep::shared_swiglu_backward:
+      case SplitStep::shared_gate_backward:
+      case SplitStep::shared_gate_dx:
+      case SplitStep::shared_router_gradient: ok = steps.shared_rows(l.step); break;
       case SplitStep::count: break;
     }
     if (!ok) return i;

@@ -30,9 +30,15 @@ enum class SplitStep : int32_t {
   swiglu,           // h from g and u over the window's rows
   swiglu_backward,  // dg, du (and h for dW_down) from dh, g and u
   combine,          // push the window's finished rows (y, or dx in backward) into their home ranks' slots
-  shared,           // the shared expert over this rank's tokens (forward, or backward with its gradients)
   barrier,          // the group's closing barrier: every peer has written this rank's slots
   home_sums,        // out, or dx and dw, summed in k order (home_sums.hpp)
+  // The shared expert over this rank's tokens (split_shared.hpp); its GEMMs are gemm launches marked shared.
+  shared_schedule,         // its one-expert schedule: this call's tokens
+  shared_swiglu,           // h from g and u
+  shared_swiglu_backward,  // dg, du from dh
+  shared_gate_backward,    // gated: the scaled dout and dlogit from the forward's shared output
+  shared_gate_dx,          // gated: the gate's term of dx
+  shared_router_gradient,  // gated: the router's gradient, tokens in order
   count
 };
 
@@ -43,9 +49,14 @@ MOK_HD inline const char* split_step_name(SplitStep step) {
     case SplitStep::swiglu: return "swiglu";
     case SplitStep::swiglu_backward: return "swiglu_backward";
     case SplitStep::combine: return "combine";
-    case SplitStep::shared: return "shared";
     case SplitStep::barrier: return "barrier";
     case SplitStep::home_sums: return "home_sums";
+    case SplitStep::shared_schedule: return "shared_schedule";
+    case SplitStep::shared_swiglu: return "shared_swiglu";
+    case SplitStep::shared_swiglu_backward: return "shared_swiglu_backward";
+    case SplitStep::shared_gate_backward: return "shared_gate_backward";
+    case SplitStep::shared_gate_dx: return "shared_gate_dx";
+    case SplitStep::shared_router_gradient: return "shared_router_gradient";
     case SplitStep::count: break;
   }
   return "none";
@@ -54,7 +65,8 @@ MOK_HD inline const char* split_step_name(SplitStep step) {
 struct SplitLaunch {
   SplitStep step;
   GroupedGemm gemm;  // the grouped GEMM of a gemm step (GroupedGemm::count otherwise)
-  RowWindow window;  // schedule rows (empty for shared, barrier and home_sums)
+  RowWindow window;  // schedule rows (empty for barrier, home_sums and the shared expert's launches)
+  bool shared;       // a gemm step of the shared expert (split_shared.hpp: its one window, its buffers)
 };
 
 // A backward that keeps the forward's x, g and u needs them all in one ring turn for every routing.
@@ -66,12 +78,14 @@ MOK_HD inline bool split_keeps_ring(const LayerShape& s, const RowPeriods& p) {
 struct SplitPlanWriter {
   SplitLaunch* out;
   int64_t count;
-  MOK_HD void add(SplitStep step, GroupedGemm gemm, RowWindow window) {
-    if (out) out[count] = SplitLaunch{step, gemm, window};
+  MOK_HD void add(SplitStep step, GroupedGemm gemm, RowWindow window, bool shared) {
+    if (out) out[count] = SplitLaunch{step, gemm, window, shared};
     ++count;
   }
-  MOK_HD void add(SplitStep step, RowWindow window) { add(step, GroupedGemm::count, window); }
-  MOK_HD void add(GroupedGemm gemm, RowWindow window) { add(SplitStep::gemm, gemm, window); }
+  MOK_HD void add(SplitStep step, RowWindow window) { add(step, GroupedGemm::count, window, false); }
+  MOK_HD void add(GroupedGemm gemm, RowWindow window) { add(SplitStep::gemm, gemm, window, false); }
+  MOK_HD void add(SplitStep step) { add(step, GroupedGemm::count, RowWindow{0, 0}, false); }
+  MOK_HD void add_shared(GroupedGemm gemm) { add(SplitStep::gemm, gemm, RowWindow{0, 0}, true); }
 };
 
 // The out-windows of ring window w: the GEMMs `first` (and `second`, unless count) into the output ring,
@@ -111,17 +125,43 @@ MOK_HD inline void add_backward_window(SplitPlanWriter& plan, const RowPeriods& 
   add_out_windows(plan, p, w, GroupedGemm::dgrad_x_gate, GroupedGemm::dgrad_x_up);
 }
 
+// The shared expert's launches (split_shared.hpp), as run_shared's steps: g and u (recomputed in the backward, as
+// the host executor does), h; forward the output; backward dh from dout (the gated one from bf16(s dout), which
+// needs the forward's output first), dg and du, dx's two terms (and the gate's), then the weight gradients.
+MOK_HD inline void add_shared_launches(SplitPlanWriter& plan, bool backward, bool gated) {
+  plan.add(SplitStep::shared_schedule);
+  plan.add_shared(GroupedGemm::gate);
+  plan.add_shared(GroupedGemm::up);
+  plan.add(SplitStep::shared_swiglu);
+  if (!backward || gated) plan.add_shared(GroupedGemm::down);
+  if (!backward) return;
+  if (gated) plan.add(SplitStep::shared_gate_backward);
+  plan.add_shared(GroupedGemm::dgrad_h);
+  plan.add(SplitStep::shared_swiglu_backward);
+  plan.add_shared(GroupedGemm::dgrad_x_gate);
+  plan.add_shared(GroupedGemm::dgrad_x_up);
+  if (gated) {
+    plan.add(SplitStep::shared_gate_dx);
+    plan.add(SplitStep::shared_router_gradient);
+  }
+  plan.add_shared(GroupedGemm::wgrad_down);
+  plan.add_shared(GroupedGemm::wgrad_gate);
+  plan.add_shared(GroupedGemm::wgrad_up);
+}
+
 // The launches of one pass of `kind`, in stream order, into `out` (null: count only); returns their number,
 // or -1 when the pass cannot be planned: a period that is not a positive multiple of the tile height, or
-// backward_kept where the ring cannot keep every routing's rows (split_keeps_ring).
-MOK_HD inline int64_t split_plan(const LayerShape& s, PassKind kind, const RowPeriods& p, SplitLaunch* out) {
+// backward_kept where the ring cannot keep every routing's rows (split_keeps_ring). `gated`: the shared expert
+// has a router (weights.shared_router).
+MOK_HD inline int64_t split_plan(const LayerShape& s, PassKind kind, const RowPeriods& p, bool gated,
+                                 SplitLaunch* out) {
   int64_t pad = s.expert_padding;
   if (pad <= 0 || p.ring <= 0 || p.out <= 0 || p.ring % pad || p.out % pad) return -1;
   bool kept = kind == PassKind::backward_kept;
   if (kept && !split_keeps_ring(s, p)) return -1;
   SplitPlanWriter plan{out, 0};
   // The shared expert needs nothing from peers; recompute rebuilds only the routed experts' y slots.
-  if (s.shared_intermediate > 0 && kind != PassKind::recompute) plan.add(SplitStep::shared, RowWindow{0, 0});
+  if (s.shared_intermediate > 0 && kind != PassKind::recompute) add_shared_launches(plan, is_backward(kind), gated);
   int64_t rows = max_recv_rows(s);
   for (int64_t row0 = 0; row0 < rows; row0 += p.ring) {
     RowWindow w{row0, rows - row0 < p.ring ? rows - row0 : p.ring};
@@ -130,8 +170,8 @@ MOK_HD inline int64_t split_plan(const LayerShape& s, PassKind kind, const RowPe
     else
       add_forward_window(plan, p, w);
   }
-  plan.add(SplitStep::barrier, RowWindow{0, 0});
-  if (kind != PassKind::recompute) plan.add(SplitStep::home_sums, RowWindow{0, 0});
+  plan.add(SplitStep::barrier);
+  if (kind != PassKind::recompute) plan.add(SplitStep::home_sums);
   return plan.count;
 }
 

@@ -113,7 +113,9 @@ mokStatus_t run_kind(const SelftestSetup& setup, const core::LayerShape& s, cons
                        static_cast<const bf16_t*>(da),
                        static_cast<const bf16_t*>(db),
                        static_cast<bf16_t*>(dd),
-                       args};
+                       args,
+                       nullptr,
+                       nullptr};
   size_t workspace_bytes = 0;
   GemmStatus gs = grouped_gemm_bf16_workspace_bytes(gemm, &workspace_bytes, &e);
   if (gs == GemmStatus::ok && (e = dev.alloc(workspace_bytes, &workspace)) != cudaSuccess) gs = GemmStatus::cuda_error;

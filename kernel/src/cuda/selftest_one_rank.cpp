@@ -3,10 +3,11 @@
 // layer first, through the C ABI; its workspace and peer buffer (the schedule, the staged x and dOut) are copied
 // to the device, where every ring row and home slot is then filled with bf16 NaN, and the device runs the split
 // pass over them, each pass twice. So the stage checks the pass (dispatch, the grouped GEMMs, SwiGLU, combine,
-// the home sums, a ring that turns within the pass), not the schedule build or the staging, which the split
-// executor's layer (not written yet) will do on the device.
+// the gated shared expert, the home sums, a ring that turns within the pass), not the schedule build or the staging,
+// which the split executor's layer (not written yet) will do on the device.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "api/layer_checks.hpp"
 #include "core/platform.hpp"
 #include "core/split_pass.hpp"
+#include "core/split_shared.hpp"
 #include "cuda/selftest.hpp"
 #include "cuda/split_device.hpp"
 #include "cuda/wait.hpp"
@@ -40,7 +42,8 @@ using core::PassKind;
 constexpr float kMainGradStart = 0.5f;  // main_grad holds something before the backward adds to it
 
 // One rank, four experts (one hot, one with no rows), a ring of 256 rows that the ~1100 worst-case rows turn
-// several times, H and I multiples of the GEMMs' 16-byte rows.
+// several times, a gated shared expert wider than I (Qwen2-MoE's), H, I and I_s multiples of the GEMMs' 16-byte
+// rows.
 mokLayerConfig_t stage_config(int timeout_ms) {
   mokLayerConfig_t c = MOK_LAYER_CONFIG_INIT;
   c.world = 1;
@@ -48,6 +51,7 @@ mokLayerConfig_t stage_config(int timeout_ms) {
   c.experts_per_rank = 4;
   c.hidden = 512;
   c.intermediate = 256;
+  c.shared_intermediate = 384;
   c.top_k = 2;
   c.max_tokens = 300;
   c.expert_padding = 128;
@@ -71,6 +75,7 @@ struct Inputs {
   std::vector<int32_t> ids;
   std::vector<float> topk_weights;
   std::vector<bf16_t> x, dout, gate, up, down;
+  std::vector<bf16_t> shared_gate, shared_up, shared_down, shared_router;
 };
 
 Inputs draw(const core::LayerShape& s, std::mt19937_64& rng) {
@@ -86,6 +91,11 @@ Inputs draw(const core::LayerShape& s, std::mt19937_64& rng) {
   in.gate = random_bf16(eih, 1.0f / std::sqrt(static_cast<float>(s.hidden)), rng);
   in.up = random_bf16(eih, 1.0f / std::sqrt(static_cast<float>(s.hidden)), rng);
   in.down = random_bf16(eih, 1.0f / std::sqrt(static_cast<float>(s.intermediate)), rng);
+  size_t sih = static_cast<size_t>(s.shared_intermediate) * s.hidden;
+  in.shared_gate = random_bf16(sih, 1.0f / std::sqrt(static_cast<float>(s.hidden)), rng);
+  in.shared_up = random_bf16(sih, 1.0f / std::sqrt(static_cast<float>(s.hidden)), rng);
+  in.shared_down = random_bf16(sih, 1.0f / std::sqrt(static_cast<float>(s.shared_intermediate)), rng);
+  in.shared_router = random_bf16(static_cast<size_t>(s.hidden), 1.0f / std::sqrt(static_cast<float>(s.hidden)), rng);
   return in;
 }
 
@@ -102,7 +112,8 @@ struct HostRun {
   mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
   std::vector<char> forward_workspace, forward_peer, backward_workspace, backward_peer;
   std::vector<bf16_t> out, dx;
-  std::vector<float> dw, main_gate, main_up, main_down;
+  std::vector<float> dw, main_gate, main_up, main_down, main_shared_gate, main_shared_up, main_shared_down,
+      main_shared_router;
 };
 
 mokStatus_t run_host(const mokLayerConfig_t& c, const Inputs& in, HostRun* run, Text* text) {
@@ -123,17 +134,27 @@ mokStatus_t run_host(const mokLayerConfig_t& c, const Inputs& in, HostRun* run, 
   w.gate = in.gate.data();
   w.up = in.up.data();
   w.down = in.down.data();
-  size_t th = static_cast<size_t>(c.max_tokens) * c.hidden, eih = in.gate.size();
+  w.shared_gate = in.shared_gate.data();
+  w.shared_up = in.shared_up.data();
+  w.shared_down = in.shared_down.data();
+  w.shared_router = in.shared_router.data();
+  size_t th = static_cast<size_t>(c.max_tokens) * c.hidden, eih = in.gate.size(), sih = in.shared_gate.size();
   run->out.assign(th, 0);
   run->dx.assign(th, 0);
   run->dw.assign(in.topk_weights.size(), 0.0f);
   for (auto* v : {&run->main_gate, &run->main_up, &run->main_down}) v->assign(eih, kMainGradStart);
+  for (auto* v : {&run->main_shared_gate, &run->main_shared_up, &run->main_shared_down}) v->assign(sih, kMainGradStart);
+  run->main_shared_router.assign(in.shared_router.size(), kMainGradStart);
   mokLayerGrads_t g = MOK_LAYER_GRADS_INIT;
   g.dx = run->dx.data();
   g.dtopk_weights = run->dw.data();
   g.dgate = run->main_gate.data();
   g.dup = run->main_up.data();
   g.ddown = run->main_down.data();
+  g.dshared_gate = run->main_shared_gate.data();
+  g.dshared_up = run->main_shared_up.data();
+  g.dshared_down = run->main_shared_down.data();
+  g.dshared_router = run->main_shared_router.data();
   g.accumulate = 1;
   auto keep = [&](std::vector<char>* local, std::vector<char>* shared) {
     local->assign(static_cast<char*>(workspace.p), static_cast<char*>(workspace.p) + run->sizes.workspace_bytes);
@@ -155,9 +176,12 @@ struct Device {
   SplitDevice split{};
   char *workspace = nullptr, *peer = nullptr;
   float *main_gate = nullptr, *main_up = nullptr, *main_down = nullptr;
+  float *main_shared_gate = nullptr, *main_shared_up = nullptr, *main_shared_down = nullptr,
+        *main_shared_router = nullptr;
   core::ErrorRecord* error = nullptr;
   char** peers = nullptr;
   bf16_t *gate = nullptr, *up = nullptr, *down = nullptr;
+  bf16_t *shared_gate = nullptr, *shared_up = nullptr, *shared_down = nullptr, *shared_router = nullptr;
   float* sigmoid_table = nullptr;
 };
 
@@ -178,13 +202,13 @@ cudaError_t allocate(DeviceBuffers& b, size_t count, T** device) {
   return e;
 }
 
-// The CUTLASS workspace the largest of the pass's GEMM kinds asks for.
+// The CUTLASS workspace the largest of the pass's GEMM kinds asks for, the routed experts' and the shared one's.
 mokStatus_t gemm_workspace_bytes(const core::LayerShape& s, size_t* bytes, Text* text) {
   *bytes = 0;
-  for (int k = 0; k < static_cast<int>(core::GroupedGemm::count); ++k) {
+  for (int k = 0; k < 2 * static_cast<int>(core::GroupedGemm::count); ++k) {
     GroupedGemmBf16 g{};
-    g.shape = s;
-    g.kind = static_cast<core::GroupedGemm>(k);
+    g.shape = k % 2 ? core::shared_expert_shape(s) : s;
+    g.kind = static_cast<core::GroupedGemm>(k / 2);
     size_t need = 0;
     cudaError_t e = cudaSuccess;
     GemmStatus st = grouped_gemm_bf16_workspace_bytes(g, &need, &e);
@@ -216,6 +240,10 @@ mokStatus_t set_up(const core::LayerShape& s, const Inputs& in, const HostRun& h
   if (e == cudaSuccess) e = upload(b, in.gate, &d->gate);
   if (e == cudaSuccess) e = upload(b, in.up, &d->up);
   if (e == cudaSuccess) e = upload(b, in.down, &d->down);
+  if (e == cudaSuccess) e = upload(b, in.shared_gate, &d->shared_gate);
+  if (e == cudaSuccess) e = upload(b, in.shared_up, &d->shared_up);
+  if (e == cudaSuccess) e = upload(b, in.shared_down, &d->shared_down);
+  if (e == cudaSuccess) e = upload(b, in.shared_router, &d->shared_router);
   if (e == cudaSuccess) e = upload(b, table, &d->sigmoid_table);
   if (e == cudaSuccess) e = upload(b, in.topk_weights, const_cast<float**>(&sd.topk_weights));
   if (e == cudaSuccess) e = upload(b, in.dout, const_cast<bf16_t**>(&sd.dout));
@@ -225,6 +253,19 @@ mokStatus_t set_up(const core::LayerShape& s, const Inputs& in, const HostRun& h
   if (e == cudaSuccess) e = allocate(b, eih, &d->main_gate);
   if (e == cudaSuccess) e = allocate(b, eih, &d->main_up);
   if (e == cudaSuccess) e = allocate(b, eih, &d->main_down);
+  size_t sih = in.shared_gate.size(), rows = static_cast<size_t>(core::shared_rows(s)),
+         is = static_cast<size_t>(s.shared_intermediate);
+  if (e == cudaSuccess) e = allocate(b, sih, &d->main_shared_gate);
+  if (e == cudaSuccess) e = allocate(b, sih, &d->main_shared_up);
+  if (e == cudaSuccess) e = allocate(b, sih, &d->main_shared_down);
+  if (e == cudaSuccess) e = allocate(b, in.shared_router.size(), &d->main_shared_router);
+  core::SplitShared& sh = sd.shared;
+  for (bf16_t** rows_of_width_is : {&sh.g, &sh.u, &sh.h, &sh.dh})
+    if (e == cudaSuccess) e = allocate(b, rows * is, rows_of_width_is);
+  if (e == cudaSuccess) e = allocate(b, rows * s.hidden, &sh.scaled);
+  if (e == cudaSuccess) e = allocate(b, rows, &sh.dlogit);
+  if (e == cudaSuccess) e = allocate(b, rows * s.hidden, &sh.dx_partial);
+  if (e == cudaSuccess) e = allocate(b, 2, &sh.schedule);
   if (e == cudaSuccess) e = allocate(b, static_cast<size_t>(core::out_ring_rows(s)) * s.hidden, &sd.targets.dx_partial);
   if (e == cudaSuccess) e = allocate(b, static_cast<size_t>(ctas * sd.staging_values) + 1, &sd.staging);
   if (e == cudaSuccess) e = b.alloc(grouped_gemm_bf16_argument_bytes(s.experts_per_rank), &sd.gemm_arguments);
@@ -235,6 +276,10 @@ mokStatus_t set_up(const core::LayerShape& s, const Inputs& in, const HostRun& h
   sd.targets.wgrad_gate = d->main_gate;
   sd.targets.wgrad_up = d->main_up;
   sd.targets.wgrad_down = d->main_down;
+  sd.targets.wgrad_shared_gate = d->main_shared_gate;
+  sd.targets.wgrad_shared_up = d->main_shared_up;
+  sd.targets.wgrad_shared_down = d->main_shared_down;
+  sd.targets.wgrad_shared_router = d->main_shared_router;
   sd.ctas = static_cast<int>(ctas);
   sd.stream = b.stream;
   return mokSuccess;
@@ -251,12 +296,18 @@ mokStatus_t prepare(const core::LayerShape& s, PassKind kind, const std::vector<
   v.w.gate = d->gate;
   v.w.up = d->up;
   v.w.down = d->down;
+  v.w.shared_gate = d->shared_gate;
+  v.w.shared_up = d->shared_up;
+  v.w.shared_down = d->shared_down;
+  v.w.shared_router = d->shared_router;
   v.sigmoid_table = d->sigmoid_table;
   d->split.view = v;
   // v's ring pointers lie in d->workspace, its slots in d->peer: the offsets are the host's.
   size_t ring = static_cast<size_t>(s.macrobatch), h = static_cast<size_t>(s.hidden),
          in = static_cast<size_t>(s.intermediate);
   size_t slots = core::is_backward(kind) ? v.peer.dx_slots : v.peer.y_slots;
+  const core::SplitShared& sh = d->split.shared;
+  size_t rows = static_cast<size_t>(core::shared_rows(s)), is = static_cast<size_t>(s.shared_intermediate);
   struct Fill {
     void* at;
     size_t bytes;
@@ -270,17 +321,37 @@ mokStatus_t prepare(const core::LayerShape& s, PassKind kind, const std::vector<
                {d->split.targets.dx_partial, core::out_ring_rows(s) * h * sizeof(float)},
                {d->split.out, static_cast<size_t>(s.max_tokens) * h * 2},
                {d->split.dx, static_cast<size_t>(s.max_tokens) * h * 2},
-               {d->split.dw, static_cast<size_t>(s.max_tokens) * s.top_k * sizeof(float)}};
-  std::vector<float> start(static_cast<size_t>(s.experts_per_rank) * h * in, kMainGradStart);
+               {d->split.dw, static_cast<size_t>(s.max_tokens) * s.top_k * sizeof(float)},
+               {v.shared_out, static_cast<size_t>(s.max_tokens) * h * 2},
+               {sh.g, rows * is * 2},
+               {sh.u, rows * is * 2},
+               {sh.h, rows * is * 2},
+               {sh.dh, rows * is * 2},
+               {sh.scaled, rows * h * 2},
+               {sh.dlogit, rows * sizeof(float)},
+               {sh.dx_partial, rows * h * sizeof(float)},
+               {sh.schedule, 2 * sizeof(int32_t)}};
+  // main_grad's start, as large as the largest of the weight gradients it stands for.
+  std::vector<float> start(std::max(static_cast<size_t>(s.experts_per_rank) * in, is) * h, kMainGradStart);
   cudaStream_t stream = d->buffers.stream;
   cudaError_t e = cudaMemcpyAsync(d->workspace, workspace.data(), workspace.size(), cudaMemcpyHostToDevice, stream);
   if (e == cudaSuccess) e = cudaMemcpyAsync(d->peer, peer.data(), peer.size(), cudaMemcpyHostToDevice, stream);
   for (const Fill& f : fills)
     if (e == cudaSuccess) e = cudaMemsetAsync(f.at, 0xff, f.bytes, stream);
   if (e == cudaSuccess) e = cudaMemsetAsync(d->error, 0, sizeof(core::ErrorRecord), stream);  // no failure yet
-  for (float* m : {d->main_gate, d->main_up, d->main_down})
+  struct Start {
+    float* at;
+    size_t count;
+  } starts[] = {{d->main_gate, s.experts_per_rank * h * in},
+                {d->main_up, s.experts_per_rank * h * in},
+                {d->main_down, s.experts_per_rank * h * in},
+                {d->main_shared_gate, is * h},
+                {d->main_shared_up, is * h},
+                {d->main_shared_down, is * h},
+                {d->main_shared_router, h}};
+  for (const Start& m : starts)
     if (e == cudaSuccess)
-      e = cudaMemcpyAsync(m, start.data(), start.size() * sizeof(float), cudaMemcpyHostToDevice, stream);
+      e = cudaMemcpyAsync(m.at, start.data(), m.count * sizeof(float), cudaMemcpyHostToDevice, stream);
   if (e == cudaSuccess) e = cudaStreamSynchronize(stream);  // `start` lives until here; only copies and fills wait
   return e == cudaSuccess ? mokSuccess : cuda_failed(text, "copying the host executor's memory to the device", e);
 }
@@ -358,7 +429,8 @@ bool within(const char* name, double error, Text* text) {
 
 struct DeviceResults {
   std::vector<bf16_t> out, dx;
-  std::vector<float> dw, main_gate, main_up, main_down;
+  std::vector<float> dw, main_gate, main_up, main_down, main_shared_gate, main_shared_up, main_shared_down,
+      main_shared_router;
 };
 
 mokStatus_t collect(const core::LayerShape& s, const Device& d, PassKind kind, DeviceResults* r, Text* text) {
@@ -370,6 +442,12 @@ mokStatus_t collect(const core::LayerShape& s, const Device& d, PassKind kind, D
   if (st == mokSuccess) st = download(d.main_gate, eih, &r->main_gate, text);
   if (st == mokSuccess) st = download(d.main_up, eih, &r->main_up, text);
   if (st == mokSuccess) st = download(d.main_down, eih, &r->main_down, text);
+  size_t sih = static_cast<size_t>(s.shared_intermediate) * s.hidden;
+  if (st == mokSuccess) st = download(d.main_shared_gate, sih, &r->main_shared_gate, text);
+  if (st == mokSuccess) st = download(d.main_shared_up, sih, &r->main_shared_up, text);
+  if (st == mokSuccess) st = download(d.main_shared_down, sih, &r->main_shared_down, text);
+  if (st == mokSuccess)
+    st = download(d.main_shared_router, static_cast<size_t>(s.hidden), &r->main_shared_router, text);
   return st;
 }
 
@@ -378,7 +456,9 @@ bool same_bits(const DeviceResults& a, const DeviceResults& b) {
     return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0;
   };
   return same(a.out, b.out) && same(a.dx, b.dx) && same(a.dw, b.dw) && same(a.main_gate, b.main_gate) &&
-         same(a.main_up, b.main_up) && same(a.main_down, b.main_down);
+         same(a.main_up, b.main_up) && same(a.main_down, b.main_down) && same(a.main_shared_gate, b.main_shared_gate) &&
+         same(a.main_shared_up, b.main_shared_up) && same(a.main_shared_down, b.main_shared_down) &&
+         same(a.main_shared_router, b.main_shared_router);
 }
 
 // One pass of `kind` on the device, twice from the same memory: both runs' results, which must be the same bits.
@@ -421,15 +501,20 @@ mokStatus_t selftest_one_rank(const SelftestSetup& setup, Text* text) {
   if (mokStatus_t st = run_twice(setup, s, PassKind::backward, host, &d, &bwd, text); st != mokSuccess) return st;
   if (d.buffers.keep) return mokTimeout;
   text->add(
-      "the split pass of one rank (%d experts, H %d, I %d, %d tokens, a %d-row ring in windows over up to %lld "
-      "rows) against the host executor, normwise: ",
-      s.experts_per_rank, s.hidden, s.intermediate, s.max_tokens, s.macrobatch,
+      "the split pass of one rank (%d experts, H %d, I %d, a gated shared expert of I_s %d, %d tokens, a %d-row ring "
+      "in windows over up to %lld rows) against the host executor, normwise: ",
+      s.experts_per_rank, s.hidden, s.intermediate, s.shared_intermediate, s.max_tokens, s.macrobatch,
       static_cast<long long>(core::max_recv_rows(s)));
-  bool ok = within("out", relative_error(fwd.out, host.out), text) &
-            within("dx", relative_error(bwd.dx, host.dx), text) & within("dw", relative_error(bwd.dw, host.dw), text) &
-            within("dW_gate", relative_error(bwd.main_gate, host.main_gate, kMainGradStart), text) &
-            within("dW_up", relative_error(bwd.main_up, host.main_up, kMainGradStart), text) &
-            within("dW_down", relative_error(bwd.main_down, host.main_down, kMainGradStart), text);
+  bool ok =
+      within("out", relative_error(fwd.out, host.out), text) & within("dx", relative_error(bwd.dx, host.dx), text) &
+      within("dw", relative_error(bwd.dw, host.dw), text) &
+      within("dW_gate", relative_error(bwd.main_gate, host.main_gate, kMainGradStart), text) &
+      within("dW_up", relative_error(bwd.main_up, host.main_up, kMainGradStart), text) &
+      within("dW_down", relative_error(bwd.main_down, host.main_down, kMainGradStart), text) &
+      within("dW_shared_gate", relative_error(bwd.main_shared_gate, host.main_shared_gate, kMainGradStart), text) &
+      within("dW_shared_up", relative_error(bwd.main_shared_up, host.main_shared_up, kMainGradStart), text) &
+      within("dW_shared_down", relative_error(bwd.main_shared_down, host.main_shared_down, kMainGradStart), text) &
+      within("dW_shared_router", relative_error(bwd.main_shared_router, host.main_shared_router, kMainGradStart), text);
   if (!ok) return mokInternalError;
   text->add("each pass twice with the same bits");
   return mokSuccess;

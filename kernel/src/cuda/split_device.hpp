@@ -4,9 +4,10 @@
 // schedule's segments on the device. Nothing here waits for the GPU.
 //
 // What runs today: the row steps (split_steps.cu, core's bodies), the BF16 grouped GEMMs (grouped_gemm.hpp, in a
-// build with CUTLASS) and the home sums, for one rank (world 1: the closing barrier is stream order). A group of
-// several ranks needs the device barrier between them, which this pass does not launch yet, and the shared expert
-// has no step body yet: both are refused (SplitRefusal). Nothing here has run on a GPU.
+// build with CUTLASS), the shared expert (its GEMMs through the same launcher, its row steps from
+// core/split_shared.hpp) and the home sums, for one rank (world 1: the closing barrier is stream order). A group of
+// several ranks needs the device barrier between them, which this pass does not launch yet: refused
+// (SplitRefusal). Nothing here has run on a GPU.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -15,6 +16,7 @@
 #include <cstdint>
 
 #include "core/split_pass.hpp"
+#include "core/split_shared.hpp"
 
 namespace mok::cuda {
 
@@ -23,6 +25,7 @@ namespace mok::cuda {
 struct SplitDevice {
   core::PassView view;
   core::SplitTargets targets;  // dx's fp32 first term [out ring rows, H]; the fp32 main_grad of the weight gradients
+  core::SplitShared shared;    // with a shared expert: its buffers (core/split_shared.hpp), else all null
   core::bf16_t* staging;       // staging_values bf16 per CTA of a row step (MXFP8's dispatch and SwiGLU)
   int64_t staging_values;
   int ctas;              // CTAs of a row step: each takes the window's tiles grid-stride
@@ -39,12 +42,13 @@ struct SplitDevice {
 
 enum class SplitRefusal : int32_t {
   none = 0,
-  unsupported_layer,  // core::split_supports refuses it (MXFP8, biases, a shared expert)
+  unsupported_layer,  // core::split_supports refuses it (MXFP8, biases)
   group,              // world > 1: the device barrier between ranks is not launched yet
   no_gemm,            // this libmok has no grouped GEMM (built without CUTLASS's headers)
   gemm_refused,       // the grouped GEMM refused a launch: gemm_status says why
   cuda_error,         // a launch failed: error
-  bad_device,         // the SplitDevice itself: ctas < 1, no GEMM argument block, or no staging where it needs one
+  bad_device,         // the SplitDevice itself: ctas < 1, no GEMM argument block, no staging or shared buffers where
+                      // it needs them
 };
 
 // Where an enqueued pass stopped: the launch (its index in the plan, step and GEMM kind) and why.
@@ -70,5 +74,6 @@ cudaError_t launch_swiglu(const SplitDevice& d, const core::RowWindow& window);
 cudaError_t launch_swiglu_backward(const SplitDevice& d, const core::RowWindow& window);
 cudaError_t launch_combine(const SplitDevice& d, const core::RowWindow& window);
 cudaError_t launch_home_sums(const SplitDevice& d);
+cudaError_t launch_shared_rows(const SplitDevice& d, core::SplitStep step);
 
 }  // namespace mok::cuda

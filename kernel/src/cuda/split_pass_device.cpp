@@ -25,14 +25,23 @@ struct DeviceSteps {
   bool swiglu(core::RowWindow w) { return launched(launch_swiglu(d, w)); }
   bool swiglu_backward(core::RowWindow w) { return launched(launch_swiglu_backward(d, w)); }
   bool combine(core::RowWindow w) { return launched(launch_combine(d, w)); }
-  bool shared() { return false; }  // refused before the walk (split_supports)
+  bool shared_rows(core::SplitStep step) { return launched(launch_shared_rows(d, step)); }
   bool barrier() { return true; }  // one rank: the stream's order is the barrier (a group is refused)
   bool home_sums() { return launched(launch_home_sums(d)); }
   bool gemm(core::GroupedGemm kind, core::RowWindow w) {
+    return grouped(kind, core::split_gemm_operands(d.view, kind, d.targets), d.view.s, d.view.sched,
+                   core::ring_periods(d.view.s), w);
+  }
+  bool shared_gemm(core::GroupedGemm kind) {
+    const core::LayerShape& s = d.view.s;
+    return grouped(kind, core::shared_gemm_operands(d.view, kind, d.shared, d.targets), core::shared_expert_shape(s),
+                   core::shared_schedule(s, d.shared, d.view.tokens), core::shared_periods(s), core::shared_window(s));
+  }
+  // One grouped GEMM launch (a build without CUTLASS is refused before the walk: no_gemm).
+  bool grouped(core::GroupedGemm kind, const core::SplitGemmOperands& o, const core::LayerShape& shape,
+               const core::Schedule& schedule, const core::RowPeriods& periods, core::RowWindow w) {
 #if MOK_WITH_GROUPED_GEMM
-    core::SplitGemmOperands o = core::split_gemm_operands(d.view, kind, d.targets);
-    GroupedGemmBf16 g{d.view.s,         d.view.sched, kind,    core::ring_periods(d.view.s), w, o.a, o.b, o.d,
-                      d.gemm_arguments, o.d_fp32,     o.c_fp32};
+    GroupedGemmBf16 g{shape, schedule, kind, periods, w, o.a, o.b, o.d, d.gemm_arguments, o.d_fp32, o.c_fp32};
     cudaError_t e = cudaSuccess;
     GemmStatus s = grouped_gemm_bf16(g, d.gemm_workspace, d.gemm_workspace_bytes, d.stream, &e);
     if (s == GemmStatus::cuda_error) return launched(e);
@@ -41,8 +50,7 @@ struct DeviceSteps {
     failure.gemm_status = static_cast<int>(s);
     return false;
 #else
-    (void)kind;
-    (void)w;
+    (void)kind, (void)o, (void)shape, (void)schedule, (void)periods, (void)w;
     failure.refusal = SplitRefusal::no_gemm;
     return false;
 #endif
@@ -69,17 +77,22 @@ bool enqueue_split_pass(const SplitDevice& d, bool biases, SplitFailure* failure
   const core::LayerShape& s = d.view.s;
   if (!core::split_supports(s, biases)) failure->refusal = SplitRefusal::unsupported_layer;
   if (s.world > 1) failure->refusal = SplitRefusal::group;
-  if (d.ctas < 1 || !d.gemm_arguments || (d.staging_values > 0 && !d.staging))
+  bool shared_buffers = d.shared.g && d.shared.u && d.shared.h && d.shared.dh && d.shared.dx_partial &&
+                        d.shared.schedule && (!d.view.w.shared_router || (d.shared.scaled && d.shared.dlogit));
+  if (d.ctas < 1 || !d.gemm_arguments || (d.staging_values > 0 && !d.staging) ||
+      (s.shared_intermediate > 0 && !shared_buffers))
     failure->refusal = SplitRefusal::bad_device;
 #if !MOK_WITH_GROUPED_GEMM
   failure->refusal = SplitRefusal::no_gemm;
 #endif
   core::RowPeriods periods = core::ring_periods(s);
-  int64_t count = failure->refusal == SplitRefusal::none ? core::split_plan(s, d.view.kind, periods, nullptr) : 0;
+  bool gated = d.view.w.shared_router != nullptr;
+  int64_t count =
+      failure->refusal == SplitRefusal::none ? core::split_plan(s, d.view.kind, periods, gated, nullptr) : 0;
   if (count < 0) failure->refusal = SplitRefusal::unsupported_layer;
   if (failure->refusal != SplitRefusal::none) return false;
   std::vector<core::SplitLaunch> launches(static_cast<size_t>(count));
-  core::split_plan(s, d.view.kind, periods, launches.data());
+  core::split_plan(s, d.view.kind, periods, gated, launches.data());
   DeviceSteps steps{d, *failure};
   int64_t stopped = core::run_split_pass(launches.data(), count, steps);
   if (stopped == count) return true;

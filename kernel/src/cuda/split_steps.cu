@@ -1,8 +1,8 @@
 // The split executor's row steps (core/split_plan.hpp's dispatch, swiglu, swiglu_backward and combine), one
-// kernel each over one window of schedule rows, the home sums, and their launchers (split_device.hpp). Each runs core's
-// wait-free body of the task the host executor runs (pull_window, swiglu_rows, swiglu_backward_rows, push_rows), so the
-// bytes are the host's. The launch before a step has finished when it starts (stream order), so no counter is waited on
-// or bumped.
+// kernel each over one window of schedule rows, the shared expert's row steps, the home sums, and their launchers
+// (split_device.hpp). Each runs core's wait-free body of the task the host executor runs (pull_window, swiglu_rows,
+// swiglu_backward_rows, push_rows; split_shared.hpp's items), so the bytes are the host's. The launch before a
+// step has finished when it starts (stream order), so no counter is waited on or bumped.
 //
 // The host never reads the schedule: each kernel takes its row count from the segments on the device and does
 // nothing past it. A CTA takes one tile at a time (grid-stride over the window's tiles) and its thread 0 runs
@@ -11,6 +11,7 @@
 #include "core/comm_tasks.hpp"
 #include "core/home_sums.hpp"
 #include "core/split_pass.hpp"
+#include "core/split_shared.hpp"
 #include "cuda/split_device.hpp"
 
 namespace mok::cuda {
@@ -79,11 +80,19 @@ __global__ void home_sums_backward(core::PassView view, const core::bf16_t* dout
   if (t < view.tokens) core::combine_backward_token(view, t, dout, dx, dw);
 }
 
+// A shared-expert row step (core/split_shared.hpp), a thread per item: a token, an element of the router's
+// gradient, or the one-expert schedule.
+__global__ void shared_rows(core::PassView view, core::SplitShared shared, float* router, core::SplitStep step,
+                            int64_t items) {
+  int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < items) core::shared_step_item(view, shared, router, step, i);
+}
+
 // ---- launchers: one thread per CTA runs a tile's body (each_tile), so a row step's CTAs are small ----
 
 namespace split_detail {
 constexpr int kRowStepThreads = 32;
-constexpr int kHomeSumThreads = 128;
+constexpr int kItemThreads = 128;  // a thread per token or item: the home sums, the shared rows
 }  // namespace split_detail
 
 cudaError_t launch_dispatch(const SplitDevice& d, const core::RowWindow& window) {
@@ -109,11 +118,19 @@ cudaError_t launch_combine(const SplitDevice& d, const core::RowWindow& window) 
 cudaError_t launch_home_sums(const SplitDevice& d) {
   int tokens = d.view.tokens;
   if (tokens == 0) return cudaSuccess;
-  int blocks = (tokens + kHomeSumThreads - 1) / kHomeSumThreads;
+  int blocks = (tokens + kItemThreads - 1) / kItemThreads;
   if (core::is_backward(d.view.kind))
-    home_sums_backward<<<blocks, kHomeSumThreads, 0, d.stream>>>(d.view, d.dout, d.dx, d.dw);
+    home_sums_backward<<<blocks, kItemThreads, 0, d.stream>>>(d.view, d.dout, d.dx, d.dw);
   else
-    home_sums_forward<<<blocks, kHomeSumThreads, 0, d.stream>>>(d.view, d.topk_weights, d.out);
+    home_sums_forward<<<blocks, kItemThreads, 0, d.stream>>>(d.view, d.topk_weights, d.out);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_shared_rows(const SplitDevice& d, core::SplitStep step) {
+  int64_t items = core::shared_step_items(d.view, step);
+  if (items == 0) return cudaSuccess;
+  int blocks = static_cast<int>((items + kItemThreads - 1) / kItemThreads);
+  shared_rows<<<blocks, kItemThreads, 0, d.stream>>>(d.view, d.shared, d.targets.wgrad_shared_router, step, items);
   return cudaGetLastError();
 }
 
