@@ -1,17 +1,15 @@
 // mok.hpp's C++ layer: mok::Layer owns one context (created once, destroyed exactly once, also across moves), its
 // calls give what the C calls give, and every failure throws mok::Error with the C call's status and detail.
-#include <dirent.h>
-
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mok/mok.hpp>
 #include <random>
-#include <thread>
+#include <set>
 #include <type_traits>
 #include <vector>
 
 #include "check.hpp"
+#include "worker_threads.hpp"
 
 namespace {
 
@@ -22,26 +20,11 @@ static_assert(std::is_nothrow_move_constructible_v<mok::Layer> && std::is_nothro
 
 constexpr int E = 2, H = 32, I = 16, K = 2, T = 8, kWorkers = 3;
 
-// Threads of this process: a context runs comm_workers + compute_workers of them until it is destroyed.
-int threads() {
-  int n = 0;
-  if (DIR* d = opendir("/proc/self/task")) {
-    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
-    closedir(d);
-  }
-  return n;
-}
-
-// Whether the thread count comes to `want` within 10 s. pthread_join returns when a worker has let go of its
-// stack, a moment before the kernel drops it from /proc/self/task, so a count just after a context's
-// destruction can still see its workers (CI, loaded machine: every check of a run off by them).
-bool threads_reach(int want) {
-  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (threads() != want) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
+// A context runs comm_workers + compute_workers threads until it is destroyed: whether this process's worker
+// threads come to `count` (worker_threads.hpp: a bounded wait for joined ones to leave /proc/self/task).
+bool workers_reach(size_t count) {
+  return mok_test::worker_threads_when([&](const std::set<std::string>& now) { return now.size() == count; }).size() ==
+         count;
 }
 
 mokLayerConfig_t config() {
@@ -81,33 +64,28 @@ mok::Error thrown(F f) {
 
 TEST(create_destroy_once_across_moves) {
   Memory mem;
-  // The count without a context, taken from a first one: a sanitizer starts its own thread at the process's
-  // first pthread_create, which must not count as one of the context's.
-  mok::Layer first(config(), mem.m);
-  int base = threads() - kWorkers;
-  first.reset();
-  CHECK_MSG(threads_reach(base), "%d threads after the first context, %d expected", threads(), base);
+  CHECK(workers_reach(0));
   {
     mok::Layer a(config(), mem.m);
-    CHECK(a && threads_reach(base + kWorkers));
+    CHECK(a && workers_reach(kWorkers));
     mok::Layer b(std::move(a));
-    CHECK(!a && b && threads_reach(base + kWorkers));  // moved, not recreated
+    CHECK(!a && b && workers_reach(kWorkers));  // moved, not recreated
     std::vector<mok::Layer> kept;
     kept.push_back(std::move(b));
     kept.reserve(8);  // moved again inside the vector
-    CHECK(threads_reach(base + kWorkers));
+    CHECK(workers_reach(kWorkers));
     mok::Layer c;
     c = std::move(kept[0]);
     c = std::move(c);  // self-move keeps the context
-    CHECK(c && threads_reach(base + kWorkers));
+    CHECK(c && workers_reach(kWorkers));
     Memory other;
     c = mok::Layer(config(), other.m);  // the old context is destroyed, the new one kept
-    CHECK(c && threads_reach(base + kWorkers));
+    CHECK(c && workers_reach(kWorkers));
     c.reset();
-    CHECK(!c && threads_reach(base));
+    CHECK(!c && workers_reach(0));
     c = mok::Layer(config(), mem.m);  // the buffers of a destroyed context are reused as they are
   }
-  CHECK_MSG(threads_reach(base), "%d threads left, %d before", threads(), base);
+  CHECK_MSG(workers_reach(0), "%zu worker threads left", mok_test::worker_threads().size());
 }
 
 TEST(failures_throw_status_and_detail) {

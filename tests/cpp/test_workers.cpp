@@ -1,39 +1,16 @@
 // The host executor's workers: threads made once per layer (not per pass), the same bits whatever the
 // worker counts (home sums and gradient write-out split unevenly across workers), a layer with fewer
 // threads than asked for, and a worker that is gone failing the pass with a named local wait.
-#include <dirent.h>
-
-#include <chrono>
 #include <set>
-#include <thread>
 
 #include "core/pass_worker.hpp"
 #include "group.hpp"
+#include "worker_threads.hpp"
 
 using namespace mok_test;
 namespace core = mok::core;
 
 namespace {
-
-// The ids of this process's libmok worker threads (named mok-worker; a sanitizer or the C++ runtime
-// may run threads of its own).
-std::set<std::string> threads_now() {
-  std::set<std::string> ids;
-  DIR* dir = opendir("/proc/self/task");
-  CHECK(dir != nullptr);
-  if (!dir) return ids;
-  while (dirent* e = readdir(dir)) {
-    if (e->d_name[0] == '.') continue;
-    char name[64] = {};
-    std::string path = std::string("/proc/self/task/") + e->d_name + "/comm";
-    if (FILE* f = std::fopen(path.c_str(), "r")) {
-      if (std::fgets(name, sizeof(name), f) && std::string(name) == "mok-worker\n") ids.insert(e->d_name);
-      std::fclose(f);
-    }
-  }
-  closedir(dir);
-  return ids;
-}
 
 Knobs workers(int comm, int compute) {
   Knobs k;
@@ -96,10 +73,10 @@ TEST(threads_are_made_once_per_layer) {
   m.peer_bases = bases;
   m.workspace = work.p;
   m.workspace_bytes = sizes.workspace_bytes;
-  std::set<std::string> before = threads_now();
+  std::set<std::string> before = worker_threads();
   mokLayer_t layer = nullptr;
   CHECK(mokLayerCreate(&c, &m, &layer) == mokSuccess);
-  std::set<std::string> created = threads_now();
+  std::set<std::string> created = worker_threads();
   CHECK_MSG(created.size() == before.size() + 5, "%zu threads before, %zu after creating a 2 + 3 worker layer",
             before.size(), created.size());
   mokLayerWeights_t w = bf16_weights(p, 0);
@@ -112,9 +89,9 @@ TEST(threads_are_made_once_per_layer) {
   std::vector<uint16_t> first_out, first_dgate;
   for (int pass = 0; pass < 20; pass += 2) {  // 10 forwards and 10 backwards
     CHECK(mokLayerForward(layer, &w, p.x[0].data(), p.topk_weights[0].data(), out.data(), nullptr) == mokSuccess);
-    CHECK(threads_now() == created);
+    CHECK(worker_threads() == created);
     CHECK(mokLayerBackward(layer, &w, p.topk_weights[0].data(), p.dout[0].data(), &g, nullptr) == mokSuccess);
-    CHECK_MSG(threads_now() == created, "pass %d: the layer's threads changed", pass + 1);
+    CHECK_MSG(worker_threads() == created, "pass %d: the layer's threads changed", pass + 1);
     if (pass == 0) {
       first_out = out;
       first_dgate = grads.dgate;
@@ -122,14 +99,8 @@ TEST(threads_are_made_once_per_layer) {
     CHECK(out == first_out && grads.dgate == first_dgate);  // and every pass computes the same
   }
   CHECK(mokLayerDestroy(layer) == mokSuccess);
-  // pthread_join returns when the kernel clears the thread's tid, a moment before it drops the thread from
-  // /proc/self/task: give the kernel a bounded while (a thread that was not stopped never goes).
-  std::set<std::string> after = threads_now();
-  for (int tries = 0; after != before && tries < 200; ++tries) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    after = threads_now();
-  }
-  CHECK_MSG(after == before, "%zu threads left 2 s after destroy, %zu before", after.size(), before.size());
+  std::set<std::string> after = worker_threads_when([&](const std::set<std::string>& now) { return now == before; });
+  CHECK_MSG(after == before, "%zu threads left 10 s after destroy, %zu before", after.size(), before.size());
 }
 
 TEST(world1_bitwise_across_worker_counts) {
