@@ -385,24 +385,9 @@ void check_case(const Spec& spec, Knobs k, uint64_t seed) {
   }
 }
 
-// ||got - want|| / ||want - start|| over finite values; NaN where only one of them is NaN.
 template <class T>
 double normwise(const std::vector<T>& got, const std::vector<T>& want, double start = 0) {
-  auto value = [](T v) {
-    if constexpr (std::is_same_v<T, float>)
-      return static_cast<double>(v);
-    else
-      return static_cast<double>(core::bf16_to_float(v));
-  };
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    double g = value(got[i]), w = value(want[i]);
-    if (std::isnan(g) != std::isnan(w)) return NAN;
-    if (std::isnan(w)) continue;
-    diff += (g - w) * (g - w);
-    norm += (w - start) * (w - start);
-  }
-  return std::sqrt(diff / norm);
+  return got.size() == want.size() ? core::normwise_difference(got.data(), want.data(), want.size(), start) : NAN;
 }
 
 Spec spec_of(int world, Routing routing) {

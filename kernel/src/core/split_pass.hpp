@@ -8,7 +8,10 @@
 // (split_supports says which layers it can run); the shared expert's steps are split_shared.hpp's.
 #pragma once
 
+#include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/compute_tasks.hpp"
 #include "core/gemm.hpp"
@@ -34,6 +37,28 @@ MOK_HD inline bool split_supports(const LayerShape& s, bool biases) {
 // one's error). The self-test's one_rank stage holds the GPU's pass to it; a wrong row, operand or window is an error
 // of order one.
 constexpr double kSplitOrderTolerance = 1.0 / 128;
+
+// The measure kSplitOrderTolerance bounds: ||got - want|| / ||want - start|| over n bf16 or fp32 values (start: what
+// main_grad held), NaN where only one of a pair is NaN (a value the pass never wrote keeps a fill's NaN).
+template <class T>
+double normwise_difference(const T* got, const T* want, size_t n, double start = 0) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, bf16_t>, "bf16 or fp32 values");
+  auto value = [](T v) {
+    if constexpr (std::is_same_v<T, float>)
+      return static_cast<double>(v);
+    else
+      return static_cast<double>(bf16_to_float(v));
+  };
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < n; ++i) {
+    double g = value(got[i]), w = value(want[i]);
+    if (std::isnan(g) != std::isnan(w)) return NAN;
+    if (std::isnan(w)) continue;
+    diff += (g - w) * (g - w);
+    norm += (w - start) * (w - start);
+  }
+  return std::sqrt(diff / (norm > 0 ? norm : 1));
+}
 
 // ---- the row steps: which tiles of a window a launch covers ----
 

@@ -397,25 +397,9 @@ mokStatus_t download(const T* device, size_t count, std::vector<T>* host, Text* 
   return e == cudaSuccess ? mokSuccess : cuda_failed(text, "copying the pass's results back", e);
 }
 
-double value(bf16_t v) {
-  return core::bf16_to_float(v);
-}
-double value(float v) {
-  return v;
-}
-
-// ||got - want|| / ||want - start||, NaN when got holds a NaN (a row the pass never wrote keeps the fill's NaN).
 template <class T>
 double relative_error(const std::vector<T>& got, const std::vector<T>& want, double start = 0) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    double g = value(got[i]), w = value(want[i]);
-    if (std::isnan(g) != std::isnan(w)) return NAN;
-    if (std::isnan(w)) continue;
-    diff += (g - w) * (g - w);
-    norm += (w - start) * (w - start);
-  }
-  return std::sqrt(diff / (norm > 0 ? norm : 1));
+  return got.size() == want.size() ? core::normwise_difference(got.data(), want.data(), want.size(), start) : NAN;
 }
 
 // Each result within core::kSplitOrderTolerance of the host's, normwise.
