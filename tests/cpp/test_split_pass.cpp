@@ -67,6 +67,7 @@ const float* sigmoid_table() {
 struct SplitOutputs {
   std::vector<uint16_t> out, dx;
   std::vector<float> dw, main_gate, main_up, main_down, main_sgate, main_sup, main_sdown, main_srouter;
+  std::vector<uint16_t> dgate, dup, ddown, dsgate, dsup, dsdown, dsrouter;  // bf16 gradients (no main_grad)
 };
 
 // The split pass's shared-expert buffers (core::SplitShared), NaN-filled: what it reads there it must have written.
@@ -97,6 +98,7 @@ struct HostSteps {
   SplitOutputs& o;
   bool reverse;  // each GEMM's sum in reverse order: another order, as a GPU's tensor cores have their own
   core::SplitShared shared;
+  core::SplitGradients bf16_grads;
   std::vector<core::bf16_t> staging;
   std::vector<float> scratch, product;
 
@@ -124,6 +126,11 @@ struct HostSteps {
   bool combine(core::RowWindow w) {
     int64_t pad = v.s.expert_padding;
     each_tile(w, [&](int64_t t) { core::push_rows(v, t * pad, (t + 1) * pad); });
+    return true;
+  }
+  bool gradients(bool write) {
+    core::GradientParts parts = core::split_gradient_parts(v.s, v.w.shared_router != nullptr, targets, bf16_grads);
+    for (int64_t i = 0; i < core::gradient_items(parts); ++i) core::gradient_item(parts, i, write);
     return true;
   }
   bool shared_rows(core::SplitStep step) {
@@ -265,7 +272,7 @@ struct Group {
   }
 
   // The split pass of `kind` on every rank (each on its own thread); weight gradients added into main_grad
-  // that starts at k.main_grad_start.
+  // that starts at k.main_grad_start, or without k.accumulate bf16 of the pass's own fp32 sums (NaN before).
   std::vector<SplitOutputs> split(PassKind kind, bool reverse = false) {
     int W = p.world;
     std::vector<SplitOutputs> outputs(static_cast<size_t>(W));
@@ -290,14 +297,28 @@ struct Group {
       std::vector<float> partial(static_cast<size_t>(core::out_ring_rows(v.s)) * p.hidden, NAN);
       core::SplitTargets targets{partial.data(),      o.main_gate.data(), o.main_up.data(),    o.main_down.data(),
                                  o.main_sgate.data(), o.main_sup.data(),  o.main_sdown.data(), o.main_srouter.data()};
+      core::SplitGradients grads{};
+      std::vector<float> sums;  // without main_grad: the pass's own fp32 sums, which it must zero first
+      if (!k.accumulate) {
+        for (auto* g : {&o.dgate, &o.dup, &o.ddown}) g->assign(eih, 0xffff);
+        for (auto* g : {&o.dsgate, &o.dsup, &o.dsdown}) g->assign(sih, 0xffff);
+        o.dsrouter.assign(o.main_srouter.size(), 0xffff);
+        grads = core::SplitGradients{o.dgate.data(), o.dup.data(),    o.ddown.data(),   o.dsgate.data(),
+                                     o.dsup.data(),  o.dsdown.data(), o.dsrouter.data()};
+        sums.assign(3 * eih + 3 * sih + o.dsrouter.size(), NAN);
+        float* at = sums.data();
+        targets = core::SplitTargets{
+            partial.data(),        at, at + eih, at + 2 * eih, at + 3 * eih, at + 3 * eih + sih, at + 3 * eih + 2 * sih,
+            at + 3 * eih + 3 * sih};
+      }
       SharedBuffers shared(v.s);
-      HostSteps steps{v, targets, p, r, barrier, o, reverse, shared.buffers, {}, {}, {}};
+      HostSteps steps{v, targets, p, r, barrier, o, reverse, shared.buffers, grads, {}, {}, {}};
       steps.staging.assign(std::max(core::mx_staging_values(v.s), core::mx_swiglu_staging_values(v.s)) + 1, 0);
       core::RowPeriods periods = core::ring_periods(v.s);
       bool gated = v.w.shared_router != nullptr;
-      std::vector<core::SplitLaunch> launches(
-          static_cast<size_t>(core::split_plan(v.s, kind, periods, gated, nullptr)));
-      CHECK(core::split_plan(v.s, kind, periods, gated, launches.data()) == static_cast<int64_t>(launches.size()));
+      core::SplitCall call{gated, !k.accumulate};
+      std::vector<core::SplitLaunch> launches(static_cast<size_t>(core::split_plan(v.s, kind, periods, call, nullptr)));
+      CHECK(core::split_plan(v.s, kind, periods, call, launches.data()) == static_cast<int64_t>(launches.size()));
       int64_t ran = core::run_split_pass(launches.data(), static_cast<int64_t>(launches.size()), steps);
       CHECK_MSG(ran == static_cast<int64_t>(launches.size()), "rank %d: launch %lld (%s) stopped the split pass", r,
                 static_cast<long long>(ran), core::split_step_name(launches[static_cast<size_t>(ran)].step));
@@ -327,6 +348,45 @@ void check_floats(const std::vector<float>& got, const std::vector<float>& want,
     CHECK_MSG(false, "%s rank %d [%zu]: split %.9g, host %.9g (bound %g of %g)", what, r, i, got[i], want[i],
               fp32_bound, scale);
     return;
+  }
+}
+
+// bf16 values: bitwise, or (not `exact`) each within 2^-7 of the largest |value|: fp32 sums grouped differently
+// (within 2^-16 of it, above) move a bf16 rounding by at most one unit, at most 2^-7 of a value.
+void check_bf16(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want, const char* what, int r,
+                bool exact) {
+  if (exact) return check_bits(got, want, what, r);
+  CHECK_MSG(got.size() == want.size(), "%s rank %d: %zu values, host %zu", what, r, got.size(), want.size());
+  double scale = 0;
+  for (uint16_t x : want) scale = std::max(scale, std::fabs(static_cast<double>(core::bf16_to_float(x))));
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    double g = core::bf16_to_float(got[i]), w = core::bf16_to_float(want[i]);
+    if (std::fabs(g - w) <= std::ldexp(scale, -7)) continue;  // false for a NaN the pass left
+    CHECK_MSG(false, "%s rank %d [%zu]: split %04x, host %04x (scale %g)", what, r, i, got[i], want[i], scale);
+    return;
+  }
+}
+
+// A backward without main_grad: bf16 weight gradients of the pass's own sums, which it zeroes first (NaN before).
+void check_bf16_gradients(const ref::Problem& p, Knobs k, bool one_window) {
+  k.accumulate = false;
+  Group bf16(p, k);
+  Outputs host = bf16.host();
+  for (int r = 0; r < p.world; ++r)
+    CHECK_MSG(host.status[r] == mokSuccess, "host rank %d: %s", r, host.detail[r].c_str());
+  bf16.split(PassKind::forward);
+  std::vector<SplitOutputs> split = bf16.split(PassKind::backward);
+  for (int r = 0; r < p.world; ++r) {
+    std::printf("  bf16-gradient backward rank %d\n", r);
+    check_bits(split[r].dx, host.dx[r], "dx", r);
+    check_bf16(split[r].dgate, host.dgate[r], "dgate", r, one_window);
+    check_bf16(split[r].dup, host.dup[r], "dup", r, one_window);
+    check_bf16(split[r].ddown, host.ddown[r], "ddown", r, one_window);
+    if (p.shared_inter == 0) continue;
+    check_bits(split[r].dsgate, host.dsgate[r], "dshared_gate", r);
+    check_bits(split[r].dsup, host.dsup[r], "dshared_up", r);
+    check_bits(split[r].dsdown, host.dsdown[r], "dshared_down", r);
+    if (p.gated) check_bits(split[r].dsrouter, host.dsrouter[r], "dshared_router", r);
   }
 }
 
@@ -372,17 +432,14 @@ void check_case(const Spec& spec, Knobs k, uint64_t seed) {
       check_floats(split[r].main_up, host.main_up[r], "main_grad up", r, bound, k.main_grad_start);
       check_floats(split[r].main_down, host.main_down[r], "main_grad down", r, bound, k.main_grad_start);
       if (p.shared_inter == 0) continue;
-      // The host adds the shared expert's weight gradients chunk by chunk (expert_padding tokens), the split pass
-      // the whole window's product: grouped differently as above once a rank has more than one chunk.
-      double shared_bound = p.tokens[r] <= k.padding ? 0 : std::ldexp(1.0, -16);
-      check_floats(split[r].main_sgate, host.main_sgate[r], "main_grad shared gate", r, shared_bound,
-                   k.main_grad_start);
-      check_floats(split[r].main_sup, host.main_sup[r], "main_grad shared up", r, shared_bound, k.main_grad_start);
-      check_floats(split[r].main_sdown, host.main_sdown[r], "main_grad shared down", r, shared_bound,
-                   k.main_grad_start);
+      // The shared expert's: one window of every token, one sum from 0 in token order, as the host's: bitwise.
+      check_floats(split[r].main_sgate, host.main_sgate[r], "main_grad shared gate", r);
+      check_floats(split[r].main_sup, host.main_sup[r], "main_grad shared up", r);
+      check_floats(split[r].main_sdown, host.main_sdown[r], "main_grad shared down", r);
       if (p.gated) check_floats(split[r].main_srouter, host.main_srouter[r], "main_grad shared router", r);
     }
   }
+  check_bf16_gradients(p, k, one_window);
 }
 
 template <class T>
@@ -437,10 +494,11 @@ TEST(split_pass_variants) {
 
 // The shared expert (its own GEMMs over a one-expert schedule of the rank's tokens): narrower and wider than the
 // hidden size, gated by a router (Qwen2-MoE) with its gradient, with a rank that holds no token and ranks of
-// several chunks.
+// several chunks; a ring that turns, and one that keeps every row (the kept backward).
 TEST(split_pass_shared_expert) {
   for (int shared_inter : {16, 40})
     for (bool gated : {false, true}) {
+      int macrobatch = gated ? 256 : 32;
       Spec spec = spec_of(3, Routing::uniform);
       spec.shared_inter = shared_inter;
       spec.gated = gated;
@@ -449,10 +507,70 @@ TEST(split_pass_shared_expert) {
       Knobs k;
       k.padding = 8;
       k.minibatch = 8;
-      k.macrobatch = 32;
-      std::printf("shared %d gated %d\n", shared_inter, gated);
+      k.macrobatch = macrobatch;
+      std::printf("shared %d gated %d macrobatch %d\n", shared_inter, gated, macrobatch);
       check_case(spec, k, seed() + static_cast<uint64_t>(10 + shared_inter + gated));
     }
+}
+
+// What an executor must hold (core::split_buffers_complete, enqueue_split_pass's bad_device): from buffers that hold
+// everything, each pointer nulled in turn is refused exactly where the pass of that kind and call would use it.
+TEST(split_buffers_complete_refuses_each_buffer_a_pass_uses) {
+  struct Slot {
+    const char* name;
+    void** at;
+    bool used;  // by the pass below
+  };
+  for (PassKind kind : {PassKind::forward, PassKind::backward})
+    for (int shared_inter : {0, 8})
+      for (bool gated : {false, true})
+        for (bool bf16 : {false, true}) {
+          if (gated && shared_inter == 0) continue;
+          core::PassView v{};
+          v.kind = kind;
+          v.s.experts_per_rank = 2, v.s.hidden = 16, v.s.intermediate = 8, v.s.shared_intermediate = shared_inter;
+          core::SplitCall call{gated, bf16};
+          std::vector<char> memory(64);  // every pointer somewhere, none null
+          char* any = memory.data();
+          core::SplitTargets t{};
+          core::SplitGradients g{};
+          core::SplitShared sh{};
+          bool backward = core::is_backward(kind), shared = shared_inter > 0;
+          std::vector<Slot> slots = {
+              {"dx_partial", reinterpret_cast<void**>(&t.dx_partial), backward},
+              {"wgrad_gate", reinterpret_cast<void**>(&t.wgrad_gate), backward},
+              {"wgrad_up", reinterpret_cast<void**>(&t.wgrad_up), backward},
+              {"wgrad_down", reinterpret_cast<void**>(&t.wgrad_down), backward},
+              {"wgrad_shared_gate", reinterpret_cast<void**>(&t.wgrad_shared_gate), backward && shared},
+              {"wgrad_shared_up", reinterpret_cast<void**>(&t.wgrad_shared_up), backward && shared},
+              {"wgrad_shared_down", reinterpret_cast<void**>(&t.wgrad_shared_down), backward && shared},
+              {"wgrad_shared_router", reinterpret_cast<void**>(&t.wgrad_shared_router), backward && gated},
+              {"gradients.gate", reinterpret_cast<void**>(&g.gate), backward && bf16},
+              {"gradients.up", reinterpret_cast<void**>(&g.up), backward && bf16},
+              {"gradients.down", reinterpret_cast<void**>(&g.down), backward && bf16},
+              {"gradients.shared_gate", reinterpret_cast<void**>(&g.shared_gate), backward && bf16 && shared},
+              {"gradients.shared_up", reinterpret_cast<void**>(&g.shared_up), backward && bf16 && shared},
+              {"gradients.shared_down", reinterpret_cast<void**>(&g.shared_down), backward && bf16 && shared},
+              {"gradients.shared_router", reinterpret_cast<void**>(&g.shared_router), backward && bf16 && gated},
+              {"shared.g", reinterpret_cast<void**>(&sh.g), shared},
+              {"shared.u", reinterpret_cast<void**>(&sh.u), shared},
+              {"shared.h", reinterpret_cast<void**>(&sh.h), shared},
+              {"shared.schedule", reinterpret_cast<void**>(&sh.schedule), shared},
+              {"shared.dh", reinterpret_cast<void**>(&sh.dh), shared && backward},
+              {"shared.dx_partial", reinterpret_cast<void**>(&sh.dx_partial), shared && backward},
+              {"shared.scaled", reinterpret_cast<void**>(&sh.scaled), gated && backward},
+              {"shared.dlogit", reinterpret_cast<void**>(&sh.dlogit), gated && backward},
+          };
+          for (Slot& slot : slots) *slot.at = any;
+          CHECK(core::split_buffers_complete(v, call, t, g, sh));
+          for (Slot& slot : slots) {
+            *slot.at = nullptr;
+            CHECK_MSG(core::split_buffers_complete(v, call, t, g, sh) == !slot.used,
+                      "%s null: %s (kind %d, I_s %d, gated %d, bf16 gradients %d)", slot.name,
+                      slot.used ? "accepted" : "refused", static_cast<int>(kind), shared_inter, gated, bf16);
+            *slot.at = any;
+          }
+        }
 }
 
 // The GPU's GEMMs sum in their own order: the pass with every GEMM summed in reverse stays within

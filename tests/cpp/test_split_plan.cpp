@@ -115,14 +115,34 @@ struct Sim {
   std::vector<int64_t> ring_holder, out_holder;  // the schedule row each buffer row holds, -1 none
   bool barrier = false, sums = false;
   SharedSim shared;
+  // A bf16-gradient backward: its sums zeroed before any weight-gradient product and written out after the last.
+  bool bf16_gradients;
+  int zeroed = 0, written = 0, wgrads = 0;
 
-  Sim(const Case& cs, PassKind k, bool gated)
+  Sim(const Case& cs, PassKind k, const core::SplitCall& call)
       : c(cs),
         kind(k),
         rows(static_cast<size_t>(cs.sched.total_rows)),
         ring_holder(static_cast<size_t>(cs.periods.ring), -1),
         out_holder(static_cast<size_t>(cs.periods.out), -1),
-        shared{core::is_backward(k), gated} {}
+        shared{core::is_backward(k), call.gated},
+        bf16_gradients(core::is_backward(k) && call.bf16_gradients) {}
+
+  // A weight-gradient product goes into the sums: zeroed first (bf16), not yet written out.
+  void into_sums(const char* what) {
+    ++wgrads;
+    CHECK_MSG(!bf16_gradients || (zeroed == 1 && written == 0), "%s with the sums zeroed %d times, written %d", what,
+              zeroed, written);
+  }
+
+  // Every weight gradient's products are in: each routed row's three and the shared expert's.
+  bool all_wgrads_in() const {
+    for (int64_t r = 0; r < c.sched.total_rows; ++r)
+      if (routed(r) && (rows[static_cast<size_t>(r)].has & (kWDown | kWGate | kWUp)) != (kWDown | kWGate | kWUp))
+        return false;
+    uint32_t shared_wgrads = kSWDown | kSWGate | kSWUp | (shared.gated ? static_cast<uint32_t>(kSRouter) : 0u);
+    return c.s.shared_intermediate == 0 || (shared.has & shared_wgrads) == shared_wgrads;
+  }
 
   bool routed(int64_t r) const { return r < c.sched.total_rows && c.rows[static_cast<size_t>(r)].rank >= 0; }
 
@@ -222,8 +242,22 @@ struct Sim {
       case SplitStep::shared_swiglu_backward:
       case SplitStep::shared_gate_backward:
       case SplitStep::shared_gate_dx:
-      case SplitStep::shared_router_gradient: shared.row_step(l.step); return;
+      case SplitStep::shared_router_gradient:
+        if (l.step == SplitStep::shared_router_gradient) into_sums("the router's gradient");
+        shared.row_step(l.step);
+        return;
+      case SplitStep::zero_gradients:
+        CHECK_MSG(bf16_gradients && zeroed == 0 && wgrads == 0, "zero_gradients %s",
+                  bf16_gradients ? "twice or after a weight gradient" : "without bf16 gradients");
+        ++zeroed;
+        return;
+      case SplitStep::write_gradients:
+        CHECK_MSG(bf16_gradients && zeroed == 1 && written == 0 && all_wgrads_in(),
+                  "write_gradients before every product is in, twice, or without bf16 gradients");
+        ++written;
+        return;
       case SplitStep::barrier:
+        CHECK_MSG(written == (bf16_gradients ? 1 : 0), "the barrier with the gradients written %d times", written);
         for (int64_t r = 0; r < c.sched.total_rows; ++r)
           if (routed(r))
             CHECK_MSG(rows[static_cast<size_t>(r)].combines == 1, "barrier before row %lld is home",
@@ -236,7 +270,10 @@ struct Sim {
                   "home sums before the shared expert's 0x%x (has 0x%x)", shared.done(), shared.has);
         sums = true;
         return;
-      case SplitStep::gemm: l.shared ? shared.gemm(l.gemm) : gemm_launch(l); return;
+      case SplitStep::gemm:
+        if (core::is_wgrad(l.gemm)) into_sums(l.shared ? "a shared weight gradient" : "a weight gradient");
+        l.shared ? shared.gemm(l.gemm) : gemm_launch(l);
+        return;
       default:
         for (int64_t r = l.window.row0; r < l.window.row0 + l.window.rows; ++r)
           if (routed(r)) row_step(l.step, r);
@@ -279,22 +316,22 @@ void keep_forward(Sim& sim) {
 }
 
 std::vector<core::SplitLaunch> plan_of(const core::LayerShape& s, PassKind kind, const core::RowPeriods& p,
-                                       bool gated = false) {
-  int64_t n = core::split_plan(s, kind, p, gated, nullptr);
+                                       const core::SplitCall& call = {}) {
+  int64_t n = core::split_plan(s, kind, p, call, nullptr);
   std::vector<core::SplitLaunch> plan(static_cast<size_t>(n > 0 ? n : 0));
-  if (n > 0) CHECK(core::split_plan(s, kind, p, gated, plan.data()) == n);
+  if (n > 0) CHECK(core::split_plan(s, kind, p, call, plan.data()) == n);
   return plan;
 }
 
-void check_pass(const Case& c, PassKind kind, bool gated) {
-  std::vector<core::SplitLaunch> plan = plan_of(c.s, kind, c.periods, gated);
+void check_pass(const Case& c, PassKind kind, const core::SplitCall& call) {
+  std::vector<core::SplitLaunch> plan = plan_of(c.s, kind, c.periods, call);
   if (kind == PassKind::backward_kept && !core::split_keeps_ring(c.s, c.periods)) {
-    CHECK_MSG(core::split_plan(c.s, kind, c.periods, gated, nullptr) == -1,
+    CHECK_MSG(core::split_plan(c.s, kind, c.periods, call, nullptr) == -1,
               "a kept backward planned over a turning ring");
     return;
   }
   CHECK(!plan.empty());
-  Sim sim(c, kind, gated);
+  Sim sim(c, kind, call);
   if (kind == PassKind::backward_kept) keep_forward(sim);
   for (const core::SplitLaunch& l : plan) {
     CHECK_MSG(l.window.row0 >= 0 && l.window.rows >= 0 && l.window.row0 + l.window.rows <= core::max_recv_rows(c.s),
@@ -311,13 +348,13 @@ void check_cases(uint64_t seed, int trials, bool skewed) {
     Case c;
     make_case(rng, c, skewed);
     c.s.shared_intermediate = mok_test::pick(rng, 0, 1) * 8;
-    bool gated = mok_test::pick(rng, 0, 1) == 1;
+    core::SplitCall call{mok_test::pick(rng, 0, 1) == 1, mok_test::pick(rng, 0, 1) == 1};
     int before = mok_test::failures().load();
     // A launch counts the schedule's rows from its segments (the host never reads them).
     CHECK_MSG(core::schedule_rows(c.s, c.sched) == c.sched.total_rows, "segments give %lld rows, the schedule %lld",
               static_cast<long long>(core::schedule_rows(c.s, c.sched)), static_cast<long long>(c.sched.total_rows));
     for (PassKind kind : {PassKind::forward, PassKind::recompute, PassKind::backward, PassKind::backward_kept})
-      check_pass(c, kind, gated);
+      check_pass(c, kind, call);
     if (mok_test::failures().load() != before) {
       std::printf("  trial %d: world %d, E %d, K %d, T %d, pad %d, periods %lld / %lld\n", trial, c.s.world,
                   c.s.experts_per_rank, c.s.top_k, c.s.max_tokens, c.s.expert_padding,
@@ -363,10 +400,10 @@ TEST(bad_periods_are_refused) {
   s.macrobatch = 16;
   for (core::RowPeriods p : {core::RowPeriods{0, 8}, core::RowPeriods{16, 0}, core::RowPeriods{6, 8},
                              core::RowPeriods{16, 10}, core::RowPeriods{-4, 8}})
-    CHECK_MSG(core::split_plan(s, PassKind::forward, p, false, nullptr) == -1, "periods %lld / %lld planned",
+    CHECK_MSG(core::split_plan(s, PassKind::forward, p, {}, nullptr) == -1, "periods %lld / %lld planned",
               static_cast<long long>(p.ring), static_cast<long long>(p.out));
   s.expert_padding = 0;
-  CHECK(core::split_plan(s, PassKind::forward, core::RowPeriods{16, 8}, false, nullptr) == -1);
+  CHECK(core::split_plan(s, PassKind::forward, core::RowPeriods{16, 8}, {}, nullptr) == -1);
 }
 
 }  // namespace

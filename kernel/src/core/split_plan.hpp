@@ -32,6 +32,8 @@ enum class SplitStep : int32_t {
   combine,          // push the window's finished rows (y, or dx in backward) into their home ranks' slots
   barrier,          // the group's closing barrier: every peer has written this rank's slots
   home_sums,        // out, or dx and dw, summed in k order (home_sums.hpp)
+  zero_gradients,   // a bf16-gradient backward: the weight gradients' fp32 sums set to 0 (split_pass.hpp)
+  write_gradients,  // ... and written out as bf16 once every product is in
   // The shared expert over this rank's tokens (split_shared.hpp); its GEMMs are gemm launches marked shared.
   shared_schedule,         // its one-expert schedule: this call's tokens
   shared_swiglu,           // h from g and u
@@ -51,6 +53,8 @@ MOK_HD inline const char* split_step_name(SplitStep step) {
     case SplitStep::combine: return "combine";
     case SplitStep::barrier: return "barrier";
     case SplitStep::home_sums: return "home_sums";
+    case SplitStep::zero_gradients: return "zero_gradients";
+    case SplitStep::write_gradients: return "write_gradients";
     case SplitStep::shared_schedule: return "shared_schedule";
     case SplitStep::shared_swiglu: return "shared_swiglu";
     case SplitStep::shared_swiglu_backward: return "shared_swiglu_backward";
@@ -149,19 +153,28 @@ MOK_HD inline void add_shared_launches(SplitPlanWriter& plan, bool backward, boo
   plan.add_shared(GroupedGemm::wgrad_up);
 }
 
+// What of a call the plan depends on besides the shape: whether the shared expert has a router
+// (weights.shared_router), and whether a backward writes bf16 weight gradients (no fp32 main_grad).
+struct SplitCall {
+  bool gated;
+  bool bf16_gradients;
+};
+
 // The launches of one pass of `kind`, in stream order, into `out` (null: count only); returns their number,
 // or -1 when the pass cannot be planned: a period that is not a positive multiple of the tile height, or
-// backward_kept where the ring cannot keep every routing's rows (split_keeps_ring). `gated`: the shared expert
-// has a router (weights.shared_router).
-MOK_HD inline int64_t split_plan(const LayerShape& s, PassKind kind, const RowPeriods& p, bool gated,
+// backward_kept where the ring cannot keep every routing's rows (split_keeps_ring).
+MOK_HD inline int64_t split_plan(const LayerShape& s, PassKind kind, const RowPeriods& p, const SplitCall& call,
                                  SplitLaunch* out) {
   int64_t pad = s.expert_padding;
   if (pad <= 0 || p.ring <= 0 || p.out <= 0 || p.ring % pad || p.out % pad) return -1;
   bool kept = kind == PassKind::backward_kept;
   if (kept && !split_keeps_ring(s, p)) return -1;
   SplitPlanWriter plan{out, 0};
+  bool bf16_gradients = is_backward(kind) && call.bf16_gradients;
+  if (bf16_gradients) plan.add(SplitStep::zero_gradients);
   // The shared expert needs nothing from peers; recompute rebuilds only the routed experts' y slots.
-  if (s.shared_intermediate > 0 && kind != PassKind::recompute) add_shared_launches(plan, is_backward(kind), gated);
+  if (s.shared_intermediate > 0 && kind != PassKind::recompute)
+    add_shared_launches(plan, is_backward(kind), call.gated);
   int64_t rows = max_recv_rows(s);
   for (int64_t row0 = 0; row0 < rows; row0 += p.ring) {
     RowWindow w{row0, rows - row0 < p.ring ? rows - row0 : p.ring};
@@ -170,6 +183,7 @@ MOK_HD inline int64_t split_plan(const LayerShape& s, PassKind kind, const RowPe
     else
       add_forward_window(plan, p, w);
   }
+  if (bf16_gradients) plan.add(SplitStep::write_gradients);
   plan.add(SplitStep::barrier);
   if (kind != PassKind::recompute) plan.add(SplitStep::home_sums);
   return plan.count;

@@ -5,8 +5,8 @@
 // token-indexed ([shared_rows(s), width]) and the pass reads the count of this call's tokens where it runs.
 //
 // The sums are the host executor's (run_shared) term for term: each output element in the same order, the gate's
-// dot and router gradient over tokens in order. Only the weight gradients group differently: the host adds each
-// chunk's product (expert_padding tokens) to the fp32 sum, the split pass the whole window's.
+// dot and router gradient over tokens in order, and each weight gradient one fp32 sum over the tokens in order from
+// 0 (the host carries it across its chunks) added once to main_grad.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,7 @@
 #include "core/compute_tasks.hpp"
 #include "core/home_sums.hpp"
 #include "core/split_pass.hpp"
+#include "core/split_plan.hpp"
 
 namespace mok::core {
 
@@ -125,6 +126,24 @@ MOK_HD inline void shared_router_gradient_element(const PassView& v, const Split
   float sum = 0.0f;
   for (int64_t t = 0; t < v.tokens; ++t) sum = add_rn(sum, mul_rn(b.dlogit[t], bf16_to_float(x[t * h + i])));
   dr[i] = add_rn(dr[i], sum);
+}
+
+// ---- what an executor must hold for a pass ----
+
+// Whether the executor's buffers hold everything the pass of v.kind uses: with a shared expert its buffers (the
+// gated one's scaled dout and dlogit too), and in a backward dx's first term, each weight gradient's sum and, with
+// bf16 gradients, its destination. A null one the pass would write through is refused before any launch.
+MOK_HD inline bool split_buffers_complete(const PassView& v, const SplitCall& call, const SplitTargets& t,
+                                          const SplitGradients& g, const SplitShared& sh) {
+  bool backward = is_backward(v.kind);
+  bool shared =
+      v.s.shared_intermediate == 0 || (sh.g && sh.u && sh.h && sh.schedule && (!backward || (sh.dh && sh.dx_partial)) &&
+                                       (!backward || !call.gated || (sh.scaled && sh.dlogit)));
+  if (!shared || (backward && !t.dx_partial)) return false;
+  GradientParts parts = split_gradient_parts(v.s, call.gated, t, g);
+  for (int i = 0; backward && i < parts.count; ++i)
+    if (!parts.part[i].sums || (call.bf16_gradients && !parts.part[i].grad)) return false;
+  return true;
 }
 
 // ---- a shared row step as items: what a device thread (or the host's loop) does for item i ----

@@ -31,9 +31,9 @@ __global__ void build_schedule(core::LayerShape shape, core::Routing routing, co
 }
 
 // The split executor's launch sequence (core/split_plan.hpp), planned on the device: core stays device code.
-__global__ void plan_split_pass(core::LayerShape shape, core::PassKind kind, core::RowPeriods periods, bool gated,
-                                core::SplitLaunch* launches, int64_t* count) {
-  if (threadIdx.x == 0 && blockIdx.x == 0) *count = core::split_plan(shape, kind, periods, gated, launches);
+__global__ void plan_split_pass(core::LayerShape shape, core::PassKind kind, core::RowPeriods periods,
+                                core::SplitCall call, core::SplitLaunch* launches, int64_t* count) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) *count = core::split_plan(shape, kind, periods, call, launches);
 }
 
 // The task graph of a pass, laid out on the device.

@@ -24,9 +24,12 @@ namespace mok::cuda {
 // and headers arrays, the schedule, the rings, the weights); the view's kind is the pass's.
 struct SplitDevice {
   core::PassView view;
-  core::SplitTargets targets;  // dx's fp32 first term [out ring rows, H]; the fp32 main_grad of the weight gradients
-  core::SplitShared shared;    // with a shared expert: its buffers (core/split_shared.hpp), else all null
-  core::bf16_t* staging;       // staging_values bf16 per CTA of a row step (MXFP8's dispatch and SwiGLU)
+  // dx's fp32 first term [out ring rows, H]; the weight gradients' fp32 sums: the caller's main_grad, or with bf16
+  // gradients this executor's own (zeroed and written out by the pass)
+  core::SplitTargets targets;
+  core::SplitGradients gradients;  // a backward's bf16 weight gradients (the caller's), or all null with main_grad
+  core::SplitShared shared;        // with a shared expert: its buffers (core/split_shared.hpp), else all null
+  core::bf16_t* staging;           // staging_values bf16 per CTA of a row step (MXFP8's dispatch and SwiGLU)
   int64_t staging_values;
   int ctas;              // CTAs of a row step: each takes the window's tiles grid-stride
   void* gemm_arguments;  // grouped_gemm_bf16_argument_bytes(experts_per_rank) bytes, 128-byte aligned
@@ -47,8 +50,8 @@ enum class SplitRefusal : int32_t {
   no_gemm,            // this libmok has no grouped GEMM (built without CUTLASS's headers)
   gemm_refused,       // the grouped GEMM refused a launch: gemm_status says why
   cuda_error,         // a launch failed: error
-  bad_device,         // the SplitDevice itself: ctas < 1, no GEMM argument block, no staging or shared buffers where
-                      // it needs them
+  bad_device,         // the SplitDevice itself: ctas < 1, no GEMM argument block, no staging, shared buffer,
+                      // backward target (dx's first term, a weight gradient's sum or bf16 destination) where needed
 };
 
 // Where an enqueued pass stopped: the launch (its index in the plan, step and GEMM kind) and why.
@@ -75,5 +78,6 @@ cudaError_t launch_swiglu_backward(const SplitDevice& d, const core::RowWindow& 
 cudaError_t launch_combine(const SplitDevice& d, const core::RowWindow& window);
 cudaError_t launch_home_sums(const SplitDevice& d);
 cudaError_t launch_shared_rows(const SplitDevice& d, core::SplitStep step);
+cudaError_t launch_gradients(const SplitDevice& d, bool write);
 
 }  // namespace mok::cuda

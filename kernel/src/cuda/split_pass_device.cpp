@@ -26,6 +26,7 @@ struct DeviceSteps {
   bool swiglu_backward(core::RowWindow w) { return launched(launch_swiglu_backward(d, w)); }
   bool combine(core::RowWindow w) { return launched(launch_combine(d, w)); }
   bool shared_rows(core::SplitStep step) { return launched(launch_shared_rows(d, step)); }
+  bool gradients(bool write) { return launched(launch_gradients(d, write)); }
   bool barrier() { return true; }  // one rank: the stream's order is the barrier (a group is refused)
   bool home_sums() { return launched(launch_home_sums(d)); }
   bool gemm(core::GroupedGemm kind, core::RowWindow w) {
@@ -77,22 +78,20 @@ bool enqueue_split_pass(const SplitDevice& d, bool biases, SplitFailure* failure
   const core::LayerShape& s = d.view.s;
   if (!core::split_supports(s, biases)) failure->refusal = SplitRefusal::unsupported_layer;
   if (s.world > 1) failure->refusal = SplitRefusal::group;
-  bool shared_buffers = d.shared.g && d.shared.u && d.shared.h && d.shared.dh && d.shared.dx_partial &&
-                        d.shared.schedule && (!d.view.w.shared_router || (d.shared.scaled && d.shared.dlogit));
+  core::SplitCall call{d.view.w.shared_router != nullptr,
+                       core::is_backward(d.view.kind) && d.gradients.gate != nullptr};
   if (d.ctas < 1 || !d.gemm_arguments || (d.staging_values > 0 && !d.staging) ||
-      (s.shared_intermediate > 0 && !shared_buffers))
+      !core::split_buffers_complete(d.view, call, d.targets, d.gradients, d.shared))
     failure->refusal = SplitRefusal::bad_device;
 #if !MOK_WITH_GROUPED_GEMM
   failure->refusal = SplitRefusal::no_gemm;
 #endif
   core::RowPeriods periods = core::ring_periods(s);
-  bool gated = d.view.w.shared_router != nullptr;
-  int64_t count =
-      failure->refusal == SplitRefusal::none ? core::split_plan(s, d.view.kind, periods, gated, nullptr) : 0;
+  int64_t count = failure->refusal == SplitRefusal::none ? core::split_plan(s, d.view.kind, periods, call, nullptr) : 0;
   if (count < 0) failure->refusal = SplitRefusal::unsupported_layer;
   if (failure->refusal != SplitRefusal::none) return false;
   std::vector<core::SplitLaunch> launches(static_cast<size_t>(count));
-  core::split_plan(s, d.view.kind, periods, gated, launches.data());
+  core::split_plan(s, d.view.kind, periods, call, launches.data());
   DeviceSteps steps{d, *failure};
   int64_t stopped = core::run_split_pass(launches.data(), count, steps);
   if (stopped == count) return true;

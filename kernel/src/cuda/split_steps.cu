@@ -88,6 +88,13 @@ __global__ void shared_rows(core::PassView view, core::SplitShared shared, float
   if (i < items) core::shared_step_item(view, shared, router, step, i);
 }
 
+// A bf16-gradient backward's sums zeroed (before the first weight-gradient GEMM) or written out as bf16 (after the
+// last), a thread per element.
+__global__ void gradient_items(core::GradientParts parts, int64_t items, bool write) {
+  int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < items) core::gradient_item(parts, i, write);
+}
+
 // ---- launchers: one thread per CTA runs a tile's body (each_tile), so a row step's CTAs are small ----
 
 namespace split_detail {
@@ -131,6 +138,17 @@ cudaError_t launch_shared_rows(const SplitDevice& d, core::SplitStep step) {
   if (items == 0) return cudaSuccess;
   int blocks = static_cast<int>((items + kItemThreads - 1) / kItemThreads);
   shared_rows<<<blocks, kItemThreads, 0, d.stream>>>(d.view, d.shared, d.targets.wgrad_shared_router, step, items);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gradients(const SplitDevice& d, bool write) {
+  core::GradientParts parts =
+      core::split_gradient_parts(d.view.s, d.view.w.shared_router != nullptr, d.targets, d.gradients);
+  int64_t items = core::gradient_items(parts);
+  if (items == 0) return cudaSuccess;
+  int64_t blocks = (items + kItemThreads - 1) / kItemThreads;  // at most 2^31 - 1: a grid's x extent
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  gradient_items<<<static_cast<unsigned>(blocks), kItemThreads, 0, d.stream>>>(parts, items, write);
   return cudaGetLastError();
 }
 
