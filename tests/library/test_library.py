@@ -47,6 +47,7 @@ def test_device_kernels_and_their_resources(libmok, cuda_bin):
         "swiglu_backward_window",
         "combine_window",
         "shared_rows",
+        "gradient_items",
         "home_sums_forward",
         "home_sums_backward",
     ):
