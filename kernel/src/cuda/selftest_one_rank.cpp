@@ -3,8 +3,10 @@
 // layer first, through the C ABI; its workspace and peer buffer (the schedule, the staged x and dOut) are copied
 // to the device, where every ring row and home slot is then filled with bf16 NaN, and the device runs the split
 // pass over them, each pass twice. So the stage checks the pass (dispatch, the grouped GEMMs, SwiGLU, combine,
-// the gated shared expert, the home sums, a ring that turns within the pass), not the schedule build or the staging,
-// which the split executor's layer (not written yet) will do on the device.
+// the shared expert, the home sums, a ring that turns within the pass, both kinds of weight gradient), not the
+// schedule build or the staging, which the split executor's layer (not written yet) will do on the device. It runs
+// two layers of one shape: a gated shared expert with the weight gradients added into fp32 main_grad, and an
+// ungated one with bf16 weight gradients.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -41,9 +43,32 @@ using core::PassKind;
 
 constexpr float kMainGradStart = 0.5f;  // main_grad holds something before the backward adds to it
 
+// The stage's two layers of one shape.
+struct Variant {
+  bool gated;           // the shared expert scaled by its router (Qwen2-MoE)
+  bool bf16_gradients;  // bf16 weight gradients (the split pass's own fp32 sums), else added into fp32 main_grad
+  const char* name;
+};
+constexpr Variant kVariants[] = {{true, false, "gated shared expert, fp32 main_grad"},
+                                 {false, true, "ungated shared expert, bf16 weight gradients"}};
+
+// The weight gradients, in core::SplitTargets' order: the routed experts', the shared expert's, its router's.
+constexpr int kGradients = 7;
+constexpr const char* kGradientNames[kGradients] = {
+    "dW_gate", "dW_up", "dW_down", "dW_shared_gate", "dW_shared_up", "dW_shared_down", "dW_shared_router"};
+
+size_t gradient_values(const core::LayerShape& s, int i) {
+  if (i < 3) return static_cast<size_t>(s.experts_per_rank) * s.hidden * s.intermediate;
+  return i < 6 ? static_cast<size_t>(s.shared_intermediate) * s.hidden : static_cast<size_t>(s.hidden);
+}
+
+// Gradient i is one the layer has (the router's only when gated).
+bool has_gradient(const Variant& variant, int i) {
+  return i < 6 || variant.gated;
+}
+
 // One rank, four experts (one hot, one with no rows), a ring of 256 rows that the ~1100 worst-case rows turn
-// several times, a gated shared expert wider than I (Qwen2-MoE's), H, I and I_s multiples of the GEMMs' 16-byte
-// rows.
+// several times, a shared expert wider than I (Qwen2-MoE's), H, I and I_s multiples of the GEMMs' 16-byte rows.
 mokLayerConfig_t stage_config(int timeout_ms) {
   mokLayerConfig_t c = MOK_LAYER_CONFIG_INIT;
   c.world = 1;
@@ -81,21 +106,20 @@ struct Inputs {
 Inputs draw(const core::LayerShape& s, std::mt19937_64& rng) {
   Inputs in;
   const int32_t pick[8] = {0, 0, 0, 0, 1, 1, 3, -1};
-  size_t routes = static_cast<size_t>(s.max_tokens) * s.top_k,
-         eih = static_cast<size_t>(s.experts_per_rank) * s.hidden * s.intermediate;
+  size_t routes = static_cast<size_t>(s.max_tokens) * s.top_k, eih = gradient_values(s, 0), sih = gradient_values(s, 3);
   for (size_t i = 0; i < routes; ++i) in.ids.push_back(pick[rng() % 8]);
   std::uniform_real_distribution<float> weight(0.05f, 1.0f);
   for (size_t i = 0; i < routes; ++i) in.topk_weights.push_back(weight(rng));
+  float by_h = 1.0f / std::sqrt(static_cast<float>(s.hidden));
   in.x = random_bf16(static_cast<size_t>(s.max_tokens) * s.hidden, 1.0f, rng);
   in.dout = random_bf16(static_cast<size_t>(s.max_tokens) * s.hidden, 1.0f, rng);
-  in.gate = random_bf16(eih, 1.0f / std::sqrt(static_cast<float>(s.hidden)), rng);
-  in.up = random_bf16(eih, 1.0f / std::sqrt(static_cast<float>(s.hidden)), rng);
+  in.gate = random_bf16(eih, by_h, rng);
+  in.up = random_bf16(eih, by_h, rng);
   in.down = random_bf16(eih, 1.0f / std::sqrt(static_cast<float>(s.intermediate)), rng);
-  size_t sih = static_cast<size_t>(s.shared_intermediate) * s.hidden;
-  in.shared_gate = random_bf16(sih, 1.0f / std::sqrt(static_cast<float>(s.hidden)), rng);
-  in.shared_up = random_bf16(sih, 1.0f / std::sqrt(static_cast<float>(s.hidden)), rng);
+  in.shared_gate = random_bf16(sih, by_h, rng);
+  in.shared_up = random_bf16(sih, by_h, rng);
   in.shared_down = random_bf16(sih, 1.0f / std::sqrt(static_cast<float>(s.shared_intermediate)), rng);
-  in.shared_router = random_bf16(static_cast<size_t>(s.hidden), 1.0f / std::sqrt(static_cast<float>(s.hidden)), rng);
+  in.shared_router = random_bf16(static_cast<size_t>(s.hidden), by_h, rng);
   return in;
 }
 
@@ -107,16 +131,40 @@ struct HostBlock {
   HostBlock& operator=(const HostBlock&) = delete;
 };
 
+// A pass's results: out (forward), or dx, dw and the weight gradients (fp32 main_grad, or bf16 values as floats).
+struct Results {
+  std::vector<bf16_t> out, dx;
+  std::vector<float> dw;
+  std::vector<float> gradients[kGradients];
+};
+
+std::vector<float> as_floats(const std::vector<bf16_t>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = core::bf16_to_float(v[i]);
+  return f;
+}
+
 // What the host executor computed, and the memory it left after each pass (what the device's pass starts from).
 struct HostRun {
   mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
   std::vector<char> forward_workspace, forward_peer, backward_workspace, backward_peer;
-  std::vector<bf16_t> out, dx;
-  std::vector<float> dw, main_gate, main_up, main_down, main_shared_gate, main_shared_up, main_shared_down,
-      main_shared_router;
+  Results forward, backward;
 };
 
-mokStatus_t run_host(const mokLayerConfig_t& c, const Inputs& in, HostRun* run, Text* text) {
+mokLayerWeights_t weights_of(const Inputs& in, const Variant& variant) {
+  mokLayerWeights_t w = MOK_LAYER_WEIGHTS_INIT;
+  w.gate = in.gate.data();
+  w.up = in.up.data();
+  w.down = in.down.data();
+  w.shared_gate = in.shared_gate.data();
+  w.shared_up = in.shared_up.data();
+  w.shared_down = in.shared_down.data();
+  w.shared_router = variant.gated ? in.shared_router.data() : nullptr;
+  return w;
+}
+
+mokStatus_t run_host(const mokLayerConfig_t& c, const core::LayerShape& s, const Inputs& in, const Variant& variant,
+                     HostRun* run, Text* text) {
   auto failed = [&](const char* call) {
     text->add("the host executor's %s failed: %s", call, mokGetLastError());
     return mokInternalError;
@@ -130,42 +178,41 @@ mokStatus_t run_host(const mokLayerConfig_t& c, const Inputs& in, HostRun* run, 
   m.workspace_bytes = run->sizes.workspace_bytes;
   mokLayer_t layer = nullptr;
   if (mokLayerCreate(&c, &m, &layer) != mokSuccess) return failed("mokLayerCreate");
-  mokLayerWeights_t w = MOK_LAYER_WEIGHTS_INIT;
-  w.gate = in.gate.data();
-  w.up = in.up.data();
-  w.down = in.down.data();
-  w.shared_gate = in.shared_gate.data();
-  w.shared_up = in.shared_up.data();
-  w.shared_down = in.shared_down.data();
-  w.shared_router = in.shared_router.data();
-  size_t th = static_cast<size_t>(c.max_tokens) * c.hidden, eih = in.gate.size(), sih = in.shared_gate.size();
-  run->out.assign(th, 0);
-  run->dx.assign(th, 0);
-  run->dw.assign(in.topk_weights.size(), 0.0f);
-  for (auto* v : {&run->main_gate, &run->main_up, &run->main_down}) v->assign(eih, kMainGradStart);
-  for (auto* v : {&run->main_shared_gate, &run->main_shared_up, &run->main_shared_down}) v->assign(sih, kMainGradStart);
-  run->main_shared_router.assign(in.shared_router.size(), kMainGradStart);
+  mokLayerWeights_t w = weights_of(in, variant);
+  size_t th = static_cast<size_t>(c.max_tokens) * c.hidden;
+  run->forward.out.assign(th, 0);
+  run->backward.dx.assign(th, 0);
+  run->backward.dw.assign(in.topk_weights.size(), 0.0f);
+  std::vector<bf16_t> bf16[kGradients];
+  void* into[kGradients] = {};
+  for (int i = 0; i < kGradients; ++i) {
+    if (!has_gradient(variant, i)) continue;
+    if (variant.bf16_gradients) {
+      bf16[i].assign(gradient_values(s, i), 0);
+      into[i] = bf16[i].data();
+    } else {
+      run->backward.gradients[i].assign(gradient_values(s, i), kMainGradStart);
+      into[i] = run->backward.gradients[i].data();
+    }
+  }
   mokLayerGrads_t g = MOK_LAYER_GRADS_INIT;
-  g.dx = run->dx.data();
-  g.dtopk_weights = run->dw.data();
-  g.dgate = run->main_gate.data();
-  g.dup = run->main_up.data();
-  g.ddown = run->main_down.data();
-  g.dshared_gate = run->main_shared_gate.data();
-  g.dshared_up = run->main_shared_up.data();
-  g.dshared_down = run->main_shared_down.data();
-  g.dshared_router = run->main_shared_router.data();
-  g.accumulate = 1;
+  g.dx = run->backward.dx.data();
+  g.dtopk_weights = run->backward.dw.data();
+  g.dgate = into[0], g.dup = into[1], g.ddown = into[2];
+  g.dshared_gate = into[3], g.dshared_up = into[4], g.dshared_down = into[5], g.dshared_router = into[6];
+  g.accumulate = variant.bf16_gradients ? 0 : 1;
   auto keep = [&](std::vector<char>* local, std::vector<char>* shared) {
     local->assign(static_cast<char*>(workspace.p), static_cast<char*>(workspace.p) + run->sizes.workspace_bytes);
     shared->assign(static_cast<char*>(peer.p), static_cast<char*>(peer.p) + run->sizes.peer_bytes);
   };
-  mokStatus_t s = mokLayerBuildSchedule(layer, in.ids.data(), mokIndexInt32, c.max_tokens, nullptr);
-  if (s == mokSuccess) s = mokLayerForward(layer, &w, in.x.data(), in.topk_weights.data(), run->out.data(), nullptr);
-  if (s == mokSuccess) keep(&run->forward_workspace, &run->forward_peer);
-  if (s == mokSuccess) s = mokLayerBackward(layer, &w, in.topk_weights.data(), in.dout.data(), &g, nullptr);
-  if (s == mokSuccess) keep(&run->backward_workspace, &run->backward_peer);
-  mokStatus_t result = s == mokSuccess ? mokSuccess : failed("pass");
+  mokStatus_t st = mokLayerBuildSchedule(layer, in.ids.data(), mokIndexInt32, c.max_tokens, nullptr);
+  if (st == mokSuccess)
+    st = mokLayerForward(layer, &w, in.x.data(), in.topk_weights.data(), run->forward.out.data(), nullptr);
+  if (st == mokSuccess) keep(&run->forward_workspace, &run->forward_peer);
+  if (st == mokSuccess) st = mokLayerBackward(layer, &w, in.topk_weights.data(), in.dout.data(), &g, nullptr);
+  if (st == mokSuccess) keep(&run->backward_workspace, &run->backward_peer);
+  for (int i = 0; variant.bf16_gradients && i < kGradients; ++i) run->backward.gradients[i] = as_floats(bf16[i]);
+  mokStatus_t result = st == mokSuccess ? mokSuccess : failed("pass");
   mokLayerDestroy(layer);
   return result;
 }
@@ -175,9 +222,9 @@ struct Device {
   DeviceBuffers buffers;
   SplitDevice split{};
   char *workspace = nullptr, *peer = nullptr;
-  float *main_gate = nullptr, *main_up = nullptr, *main_down = nullptr;
-  float *main_shared_gate = nullptr, *main_shared_up = nullptr, *main_shared_down = nullptr,
-        *main_shared_router = nullptr;
+  float* main_grad[kGradients] = {};        // fp32 main_grad
+  float* sums[kGradients] = {};             // bf16 gradients: the split pass's own fp32 sums ...
+  bf16_t* bf16_gradients[kGradients] = {};  // ... and the gradients it writes from them
   core::ErrorRecord* error = nullptr;
   char** peers = nullptr;
   bf16_t *gate = nullptr, *up = nullptr, *down = nullptr;
@@ -222,10 +269,10 @@ mokStatus_t gemm_workspace_bytes(const core::LayerShape& s, size_t* bytes, Text*
   return mokSuccess;
 }
 
-mokStatus_t set_up(const core::LayerShape& s, const Inputs& in, const HostRun& host, Device* d, Text* text) {
+mokStatus_t set_up(const core::LayerShape& s, const Inputs& in, const mokLayerSizes_t& sizes, Device* d, Text* text) {
   DeviceBuffers& b = d->buffers;
   SplitDevice& sd = d->split;
-  size_t th = static_cast<size_t>(s.max_tokens) * s.hidden, eih = in.gate.size();
+  size_t th = static_cast<size_t>(s.max_tokens) * s.hidden;
   std::vector<float> table(core::kSigmoidTableSize);
   core::fill_sigmoid_table(table.data());  // SwiGLU's sigmoids as the host looks them up: the host's bits
   int64_t ctas = core::max_tiles(s) < 1024 ? core::max_tiles(s) : 1024;
@@ -233,8 +280,8 @@ mokStatus_t set_up(const core::LayerShape& s, const Inputs& in, const HostRun& h
       static_cast<int64_t>(core::max_value(core::mx_staging_values(s), core::mx_swiglu_staging_values(s)));
   cudaError_t e = cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking);
   if (e == cudaSuccess) e = cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming);
-  if (e == cudaSuccess) e = allocate(b, host.sizes.workspace_bytes, &d->workspace);
-  if (e == cudaSuccess) e = allocate(b, host.sizes.peer_bytes, &d->peer);
+  if (e == cudaSuccess) e = allocate(b, sizes.workspace_bytes, &d->workspace);
+  if (e == cudaSuccess) e = allocate(b, sizes.peer_bytes, &d->peer);
   if (e == cudaSuccess) e = upload(b, std::vector<char*>{d->peer}, &d->peers);
   if (e == cudaSuccess) e = allocate(b, 1, &d->error);
   if (e == cudaSuccess) e = upload(b, in.gate, &d->gate);
@@ -250,15 +297,12 @@ mokStatus_t set_up(const core::LayerShape& s, const Inputs& in, const HostRun& h
   if (e == cudaSuccess) e = allocate(b, th, &sd.out);
   if (e == cudaSuccess) e = allocate(b, th, &sd.dx);
   if (e == cudaSuccess) e = allocate(b, in.topk_weights.size(), &sd.dw);
-  if (e == cudaSuccess) e = allocate(b, eih, &d->main_gate);
-  if (e == cudaSuccess) e = allocate(b, eih, &d->main_up);
-  if (e == cudaSuccess) e = allocate(b, eih, &d->main_down);
-  size_t sih = in.shared_gate.size(), rows = static_cast<size_t>(core::shared_rows(s)),
-         is = static_cast<size_t>(s.shared_intermediate);
-  if (e == cudaSuccess) e = allocate(b, sih, &d->main_shared_gate);
-  if (e == cudaSuccess) e = allocate(b, sih, &d->main_shared_up);
-  if (e == cudaSuccess) e = allocate(b, sih, &d->main_shared_down);
-  if (e == cudaSuccess) e = allocate(b, in.shared_router.size(), &d->main_shared_router);
+  for (int i = 0; i < kGradients; ++i) {
+    if (e == cudaSuccess) e = allocate(b, gradient_values(s, i), &d->main_grad[i]);
+    if (e == cudaSuccess) e = allocate(b, gradient_values(s, i), &d->sums[i]);
+    if (e == cudaSuccess) e = allocate(b, gradient_values(s, i), &d->bf16_gradients[i]);
+  }
+  size_t rows = static_cast<size_t>(core::shared_rows(s)), is = static_cast<size_t>(s.shared_intermediate);
   core::SplitShared& sh = sd.shared;
   for (bf16_t** rows_of_width_is : {&sh.g, &sh.u, &sh.h, &sh.dh})
     if (e == cudaSuccess) e = allocate(b, rows * is, rows_of_width_is);
@@ -273,23 +317,29 @@ mokStatus_t set_up(const core::LayerShape& s, const Inputs& in, const HostRun& h
   if (mokStatus_t st = gemm_workspace_bytes(s, &sd.gemm_workspace_bytes, text); st != mokSuccess) return st;
   if ((e = b.alloc(sd.gemm_workspace_bytes, &sd.gemm_workspace)) != cudaSuccess)
     return cuda_failed(text, "allocating the grouped GEMMs' workspace", e);
-  sd.targets.wgrad_gate = d->main_gate;
-  sd.targets.wgrad_up = d->main_up;
-  sd.targets.wgrad_down = d->main_down;
-  sd.targets.wgrad_shared_gate = d->main_shared_gate;
-  sd.targets.wgrad_shared_up = d->main_shared_up;
-  sd.targets.wgrad_shared_down = d->main_shared_down;
-  sd.targets.wgrad_shared_router = d->main_shared_router;
   sd.ctas = static_cast<int>(ctas);
   sd.stream = b.stream;
   return mokSuccess;
 }
 
-// The pass's view over the device's copy of the host's memory; its rings, home slots, dx's fp32 partial and every
-// output filled with NaN (bf16 or fp32: all bits set), so that what the pass reads or leaves it must have written.
-// All on the pass's stream: a non-blocking stream does not wait for the legacy stream's copies and fills.
-mokStatus_t prepare(const core::LayerShape& s, PassKind kind, const std::vector<char>& workspace,
-                    const std::vector<char>& peer, Device* d, Text* text) {
+// The variant's weight-gradient targets: fp32 main_grad, or the pass's own sums and the bf16 gradients it writes.
+void aim_gradients(const Variant& variant, Device* d) {
+  float* const* t = variant.bf16_gradients ? d->sums : d->main_grad;
+  core::SplitTargets& targets = d->split.targets;
+  targets.wgrad_gate = t[0], targets.wgrad_up = t[1], targets.wgrad_down = t[2];
+  targets.wgrad_shared_gate = t[3], targets.wgrad_shared_up = t[4], targets.wgrad_shared_down = t[5];
+  targets.wgrad_shared_router = t[6];
+  bf16_t* const* g = d->bf16_gradients;
+  d->split.gradients =
+      variant.bf16_gradients ? core::SplitGradients{g[0], g[1], g[2], g[3], g[4], g[5], g[6]} : core::SplitGradients{};
+}
+
+// The pass's view over the device's copy of the host's memory; its rings, home slots, dx's fp32 partial, the shared
+// expert's buffers and every output filled with NaN (bf16 or fp32: all bits set), so that what the pass reads or
+// leaves it must have written; main_grad set to its start, or (bf16 gradients) the pass's own sums NaN too. All on
+// the pass's stream: a non-blocking stream does not wait for the legacy stream's copies and fills.
+mokStatus_t prepare(const core::LayerShape& s, const Variant& variant, PassKind kind,
+                    const std::vector<char>& workspace, const std::vector<char>& peer, Device* d, Text* text) {
   core::PassView v =
       core::pass_view_at(s, kind, d->workspace, d->peers, reinterpret_cast<core::PeerHeader* const*>(d->peers), nullptr,
                          s.max_tokens, 0, 0, d->error);
@@ -299,9 +349,10 @@ mokStatus_t prepare(const core::LayerShape& s, PassKind kind, const std::vector<
   v.w.shared_gate = d->shared_gate;
   v.w.shared_up = d->shared_up;
   v.w.shared_down = d->shared_down;
-  v.w.shared_router = d->shared_router;
+  v.w.shared_router = variant.gated ? d->shared_router : nullptr;
   v.sigmoid_table = d->sigmoid_table;
   d->split.view = v;
+  aim_gradients(variant, d);
   // v's ring pointers lie in d->workspace, its slots in d->peer: the offsets are the host's.
   size_t ring = static_cast<size_t>(s.macrobatch), h = static_cast<size_t>(s.hidden),
          in = static_cast<size_t>(s.intermediate);
@@ -311,47 +362,43 @@ mokStatus_t prepare(const core::LayerShape& s, PassKind kind, const std::vector<
   struct Fill {
     void* at;
     size_t bytes;
-  } fills[] = {{v.ring_x, ring * h * 2},
-               {v.ring_dy, ring * h * 2},
-               {v.ring_g, ring * in * 2},
-               {v.ring_u, ring * in * 2},
-               {v.ring_h, ring * in * 2},
-               {v.ring_y, core::out_ring_rows(s) * h * 2},
-               {d->peer + slots, static_cast<size_t>(s.max_tokens) * s.top_k * h * 2},
-               {d->split.targets.dx_partial, core::out_ring_rows(s) * h * sizeof(float)},
-               {d->split.out, static_cast<size_t>(s.max_tokens) * h * 2},
-               {d->split.dx, static_cast<size_t>(s.max_tokens) * h * 2},
-               {d->split.dw, static_cast<size_t>(s.max_tokens) * s.top_k * sizeof(float)},
-               {v.shared_out, static_cast<size_t>(s.max_tokens) * h * 2},
-               {sh.g, rows * is * 2},
-               {sh.u, rows * is * 2},
-               {sh.h, rows * is * 2},
-               {sh.dh, rows * is * 2},
-               {sh.scaled, rows * h * 2},
-               {sh.dlogit, rows * sizeof(float)},
-               {sh.dx_partial, rows * h * sizeof(float)},
-               {sh.schedule, 2 * sizeof(int32_t)}};
+  };
+  std::vector<Fill> fills = {{v.ring_x, ring * h * 2},
+                             {v.ring_dy, ring * h * 2},
+                             {v.ring_g, ring * in * 2},
+                             {v.ring_u, ring * in * 2},
+                             {v.ring_h, ring * in * 2},
+                             {v.ring_y, core::out_ring_rows(s) * h * 2},
+                             {d->peer + slots, static_cast<size_t>(s.max_tokens) * s.top_k * h * 2},
+                             {d->split.targets.dx_partial, core::out_ring_rows(s) * h * sizeof(float)},
+                             {d->split.out, static_cast<size_t>(s.max_tokens) * h * 2},
+                             {d->split.dx, static_cast<size_t>(s.max_tokens) * h * 2},
+                             {d->split.dw, static_cast<size_t>(s.max_tokens) * s.top_k * sizeof(float)},
+                             {v.shared_out, static_cast<size_t>(s.max_tokens) * h * 2},
+                             {sh.g, rows * is * 2},
+                             {sh.u, rows * is * 2},
+                             {sh.h, rows * is * 2},
+                             {sh.dh, rows * is * 2},
+                             {sh.scaled, rows * h * 2},
+                             {sh.dlogit, rows * sizeof(float)},
+                             {sh.dx_partial, rows * h * sizeof(float)},
+                             {sh.schedule, 2 * sizeof(int32_t)}};
+  for (int i = 0; variant.bf16_gradients && i < kGradients; ++i) {
+    fills.push_back({d->sums[i], gradient_values(s, i) * sizeof(float)});
+    fills.push_back({d->bf16_gradients[i], gradient_values(s, i) * 2});
+  }
   // main_grad's start, as large as the largest of the weight gradients it stands for.
-  std::vector<float> start(std::max(static_cast<size_t>(s.experts_per_rank) * in, is) * h, kMainGradStart);
+  std::vector<float> start(std::max(gradient_values(s, 0), gradient_values(s, 3)), kMainGradStart);
   cudaStream_t stream = d->buffers.stream;
   cudaError_t e = cudaMemcpyAsync(d->workspace, workspace.data(), workspace.size(), cudaMemcpyHostToDevice, stream);
   if (e == cudaSuccess) e = cudaMemcpyAsync(d->peer, peer.data(), peer.size(), cudaMemcpyHostToDevice, stream);
   for (const Fill& f : fills)
     if (e == cudaSuccess) e = cudaMemsetAsync(f.at, 0xff, f.bytes, stream);
   if (e == cudaSuccess) e = cudaMemsetAsync(d->error, 0, sizeof(core::ErrorRecord), stream);  // no failure yet
-  struct Start {
-    float* at;
-    size_t count;
-  } starts[] = {{d->main_gate, s.experts_per_rank * h * in},
-                {d->main_up, s.experts_per_rank * h * in},
-                {d->main_down, s.experts_per_rank * h * in},
-                {d->main_shared_gate, is * h},
-                {d->main_shared_up, is * h},
-                {d->main_shared_down, is * h},
-                {d->main_shared_router, h}};
-  for (const Start& m : starts)
+  for (int i = 0; !variant.bf16_gradients && i < kGradients; ++i)
     if (e == cudaSuccess)
-      e = cudaMemcpyAsync(m.at, start.data(), m.count * sizeof(float), cudaMemcpyHostToDevice, stream);
+      e = cudaMemcpyAsync(d->main_grad[i], start.data(), gradient_values(s, i) * sizeof(float), cudaMemcpyHostToDevice,
+                          stream);
   if (e == cudaSuccess) e = cudaStreamSynchronize(stream);  // `start` lives until here; only copies and fills wait
   return e == cudaSuccess ? mokSuccess : cuda_failed(text, "copying the host executor's memory to the device", e);
 }
@@ -411,56 +458,72 @@ bool within(const char* name, double error, Text* text) {
   return false;
 }
 
-struct DeviceResults {
-  std::vector<bf16_t> out, dx;
-  std::vector<float> dw, main_gate, main_up, main_down, main_shared_gate, main_shared_up, main_shared_down,
-      main_shared_router;
-};
-
-mokStatus_t collect(const core::LayerShape& s, const Device& d, PassKind kind, DeviceResults* r, Text* text) {
-  size_t th = static_cast<size_t>(s.max_tokens) * s.hidden,
-         eih = static_cast<size_t>(s.experts_per_rank) * s.hidden * s.intermediate;
+// The pass's results on the device, as the host holds them.
+mokStatus_t collect(const core::LayerShape& s, const Variant& variant, const Device& d, PassKind kind, Results* r,
+                    Text* text) {
+  size_t th = static_cast<size_t>(s.max_tokens) * s.hidden;
   if (kind == PassKind::forward) return download(d.split.out, th, &r->out, text);
   mokStatus_t st = download(d.split.dx, th, &r->dx, text);
   if (st == mokSuccess) st = download(d.split.dw, static_cast<size_t>(s.max_tokens) * s.top_k, &r->dw, text);
-  if (st == mokSuccess) st = download(d.main_gate, eih, &r->main_gate, text);
-  if (st == mokSuccess) st = download(d.main_up, eih, &r->main_up, text);
-  if (st == mokSuccess) st = download(d.main_down, eih, &r->main_down, text);
-  size_t sih = static_cast<size_t>(s.shared_intermediate) * s.hidden;
-  if (st == mokSuccess) st = download(d.main_shared_gate, sih, &r->main_shared_gate, text);
-  if (st == mokSuccess) st = download(d.main_shared_up, sih, &r->main_shared_up, text);
-  if (st == mokSuccess) st = download(d.main_shared_down, sih, &r->main_shared_down, text);
-  if (st == mokSuccess)
-    st = download(d.main_shared_router, static_cast<size_t>(s.hidden), &r->main_shared_router, text);
+  for (int i = 0; i < kGradients && st == mokSuccess; ++i) {
+    if (!has_gradient(variant, i)) continue;
+    if (!variant.bf16_gradients) {
+      st = download(d.main_grad[i], gradient_values(s, i), &r->gradients[i], text);
+      continue;
+    }
+    std::vector<bf16_t> bf16;
+    st = download(d.bf16_gradients[i], gradient_values(s, i), &bf16, text);
+    r->gradients[i] = as_floats(bf16);
+  }
   return st;
 }
 
-bool same_bits(const DeviceResults& a, const DeviceResults& b) {
+bool same_bits(const Results& a, const Results& b) {
   auto same = [](const auto& x, const auto& y) {
     return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0;
   };
-  return same(a.out, b.out) && same(a.dx, b.dx) && same(a.dw, b.dw) && same(a.main_gate, b.main_gate) &&
-         same(a.main_up, b.main_up) && same(a.main_down, b.main_down) && same(a.main_shared_gate, b.main_shared_gate) &&
-         same(a.main_shared_up, b.main_shared_up) && same(a.main_shared_down, b.main_shared_down) &&
-         same(a.main_shared_router, b.main_shared_router);
+  bool all = same(a.out, b.out) && same(a.dx, b.dx) && same(a.dw, b.dw);
+  for (int i = 0; i < kGradients; ++i) all = all && same(a.gradients[i], b.gradients[i]);
+  return all;
 }
 
 // One pass of `kind` on the device, twice from the same memory: both runs' results, which must be the same bits.
-mokStatus_t run_twice(const SelftestSetup& setup, const core::LayerShape& s, PassKind kind, const HostRun& host,
-                      Device* d, DeviceResults* r, Text* text) {
+mokStatus_t run_twice(const SelftestSetup& setup, const core::LayerShape& s, const Variant& variant, PassKind kind,
+                      const HostRun& host, Device* d, Results* r, Text* text) {
   bool forward = kind == PassKind::forward;
   const char* name = forward ? "forward" : "backward";
-  DeviceResults again;
-  for (DeviceResults* into : {r, &again}) {
-    mokStatus_t st = prepare(s, kind, forward ? host.forward_workspace : host.backward_workspace,
+  Results again;
+  for (Results* into : {r, &again}) {
+    mokStatus_t st = prepare(s, variant, kind, forward ? host.forward_workspace : host.backward_workspace,
                              forward ? host.forward_peer : host.backward_peer, d, text);
     if (st == mokSuccess) st = run_pass(setup, d, name, text);
-    if (st == mokSuccess) st = collect(s, *d, kind, into, text);
+    if (st == mokSuccess) st = collect(s, variant, *d, kind, into, text);
     if (st != mokSuccess) return st;
   }
   if (same_bits(*r, again)) return mokSuccess;
   text->add("%s: two runs of the same pass gave different bits (the split pass must be deterministic)", name);
   return mokInternalError;
+}
+
+// One variant: the host executor's passes, then the device's over their memory, each result within the bound.
+mokStatus_t run_variant(const SelftestSetup& setup, const mokLayerConfig_t& c, const core::LayerShape& s,
+                        const Inputs& in, const Variant& variant, Device* d, Text* text) {
+  text->add("%s: ", variant.name);
+  HostRun host;
+  if (mokStatus_t st = run_host(c, s, in, variant, &host, text); st != mokSuccess) return st;
+  Results fwd, bwd;
+  if (mokStatus_t st = run_twice(setup, s, variant, PassKind::forward, host, d, &fwd, text); st != mokSuccess)
+    return st;
+  if (mokStatus_t st = run_twice(setup, s, variant, PassKind::backward, host, d, &bwd, text); st != mokSuccess)
+    return st;
+  double start = variant.bf16_gradients ? 0.0 : kMainGradStart;
+  bool ok = within("out", relative_error(fwd.out, host.forward.out), text) &
+            within("dx", relative_error(bwd.dx, host.backward.dx), text) &
+            within("dw", relative_error(bwd.dw, host.backward.dw), text);
+  for (int i = 0; i < kGradients; ++i)
+    if (has_gradient(variant, i))
+      ok &= within(kGradientNames[i], relative_error(bwd.gradients[i], host.backward.gradients[i], start), text);
+  return ok ? mokSuccess : mokInternalError;
 }
 
 }  // namespace
@@ -471,37 +534,30 @@ mokStatus_t selftest_one_rank(const SelftestSetup& setup, Text* text) {
   std::mt19937_64 rng(setup.seed);
   mokLayerConfig_t c = stage_config(setup.timeout_ms), copy;
   core::LayerShape s{};
-  if (api::check_config(&c, "mokSelftestRun", &copy, &s) != mokSuccess) {  // the shape as mokLayerCreate reads it
+  mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
+  if (api::check_config(&c, "mokSelftestRun", &copy, &s) != mokSuccess ||  // the shape as mokLayerCreate reads it
+      mokLayerGetSizes(&c, &sizes) != mokSuccess) {
     text->add("the stage's own layer config is refused: %s", mokGetLastError());
     return mokInternalError;
   }
   Inputs in = draw(s, rng);
-  HostRun host;
-  if (mokStatus_t st = run_host(c, in, &host, text); st != mokSuccess) return st;
   Device d;
-  if (mokStatus_t st = set_up(s, in, host, &d, text); st != mokSuccess) return st;
-  DeviceResults fwd, bwd;
-  if (mokStatus_t st = run_twice(setup, s, PassKind::forward, host, &d, &fwd, text); st != mokSuccess) return st;
-  if (mokStatus_t st = run_twice(setup, s, PassKind::backward, host, &d, &bwd, text); st != mokSuccess) return st;
-  if (d.buffers.keep) return mokTimeout;
+  if (mokStatus_t st = set_up(s, in, sizes, &d, text); st != mokSuccess) return st;
   text->add(
-      "the split pass of one rank (%d experts, H %d, I %d, a gated shared expert of I_s %d, %d tokens, a %d-row ring "
-      "in windows over up to %lld rows) against the host executor, normwise: ",
+      "the split pass of one rank (%d experts, H %d, I %d, a shared expert of I_s %d, %d tokens, a %d-row ring in "
+      "windows over up to %lld rows) against the host executor, normwise: ",
       s.experts_per_rank, s.hidden, s.intermediate, s.shared_intermediate, s.max_tokens, s.macrobatch,
       static_cast<long long>(core::max_recv_rows(s)));
-  bool ok =
-      within("out", relative_error(fwd.out, host.out), text) & within("dx", relative_error(bwd.dx, host.dx), text) &
-      within("dw", relative_error(bwd.dw, host.dw), text) &
-      within("dW_gate", relative_error(bwd.main_gate, host.main_gate, kMainGradStart), text) &
-      within("dW_up", relative_error(bwd.main_up, host.main_up, kMainGradStart), text) &
-      within("dW_down", relative_error(bwd.main_down, host.main_down, kMainGradStart), text) &
-      within("dW_shared_gate", relative_error(bwd.main_shared_gate, host.main_shared_gate, kMainGradStart), text) &
-      within("dW_shared_up", relative_error(bwd.main_shared_up, host.main_shared_up, kMainGradStart), text) &
-      within("dW_shared_down", relative_error(bwd.main_shared_down, host.main_shared_down, kMainGradStart), text) &
-      within("dW_shared_router", relative_error(bwd.main_shared_router, host.main_shared_router, kMainGradStart), text);
-  if (!ok) return mokInternalError;
-  text->add("each pass twice with the same bits");
-  return mokSuccess;
+  // Both variants run (a failure of one still reports the other's figures); the first failure is the stage's.
+  mokStatus_t result = mokSuccess;
+  for (const Variant& variant : kVariants) {
+    mokStatus_t st = run_variant(setup, c, s, in, variant, &d, text);
+    if (d.buffers.keep) return mokTimeout;  // the device may still be running: nothing more on it
+    if (result == mokSuccess) result = st;
+    text->add("; ");
+  }
+  if (result == mokSuccess) text->add("each pass twice with the same bits");
+  return result;
 }
 #endif
 
