@@ -513,6 +513,26 @@ TEST(split_pass_shared_expert) {
     }
 }
 
+// The layers the split pass computes (core::split_supports): BF16 without expert biases, every GEMM width (H, I, I_s)
+// a multiple of 8 (16-byte rows); each rule broken alone is refused.
+TEST(split_supports_bf16_layers_of_16_byte_rows) {
+  core::LayerShape s{};
+  s.hidden = 24, s.intermediate = 16, s.shared_intermediate = 40;
+  CHECK(core::split_supports(s, false));
+  CHECK_MSG(!core::split_supports(s, true), "expert biases accepted");
+  core::LayerShape mx = s;
+  mx.mxfp8 = 1;
+  CHECK_MSG(!core::split_supports(mx, false), "MXFP8 accepted");
+  for (int* width : {&s.hidden, &s.intermediate, &s.shared_intermediate}) {
+    *width += 4;  // 8 bytes off a 16-byte row
+    CHECK_MSG(!core::split_supports(s, false), "H %d, I %d, I_s %d accepted", s.hidden, s.intermediate,
+              s.shared_intermediate);
+    *width -= 4;
+  }
+  s.shared_intermediate = 0;  // no shared expert
+  CHECK(core::split_supports(s, false));
+}
+
 // What an executor must hold (core::split_buffers_complete, enqueue_split_pass's bad_device): from buffers that hold
 // everything, each pointer nulled in turn is refused exactly where the pass of that kind and call would use it.
 TEST(split_buffers_complete_refuses_each_buffer_a_pass_uses) {

@@ -19,9 +19,11 @@
 
 namespace mok::core {
 
-// Whether the split pass computes this layer: the grouped GEMMs take no bias and no MXFP8 operand yet.
+// Whether the split pass computes this layer: the grouped GEMMs take no bias and no MXFP8 operand yet, and TMA
+// moves 16-byte rows, so every width a GEMM row or leading dimension spans (H, I, I_s) is a multiple of 8 bf16.
 MOK_HD inline bool split_supports(const LayerShape& s, bool biases) {
-  return !s.mxfp8 && !biases;
+  bool rows = s.hidden % 8 == 0 && s.intermediate % 8 == 0 && s.shared_intermediate % 8 == 0;
+  return !s.mxfp8 && !biases && rows;
 }
 
 // How far a split pass whose GEMMs sum in another order than core's (a GPU's tensor cores) may be from the host

@@ -45,7 +45,7 @@ struct SplitDevice {
 
 enum class SplitRefusal : int32_t {
   none = 0,
-  unsupported_layer,  // core::split_supports refuses it (MXFP8, biases)
+  unsupported_layer,  // core::split_supports refuses it (MXFP8, biases, a width not a multiple of 8)
   group,              // world > 1: the device barrier between ranks is not launched yet
   no_gemm,            // this libmok has no grouped GEMM (built without CUTLASS's headers)
   gemm_refused,       // the grouped GEMM refused a launch: gemm_status says why
