@@ -20,7 +20,7 @@ namespace mok::core {
 
 // Rows of every shared buffer: the layer's most tokens, padded to the tile height.
 MOK_HD inline int64_t shared_rows(const LayerShape& s) {
-  return (static_cast<int64_t>(s.max_tokens) + s.expert_padding - 1) / s.expert_padding * s.expert_padding;
+  return static_cast<int64_t>(align_up(static_cast<size_t>(s.max_tokens), static_cast<size_t>(s.expert_padding)));
 }
 
 // The shared expert as a layer of one expert of width I_s (the grouped problems read only these fields).
@@ -56,8 +56,8 @@ MOK_HD inline void write_shared_schedule(int32_t* schedule, int tokens) {
 }
 
 MOK_HD inline Schedule shared_schedule(const LayerShape& s, const SplitShared& b, int tokens) {
-  int64_t pad = s.expert_padding;
-  return Schedule{b.schedule, nullptr, (tokens + pad - 1) / pad * pad};
+  int64_t rows = static_cast<int64_t>(align_up(static_cast<size_t>(tokens), static_cast<size_t>(s.expert_padding)));
+  return Schedule{b.schedule, nullptr, rows};
 }
 
 // The dout the shared expert's backward reads: the gated one's bf16(s_t dout_t), else the layer's dout.

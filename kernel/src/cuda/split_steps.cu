@@ -99,7 +99,12 @@ __global__ void gradient_items(core::GradientParts parts, int64_t items, bool wr
 
 namespace split_detail {
 constexpr int kRowStepThreads = 32;
-constexpr int kItemThreads = 128;  // a thread per token or item: the home sums, the shared rows
+constexpr int kItemThreads = 128;  // a thread per item: the home sums, the shared rows, the bf16 gradients
+
+// CTAs of kItemThreads for `items` threads.
+int64_t item_blocks(int64_t items) {
+  return (items + kItemThreads - 1) / kItemThreads;
+}
 }  // namespace split_detail
 
 cudaError_t launch_dispatch(const SplitDevice& d, const core::RowWindow& window) {
@@ -125,7 +130,7 @@ cudaError_t launch_combine(const SplitDevice& d, const core::RowWindow& window) 
 cudaError_t launch_home_sums(const SplitDevice& d) {
   int tokens = d.view.tokens;
   if (tokens == 0) return cudaSuccess;
-  int blocks = (tokens + kItemThreads - 1) / kItemThreads;
+  int blocks = static_cast<int>(item_blocks(tokens));
   if (core::is_backward(d.view.kind))
     home_sums_backward<<<blocks, kItemThreads, 0, d.stream>>>(d.view, d.dout, d.dx, d.dw);
   else
@@ -136,7 +141,7 @@ cudaError_t launch_home_sums(const SplitDevice& d) {
 cudaError_t launch_shared_rows(const SplitDevice& d, core::SplitStep step) {
   int64_t items = core::shared_step_items(d.view, step);
   if (items == 0) return cudaSuccess;
-  int blocks = static_cast<int>((items + kItemThreads - 1) / kItemThreads);
+  int blocks = static_cast<int>(item_blocks(items));
   shared_rows<<<blocks, kItemThreads, 0, d.stream>>>(d.view, d.shared, d.targets.wgrad_shared_router, step, items);
   return cudaGetLastError();
 }
@@ -146,7 +151,7 @@ cudaError_t launch_gradients(const SplitDevice& d, bool write) {
       core::split_gradient_parts(d.view.s, d.view.w.shared_router != nullptr, d.targets, d.gradients);
   int64_t items = core::gradient_items(parts);
   if (items == 0) return cudaSuccess;
-  int64_t blocks = (items + kItemThreads - 1) / kItemThreads;  // at most 2^31 - 1: a grid's x extent
+  int64_t blocks = item_blocks(items);  // at most 2^31 - 1: a grid's x extent
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   gradient_items<<<static_cast<unsigned>(blocks), kItemThreads, 0, d.stream>>>(parts, items, write);
   return cudaGetLastError();
