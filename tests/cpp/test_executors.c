@@ -17,8 +17,8 @@ static mokLayerConfig_t config_for(mokExecutor_t executor) {
   return c;
 }
 
-/* mokLayerCreate with `executor` over heap memory sized by the host executor's layout (the sizes of an executor
- * that cannot run are refused, so they cannot be asked); the detail of a failure goes to `detail`. */
+/* mokLayerCreate with `executor` over heap memory sized by its own sizes, or where it has none (an executor that
+ * is not compiled) by the host executor's; the detail of a failure goes to `detail`. */
 static mokStatus_t create(mokExecutor_t executor, char* detail, size_t n) {
   mokLayerConfig_t host = small_config(), c = config_for(executor);
   mokLayerSizes_t s = MOK_LAYER_SIZES_INIT;
@@ -26,8 +26,8 @@ static mokStatus_t create(mokExecutor_t executor, char* detail, size_t n) {
   mokLayer_t layer = NULL;
   void *peer = NULL, *workspace = NULL;
   mokStatus_t status;
-  if (mokLayerGetSizes(&host, &s) != mokSuccess || posix_memalign(&peer, 64, s.peer_bytes) != 0 ||
-      posix_memalign(&workspace, 64, s.workspace_bytes) != 0)
+  if (mokLayerGetSizes(&c, &s) != mokSuccess && mokLayerGetSizes(&host, &s) != mokSuccess) return mokInternalError;
+  if (posix_memalign(&peer, 256, s.peer_bytes) != 0 || posix_memalign(&workspace, 256, s.workspace_bytes) != 0)
     return mokInternalError;
   m.peer_bases = &peer;
   m.workspace = workspace;
@@ -74,9 +74,23 @@ static void executor_agrees(mokExecutor_t executor) {
   created = create(executor, detail, sizeof(detail));
   printf("%-8s compiled %d, supported somewhere %d; mokLayerGetSizes %s; mokLayerCreate %s%s%s\n", name, compiled,
          supported_anywhere, mokGetStatusString(sizes), mokGetStatusString(created), detail[0] ? ": " : "", detail);
-  if (compiled && supported_anywhere) {
+  if (compiled && supported_anywhere && executor == mokExecutorHost) {
     CHECK_MSG(sizes == mokSuccess && created == mokSuccess, "%s claims it runs, but: sizes %s, create %s ('%s')", name,
               mokGetStatusString(sizes), mokGetStatusString(created), detail);
+  } else if (compiled && supported_anywhere) {
+    /* A device executor on a GPU: the heap memory create() gives it is refused, by name (test_cuda_layer creates
+     * one on device memory). */
+    CHECK_MSG(sizes == mokSuccess && created == mokInvalidArgument && strstr(detail, "'memory.workspace' (") != NULL &&
+                  strstr(detail, "device memory") != NULL,
+              "%s on a GPU must refuse host memory: sizes %s, create %s ('%s')", name, mokGetStatusString(sizes),
+              mokGetStatusString(created), detail);
+  } else if (compiled) {
+    /* Compiled, but no device here runs it: sized (sizes need no device), and refused at creation as the query. */
+    CHECK_MSG(sizes == mokSuccess && created == not_supported,
+              "%s: the queries say %s, mokLayerGetSizes %s, mokLayerCreate %s ('%s')", name,
+              mokGetStatusString(not_supported), mokGetStatusString(sizes), mokGetStatusString(created), detail);
+    CHECK_MSG(strstr(detail, name) != NULL && strstr(detail, "mokLayerCreate: argument 'config.executor'") != NULL,
+              "the refusal names the call, the argument and the executor: '%s'", detail);
   } else {
     CHECK_MSG(created == not_supported && sizes == created,
               "%s: the queries say %s, mokLayerGetSizes %s, mokLayerCreate %s ('%s')", name,

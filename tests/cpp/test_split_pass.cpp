@@ -22,6 +22,7 @@
 #include "core/home_sums.hpp"
 #include "core/split_pass.hpp"
 #include "core/split_shared.hpp"
+#include "core/split_workspace.hpp"
 #include "group.hpp"
 
 namespace core = mok::core;
@@ -70,22 +71,21 @@ struct SplitOutputs {
   std::vector<uint16_t> dgate, dup, ddown, dsgate, dsup, dsdown, dsrouter;  // bf16 gradients (no main_grad)
 };
 
-// The split pass's shared-expert buffers (core::SplitShared), NaN-filled: what it reads there it must have written.
-struct SharedBuffers {
-  explicit SharedBuffers(const core::LayerShape& s) {
-    size_t rows = static_cast<size_t>(core::shared_rows(s)), is = static_cast<size_t>(s.shared_intermediate),
-           h = static_cast<size_t>(s.hidden);
-    bf16.assign(4 * rows * is + rows * h, core::bf16_t{0xffff});
-    fp32.assign(rows + rows * h, NAN);
-    core::bf16_t* at = bf16.data();
-    buffers =
-        core::SplitShared{at,          at + rows * is,     at + 2 * rows * is, at + 3 * rows * is, at + 4 * rows * is,
-                          fp32.data(), fp32.data() + rows, schedule.data()};
+// The split executor's own buffers (core/split_workspace.hpp: dx's fp32 first term, the weight gradients' sums, the
+// shared expert's buffers) in one block laid out as a device workspace holds them, every byte set (bf16 and fp32 NaN,
+// int32 -1): what the pass reads there it must have written, and a region the layout made too small or overlapping
+// another would show in the results (or under ASan past the block's end).
+struct ExtrasBlock {
+  explicit ExtrasBlock(const core::LayerShape& s)
+      : layout(core::split_layout(s, 64)), bytes(layout.bytes + core::kGemmArgumentAlign, 0xff) {
+    size_t misaligned = reinterpret_cast<uintptr_t>(bytes.data()) % core::kGemmArgumentAlign;
+    char* extras = bytes.data() + (misaligned ? core::kGemmArgumentAlign - misaligned : 0);
+    bytes.resize(static_cast<size_t>(extras - bytes.data()) + layout.bytes);  // no slack past the layout's end
+    buffers = core::split_buffers_at(s, layout, bytes.data() + (extras - bytes.data()));
   }
-  std::vector<core::bf16_t> bf16;
-  std::vector<float> fp32;
-  std::vector<int32_t> schedule = {-1, -1};
-  core::SplitShared buffers;
+  core::SplitLayout layout;
+  std::vector<char> bytes;
+  core::SplitBuffers buffers;
 };
 
 // The host's way of running each step of the split pass over one rank's view.
@@ -294,25 +294,21 @@ struct Group {
       for (auto* m : {&o.main_gate, &o.main_up, &o.main_down}) m->assign(eih, k.main_grad_start);
       for (auto* m : {&o.main_sgate, &o.main_sup, &o.main_sdown}) m->assign(sih, k.main_grad_start);
       o.main_srouter.assign(p.gated ? static_cast<size_t>(p.hidden) : 0, k.main_grad_start);
-      std::vector<float> partial(static_cast<size_t>(core::out_ring_rows(v.s)) * p.hidden, NAN);
-      core::SplitTargets targets{partial.data(),      o.main_gate.data(), o.main_up.data(),    o.main_down.data(),
-                                 o.main_sgate.data(), o.main_sup.data(),  o.main_sdown.data(), o.main_srouter.data()};
+      ExtrasBlock extras(v.s);
+      float* main_grad[core::kGradientSums] = {o.main_gate.data(),   o.main_up.data(),  o.main_down.data(),
+                                               o.main_sgate.data(),  o.main_sup.data(), o.main_sdown.data(),
+                                               o.main_srouter.data()};
+      // without main_grad: the pass's own fp32 sums (NaN in the block), which it must zero first
+      core::SplitTargets targets = core::split_targets(extras.buffers, main_grad, !k.accumulate);
       core::SplitGradients grads{};
-      std::vector<float> sums;  // without main_grad: the pass's own fp32 sums, which it must zero first
       if (!k.accumulate) {
         for (auto* g : {&o.dgate, &o.dup, &o.ddown}) g->assign(eih, 0xffff);
         for (auto* g : {&o.dsgate, &o.dsup, &o.dsdown}) g->assign(sih, 0xffff);
         o.dsrouter.assign(o.main_srouter.size(), 0xffff);
         grads = core::SplitGradients{o.dgate.data(), o.dup.data(),    o.ddown.data(),   o.dsgate.data(),
                                      o.dsup.data(),  o.dsdown.data(), o.dsrouter.data()};
-        sums.assign(3 * eih + 3 * sih + o.dsrouter.size(), NAN);
-        float* at = sums.data();
-        targets = core::SplitTargets{
-            partial.data(),        at, at + eih, at + 2 * eih, at + 3 * eih, at + 3 * eih + sih, at + 3 * eih + 2 * sih,
-            at + 3 * eih + 3 * sih};
       }
-      SharedBuffers shared(v.s);
-      HostSteps steps{v, targets, p, r, barrier, o, reverse, shared.buffers, grads, {}, {}, {}};
+      HostSteps steps{v, targets, p, r, barrier, o, reverse, extras.buffers.shared, grads, {}, {}, {}};
       steps.staging.assign(std::max(core::mx_staging_values(v.s), core::mx_swiglu_staging_values(v.s)) + 1, 0);
       core::RowPeriods periods = core::ring_periods(v.s);
       bool gated = v.w.shared_router != nullptr;

@@ -20,6 +20,11 @@ def test_backends_report_missing_gpu_without_raising():
         gpu = by_name[name]
         assert not gpu.compiled and not gpu.available, gpu
         assert f"executor '{name}' runs no layer" in gpu.reason, gpu.reason
+    # The split executor: compiled where the package's libmok has the grouped GEMMs; either way not usable without a
+    # GPU, and the reason says why.
+    cuda = by_name["cuda"]
+    assert not cuda.available, cuda
+    assert ("no GPU" in cuda.reason) if cuda.compiled else ("executor 'cuda' runs no layer" in cuda.reason), cuda
 
 
 def test_backends_tell_the_story_of_functional_backends():
@@ -37,7 +42,7 @@ def test_every_status_has_a_string():
 
 
 def test_executor_names_and_bad_executor():
-    assert [_mok.executor_name(e) for e in range(_mok.NUM_EXECUTORS)] == ["host", "sm100", "portable"]
+    assert [_mok.executor_name(e) for e in range(_mok.NUM_EXECUTORS)] == ["host", "sm100", "portable", "cuda"]
     with pytest.raises(ValueError, match="executor"):
         _mok.executor_compiled(_mok.NUM_EXECUTORS)
 

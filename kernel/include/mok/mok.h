@@ -65,14 +65,17 @@ typedef enum {
   mokExecutorHost = 0,     /* CPU threads; always compiled */
   mokExecutorSm100 = 1,    /* Blackwell sm_100a / sm_103a persistent kernel (later) */
   mokExecutorPortable = 2, /* any sm_80+ GPU (later) */
-  mokNumExecutors = 3
+  mokExecutorCuda = 3,     /* the split executor: a pass as a sequence of kernels on the caller's stream, one rank of
+                              BF16 on sm_100a / sm_103a (docs/gpu.md, "The cuda executor"); never run on a GPU yet */
+  mokNumExecutors = 4
 } mokExecutor_t;
 
-/* "host", "sm100", "portable"; NULL for an unknown value. */
+/* "host", "sm100", "portable", "cuda"; NULL for an unknown value. */
 MOK_API const char* mokExecutorName(mokExecutor_t executor);
 /*
- * *compiled = 1 when this libmok can run a layer with `executor` (only mokExecutorHost so far; device
- * code built in for queries alone does not count). mokExecutorCompiled, mokExecutorSupportsDevice and
+ * *compiled = 1 when this libmok carries the code that runs a layer with `executor`: mokExecutorHost always,
+ * mokExecutorCuda in a CUDA build with the grouped GEMMs (CUTLASS's headers); device code built in for queries
+ * alone does not count. mokExecutorCompiled, mokExecutorSupportsDevice and
  * mokLayerCreate agree: an executor that is not compiled fails all three with mokNotCompiled.
  */
 MOK_API mokStatus_t mokExecutorCompiled(mokExecutor_t executor, int* compiled);
@@ -107,7 +110,7 @@ MOK_API mokStatus_t mokGetDeviceInfo(int device, mokDeviceInfo_t* info);
  */
 MOK_API mokStatus_t mokExecutorSupportsDevice(mokExecutor_t executor, int device, int* supported);
 
-/* ---- the layer (host executor; see docs/c-api.md) ------------------------------------------- */
+/* ---- the layer (see docs/c-api.md; on a GPU, docs/gpu.md) ----------------------------------- */
 /*
  * One MoE layer of an expert-parallel group of `world` ranks. Every rank creates its own context
  * and makes the same sequence of collective calls (mokLayerBuildSchedule, mokLayerForward,
@@ -120,7 +123,8 @@ MOK_API mokStatus_t mokExecutorSupportsDevice(mokExecutor_t executor, int device
  * 16-bit words.
  *
  * Streams: every pass call takes the stream it runs on as its last parameter, `void* stream`: a
- * cudaStream_t for a device executor (none is compiled yet), on which the call is asynchronous; the
+ * cudaStream_t for a device executor (mokExecutorCuda; NULL is the legacy default stream), on which the call
+ * is asynchronous: its status is that of the enqueueing (docs/c-api.md); the
  * host executor runs every call on the calling thread and requires NULL (any other stream:
  * mokInvalidArgument, nothing written, rejected as any other argument). On the host executor every
  * call is synchronous and its status is the pass's outcome (docs/c-api.md, "Streams, completion and
@@ -175,7 +179,7 @@ typedef struct {
   int timeout_ms;           /* 1..86400000 (24 h): every wait on another worker or rank gives up after this
                                long without progress of the ranks it waits for (tasks they finish);
                                docs/c-api.md, "Failures of the group" */
-  mokExecutor_t executor;   /* mokExecutorHost: the only one compiled so far (others: mokNotCompiled) */
+  mokExecutor_t executor;   /* mokExecutorHost, or mokExecutorCuda where compiled (others: mokNotCompiled) */
   /* Added after the first layout (a caller without them gets mokActivationSwiglu): */
   mokActivation_t activation; /* mokActivationSwiglu or mokActivationSwigluOai; no other value */
   float swiglu_alpha;         /* mokActivationSwigluOai's alpha: finite and > 0; ignored by mokActivationSwiglu */

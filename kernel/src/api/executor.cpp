@@ -5,11 +5,32 @@
 #include "api/error.hpp"
 
 namespace mok::api {
+namespace {
 
-CreateLayer layer_factory(mokExecutor_t executor) {
+mokStatus_t host_workspace_bytes(const core::LayerShape& shape, const char*, size_t* bytes) {
+  *bytes = core::local_layout(shape).bytes;
+  return mokSuccess;
+}
+
+constexpr ExecutorEntry kHost{create_host_layer, host_workspace_bytes};
+#if MOK_WITH_CUDA && MOK_WITH_GROUPED_GEMM
+constexpr ExecutorEntry kCuda{create_cuda_layer, cuda_workspace_bytes};
+constexpr bool kCudaCompiled = true;
+#else
+constexpr bool kCudaCompiled = false;
+#endif
+
+}  // namespace
+
+const ExecutorEntry* executor_entry(mokExecutor_t executor) {
   switch (executor) {
-    case mokExecutorHost: return create_host_layer;
-    case mokExecutorSm100:  // no GPU executor runs a layer yet
+    case mokExecutorHost: return &kHost;
+#if MOK_WITH_CUDA && MOK_WITH_GROUPED_GEMM
+    case mokExecutorCuda: return &kCuda;
+#else
+    case mokExecutorCuda:  // its pass needs the grouped GEMMs (a CUDA build with CUTLASS's headers)
+#endif
+    case mokExecutorSm100:  // the fused kernel (issue 14) is not written
     case mokExecutorPortable:
     case mokNumExecutors: break;
   }
@@ -17,15 +38,18 @@ CreateLayer layer_factory(mokExecutor_t executor) {
 }
 
 bool layer_compiled(mokExecutor_t executor) {
-  return layer_factory(executor) != nullptr;
+  return executor_entry(executor) != nullptr;
 }
 
 mokStatus_t not_compiled(mokExecutor_t executor, const char* argument, const char* func) {
-  const char* cuda = kCudaArchitectures[0] ? "; its CUDA code has device queries only" : "";
+  const char* why = "";
+  if (executor == mokExecutorCuda)
+    why = kCudaArchitectures[0] ? "; it needs the grouped GEMMs, which a CUDA build without CUTLASS's headers lacks"
+                                : "; it needs a CUDA build (MOK_ENABLE_CUDA=ON) with CUTLASS's headers";
+  const char* runs = kCudaCompiled ? "host and cuda" : "host";
   return fail(mokNotCompiled,
-              "%s: argument '%s' (%s): executor '%s' runs no layer in this libmok%s; only the host executor does so "
-              "far",
-              func, argument, mokExecutorName(executor), mokExecutorName(executor), cuda);
+              "%s: argument '%s' (%s): executor '%s' runs no layer in this libmok%s; the executors here: %s", func,
+              argument, mokExecutorName(executor), mokExecutorName(executor), why, runs);
 }
 
 }  // namespace mok::api

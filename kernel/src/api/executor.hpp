@@ -21,6 +21,9 @@ class LayerExecutor {
  public:
   virtual ~LayerExecutor() = default;
   virtual const core::LayerShape& shape() const = 0;
+  // Whether the caller's tensors are host memory, whose values api/ may read (the ids' range), or device memory,
+  // whose values the executor checks on the device.
+  virtual bool host_tensors() const = 0;
   // The token count of the current schedule (0 without one).
   virtual int tokens() const = 0;
   // `stream` as this executor takes it: mokSuccess, or mokInvalidArgument with a detail naming `func`, the
@@ -48,15 +51,27 @@ class LayerExecutor {
   virtual void abort(const char* reason) = 0;
 };
 
-// Creates one context of an executor over validated arguments.
+// The rule a mokExecutor_t argument breaks when out of range.
+inline constexpr const char* kExecutorRule =
+    "must be mokExecutorHost (0), mokExecutorSm100 (1), mokExecutorPortable (2) or mokExecutorCuda (3)";
+
+// Creates one context of an executor over validated arguments (the workspace as large as its workspace_bytes).
 using CreateLayer = mokStatus_t (*)(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory,
                                     std::unique_ptr<LayerExecutor>* out);
+// The workspace a layer of `shape` needs on an executor, or the executor's refusal of the shape (mokUnsupported,
+// with a detail naming `func`, the config field and the rule), so that mokLayerGetSizes refuses what creation would.
+using WorkspaceBytes = mokStatus_t (*)(const core::LayerShape& shape, const char* func, size_t* bytes);
 
-// The executor's layer factory, nullptr when this libmok carries no layer for `executor` (an enumerator). Device
-// code built in without a layer (cuda/: device queries) does not count.
-CreateLayer layer_factory(mokExecutor_t executor);
+struct ExecutorEntry {
+  CreateLayer create;
+  WorkspaceBytes workspace_bytes;
+};
 
-// Whether this libmok runs a layer with `executor`: layer_factory(executor) != nullptr.
+// The executor's layer factory and sizes, nullptr when this libmok carries no layer for `executor` (an enumerator).
+// Device code built in without a layer (cuda/: device queries) does not count.
+const ExecutorEntry* executor_entry(mokExecutor_t executor);
+
+// Whether this libmok runs a layer with `executor`: executor_entry(executor) != nullptr.
 bool layer_compiled(mokExecutor_t executor);
 
 // mokNotCompiled with a detail naming `func` and the `argument` that holds `executor`, and saying that it runs no
@@ -66,5 +81,10 @@ mokStatus_t not_compiled(mokExecutor_t executor, const char* argument, const cha
 // The host executor's factory (api/host_executor.cpp).
 mokStatus_t create_host_layer(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory,
                               std::unique_ptr<LayerExecutor>* out);
+
+// The cuda executor's (cuda/cuda_layer.cpp), in a CUDA build with the grouped GEMMs.
+mokStatus_t create_cuda_layer(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory,
+                              std::unique_ptr<LayerExecutor>* out);
+mokStatus_t cuda_workspace_bytes(const core::LayerShape& shape, const char* func, size_t* bytes);
 
 }  // namespace mok::api

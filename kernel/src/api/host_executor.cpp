@@ -6,6 +6,7 @@
 #include <new>
 
 #include "api/error.hpp"
+#include "api/error_record.hpp"
 #include "api/executor.hpp"
 #include "host/layer.hpp"
 
@@ -25,6 +26,7 @@ class HostLayer final : public LayerExecutor {
   HostLayer& operator=(const HostLayer&) = delete;
 
   const core::LayerShape& shape() const override { return l_->shape; }
+  bool host_tensors() const override { return true; }
   int tokens() const override { return l_->group.tokens; }
   // The host executor runs every call on the calling thread: there is no stream to enqueue a pass on.
   mokStatus_t check_stream(void* stream, const char* func) const override {
@@ -34,10 +36,8 @@ class HostLayer final : public LayerExecutor {
                 "be NULL",
                 func, stream);
   }
-  void begin_pass(uint64_t pass) override {
-    settle_pass();  // a failure recorded so far belongs to the calls before this one
-    pass_.store(pass);
-  }
+  // A call's workers are done when it returns, so its failure is seen before the next call is numbered.
+  void begin_pass(uint64_t pass) override { calls_.begin(pass, core::failed(l_->group)); }
   void drop_schedule() override { host::drop_schedule(*l_); }
   mokStatus_t build_schedule(const void* topk_ids, bool int64_ids, int tokens, void*) override {
     host::Detail why;
@@ -64,41 +64,27 @@ class HostLayer final : public LayerExecutor {
   void reject(mokStatus_t status, const char* detail) override { host::reject(*l_, status, detail); }
   void abort(const char* reason) override {
     host::abort(*l_, reason);
-    settle_pass();
+    calls_.settle(core::failed(l_->group));
   }
 
   void error(mokLayerError_t* out) override {
-    settle_pass();
+    calls_.settle(core::failed(l_->group));
     core::ErrorRecord rec{};
     if (!core::read_record(&l_->group.error, &rec)) {
-      out->pass = pass_.load();  // no failure: the calls made so far
+      out->pass = calls_.current();  // no failure: the calls made so far
       return;
     }
-    out->status = host::status_for(rec);
-    out->rank = rec.rank;
-    std::snprintf(out->task, sizeof(out->task), "%s", rec.task_kind < 0 ? "" : core::task_name(rec.task_kind));
-    out->task_index = rec.task_index;
+    record_fields(rec, out);
     std::snprintf(out->wait, sizeof(out->wait), "%s",
                   rec.wait == 0 ? "aborted by mokLayerAbort" : core::wait_name(static_cast<core::WaitId>(rec.wait)));
     host::error_detail(*l_, rec, out->detail, sizeof(out->detail));
-    out->pass = failed_pass_.load();
+    out->pass = calls_.failed();
     out->abort_rank = host::abort_rank(*l_, rec);
   }
 
  private:
-  // Once a failure is recorded, the record is about the call that was running, or last begun, then: the first
-  // look at the record after it (a call's start, mokLayerGetError, mokLayerAbort) fixes that call's number. A
-  // call's workers are done when it returns, so its failure is seen before the next call is numbered.
-  void settle_pass() {
-    if (!core::failed(l_->group)) return;
-    uint64_t unsettled = kUnsettled;
-    failed_pass_.compare_exchange_strong(unsettled, pass_.load());
-  }
-
-  static constexpr uint64_t kUnsettled = UINT64_MAX;
   host::Layer* l_;
-  std::atomic<uint64_t> pass_{0};  // the collective call running, or last begun (0: none yet)
-  std::atomic<uint64_t> failed_pass_{kUnsettled};
+  CallNumbers calls_;
 };
 
 }  // namespace

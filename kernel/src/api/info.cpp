@@ -17,10 +17,7 @@ namespace {
 mokStatus_t check_executor(const mokExecutor_t& executor, const char* func) {
   int32_t bits = mok::api::enum_bits(executor);
   if (!mok::api::enum_in_range(bits, mokNumExecutors))
-    return fail(mokInvalidArgument,
-                "%s: argument 'executor' (%d) must be mokExecutorHost (0), mokExecutorSm100 (1) or "
-                "mokExecutorPortable (2)",
-                func, bits);
+    return fail(mokInvalidArgument, "%s: argument 'executor' (%d) %s", func, bits, mok::api::kExecutorRule);
   return mokSuccess;
 }
 
@@ -56,6 +53,7 @@ MOK_API const char* mokExecutorName(mokExecutor_t executor) {
     case mokExecutorHost: return "host";
     case mokExecutorSm100: return "sm100";
     case mokExecutorPortable: return "portable";
+    case mokExecutorCuda: return "cuda";
     case mokNumExecutors: break;
   }
   return nullptr;
@@ -103,10 +101,14 @@ MOK_API mokStatus_t mokExecutorSupportsDevice(mokExecutor_t executor, int device
   }
   if (!mok::api::layer_compiled(executor)) return mok::api::not_compiled(executor, "executor", __func__);
 #if MOK_WITH_CUDA
-  // A GPU executor with a layer: its image must load on the device.
+  // A GPU executor with a layer: its image must load on the device, whose architecture its kernels are for.
   mokDeviceInfo_t info = MOK_DEVICE_INFO_INIT;
   if (mokStatus_t s = worded(mok::cuda::sm100_supports(device, &info), device, info, __func__); s != mokSuccess)
     return s;
+  if (info.cc_major != 10)
+    return fail(mokUnsupported,
+                "%s: device %d (%s, sm_%d%d): executor '%s' runs SM100 grouped GEMMs, on compute capability 10.x only",
+                __func__, device, info.name, info.cc_major, info.cc_minor, mokExecutorName(executor));
   *supported = 1;
   return mokSuccess;
 #else

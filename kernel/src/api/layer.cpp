@@ -74,7 +74,10 @@ MOK_API mokStatus_t mokLayerGetSizes(const mokLayerConfig_t* config, mokLayerSiz
   if (mokStatus_t s = mok::api::check_config(config, __func__, &c, &shape); s != mokSuccess) return s;
   mokLayerSizes_t out = MOK_LAYER_SIZES_INIT;
   out.peer_bytes = mok::core::peer_layout(shape).bytes;
-  out.workspace_bytes = mok::core::local_layout(shape).bytes;
+  // check_config refused an executor without an entry, so there is one.
+  if (mokStatus_t s = mok::api::executor_entry(c.executor)->workspace_bytes(shape, __func__, &out.workspace_bytes);
+      s != mokSuccess)
+    return s;
   mok::api::write_stamped(sizes, out, layout);
   return mokSuccess;
 }
@@ -86,13 +89,15 @@ MOK_API mokStatus_t mokLayerCreate(const mokLayerConfig_t* config, const mokLaye
   mokLayerMemory_t m;
   mok::core::LayerShape shape;
   if (mokStatus_t s = mok::api::check_config(config, __func__, &c, &shape); s != mokSuccess) return s;
-  if (mokStatus_t s = mok::api::check_memory(memory, shape, __func__, &m); s != mokSuccess) return s;
+  // check_config refused an executor without an entry, so there is one.
+  const mok::api::ExecutorEntry* executor = mok::api::executor_entry(c.executor);
+  size_t workspace_need = 0;
+  if (mokStatus_t s = executor->workspace_bytes(shape, __func__, &workspace_need); s != mokSuccess) return s;
+  if (mokStatus_t s = mok::api::check_memory(memory, shape, workspace_need, __func__, &m); s != mokSuccess) return s;
   auto handle = std::unique_ptr<mokLayer>(new (std::nothrow) mokLayer{});
   if (!handle) return fail(mokOutOfMemory, "mokLayerCreate: out of memory");
   uint64_t timeout_ns = static_cast<uint64_t>(c.timeout_ms) * 1000000ull;
-  // check_config refused an executor without a layer factory, so there is one.
-  mok::api::CreateLayer create = mok::api::layer_factory(c.executor);
-  if (mokStatus_t s = create(shape, timeout_ns, m, &handle->impl); s != mokSuccess) return s;
+  if (mokStatus_t s = executor->create(shape, timeout_ns, m, &handle->impl); s != mokSuccess) return s;
   *layer = handle.release();
   return mokSuccess;
 }
@@ -110,7 +115,8 @@ MOK_API mokStatus_t mokLayerBuildSchedule(mokLayer_t layer, const void* topk_ids
   if (mokStatus_t s = check_layer(layer, __func__); s != mokSuccess) return s;
   layer->impl->drop_schedule();
   if (mokStatus_t s = begin_pass(layer, stream, __func__); s != mokSuccess) return rejected(layer, s);
-  if (mokStatus_t s = mok::api::check_topk_ids(topk_ids, index_type, num_tokens, layer->impl->shape(), __func__);
+  if (mokStatus_t s = mok::api::check_topk_ids(topk_ids, index_type, num_tokens, layer->impl->shape(),
+                                               layer->impl->host_tensors(), __func__);
       s != mokSuccess)
     return rejected(layer, s);
   return layer->impl->build_schedule(topk_ids, index_type == mokIndexInt64, num_tokens, stream);

@@ -11,6 +11,7 @@
 #include "api/limits.hpp"
 #include "api/stamp.hpp"
 #include "core/mxfp8.hpp"
+#include "core/schedule.hpp"
 
 namespace mok::api {
 namespace {
@@ -53,9 +54,7 @@ mokStatus_t check_enums(const mokLayerConfig_t* c, const char* func, mokPrecisio
   int32_t p = enum_bits(c->precision), e = enum_bits(c->executor);
   if (!enum_in_range(p, mokNumPrecisions))
     return invalid(func, "must be mokPrecisionBF16 (0) or mokPrecisionMXFP8 (1)", "config.precision", p);
-  if (!enum_in_range(e, mokNumExecutors))
-    return invalid(func, "must be mokExecutorHost (0), mokExecutorSm100 (1) or mokExecutorPortable (2)",
-                   "config.executor", e);
+  if (!enum_in_range(e, mokNumExecutors)) return invalid(func, kExecutorRule, "config.executor", e);
   if (!layer_compiled(static_cast<mokExecutor_t>(e)))
     return not_compiled(static_cast<mokExecutor_t>(e), "config.executor", func);
   *precision = static_cast<mokPrecision_t>(p);
@@ -201,8 +200,8 @@ mokStatus_t check_config(const mokLayerConfig_t* config, const char* func, mokLa
   return mokSuccess;
 }
 
-mokStatus_t check_memory(const mokLayerMemory_t* memory, const core::LayerShape& shape, const char* func,
-                         mokLayerMemory_t* copy) {
+mokStatus_t check_memory(const mokLayerMemory_t* memory, const core::LayerShape& shape, size_t workspace_need,
+                         const char* func, mokLayerMemory_t* copy) {
   if (mokStatus_t s = read_stamped(memory, kLayerMemory, mokLayerMemory_t MOK_LAYER_MEMORY_INIT, "memory", func, copy);
       s != mokSuccess)
     return s;
@@ -224,7 +223,7 @@ mokStatus_t check_memory(const mokLayerMemory_t* memory, const core::LayerShape&
                   func, n, limits::kMaxShmName);
   }
   if (mokStatus_t s = check_array(m->workspace, "memory.workspace", 1, core::kAlign, func); s != mokSuccess) return s;
-  size_t need = core::local_layout(shape).bytes;
+  size_t need = workspace_need;
   if (m->workspace_bytes < need)
     return fail(mokInvalidArgument,
                 "%s: argument 'memory.workspace_bytes' (%zu) is smaller than the %zu bytes "
@@ -234,7 +233,7 @@ mokStatus_t check_memory(const mokLayerMemory_t* memory, const core::LayerShape&
 }
 
 mokStatus_t check_topk_ids(const void* ids, const mokIndexType_t& type, int tokens, const core::LayerShape& shape,
-                           const char* func) {
+                           bool read_ids, const char* func) {
   int32_t bits = enum_bits(type);
   if (bits != mokIndexInt32 && bits != mokIndexInt64)
     return invalid(func, "must be mokIndexInt32 (0) or mokIndexInt64 (1)", "index_type", bits);
@@ -245,9 +244,9 @@ mokStatus_t check_topk_ids(const void* ids, const mokIndexType_t& type, int toke
   int64_t n = static_cast<int64_t>(tokens) * shape.top_k;
   if (mokStatus_t s = check_array(ids, "topk_ids", n, wide ? 8 : 4, func); s != mokSuccess) return s;
   int64_t experts = static_cast<int64_t>(shape.world) * shape.experts_per_rank;
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t id = wide ? static_cast<const int64_t*>(ids)[i] : static_cast<const int32_t*>(ids)[i];
-    if (id < -1 || id >= experts)
+  for (int64_t i = 0; read_ids && i < n; ++i) {
+    int64_t id = core::topk_id(ids, wide, i);
+    if (!core::valid_topk_id(shape, id))
       return fail(mokInvalidArgument, "%s: argument 'topk_ids' [%lld][%lld] = %lld must be -1 or in [0, %lld)", func,
                   static_cast<long long>(i / shape.top_k), static_cast<long long>(i % shape.top_k),
                   static_cast<long long>(id), static_cast<long long>(experts));

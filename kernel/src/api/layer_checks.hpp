@@ -15,12 +15,14 @@ namespace mok::api {
 // The config as a core shape; fails on a broken rule.
 mokStatus_t check_config(const mokLayerConfig_t* config, const char* func, mokLayerConfig_t* copy,
                          core::LayerShape* shape);
-mokStatus_t check_memory(const mokLayerMemory_t* memory, const core::LayerShape& shape, const char* func,
-                         mokLayerMemory_t* copy);
+// workspace_need: what the config's executor asks for (executor.hpp, workspace_bytes).
+mokStatus_t check_memory(const mokLayerMemory_t* memory, const core::LayerShape& shape, size_t workspace_need,
+                         const char* func, mokLayerMemory_t* copy);
 // `type` by reference: the caller's parameter is read as the int a C caller passed, without an
-// enum-typed load, before its range is checked (see api/c_enum.hpp).
+// enum-typed load, before its range is checked (see api/c_enum.hpp). The ids' values only with `read_ids` (host
+// memory; a device executor checks them on the device).
 mokStatus_t check_topk_ids(const void* ids, const mokIndexType_t& type, int tokens, const core::LayerShape& shape,
-                           const char* func);
+                           bool read_ids, const char* func);
 mokStatus_t check_weights(const mokLayerWeights_t* weights, const core::LayerShape& shape, const char* func,
                           mokLayerWeights_t* copy);
 mokStatus_t check_grads(const mokLayerGrads_t* grads, const mokLayerWeights_t& weights, const core::LayerShape& shape,

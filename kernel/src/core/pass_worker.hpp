@@ -91,10 +91,8 @@ MOK_HD inline int context_copies(const PassView& v, const void* x, const void* y
 // and header. Safe to overwrite: the closing barrier of the previous build ended every peer's reads.
 MOK_HD inline void stage_topk_ids(const PassView& v, const void* ids, bool int64_ids, int tokens) {
   int32_t* own = peer_array<int32_t>(v, v.s.rank, v.peer.topk_ids);
-  int64_t n = static_cast<int64_t>(tokens) * v.s.top_k;
-  for (int64_t i = 0; i < n; ++i)
-    own[i] =
-        int64_ids ? static_cast<int32_t>(static_cast<const int64_t*>(ids)[i]) : static_cast<const int32_t*>(ids)[i];
+  for (int64_t i = 0, n = static_cast<int64_t>(tokens) * v.s.top_k; i < n; ++i)
+    own[i] = static_cast<int32_t>(topk_id(ids, int64_ids, i));
   own_header(v)->tokens = tokens;
 }
 

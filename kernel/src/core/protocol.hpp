@@ -115,6 +115,7 @@ enum class Outcome : int32_t {
   call_mismatch = 4,       // a peer entered the same barrier from a different call (mokInvalidUsage)
   rejected_arguments = 5,  // this rank rejected its call's arguments and aborted the group (mokInvalidArgument)
   rejected_order = 6,      // this rank refused its call in this state and aborted the group (mokInvalidUsage)
+  launch_failed = 7,       // a device executor could not enqueue all of a call's work (mokCudaError)
 };
 
 // Which wait gave up: named in the error record.

@@ -18,6 +18,17 @@ struct RowRef {
   int32_t k;
 };
 
+// Id i of the caller's topk ids, as given.
+MOK_HD inline int64_t topk_id(const void* ids, bool int64_ids, int64_t i) {
+  return int64_ids ? static_cast<const int64_t*>(ids)[i] : static_cast<const int32_t*>(ids)[i];
+}
+
+// An id routes to one of the group's experts, or nowhere (-1). api/ checks a host executor's ids before its call;
+// a device executor's schedule build checks them on the device (the host does not read device memory).
+MOK_HD inline bool valid_topk_id(const LayerShape& s, int64_t id) {
+  return id >= -1 && id < static_cast<int64_t>(s.world) * s.experts_per_rank;
+}
+
 // Every rank's routing as this rank sees it (peer memory): ids[r] is int32 [tokens[r], K].
 struct Routing {
   const int32_t* const* ids;

@@ -116,8 +116,8 @@ MOK_HD inline int64_t shared_chunks(const LayerShape& s) {
 // Hands out aligned byte ranges in order; offsets only, so the same layout serves any base address.
 struct Carver {
   size_t used = 0;
-  MOK_HD size_t take(size_t bytes) {
-    size_t at = align_up(used, kAlign);
+  MOK_HD size_t take(size_t bytes, size_t align = kAlign) {
+    size_t at = align_up(used, align);
     used = at + bytes;
     return at;
   }

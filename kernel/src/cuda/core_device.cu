@@ -18,18 +18,6 @@ __global__ void mxfp8_quantize_rowwise(const float* src, int64_t rows, int64_t c
   scales[b] = core::mx_quantize_block(src + r * cols + c0, n, 1, data + r * cols + c0, 1);
 }
 
-// The schedule's three passes in one CTA: count (a thread per local expert), lay out (one thread),
-// place (a thread per local expert). Rows end up in the same canonical order as on the host.
-__global__ void build_schedule(core::LayerShape shape, core::Routing routing, core::Schedule schedule) {
-  for (int e = threadIdx.x; e < shape.experts_per_rank; e += blockDim.x)
-    schedule.experts[2 * e] = core::count_expert(shape, routing, e);
-  __syncthreads();
-  if (threadIdx.x == 0) core::lay_out_segments(shape, schedule);
-  __syncthreads();
-  for (int e = threadIdx.x; e < shape.experts_per_rank; e += blockDim.x)
-    core::place_expert(shape, routing, schedule, e);
-}
-
 // The split executor's launch sequence (core/split_plan.hpp), planned on the device: core stays device code.
 __global__ void plan_split_pass(core::LayerShape shape, core::PassKind kind, core::RowPeriods periods,
                                 core::SplitCall call, core::SplitLaunch* launches, int64_t* count) {

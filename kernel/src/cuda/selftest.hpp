@@ -62,6 +62,11 @@ mokStatus_t selftest_probe(const SelftestSetup& setup, Text* text);
 mokStatus_t selftest_gemm_tile(const SelftestSetup& setup, Text* text);
 // One rank's layer (the split executor's pass: forward, then backward) against the host executor's bytes.
 mokStatus_t selftest_one_rank(const SelftestSetup& setup, Text* text);
+// The cuda executor's layer (selftest_layer.cpp): on every GPU of compute capability 10.x against the host
+// executor; three times on one context with the same bits; a benchmark line.
+mokStatus_t selftest_every_gpu(const SelftestSetup& setup, Text* text);
+mokStatus_t selftest_determinism(const SelftestSetup& setup, Text* text);
+mokStatus_t selftest_benchmark(const SelftestSetup& setup, Text* text);
 
 // Shared by the stages: the device is there, loads libmok's code, and is current. `info` describes it.
 mokStatus_t open_device(const SelftestSetup& setup, mokDeviceInfo_t* info, Text* text);

@@ -222,6 +222,7 @@ struct Device {
   DeviceBuffers buffers;
   SplitDevice split{};
   char *workspace = nullptr, *peer = nullptr;
+  char* host_peers[1] = {};                 // the peer table as the host reads it (the device's is `peers`)
   float* main_grad[kGradients] = {};        // fp32 main_grad
   float* sums[kGradients] = {};             // bf16 gradients: the split pass's own fp32 sums ...
   bf16_t* bf16_gradients[kGradients] = {};  // ... and the gradients it writes from them
@@ -249,24 +250,14 @@ cudaError_t allocate(DeviceBuffers& b, size_t count, T** device) {
   return e;
 }
 
-// The CUTLASS workspace the largest of the pass's GEMM kinds asks for, the routed experts' and the shared one's.
+// The CUTLASS workspace of the pass's GEMMs (split_device.hpp), worded.
 mokStatus_t gemm_workspace_bytes(const core::LayerShape& s, size_t* bytes, Text* text) {
-  *bytes = 0;
-  for (int k = 0; k < 2 * static_cast<int>(core::GroupedGemm::count); ++k) {
-    GroupedGemmBf16 g{};
-    g.shape = k % 2 ? core::shared_expert_shape(s) : s;
-    g.kind = static_cast<core::GroupedGemm>(k / 2);
-    size_t need = 0;
-    cudaError_t e = cudaSuccess;
-    GemmStatus st = grouped_gemm_bf16_workspace_bytes(g, &need, &e);
-    if (st == GemmStatus::cuda_error) return cuda_failed(text, "sizing the grouped GEMMs' workspace", e);
-    if (st != GemmStatus::ok) {
-      text->add("sizing the grouped GEMMs' workspace: %s", gemm_status_name(st));
-      return mokInternalError;
-    }
-    *bytes = need > *bytes ? need : *bytes;
-  }
-  return mokSuccess;
+  cudaError_t e = cudaSuccess;
+  GemmStatus st = split_gemm_workspace_bytes(s, bytes, &e);
+  if (st == GemmStatus::cuda_error) return cuda_failed(text, "sizing the grouped GEMMs' workspace", e);
+  if (st == GemmStatus::ok) return mokSuccess;
+  text->add("sizing the grouped GEMMs' workspace: %s", gemm_status_name(st));
+  return mokInternalError;
 }
 
 mokStatus_t set_up(const core::LayerShape& s, const Inputs& in, const mokLayerSizes_t& sizes, Device* d, Text* text) {
@@ -352,6 +343,8 @@ mokStatus_t prepare(const core::LayerShape& s, const Variant& variant, PassKind 
   v.w.shared_router = variant.gated ? d->shared_router : nullptr;
   v.sigmoid_table = d->sigmoid_table;
   d->split.view = v;
+  d->host_peers[0] = d->peer;
+  d->split.host_peers = d->host_peers;
   aim_gradients(variant, d);
   // v's ring pointers lie in d->workspace, its slots in d->peer: the offsets are the host's.
   size_t ring = static_cast<size_t>(s.macrobatch), h = static_cast<size_t>(s.hidden),

@@ -18,12 +18,17 @@
 #include "core/split_pass.hpp"
 #include "core/split_shared.hpp"
 
+#if MOK_WITH_GROUPED_GEMM
+#include "cuda/grouped_gemm.hpp"
+#endif
+
 namespace mok::cuda {
 
 // One rank's split pass on the device. Every pointer is device memory, those inside the view included (its peers
 // and headers arrays, the schedule, the rings, the weights); the view's kind is the pass's.
 struct SplitDevice {
   core::PassView view;
+  char* const* host_peers;  // view.peers' bases in host memory: the host reads the own one (the shared expert's x)
   // dx's fp32 first term [out ring rows, H]; the weight gradients' fp32 sums: the caller's main_grad, or with bf16
   // gradients this executor's own (zeroed and written out by the pass)
   core::SplitTargets targets;
@@ -50,8 +55,8 @@ enum class SplitRefusal : int32_t {
   no_gemm,            // this libmok has no grouped GEMM (built without CUTLASS's headers)
   gemm_refused,       // the grouped GEMM refused a launch: gemm_status says why
   cuda_error,         // a launch failed: error
-  bad_device,         // the SplitDevice itself: ctas < 1, no GEMM argument block, no staging, shared buffer,
-                      // backward target (dx's first term, a weight gradient's sum or bf16 destination) where needed
+  bad_device,  // the SplitDevice itself: ctas < 1, no host peer table, no GEMM argument block, no staging, shared
+               // buffer, backward target (dx's first term, a weight gradient's sum or bf16 destination) where needed
 };
 
 // Where an enqueued pass stopped: the launch (its index in the plan, step and GEMM kind) and why.
@@ -66,6 +71,12 @@ struct SplitFailure {
 
 const char* split_refusal_name(SplitRefusal refusal);
 
+#if MOK_WITH_GROUPED_GEMM
+// The CUTLASS workspace the largest of the pass's GEMM kinds asks for, the routed experts' and the shared one's
+// (it depends on the device: call it on the pass's).
+GemmStatus split_gemm_workspace_bytes(const core::LayerShape& s, size_t* bytes, cudaError_t* error);
+#endif
+
 // Enqueues the pass of d.view.kind on d.stream, the plan's launches in order; returns false at the first launch
 // that could not be enqueued (what was enqueued before it still runs). `biases`: the caller's layer has expert
 // biases (split_supports).
@@ -79,5 +90,11 @@ cudaError_t launch_combine(const SplitDevice& d, const core::RowWindow& window);
 cudaError_t launch_home_sums(const SplitDevice& d);
 cudaError_t launch_shared_rows(const SplitDevice& d, core::SplitStep step);
 cudaError_t launch_gradients(const SplitDevice& d, bool write);
+
+// The cuda executor's kernels outside a pass (layer_steps.cu): mokLayerBuildSchedule's (the caller's ids staged and
+// the schedule built, in one CTA) and mokLayerGetSlots' (a thread per token).
+cudaError_t launch_rank_schedule(const core::PassView& view, const void* ids, bool int64_ids, int tokens,
+                                 const core::Routing& routing, int32_t* routing_tokens, cudaStream_t stream);
+cudaError_t launch_copy_slots(const core::PassView& view, core::bf16_t* y_slots, cudaStream_t stream);
 
 }  // namespace mok::cuda

@@ -35,7 +35,9 @@ struct DeviceSteps {
   }
   bool shared_gemm(core::GroupedGemm kind) {
     const core::LayerShape& s = d.view.s;
-    return grouped(kind, core::shared_gemm_operands(d.view, kind, d.shared, d.targets), core::shared_expert_shape(s),
+    core::PassView host_view = d.view;  // the operands' addresses come from the own peer base: read it on the host
+    host_view.peers = d.host_peers;
+    return grouped(kind, core::shared_gemm_operands(host_view, kind, d.shared, d.targets), core::shared_expert_shape(s),
                    core::shared_schedule(s, d.shared, d.view.tokens), core::shared_periods(s), core::shared_window(s));
   }
   // One grouped GEMM launch (a build without CUTLASS is refused before the walk: no_gemm).
@@ -73,6 +75,21 @@ const char* split_refusal_name(SplitRefusal refusal) {
   return "unknown";
 }
 
+#if MOK_WITH_GROUPED_GEMM
+GemmStatus split_gemm_workspace_bytes(const core::LayerShape& s, size_t* bytes, cudaError_t* error) {
+  *bytes = 0;
+  for (int k = 0; k < 2 * static_cast<int>(core::GroupedGemm::count); ++k) {
+    GroupedGemmBf16 g{};
+    g.shape = k % 2 ? core::shared_expert_shape(s) : s;
+    g.kind = static_cast<core::GroupedGemm>(k / 2);
+    size_t need = 0;
+    if (GemmStatus st = grouped_gemm_bf16_workspace_bytes(g, &need, error); st != GemmStatus::ok) return st;
+    *bytes = need > *bytes ? need : *bytes;
+  }
+  return GemmStatus::ok;
+}
+#endif
+
 bool enqueue_split_pass(const SplitDevice& d, bool biases, SplitFailure* failure) {
   *failure = SplitFailure{};
   const core::LayerShape& s = d.view.s;
@@ -80,7 +97,7 @@ bool enqueue_split_pass(const SplitDevice& d, bool biases, SplitFailure* failure
   if (s.world > 1) failure->refusal = SplitRefusal::group;
   core::SplitCall call{d.view.w.shared_router != nullptr,
                        core::is_backward(d.view.kind) && d.gradients.gate != nullptr};
-  if (d.ctas < 1 || !d.gemm_arguments || (d.staging_values > 0 && !d.staging) ||
+  if (d.ctas < 1 || !d.host_peers || !d.gemm_arguments || (d.staging_values > 0 && !d.staging) ||
       !core::split_buffers_complete(d.view, call, d.targets, d.gradients, d.shared))
     failure->refusal = SplitRefusal::bad_device;
 #if !MOK_WITH_GROUPED_GEMM

@@ -170,6 +170,7 @@ mokStatus_t status_for(const core::ErrorRecord& e) {
     case core::Outcome::call_mismatch: return mokInvalidUsage;
     case core::Outcome::rejected_arguments: return mokInvalidArgument;
     case core::Outcome::rejected_order: return mokInvalidUsage;
+    case core::Outcome::launch_failed: return mokCudaError;
     default: return mokPeerAbort;
   }
 }

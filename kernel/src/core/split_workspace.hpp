@@ -1,0 +1,132 @@
+// The split executor's own buffers, which a layer on it keeps in the caller's workspace after core's (local_layout):
+// dx's fp32 first term, the weight gradients' fp32 sums (a backward with bf16 gradients), the shared expert's
+// buffers, SwiGLU's sigmoid table, the row steps' staging, the device's tables of peer pointers and the grouped
+// GEMMs' argument block. Offsets only, from the extras' first byte, so the same layout serves the device's workspace
+// and a host test's block; mokLayerGetSizes adds it to core's workspace for the cuda executor.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/protocol.hpp"
+#include "core/split_shared.hpp"
+
+namespace mok::core {
+
+// The grouped GEMMs' argument block's alignment (the launcher's rule).
+constexpr size_t kGemmArgumentAlign = 128;
+
+struct SplitLayout {
+  size_t dx_partial;         // fp32 [out_ring_rows, H]
+  size_t sums;               // fp32: the routed experts' 3 [E, I, H], the shared expert's 3 [I_s, H], its router's [H]
+  size_t shared_bf16;        // bf16 g, u, h, dh [shared_rows, I_s], then scaled [shared_rows, H]
+  size_t shared_dlogit;      // fp32 [shared_rows]
+  size_t shared_dx_partial;  // fp32 [shared_rows, H]
+  size_t shared_schedule;    // int32 [2]
+  size_t sigmoid_table;      // fp32 [kSigmoidTableSize]
+  size_t staging;            // bf16 [ctas, staging_values]
+  size_t peers;              // char* [world]: every rank's peer buffer
+  size_t headers;            // PeerHeader* [world]: their headers
+  size_t routing_ids;        // const int32_t* [world]: every rank's staged topk ids
+  size_t routing_tokens;     // int32 [world]: their token counts
+  size_t gemm_arguments;     // gemm_argument_bytes, kGemmArgumentAlign-aligned
+  int64_t ctas;              // CTAs of a row step (each has its own staging)
+  int64_t staging_values;    // bf16 per CTA (MXFP8's dispatch and SwiGLU; 0 in BF16)
+  size_t bytes;              // the extras' size; their first byte must be kGemmArgumentAlign-aligned
+};
+
+// The weight-gradient sums' sizes in SplitTargets' order (the shared ones 0 without a shared expert).
+MOK_HD inline int64_t gradient_sum_values(const LayerShape& s, int i) {
+  int64_t eih = static_cast<int64_t>(s.experts_per_rank) * s.intermediate * s.hidden;
+  int64_t sih = static_cast<int64_t>(s.shared_intermediate) * s.hidden;
+  return i < 3 ? eih : (i < 6 ? sih : (s.shared_intermediate > 0 ? s.hidden : 0));
+}
+constexpr int kGradientSums = 7;
+
+MOK_HD inline SplitLayout split_layout(const LayerShape& s, size_t gemm_argument_bytes) {
+  SplitLayout l{};
+  Carver c;
+  size_t h = static_cast<size_t>(s.hidden), is = static_cast<size_t>(s.shared_intermediate);
+  size_t rows = s.shared_intermediate > 0 ? static_cast<size_t>(shared_rows(s)) : 0;
+  size_t world = static_cast<size_t>(s.world);
+  int64_t sums = 0;
+  for (int i = 0; i < kGradientSums; ++i) sums += gradient_sum_values(s, i);
+  l.dx_partial = c.take(static_cast<size_t>(out_ring_rows(s)) * h * sizeof(float));
+  l.sums = c.take(static_cast<size_t>(sums) * sizeof(float));
+  l.shared_bf16 = c.take((4 * rows * is + rows * h) * sizeof(bf16_t));
+  l.shared_dlogit = c.take(rows * sizeof(float));
+  l.shared_dx_partial = c.take(rows * h * sizeof(float));
+  l.shared_schedule = c.take(2 * sizeof(int32_t));
+  l.sigmoid_table = c.take(kSigmoidTableSize * sizeof(float));
+  l.ctas = max_tiles(s) < 1024 ? max_tiles(s) : 1024;
+  l.staging_values = s.mxfp8 ? static_cast<int64_t>(max_value(mx_staging_values(s), mx_swiglu_staging_values(s))) : 0;
+  l.staging = c.take(static_cast<size_t>(l.ctas * l.staging_values) * sizeof(bf16_t));
+  l.peers = c.take(world * sizeof(char*));
+  l.headers = c.take(world * sizeof(PeerHeader*));
+  l.routing_ids = c.take(world * sizeof(const int32_t*));
+  l.routing_tokens = c.take(world * sizeof(int32_t));
+  l.gemm_arguments = c.take(gemm_argument_bytes, kGemmArgumentAlign);
+  l.bytes = c.total();
+  return l;
+}
+
+// The split executor's buffers at `extras` (laid out by split_layout), as its pass takes them.
+struct SplitBuffers {
+  float* dx_partial;
+  float* sums[kGradientSums];  // in SplitTargets' order
+  SplitShared shared;          // all null without a shared expert
+  float* sigmoid_table;
+  bf16_t* staging;
+  char** peers;
+  PeerHeader** headers;
+  const int32_t** routing_ids;
+  int32_t* routing_tokens;
+  void* gemm_arguments;
+};
+
+MOK_HD inline SplitBuffers split_buffers_at(const LayerShape& s, const SplitLayout& l, char* extras) {
+  SplitBuffers b{};
+  b.dx_partial = reinterpret_cast<float*>(extras + l.dx_partial);
+  float* sum = reinterpret_cast<float*>(extras + l.sums);
+  for (int i = 0; i < kGradientSums; ++i) {
+    b.sums[i] = gradient_sum_values(s, i) > 0 ? sum : nullptr;
+    sum += gradient_sum_values(s, i);
+  }
+  if (s.shared_intermediate > 0) {
+    int64_t rows = shared_rows(s), is = s.shared_intermediate;
+    bf16_t* at = reinterpret_cast<bf16_t*>(extras + l.shared_bf16);
+    b.shared = SplitShared{at,
+                           at + rows * is,
+                           at + 2 * rows * is,
+                           at + 3 * rows * is,
+                           at + 4 * rows * is,
+                           reinterpret_cast<float*>(extras + l.shared_dlogit),
+                           reinterpret_cast<float*>(extras + l.shared_dx_partial),
+                           reinterpret_cast<int32_t*>(extras + l.shared_schedule)};
+  }
+  b.sigmoid_table = reinterpret_cast<float*>(extras + l.sigmoid_table);
+  b.staging = l.staging_values > 0 ? reinterpret_cast<bf16_t*>(extras + l.staging) : nullptr;
+  b.peers = reinterpret_cast<char**>(extras + l.peers);
+  b.headers = reinterpret_cast<PeerHeader**>(extras + l.headers);
+  b.routing_ids = reinterpret_cast<const int32_t**>(extras + l.routing_ids);
+  b.routing_tokens = reinterpret_cast<int32_t*>(extras + l.routing_tokens);
+  b.gemm_arguments = extras + l.gemm_arguments;
+  return b;
+}
+
+// The weight gradients' fp32 targets: the caller's main_grad, or (bf16 gradients) the split executor's own sums.
+MOK_HD inline SplitTargets split_targets(const SplitBuffers& b, float* const* main_grad, bool bf16_gradients) {
+  float* const* t = bf16_gradients ? b.sums : main_grad;
+  return SplitTargets{b.dx_partial, t[0], t[1], t[2], t[3], t[4], t[5], t[6]};
+}
+
+// Where the extras start in a workspace of the split executor: after core's, on the argument block's alignment.
+MOK_HD inline size_t split_extras_offset(const LayerShape& s) {
+  return align_up(local_layout(s).bytes, kGemmArgumentAlign);
+}
+
+MOK_HD inline size_t split_workspace_bytes(const LayerShape& s, size_t gemm_argument_bytes) {
+  return split_extras_offset(s) + split_layout(s, gemm_argument_bytes).bytes;
+}
+
+}  // namespace mok::core

@@ -1,0 +1,550 @@
+// The cuda executor (mokExecutorCuda): one rank's layer on a GPU, each call enqueued on the caller's stream and never
+// waited for. The schedule is built on the device (layer_steps.cu), the inputs staged into the own peer buffer with
+// copies on the stream, and each pass is the split executor's (split_device.hpp: core's plan as kernels and grouped
+// GEMMs). The host never reads what the device computed, so a call's status is that of its enqueueing; a kernel's
+// fault shows on the stream (CUDA's sticky error), and mokLayerGetError reads the host-mapped record.
+//
+// Its buffers are the caller's: the workspace holds core's layout, then the split executor's own
+// (core/split_workspace.hpp); the peer buffer is core's. Only the grouped GEMMs' CUTLASS workspace, whose size
+// depends on the device, and the mapped error record are allocated here, once, at creation. So a pass allocates
+// nothing and synchronises nothing: it can be captured in a CUDA graph.
+//
+// What it runs: one rank (world 1: the device barrier between ranks is not launched yet), BF16 (no MXFP8 pass yet),
+// no expert biases (the GEMMs take none), H, I and I_s multiples of 8, on compute capability 10.x. Nothing of it
+// has run on a GPU (docs/gpu.md).
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdio>
+#include <initializer_list>
+#include <new>
+#include <vector>
+
+#include "api/error.hpp"
+#include "api/error_record.hpp"
+#include "api/executor.hpp"
+#include "core/pass_worker.hpp"
+#include "core/split_workspace.hpp"
+#include "cuda/mapped_record.hpp"
+#include "cuda/runtime.hpp"
+#include "cuda/split_device.hpp"
+#include "host/layer.hpp"
+
+#if MOK_WITH_GROUPED_GEMM  // the pass's GEMMs: without CUTLASS's headers the executor is not compiled (executor.cpp)
+namespace mok::api {
+namespace {
+
+using core::bf16_t;
+using core::PassKind;
+
+// The layers this executor runs (core::split_supports, a group of one), each rule worded with its field.
+mokStatus_t check_shape(const core::LayerShape& s, const char* func) {
+  if (s.world != 1)
+    return fail(mokUnsupported,
+                "%s: argument 'config.world' (%d) must be 1 with mokExecutorCuda: the device barrier between ranks is "
+                "not launched yet",
+                func, s.world);
+  if (s.mxfp8)
+    return fail(mokUnsupported,
+                "%s: argument 'config.precision' (mokPrecisionMXFP8) must be mokPrecisionBF16 with mokExecutorCuda: "
+                "its MXFP8 pass is not written yet",
+                func);
+  const struct {
+    const char* name;
+    int value;
+  } widths[] = {{"config.hidden", s.hidden},
+                {"config.intermediate", s.intermediate},
+                {"config.shared_intermediate", s.shared_intermediate}};
+  for (const auto& w : widths)
+    if (w.value % 8 != 0)
+      return fail(mokUnsupported,
+                  "%s: argument '%s' (%d) must be a multiple of 8 with mokExecutorCuda: its grouped GEMMs read rows "
+                  "of 16 bytes (TMA)",
+                  func, w.name, w.value);
+  return core::split_supports(s, false) ? mokSuccess : fail(mokInternalError, "%s: split_supports refused", func);
+}
+
+const char* memory_kind(cudaMemoryType type) {
+  switch (type) {
+    case cudaMemoryTypeUnregistered: return "unregistered host memory";
+    case cudaMemoryTypeHost: return "pinned host memory";
+    case cudaMemoryTypeDevice: return "device memory of another device";
+    case cudaMemoryTypeManaged: return "managed memory";
+  }
+  return "unknown memory";
+}
+
+// `pointer` (null: not given, api/ checked which may be) is memory a kernel on `device` reads and writes: its device
+// memory, or managed memory.
+mokStatus_t check_on_device(const void* pointer, const char* name, int device, const char* func) {
+  if (pointer == nullptr) return mokSuccess;
+  cudaPointerAttributes a{};
+  if (cudaError_t e = cudaPointerGetAttributes(&a, pointer); e != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it
+    return fail(mokCudaError, "%s: cudaPointerGetAttributes of argument '%s' (%p): %s (%s)", func, name, pointer,
+                cudaGetErrorString(e), cudaGetErrorName(e));
+  }
+  if (a.type == cudaMemoryTypeManaged || (a.type == cudaMemoryTypeDevice && a.device == device)) return mokSuccess;
+  return fail(mokInvalidArgument,
+              "%s: argument '%s' (%p) must be device memory of device %d (mokExecutorCuda's kernels read and write "
+              "it): it is %s",
+              func, name, pointer, device, memory_kind(a.type));
+}
+
+// A caller's tensor as this executor takes it: null (not given; api/ checked which may be), or device memory
+// aligned to `align` bytes. `refused`: why this executor refuses the tensor when given (what it does not compute).
+struct Tensor {
+  const void* pointer;
+  const char* name;
+  size_t align = 1;
+  const char* refused = nullptr;
+};
+
+// The grouped GEMMs' operands start on 16 bytes (TMA; the launcher would refuse them mid-pass).
+constexpr size_t kGemmOperandAlign = 16;
+// The workspace holds the GEMMs' argument block 128 bytes aligned, at an offset from a base on this (cudaMalloc's).
+constexpr size_t kWorkspaceAlign = 256;
+
+mokStatus_t check_tensors(std::initializer_list<Tensor> tensors, int device, const char* func) {
+  for (const Tensor& t : tensors) {
+    if (t.pointer == nullptr) continue;
+    if (t.refused)
+      return fail(mokUnsupported, "%s: argument '%s' must be NULL with mokExecutorCuda: %s", func, t.name, t.refused);
+    if (mokStatus_t s = check_on_device(t.pointer, t.name, device, func); s != mokSuccess) return s;
+    if (reinterpret_cast<uintptr_t>(t.pointer) % t.align != 0)
+      return fail(mokInvalidArgument,
+                  "%s: argument '%s' (%p) must be %zu-byte aligned with mokExecutorCuda (its grouped GEMMs' TMA loads "
+                  "and argument block)",
+                  func, t.name, t.pointer, t.align);
+  }
+  return mokSuccess;
+}
+
+// The layer's device is current for the scope of a call, and the caller's again after it.
+class OnDevice {
+ public:
+  explicit OnDevice(int device) {
+    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) cudaSetDevice(device);
+  }
+  ~OnDevice() {
+    int now = -1;
+    if (previous_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+  }
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+mokStatus_t cuda_failed(const char* func, const char* what, cudaError_t e) {
+  return fail(e == cudaErrorMemoryAllocation ? mokOutOfMemory : mokCudaError, "%s: %s: %s (%s)", func, what,
+              cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+// An enqueue_split_pass that stopped, worded: its launch in the plan and why.
+mokStatus_t pass_failed(const char* func, const cuda::SplitFailure& f) {
+  if (f.refusal == cuda::SplitRefusal::cuda_error)
+    return fail(mokCudaError, "%s: launch %lld of the split pass (%s): %s (%s)", func, static_cast<long long>(f.launch),
+                core::split_step_name(f.step), cudaGetErrorString(f.error), cudaGetErrorName(f.error));
+  const char* why = f.refusal == cuda::SplitRefusal::gemm_refused
+                        ? cuda::gemm_status_name(static_cast<cuda::GemmStatus>(f.gemm_status))
+                        : cuda::split_refusal_name(f.refusal);
+  return fail(mokInternalError, "%s: the split pass refused launch %lld (%s): %s", func,
+              static_cast<long long>(f.launch), core::split_step_name(f.step), why);
+}
+
+class CudaLayer final : public LayerExecutor {
+ public:
+  CudaLayer(const core::LayerShape& shape, int device, char* workspace, char* peer)
+      : s_(shape),
+        device_(device),
+        workspace_(workspace),
+        peer_(peer),
+        layout_(core::split_layout(shape, cuda::grouped_gemm_bf16_argument_bytes(shape.experts_per_rank))),
+        buffers_(core::split_buffers_at(shape, layout_, workspace + core::split_extras_offset(shape))) {}
+  ~CudaLayer() override {
+    OnDevice on(device_);
+    if (gemm_workspace_) cudaFree(gemm_workspace_);  // waits for the device's work: a destroyed layer is idle
+    cuda::destroy_mapped_record(&record_);
+  }
+  CudaLayer(const CudaLayer&) = delete;
+  CudaLayer& operator=(const CudaLayer&) = delete;
+
+  // The device's tables, the header and the sigmoid table written, the CUTLASS workspace and the record allocated.
+  mokStatus_t set_up(const char* func) {
+    OnDevice on(device_);
+    if (cudaError_t e = cuda::create_mapped_record(&record_); e != cudaSuccess)
+      return cuda_failed(func, "allocating the host-mapped error record", e);
+    cudaError_t error = cudaSuccess;
+    if (cuda::split_gemm_workspace_bytes(s_, &gemm_workspace_bytes_, &error) != cuda::GemmStatus::ok)
+      return error != cudaSuccess ? cuda_failed(func, "sizing the grouped GEMMs' workspace", error)
+                                  : fail(mokInternalError, "%s: the grouped GEMMs refused this layer's shape", func);
+    if (gemm_workspace_bytes_ > 0)
+      if (cudaError_t e = cudaMalloc(&gemm_workspace_, gemm_workspace_bytes_); e != cudaSuccess)
+        return cuda_failed(func, "allocating the grouped GEMMs' workspace", e);
+    core::PassView v = view(PassKind::forward);
+    core::PeerHeader header{};
+    int32_t group_shape[core::kGroupShapeFields];
+    core::group_shape(s_, group_shape);
+    core::reset_header(&header, group_shape, 1);
+    std::vector<float> table(core::kSigmoidTableSize);
+    core::fill_sigmoid_table(table.data());
+    char* peers[1] = {peer_};
+    core::PeerHeader* headers[1] = {reinterpret_cast<core::PeerHeader*>(peer_)};
+    const int32_t* ids[1] = {reinterpret_cast<const int32_t*>(peer_ + v.peer.topk_ids)};  // device addresses
+    int32_t tokens[1] = {0};
+    struct Upload {
+      void* to;
+      const void* from;
+      size_t bytes;
+    } uploads[] = {
+        {peer_, &header, sizeof(header)},         {buffers_.sigmoid_table, table.data(), table.size() * sizeof(float)},
+        {buffers_.peers, peers, sizeof(peers)},   {buffers_.headers, headers, sizeof(headers)},
+        {buffers_.routing_ids, ids, sizeof(ids)}, {buffers_.routing_tokens, tokens, sizeof(tokens)}};
+    for (const Upload& u : uploads)
+      if (cudaError_t e = cudaMemcpy(u.to, u.from, u.bytes, cudaMemcpyHostToDevice); e != cudaSuccess)
+        return cuda_failed(func, "writing the layer's tables into its workspace and peer buffer", e);
+    // A copy from pageable memory may return before it lands, and the caller's stream need not wait for the legacy
+    // stream's: creation (not a pass) waits for those copies (the legacy stream's work, not the whole device's).
+    if (cudaError_t e = cudaStreamSynchronize(cudaStreamLegacy); e != cudaSuccess)
+      return cuda_failed(func, "waiting for the layer's tables", e);
+    return mokSuccess;
+  }
+
+  const core::LayerShape& shape() const override { return s_; }
+  bool host_tensors() const override { return false; }
+  int tokens() const override { return tokens_; }
+  // Any stream of the layer's device; NULL is that device's legacy default stream.
+  mokStatus_t check_stream(void* stream, const char* func) const override {
+    if (stream == nullptr) return mokSuccess;
+    int device = -1;
+    if (cudaError_t e = cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &device); e != cudaSuccess) {
+      cudaGetLastError();
+      return fail(mokInvalidArgument, "%s: argument 'stream' (%p) must be a CUDA stream: %s (%s)", func, stream,
+                  cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    if (device == device_) return mokSuccess;
+    return fail(mokInvalidArgument, "%s: argument 'stream' (%p) is a stream of device %d; the layer's is device %d",
+                func, stream, device, device_);
+  }
+  void begin_pass(uint64_t pass) override { calls_.begin(pass, failed()); }
+  void drop_schedule() override { has_schedule_ = has_context_ = ring_kept_ = false; }
+
+  mokStatus_t build_schedule(const void* topk_ids, bool int64_ids, int tokens, void* stream) override {
+    const char* func = "mokLayerBuildSchedule";
+    OnDevice on(device_);
+    if (mokStatus_t s = refuse_order(func, false, false); s != mokSuccess) return s;
+    if (mokStatus_t s = check_tensors({{topk_ids, "topk_ids"}}, device_, func); s != mokSuccess) return s;
+    core::PassView v = view(PassKind::forward);
+    core::Routing routing{buffers_.routing_ids, buffers_.routing_tokens};
+    if (cudaError_t e = cuda::launch_rank_schedule(v, topk_ids, int64_ids, tokens, routing, buffers_.routing_tokens,
+                                                   static_cast<cudaStream_t>(stream));
+        e != cudaSuccess)
+      return cuda_failed(func, "launching the schedule build", e);
+    tokens_ = tokens;
+    has_schedule_ = true;
+    return mokSuccess;
+  }
+
+  mokStatus_t forward(const mokLayerWeights_t& weights, const uint16_t* x, const float* topk_weights, uint16_t* out,
+                      bool with_output, void* stream) override {
+    const char* func = with_output ? "mokLayerForward" : "mokLayerRecompute";
+    OnDevice on(device_);
+    if (mokStatus_t s = refuse_order(func, true, false); s != mokSuccess) return s;
+    if (mokStatus_t s = check_weights_here(weights, func); s != mokSuccess) return s;
+    if (mokStatus_t s = check_tensors({{x, "x"}, {topk_weights, "topk_weights"}, {out, "out"}}, device_, func);
+        s != mokSuccess)
+      return s;
+    PassKind kind = with_output ? PassKind::forward : PassKind::recompute;
+    core::PassArgs args{};
+    args.x = reinterpret_cast<const bf16_t*>(x);
+    args.topk_weights = topk_weights;
+    cuda::SplitDevice d = split_device(kind, weights, stream);
+    d.topk_weights = topk_weights;
+    d.out = reinterpret_cast<bf16_t*>(out);
+    has_context_ = ring_kept_ = false;
+    if (mokStatus_t s = stage(d.view, args, stream, func); s != mokSuccess) return s;
+    if (mokStatus_t s = enqueue(d, func); s != mokSuccess) return s;
+    has_context_ = true;
+    ring_kept_ = core::split_keeps_ring(s_, core::ring_periods(s_));  // every routing's rows in one ring turn
+    return mokSuccess;
+  }
+
+  mokStatus_t backward(const mokLayerWeights_t& weights, const float* topk_weights, const uint16_t* dout,
+                       const mokLayerGrads_t& grads, void* stream) override {
+    const char* func = "mokLayerBackward";
+    OnDevice on(device_);
+    if (mokStatus_t s = refuse_order(func, true, true); s != mokSuccess) return s;
+    if (mokStatus_t s = check_weights_here(weights, func); s != mokSuccess) return s;
+    if (mokStatus_t s = check_grads_here(grads, func); s != mokSuccess) return s;
+    if (mokStatus_t s = check_tensors({{topk_weights, "topk_weights"}, {dout, "dout"}}, device_, func); s != mokSuccess)
+      return s;
+    core::PassArgs args{};
+    args.dout = reinterpret_cast<const bf16_t*>(dout);
+    args.topk_weights = topk_weights;
+    // The forward's g and u are read where they are when the ring still holds them; the backward overwrites them,
+    // so a second backward of the same context recomputes them.
+    cuda::SplitDevice d = split_device(ring_kept_ ? PassKind::backward_kept : PassKind::backward, weights, stream);
+    ring_kept_ = false;
+    float* main_grad[core::kGradientSums] = {
+        static_cast<float*>(grads.dgate),         static_cast<float*>(grads.dup),
+        static_cast<float*>(grads.ddown),         static_cast<float*>(grads.dshared_gate),
+        static_cast<float*>(grads.dshared_up),    static_cast<float*>(grads.dshared_down),
+        static_cast<float*>(grads.dshared_router)};
+    bool bf16_gradients = grads.accumulate == 0;
+    d.targets = core::split_targets(buffers_, main_grad, bf16_gradients);
+    if (bf16_gradients)
+      d.gradients =
+          core::SplitGradients{static_cast<bf16_t*>(grads.dgate),         static_cast<bf16_t*>(grads.dup),
+                               static_cast<bf16_t*>(grads.ddown),         static_cast<bf16_t*>(grads.dshared_gate),
+                               static_cast<bf16_t*>(grads.dshared_up),    static_cast<bf16_t*>(grads.dshared_down),
+                               static_cast<bf16_t*>(grads.dshared_router)};
+    d.dout = args.dout;
+    d.dx = static_cast<bf16_t*>(grads.dx);
+    d.dw = grads.dtopk_weights;
+    if (mokStatus_t s = stage(d.view, args, stream, func); s != mokSuccess) return s;
+    return enqueue(d, func);
+  }
+
+  mokStatus_t get_slots(uint16_t* y_slots, void* stream) override {
+    const char* func = "mokLayerGetSlots";
+    OnDevice on(device_);
+    if (!has_context_)
+      return fail(mokInvalidUsage, "%s: needs a mokLayerForward or mokLayerRecompute since the last schedule", func);
+    if (mokStatus_t s = check_tensors({{y_slots, "y_slots"}}, device_, func); s != mokSuccess) return s;
+    if (cudaError_t e = cuda::launch_copy_slots(view(PassKind::forward), reinterpret_cast<bf16_t*>(y_slots),
+                                                static_cast<cudaStream_t>(stream));
+        e != cudaSuccess)
+      return cuda_failed(func, "launching the slot copy", e);
+    return mokSuccess;
+  }
+
+  mokStatus_t restore_context(const uint16_t* x, const uint16_t* y_slots, void* stream) override {
+    const char* func = "mokLayerRestoreContext";
+    OnDevice on(device_);
+    if (!has_schedule_)
+      return fail(mokInvalidUsage,
+                  "%s: needs a mokLayerBuildSchedule (with the topk_ids of the forward the context came from)", func);
+    if (mokStatus_t s = check_tensors({{x, "x"}, {y_slots, "y_slots"}}, device_, func); s != mokSuccess) return s;
+    core::StageCopy copies[core::kMaxStageCopies];
+    int n = core::context_copies(view(PassKind::forward), x, y_slots, copies);
+    if (mokStatus_t s = copy_in(copies, n, stream, func); s != mokSuccess) return s;
+    has_context_ = true;
+    ring_kept_ = false;  // the ring holds another pass's rows: the backward recomputes g and u from x
+    return mokSuccess;
+  }
+
+  // A group of one: no peer to tell. The call returns its refusal; nothing was enqueued.
+  void reject(mokStatus_t, const char*) override {}
+
+  void abort(const char* reason) override {
+    char text[sizeof(core::ErrorRecord::detail)];
+    int n = std::snprintf(text, sizeof(text), "rank %d aborted the group: ", s_.rank);
+    host::copy_text(text + n, sizeof(text) - n, reason);
+    core::record_failure(record_.host, core::Failure{core::Outcome::peer_abort, core::WaitId::none}, s_.rank, -1, -1,
+                         text);
+    aborted_.store(true);
+    calls_.settle(failed());
+  }
+
+  // A failure the device records is numbered with the call that first sees it (a call's start, mokLayerGetError):
+  // the host does not wait for the device, so that may be a later call than the one whose kernel recorded it.
+  void error(mokLayerError_t* out) override {
+    calls_.settle(failed());
+    core::ErrorRecord rec{};
+    if (!cuda::read_mapped_record(record_, &rec)) {
+      out->pass = calls_.current();  // no failure: the calls made so far
+      return;
+    }
+    record_fields(rec, out);
+    const char* wait = rec.wait != 0 ? core::wait_name(static_cast<core::WaitId>(rec.wait))
+                                     : (aborted_.load() ? "aborted by mokLayerAbort" : "");
+    std::snprintf(out->wait, sizeof(out->wait), "%s", wait);
+    std::snprintf(out->detail, sizeof(out->detail), "%s", rec.detail);
+    out->pass = calls_.failed();
+    // On purpose: mokLayerAbort, or a call whose arguments were refused (on the device: the ids).
+    bool purpose = rec.outcome == static_cast<int32_t>(core::Outcome::peer_abort) ||
+                   rec.outcome == static_cast<int32_t>(core::Outcome::rejected_arguments);
+    out->abort_rank = purpose ? rec.rank : -1;
+  }
+
+ private:
+  // Core's view of this rank's device memory; the caller's tensors are the SplitDevice's, never the view's args.
+  core::PassView view(PassKind kind) const {
+    core::PassView v = core::pass_view_at(s_, kind, workspace_, buffers_.peers, buffers_.headers, nullptr, tokens_, 0,
+                                          0, record_.device);
+    v.sigmoid_table = buffers_.sigmoid_table;
+    return v;
+  }
+
+  cuda::SplitDevice split_device(PassKind kind, const mokLayerWeights_t& weights, void* stream) const {
+    cuda::SplitDevice d{};
+    d.view = view(kind);
+    d.host_peers = host_peers_;
+    d.view.w = host::weights_in_place(weights);
+    d.targets.dx_partial = buffers_.dx_partial;
+    d.shared = buffers_.shared;
+    d.staging = buffers_.staging;
+    d.staging_values = layout_.staging_values;
+    d.ctas = static_cast<int>(layout_.ctas);
+    d.gemm_arguments = buffers_.gemm_arguments;
+    d.gemm_workspace = gemm_workspace_;
+    d.gemm_workspace_bytes = gemm_workspace_bytes_;
+    d.stream = static_cast<cudaStream_t>(stream);
+    return d;
+  }
+
+  // The call's inputs that the pass reads from the own peer buffer, copied there on the stream.
+  mokStatus_t stage(core::PassView v, const core::PassArgs& args, void* stream, const char* func) {
+    v.args = &args;
+    core::StageCopy copies[core::kMaxStageCopies];
+    return copy_in(copies, core::stage_copies(v, copies), stream, func);
+  }
+
+  mokStatus_t copy_in(const core::StageCopy* copies, int n, void* stream, const char* func) {
+    for (int i = 0; i < n; ++i) {
+      if (copies[i].bytes == 0) continue;
+      cudaError_t e = cudaMemcpyAsync(peer_ + copies[i].offset, copies[i].src, copies[i].bytes,
+                                      cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream));
+      if (e == cudaSuccess) continue;
+      mokStatus_t s = cuda_failed(func, "staging the call's inputs into the peer buffer", e);
+      if (i > 0) record_cut_short(mokGetLastError());
+      return s;
+    }
+    return mokSuccess;
+  }
+
+  // A pass cut short after its first enqueued work (its staging copies, launches before the one that failed) left
+  // the layer's memory half-written: recorded, so that mokLayerGetError says so and every later call is refused.
+  mokStatus_t enqueue(const cuda::SplitDevice& d, const char* func) {
+    cuda::SplitFailure f;
+    if (cuda::enqueue_split_pass(d, false, &f)) return mokSuccess;
+    mokStatus_t s = pass_failed(func, f);
+    record_cut_short(mokGetLastError());
+    return s;
+  }
+
+  void record_cut_short(const char* why) {
+    core::record_failure(record_.host, core::Failure{core::Outcome::launch_failed, core::WaitId::none}, s_.rank, -1, -1,
+                         why);
+  }
+
+  // A call in the wrong order, or after a failure the record holds (an abort, ids the schedule build refused):
+  // refused, as the host executor refuses a call after its group was aborted.
+  mokStatus_t refuse_order(const char* func, bool needs_schedule, bool needs_context) const {
+    core::ErrorRecord rec{};
+    if (cuda::read_mapped_record(record_, &rec))
+      return fail(host::status_for(rec), "%s: an earlier call failed (%s); create a new context", func, rec.detail);
+    if (needs_schedule && !has_schedule_) return fail(mokInvalidUsage, "%s: call mokLayerBuildSchedule first", func);
+    if (needs_context && !has_context_)
+      return fail(mokInvalidUsage, "%s: needs a mokLayerForward or mokLayerRecompute since the last schedule", func);
+    return mokSuccess;
+  }
+
+  // The weights the pass reads, on the device; expert biases refused (its GEMMs add none).
+  mokStatus_t check_weights_here(const mokLayerWeights_t& w, const char* func) const {
+    const char* no_bias = "its grouped GEMMs add no expert bias yet";
+    const size_t gemm = kGemmOperandAlign;
+    return check_tensors({{w.gate_bias, "weights.gate_bias", 1, no_bias},
+                          {w.up_bias, "weights.up_bias", 1, no_bias},
+                          {w.down_bias, "weights.down_bias", 1, no_bias},
+                          {w.gate, "weights.gate", gemm},
+                          {w.up, "weights.up", gemm},
+                          {w.down, "weights.down", gemm},
+                          {w.shared_gate, "weights.shared_gate", gemm},
+                          {w.shared_up, "weights.shared_up", gemm},
+                          {w.shared_down, "weights.shared_down", gemm},
+                          {w.shared_router, "weights.shared_router"}},
+                         device_, func);
+  }
+
+  // fp32 main_grad is the weight-gradient GEMMs' C and D; bf16 gradients are written by a thread per element.
+  mokStatus_t check_grads_here(const mokLayerGrads_t& g, const char* func) const {
+    const char* no_bias = "it computes no bias gradient yet";
+    const size_t sums = g.accumulate ? kGemmOperandAlign : 1;
+    return check_tensors({{g.dgate_bias, "grads.dgate_bias", 1, no_bias},
+                          {g.dup_bias, "grads.dup_bias", 1, no_bias},
+                          {g.ddown_bias, "grads.ddown_bias", 1, no_bias},
+                          {g.dx, "grads.dx"},
+                          {g.dtopk_weights, "grads.dtopk_weights"},
+                          {g.dgate, "grads.dgate", sums},
+                          {g.dup, "grads.dup", sums},
+                          {g.ddown, "grads.ddown", sums},
+                          {g.dshared_gate, "grads.dshared_gate", sums},
+                          {g.dshared_up, "grads.dshared_up", sums},
+                          {g.dshared_down, "grads.dshared_down", sums},
+                          {g.dshared_router, "grads.dshared_router"}},
+                         device_, func);
+  }
+
+  bool failed() const {
+    core::ErrorRecord rec{};
+    return cuda::read_mapped_record(record_, &rec);
+  }
+
+  core::LayerShape s_;
+  int device_;
+  char* workspace_;
+  char* peer_;
+  char* host_peers_[1] = {peer_};  // the device's peer table (buffers_.peers) as the host reads it
+  core::SplitLayout layout_;
+  core::SplitBuffers buffers_;
+  cuda::MappedRecord record_;
+  void* gemm_workspace_ = nullptr;
+  size_t gemm_workspace_bytes_ = 0;
+  int tokens_ = 0;
+  bool has_schedule_ = false, has_context_ = false, ring_kept_ = false;
+  std::atomic<bool> aborted_{false};
+  CallNumbers calls_;
+};
+
+// The current device (device 0 where CUDA cannot say: no GPU or driver), if this executor runs on it, as
+// mokExecutorSupportsDevice answers: its status is the refusal's.
+mokStatus_t current_device(const char* func, int* device) {
+  if (cudaGetDevice(device) != cudaSuccess) {
+    cudaGetLastError();
+    *device = 0;
+  }
+  int supported = 0;
+  if (mokStatus_t s = mokExecutorSupportsDevice(mokExecutorCuda, *device, &supported); s != mokSuccess) {
+    char why[512];
+    std::snprintf(why, sizeof(why), "%s", mokGetLastError());  // fail() rewrites the detail it is read from
+    return fail(s, "%s: argument 'config.executor' (cuda) on the current device (%d): %s", func, *device, why);
+  }
+  return mokSuccess;
+}
+
+}  // namespace
+
+mokStatus_t cuda_workspace_bytes(const core::LayerShape& shape, const char* func, size_t* bytes) {
+  if (mokStatus_t s = check_shape(shape, func); s != mokSuccess) return s;
+  *bytes = core::split_workspace_bytes(shape, cuda::grouped_gemm_bf16_argument_bytes(shape.experts_per_rank));
+  return mokSuccess;
+}
+
+mokStatus_t create_cuda_layer(const core::LayerShape& shape, uint64_t, const mokLayerMemory_t& memory,
+                              std::unique_ptr<LayerExecutor>* out) {
+  const char* func = "mokLayerCreate";  // the shape passed cuda_workspace_bytes' checks before
+  if (memory.peer_bases == nullptr)
+    return fail(mokInvalidArgument,
+                "%s: argument 'memory.shm_name' must be NULL with mokExecutorCuda: give 'memory.peer_bases' (device "
+                "memory)",
+                func);
+  int device = -1;
+  if (mokStatus_t s = current_device(func, &device); s != mokSuccess) return s;
+  if (mokStatus_t s = check_tensors(
+          {{memory.workspace, "memory.workspace", kWorkspaceAlign}, {memory.peer_bases[0], "memory.peer_bases[0]"}},
+          device, func);
+      s != mokSuccess)
+    return s;
+  auto layer = std::unique_ptr<CudaLayer>(new (std::nothrow) CudaLayer(
+      shape, device, static_cast<char*>(memory.workspace), static_cast<char*>(memory.peer_bases[0])));
+  if (!layer) return fail(mokOutOfMemory, "%s: out of memory", func);
+  if (mokStatus_t s = layer->set_up(func); s != mokSuccess) return s;
+  *out = std::move(layer);
+  return mokSuccess;
+}
+
+}  // namespace mok::api
+#endif

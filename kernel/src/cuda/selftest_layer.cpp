@@ -1,0 +1,473 @@
+// The self-test's stages over the cuda executor's layer (mokExecutorCuda through the C ABI, every tensor in device
+// memory, every call on one stream: the schedule built on the device, the inputs staged, the split passes, the y
+// slots): one rank on every GPU against the host executor, determinism across runs, and a benchmark line.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/numeric.hpp"
+#include "core/platform.hpp"
+#include "core/split_pass.hpp"
+#include "cuda/selftest.hpp"
+#include "cuda/wait.hpp"
+
+namespace mok::cuda {
+
+#if !MOK_WITH_GROUPED_GEMM
+namespace {
+mokStatus_t no_gemm(Text* text) {
+  text->add("libmok was built without CUTLASS 4.2's headers, so it has no grouped GEMM and no cuda executor");
+  return mokNotCompiled;
+}
+}  // namespace
+mokStatus_t selftest_every_gpu(const SelftestSetup&, Text* text) {
+  return no_gemm(text);
+}
+mokStatus_t selftest_determinism(const SelftestSetup&, Text* text) {
+  return no_gemm(text);
+}
+mokStatus_t selftest_benchmark(const SelftestSetup&, Text* text) {
+  return no_gemm(text);
+}
+#else
+namespace {
+
+using core::bf16_t;
+
+constexpr int kGradients = 7;  // the routed experts' three, the shared expert's three, its router's
+constexpr float kMainGradStart = 0.5f;
+
+// One rank, four experts (one hot, one never routed to), a gated shared expert wider than I, a ring the rows turn.
+mokLayerConfig_t layer_config(int timeout_ms) {
+  mokLayerConfig_t c = MOK_LAYER_CONFIG_INIT;
+  c.experts_per_rank = 4, c.hidden = 512, c.intermediate = 256, c.shared_intermediate = 384, c.top_k = 2;
+  c.max_tokens = 300, c.expert_padding = 128, c.minibatch = 128, c.macrobatch = 256;
+  c.timeout_ms = timeout_ms;
+  return c;
+}
+
+// A larger layer for the benchmark line, its ring holding every row (the backward reads the forward's g and u).
+mokLayerConfig_t benchmark_config(int timeout_ms) {
+  mokLayerConfig_t c = MOK_LAYER_CONFIG_INIT;
+  c.experts_per_rank = 8, c.hidden = 2048, c.intermediate = 1024, c.shared_intermediate = 0, c.top_k = 4;
+  c.max_tokens = 4096, c.expert_padding = 128, c.minibatch = 128, c.macrobatch = 4096 * 4 + 8 * 128;
+  c.timeout_ms = timeout_ms;
+  return c;
+}
+
+size_t values(const mokLayerConfig_t& c, int gradient) {
+  if (gradient < 3) return static_cast<size_t>(c.experts_per_rank) * c.intermediate * c.hidden;
+  return gradient < 6 ? static_cast<size_t>(c.shared_intermediate) * c.hidden : static_cast<size_t>(c.hidden);
+}
+
+// The layer's inputs, host copies. Skewed: ids to expert 0 half the time, 1 and 3 less, 2 never, -1 else; or
+// uniform over every expert (the benchmark).
+struct Inputs {
+  std::vector<int32_t> ids;
+  std::vector<float> topk_weights;
+  std::vector<bf16_t> x, dout, weights[kGradients];  // weights in the gradients' order
+};
+
+std::vector<bf16_t> random_bf16(size_t n, float scale, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> uniform(-scale, scale);
+  std::vector<bf16_t> v(n);
+  for (bf16_t& x : v) x = core::float_to_bf16(uniform(rng));
+  return v;
+}
+
+Inputs draw(const mokLayerConfig_t& c, uint64_t seed, bool skewed) {
+  std::mt19937_64 rng(seed);
+  Inputs in;
+  const int32_t pick[8] = {0, 0, 0, 0, 1, 1, 3, -1};
+  size_t routes = static_cast<size_t>(c.max_tokens) * c.top_k, th = static_cast<size_t>(c.max_tokens) * c.hidden;
+  for (size_t i = 0; i < routes; ++i)
+    in.ids.push_back(skewed ? pick[rng() % 8]
+                            : static_cast<int32_t>(rng() % static_cast<uint64_t>(c.experts_per_rank)));
+  std::uniform_real_distribution<float> weight(0.05f, 1.0f);
+  for (size_t i = 0; i < routes; ++i) in.topk_weights.push_back(weight(rng));
+  in.x = random_bf16(th, 1.0f, rng);
+  in.dout = random_bf16(th, 1.0f, rng);
+  float by_h = 1.0f / std::sqrt(static_cast<float>(c.hidden));
+  for (int i = 0; i < kGradients; ++i) in.weights[i] = random_bf16(values(c, i), by_h, rng);
+  return in;
+}
+
+// What a run gave: out, the y slots, dx, dw, the weight gradients (fp32 main_grad), and the passes' times.
+struct Results {
+  std::vector<bf16_t> out, slots, dx;
+  std::vector<float> dw, gradients[kGradients];
+  float forward_ms = 0, backward_ms = 0;
+};
+
+mokLayerWeights_t weights_at(const mokLayerConfig_t& c, void* const* w) {
+  mokLayerWeights_t weights = MOK_LAYER_WEIGHTS_INIT;
+  weights.gate = w[0], weights.up = w[1], weights.down = w[2];
+  if (c.shared_intermediate > 0) {
+    weights.shared_gate = w[3], weights.shared_up = w[4], weights.shared_down = w[5], weights.shared_router = w[6];
+  }
+  return weights;
+}
+
+// The weight gradients added into fp32 main_grad, or (bf16_gradients) written as bf16.
+mokLayerGrads_t grads_at(const mokLayerConfig_t& c, void* dx, float* dw, void* const* g, bool bf16_gradients) {
+  mokLayerGrads_t grads = MOK_LAYER_GRADS_INIT;
+  grads.dx = dx, grads.dtopk_weights = dw, grads.accumulate = bf16_gradients ? 0 : 1;
+  grads.dgate = g[0], grads.dup = g[1], grads.ddown = g[2];
+  if (c.shared_intermediate > 0) {
+    grads.dshared_gate = g[3], grads.dshared_up = g[4], grads.dshared_down = g[5], grads.dshared_router = g[6];
+  }
+  return grads;
+}
+
+mokStatus_t layer_failed(Text* text, const char* executor, const char* call) {
+  text->add("the %s executor's %s failed: %s", executor, call, mokGetLastError());
+  return mokInternalError;
+}
+
+std::vector<float> as_floats(const std::vector<bf16_t>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = core::bf16_to_float(v[i]);
+  return f;
+}
+
+// The host executor's layer over host memory: the reference.
+mokStatus_t run_host(mokLayerConfig_t c, const Inputs& in, bool bf16_gradients, Results* r, Text* text) {
+  c.executor = mokExecutorHost;
+  c.timeout_ms = 600000;  // its workers' waits on each other: options.timeout_ms bounds the GPU's
+  mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
+  if (mokLayerGetSizes(&c, &sizes) != mokSuccess) return layer_failed(text, "host", "mokLayerGetSizes");
+  std::vector<char> workspace(sizes.workspace_bytes + 64), peer(sizes.peer_bytes + 64);
+  void* base = peer.data() + (64 - reinterpret_cast<uintptr_t>(peer.data()) % 64);
+  mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
+  m.peer_bases = &base;
+  m.workspace = workspace.data() + (64 - reinterpret_cast<uintptr_t>(workspace.data()) % 64);
+  m.workspace_bytes = sizes.workspace_bytes;
+  mokLayer_t layer = nullptr;
+  if (mokLayerCreate(&c, &m, &layer) != mokSuccess) return layer_failed(text, "host", "mokLayerCreate");
+  size_t th = in.x.size();
+  r->out.resize(th), r->slots.resize(th * c.top_k), r->dx.resize(th), r->dw.resize(in.topk_weights.size());
+  void *w[kGradients], *g[kGradients];
+  std::vector<bf16_t> bf16[kGradients];
+  for (int i = 0; i < kGradients; ++i) {
+    w[i] = const_cast<bf16_t*>(in.weights[i].data());
+    r->gradients[i].assign(values(c, i), kMainGradStart);
+    bf16[i].resize(values(c, i));
+    g[i] = bf16_gradients ? static_cast<void*>(bf16[i].data()) : r->gradients[i].data();
+  }
+  mokLayerWeights_t weights = weights_at(c, w);
+  mokLayerGrads_t grads = grads_at(c, r->dx.data(), r->dw.data(), g, bf16_gradients);
+  const char* call = "mokLayerBuildSchedule";
+  mokStatus_t s = mokLayerBuildSchedule(layer, in.ids.data(), mokIndexInt32, c.max_tokens, nullptr);
+  if (s == mokSuccess && (call = "mokLayerForward"))
+    s = mokLayerForward(layer, &weights, in.x.data(), in.topk_weights.data(), r->out.data(), nullptr);
+  if (s == mokSuccess && (call = "mokLayerGetSlots")) s = mokLayerGetSlots(layer, r->slots.data(), nullptr);
+  if (s == mokSuccess && (call = "mokLayerBackward"))
+    s = mokLayerBackward(layer, &weights, in.topk_weights.data(), in.dout.data(), &grads, nullptr);
+  mokStatus_t result = s == mokSuccess ? mokSuccess : layer_failed(text, "host", call);
+  for (int i = 0; bf16_gradients && i < kGradients; ++i) r->gradients[i] = as_floats(bf16[i]);
+  mokLayerDestroy(layer);
+  return result;
+}
+
+// On the layer's stream, which then orders every read after it (a pageable copy is staged before it returns).
+template <class T>
+cudaError_t upload(DeviceBuffers& b, const std::vector<T>& host, void** device) {
+  cudaError_t e = b.alloc(host.size() * sizeof(T), device);
+  return e == cudaSuccess
+             ? cudaMemcpyAsync(*device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, b.stream)
+             : e;
+}
+
+template <class T>
+cudaError_t download(const void* device, size_t n, std::vector<T>* host) {
+  host->resize(n);
+  return cudaMemcpy(host->data(), device, n * sizeof(T), cudaMemcpyDeviceToHost);
+}
+
+// The layer's device memory, its inputs uploaded, its outputs allocated.
+struct DeviceLayer {
+  DeviceBuffers b;
+  void *workspace = nullptr, *peer = nullptr, *ids = nullptr, *topk_weights = nullptr, *x = nullptr, *dout = nullptr;
+  void *out = nullptr, *slots = nullptr, *dx = nullptr, *dw = nullptr;
+  void *weights[kGradients] = {}, *gradients[kGradients] = {};
+  mokLayer_t layer = nullptr;
+  cudaEvent_t marks[4] = {};  // before the forward, after it, before the backward, after it
+  ~DeviceLayer() {
+    if (b.keep) return;  // a wait ran out: the device may still run the layer's kernels
+    if (layer) mokLayerDestroy(layer);
+    for (cudaEvent_t e : marks)
+      if (e) cudaEventDestroy(e);
+  }
+};
+
+mokStatus_t set_up(const mokLayerConfig_t& c, const Inputs& in, DeviceLayer* d, Text* text) {
+  mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
+  if (mokLayerGetSizes(&c, &sizes) != mokSuccess) return layer_failed(text, "cuda", "mokLayerGetSizes");
+  DeviceBuffers& b = d->b;
+  size_t th = in.x.size();
+  cudaError_t e = cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming);
+  for (cudaEvent_t& mark : d->marks)
+    if (e == cudaSuccess) e = cudaEventCreate(&mark);
+  if (e == cudaSuccess) e = b.alloc(sizes.workspace_bytes, &d->workspace);
+  if (e == cudaSuccess) e = b.alloc(sizes.peer_bytes, &d->peer);
+  if (e == cudaSuccess) e = upload(b, in.ids, &d->ids);
+  if (e == cudaSuccess) e = upload(b, in.topk_weights, &d->topk_weights);
+  if (e == cudaSuccess) e = upload(b, in.x, &d->x);
+  if (e == cudaSuccess) e = upload(b, in.dout, &d->dout);
+  if (e == cudaSuccess) e = b.alloc(th * sizeof(bf16_t), &d->out);
+  if (e == cudaSuccess) e = b.alloc(th * c.top_k * sizeof(bf16_t), &d->slots);
+  if (e == cudaSuccess) e = b.alloc(th * sizeof(bf16_t), &d->dx);
+  if (e == cudaSuccess) e = b.alloc(in.topk_weights.size() * sizeof(float), &d->dw);
+  for (int i = 0; i < kGradients; ++i) {
+    if (e == cudaSuccess) e = upload(b, in.weights[i], &d->weights[i]);
+    if (e == cudaSuccess) e = upload(b, std::vector<float>(values(c, i), kMainGradStart), &d->gradients[i]);
+  }
+  if (e != cudaSuccess) return cuda_failed(text, "setting up the layer's device memory", e);
+  mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
+  m.peer_bases = &d->peer;
+  m.workspace = d->workspace;
+  m.workspace_bytes = sizes.workspace_bytes;
+  if (mokLayerCreate(&c, &m, &d->layer) != mokSuccess) return layer_failed(text, "cuda", "mokLayerCreate");
+  return mokSuccess;
+}
+
+// Schedule, forward, slots and backward enqueued on the layer's stream, the passes between events.
+mokStatus_t enqueue(const mokLayerConfig_t& c, bool bf16_gradients, size_t th, size_t routes, DeviceLayer* d,
+                    Text* text) {
+  cudaStream_t stream = d->b.stream;
+  // Every output NaN (all bits set) first: what the layer does not write cannot match the host or an earlier run.
+  struct Fill {
+    void* at;
+    size_t bytes;
+  };
+  std::vector<Fill> fills = {{d->out, th * 2}, {d->slots, th * c.top_k * 2}, {d->dx, th * 2}, {d->dw, routes * 4}};
+  for (int i = 0; bf16_gradients && i < kGradients; ++i) fills.push_back({d->gradients[i], values(c, i) * 2});
+  for (const Fill& f : fills)
+    if (cudaError_t e = cudaMemsetAsync(f.at, 0xff, f.bytes, stream); e != cudaSuccess)
+      return cuda_failed(text, "filling the outputs with NaN", e);
+  mokLayerWeights_t weights = weights_at(c, d->weights);
+  mokLayerGrads_t grads = grads_at(c, d->dx, static_cast<float*>(d->dw), d->gradients, bf16_gradients);
+  const float* topk_weights = static_cast<const float*>(d->topk_weights);
+  if (mokLayerBuildSchedule(d->layer, d->ids, mokIndexInt32, c.max_tokens, stream) != mokSuccess)
+    return layer_failed(text, "cuda", "mokLayerBuildSchedule");
+  cudaEventRecord(d->marks[0], stream);
+  if (mokLayerForward(d->layer, &weights, d->x, topk_weights, d->out, stream) != mokSuccess)
+    return layer_failed(text, "cuda", "mokLayerForward");
+  cudaEventRecord(d->marks[1], stream);
+  if (mokLayerGetSlots(d->layer, d->slots, stream) != mokSuccess) return layer_failed(text, "cuda", "mokLayerGetSlots");
+  cudaEventRecord(d->marks[2], stream);
+  if (mokLayerBackward(d->layer, &weights, topk_weights, d->dout, &grads, stream) != mokSuccess)
+    return layer_failed(text, "cuda", "mokLayerBackward");
+  cudaEventRecord(d->marks[3], stream);
+  return mokSuccess;
+}
+
+// Waits, bounded, for the stream; then (`check`) the layer's error record must be empty.
+mokStatus_t finish(const SelftestSetup& setup, DeviceLayer* d, bool check, Text* text) {
+  uint64_t deadline = core::now_ns() + static_cast<uint64_t>(setup.timeout_ms) * 1000000ull;
+  cudaError_t e = cudaEventRecord(d->b.done, d->b.stream);
+  if (e == cudaSuccess) e = wait_event(d->b.done, deadline);
+  if (e == cudaErrorNotReady) {
+    d->b.keep = true;
+    text->add("the layer did not finish within %d ms (options.timeout_ms)", setup.timeout_ms);
+    return mokTimeout;
+  }
+  if (e != cudaSuccess) return cuda_failed(text, "running the layer", e);
+  if (!check) return mokSuccess;
+  mokLayerError_t error = MOK_LAYER_ERROR_INIT;
+  if (mokLayerGetError(d->layer, &error) != mokSuccess || error.status != mokSuccess) {
+    text->add("the layer's error record holds %s: %s", mokGetStatusString(error.status), error.detail);
+    return mokInternalError;
+  }
+  return mokSuccess;
+}
+
+// The forward's and the backward's times, from the events around them.
+mokStatus_t times(const DeviceLayer& d, Results* r, Text* text) {
+  cudaError_t e = cudaEventElapsedTime(&r->forward_ms, d.marks[0], d.marks[1]);
+  if (e == cudaSuccess) e = cudaEventElapsedTime(&r->backward_ms, d.marks[2], d.marks[3]);
+  return e == cudaSuccess ? mokSuccess : cuda_failed(text, "reading the passes' times", e);
+}
+
+mokStatus_t collect(const mokLayerConfig_t& c, bool bf16_gradients, const DeviceLayer& d, size_t th, size_t routes,
+                    Results* r, Text* text) {
+  cudaError_t e = download(d.out, th, &r->out);
+  if (e == cudaSuccess) e = download(d.slots, th * c.top_k, &r->slots);
+  if (e == cudaSuccess) e = download(d.dx, th, &r->dx);
+  if (e == cudaSuccess) e = download(d.dw, routes, &r->dw);
+  for (int i = 0; i < kGradients && e == cudaSuccess; ++i) {
+    if (!bf16_gradients) {
+      e = download(d.gradients[i], values(c, i), &r->gradients[i]);
+      continue;
+    }
+    std::vector<bf16_t> bf16;
+    e = download(d.gradients[i], values(c, i), &bf16);
+    r->gradients[i] = as_floats(bf16);
+  }
+  if (e != cudaSuccess) return cuda_failed(text, "reading the layer's results", e);
+  return times(d, r, text);
+}
+
+// The cuda executor's layer on the current device, `runs` times on one context (schedule, forward, slots, backward,
+// main_grad from its start each time); each run's results (with `outputs`; else only its times).
+mokStatus_t run_cuda(const SelftestSetup& setup, mokLayerConfig_t c, const Inputs& in, bool bf16_gradients, int runs,
+                     bool outputs, std::vector<Results>* results, Text* text) {
+  c.executor = mokExecutorCuda;
+  DeviceLayer d;
+  if (mokStatus_t s = set_up(c, in, &d, text); s != mokSuccess) return s;
+  results->resize(static_cast<size_t>(runs));
+  for (Results& r : *results) {
+    std::vector<float> start(std::max(values(c, 0), values(c, 3)), kMainGradStart);  // the largest main_grad's
+    for (int i = 0; !bf16_gradients && i < kGradients; ++i)  // main_grad back to its start (a pass adds into it)
+      if (cudaError_t e =
+              cudaMemcpyAsync(d.gradients[i], start.data(), values(c, i) * 4, cudaMemcpyHostToDevice, d.b.stream);
+          e != cudaSuccess)
+        return cuda_failed(text, "resetting main_grad", e);
+    mokStatus_t enqueued = enqueue(c, bf16_gradients, in.x.size(), in.topk_weights.size(), &d, text);
+    // Even after a call that failed midway, what was enqueued before it runs: wait for it, bounded.
+    mokStatus_t finished = finish(setup, &d, enqueued == mokSuccess, text);
+    if (enqueued != mokSuccess) return enqueued;
+    if (finished != mokSuccess) return finished;
+    if (!outputs) {
+      if (mokStatus_t s = times(d, &r, text); s != mokSuccess) return s;
+      continue;
+    }
+    if (mokStatus_t s = collect(c, bf16_gradients, d, in.x.size(), in.topk_weights.size(), &r, text); s != mokSuccess)
+      return s;
+  }
+  return mokSuccess;
+}
+
+template <class T>
+bool within(const char* name, const std::vector<T>& got, const std::vector<T>& want, double start, Text* text) {
+  double error =
+      got.size() == want.size() ? core::normwise_difference(got.data(), want.data(), want.size(), start) : NAN;
+  if (error <= core::kSplitOrderTolerance) return true;
+  text->add("%s %.3g above the bound %g (core::kSplitOrderTolerance); ", name, error, core::kSplitOrderTolerance);
+  return false;
+}
+
+// Each result within core::kSplitOrderTolerance of the host executor's, normwise.
+bool near_host(const Results& got, const Results& host, bool bf16_gradients, Text* text) {
+  const char* names[kGradients] = {"dW_gate",      "dW_up",          "dW_down",         "dW_shared_gate",
+                                   "dW_shared_up", "dW_shared_down", "dW_shared_router"};
+  bool ok = within("out", got.out, host.out, 0, text) & within("y slots", got.slots, host.slots, 0, text) &
+            within("dx", got.dx, host.dx, 0, text) & within("dw", got.dw, host.dw, 0, text);
+  double start = bf16_gradients ? 0.0 : kMainGradStart;  // main_grad's start is no part of the gradient
+  for (int i = 0; i < kGradients; ++i) ok &= within(names[i], got.gradients[i], host.gradients[i], start, text);
+  return ok;
+}
+
+bool same_bits(const Results& a, const Results& b) {
+  auto same = [](const auto& x, const auto& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0;
+  };
+  bool all = same(a.out, b.out) && same(a.slots, b.slots) && same(a.dx, b.dx) && same(a.dw, b.dw);
+  for (int i = 0; i < kGradients; ++i) all = all && same(a.gradients[i], b.gradients[i]);
+  return all;
+}
+
+}  // namespace
+
+mokStatus_t selftest_every_gpu(const SelftestSetup& setup, Text* text) {
+  int count = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+    cudaGetLastError();
+    text->add("cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+    return e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ? mokNoDevice : mokCudaError;
+  }
+  mokLayerConfig_t c = layer_config(setup.timeout_ms);
+  Inputs in = draw(c, setup.seed, true);
+  Results host[2];  // weight gradients into fp32 main_grad, and as bf16
+  for (bool bf16_gradients : {false, true})
+    if (mokStatus_t s = run_host(c, in, bf16_gradients, &host[bf16_gradients], text); s != mokSuccess) return s;
+  text->add(
+      "seed %llu, the cuda executor's layer against the host executor's on each GPU (fp32 main_grad and bf16 "
+      "weight gradients): ",
+      static_cast<unsigned long long>(setup.seed));
+  int ran = 0;
+  for (int device = 0; device < count; ++device) {
+    Text why;
+    SelftestSetup on{device, setup.timeout_ms, setup.seed};
+    if (mokStatus_t s = open_sm100(on, &why); s == mokUnsupported) {
+      text->add("device %d not run: %s; ", device, why.text);
+      continue;
+    } else if (s != mokSuccess) {
+      text->add("device %d: %s", device, why.text);
+      return s;
+    }
+    for (bool bf16_gradients : {false, true}) {
+      std::vector<Results> runs;
+      if (mokStatus_t s = run_cuda(on, c, in, bf16_gradients, 1, true, &runs, text); s != mokSuccess) return s;
+      if (!near_host(runs[0], host[bf16_gradients], bf16_gradients, text)) {
+        text->add("device %d is wrong (%s weight gradients)", device, bf16_gradients ? "bf16" : "fp32 main_grad");
+        return mokInternalError;
+      }
+    }
+    text->add("device %d within the bound; ", device);
+    ++ran;
+  }
+  if (ran > 0) return mokSuccess;
+  text->add("no GPU here runs the cuda executor (compute capability 10.x with this build's code)");
+  return mokUnsupported;
+}
+
+namespace {
+
+// `runs` runs of the layer of `c` on setup.device, fp32 main_grad, inputs drawn from the seed.
+mokStatus_t run_here(const SelftestSetup& setup, const mokLayerConfig_t& c, bool skewed, int runs, bool outputs,
+                     Inputs* in, std::vector<Results>* results, Text* text) {
+  if (mokStatus_t s = open_sm100(setup, text); s != mokSuccess) return s;
+  *in = draw(c, setup.seed, skewed);
+  return run_cuda(setup, c, *in, false, runs, outputs, results, text);
+}
+
+}  // namespace
+
+mokStatus_t selftest_determinism(const SelftestSetup& setup, Text* text) {
+  Inputs in;
+  std::vector<Results> runs;
+  if (mokStatus_t s = run_here(setup, layer_config(setup.timeout_ms), true, 3, true, &in, &runs, text); s != mokSuccess)
+    return s;
+  text->add("seed %llu: the cuda executor's layer three times on one context: ",
+            static_cast<unsigned long long>(setup.seed));
+  for (size_t i = 1; i < runs.size(); ++i)
+    if (!same_bits(runs[0], runs[i])) {
+      text->add("run %zu gave other bits than run 0 (the layer must be bitwise deterministic)", i);
+      return mokInternalError;
+    }
+  text->add("out, the y slots, dx, dw and every weight gradient the same bits each time");
+  return mokSuccess;
+}
+
+mokStatus_t selftest_benchmark(const SelftestSetup& setup, Text* text) {
+  mokLayerConfig_t c = benchmark_config(setup.timeout_ms);
+  Inputs in;
+  std::vector<Results> runs;
+  if (mokStatus_t s = run_here(setup, c, false, 5, false, &in, &runs, text); s != mokSuccess) return s;
+  std::vector<float> forward, backward;
+  for (size_t i = 1; i < runs.size(); ++i) {  // run 0 warms up
+    forward.push_back(runs[i].forward_ms);
+    backward.push_back(runs[i].backward_ms);
+  }
+  std::sort(forward.begin(), forward.end());
+  std::sort(backward.begin(), backward.end());
+  float f = forward[forward.size() / 2], b = backward[backward.size() / 2];
+  int64_t routed = std::count_if(in.ids.begin(), in.ids.end(), [](int32_t id) { return id >= 0; });
+  double flops = 6.0 * static_cast<double>(routed) * c.hidden * c.intermediate;  // gate, up, down: 2 flops a MAC
+  text->add(
+      "the cuda executor (split passes, the first GPU path) at %d tokens, top-%d, %d experts, H %d, I %d, BF16: "
+      "forward %.3f ms (%.1f TFLOP/s), backward %.3f ms (%.1f TFLOP/s at twice the forward's FLOPs), the median of "
+      "%zu runs by CUDA events",
+      c.max_tokens, c.top_k, c.experts_per_rank, c.hidden, c.intermediate, static_cast<double>(f), flops / (f * 1e9),
+      static_cast<double>(b), 2 * flops / (b * 1e9), forward.size());
+  return mokSuccess;
+}
+#endif
+
+}  // namespace mok::cuda

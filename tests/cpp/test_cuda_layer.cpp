@@ -1,0 +1,178 @@
+// The cuda executor (mokExecutorCuda) through the C ABI. Without a GPU: its sizes (core's workspace and the split
+// executor's own after it), the layers it refuses and why, by field, and creation's refusals (shared memory, no GPU).
+// On a GPU (skipped here, saying so): the self-test's stages over the layer (against the host executor on every GPU,
+// the same bits across runs), and host memory and expert biases refused by name.
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <vector>
+
+#include "check.hpp"
+#include "core/split_workspace.hpp"
+#include "mok/mok.h"
+#include "small_config.h"
+
+using namespace mok_test;
+using mok::core::bf16_t;
+
+namespace {
+
+mokLayerConfig_t cuda_config() {
+  mokLayerConfig_t c = small_config();
+  c.executor = mokExecutorCuda;
+  c.shared_intermediate = 24;
+  return c;
+}
+
+void expect(mokStatus_t got, mokStatus_t want, const char* needle, const char* what) {
+  CHECK_MSG(got == want && std::strstr(mokGetLastError(), needle) != nullptr, "%s: %s, '%s' (want %s naming '%s')",
+            what, mokGetStatusString(got), mokGetLastError(), mokGetStatusString(want), needle);
+}
+
+bool have_gpu(const char* test) {
+  int supported = 0;
+  if (mokExecutorSupportsDevice(mokExecutorCuda, 0, &supported) == mokSuccess) return true;
+  std::printf("  %s: skipped: device 0 runs no mokExecutorCuda layer: %s\n", test, mokGetLastError());
+  return false;
+}
+
+}  // namespace
+
+TEST(cuda_executor_is_compiled_and_sizes_core_then_its_own_buffers) {
+  int compiled = 0;
+  CHECK(mokExecutorCompiled(mokExecutorCuda, &compiled) == mokSuccess && compiled == 1);
+  CHECK(std::strcmp(mokExecutorName(mokExecutorCuda), "cuda") == 0);
+  mokLayerConfig_t cuda = cuda_config(), host = cuda;
+  host.executor = mokExecutorHost;
+  mokLayerSizes_t on_cuda = MOK_LAYER_SIZES_INIT, on_host = MOK_LAYER_SIZES_INIT;
+  CHECK(mokLayerGetSizes(&cuda, &on_cuda) == mokSuccess);
+  CHECK(mokLayerGetSizes(&host, &on_host) == mokSuccess);
+  CHECK(on_cuda.peer_bytes == on_host.peer_bytes);
+  // Its own buffers after core's: at least dx's fp32 first term, every weight gradient's fp32 sum, the shared
+  // expert's buffers and the sigmoid table.
+  mok::core::LayerShape s{};
+  s.world = 1, s.experts_per_rank = cuda.experts_per_rank, s.hidden = cuda.hidden, s.intermediate = cuda.intermediate;
+  s.top_k = cuda.top_k, s.max_tokens = cuda.max_tokens, s.shared_intermediate = cuda.shared_intermediate;
+  s.expert_padding = cuda.expert_padding, s.minibatch = cuda.minibatch, s.macrobatch = cuda.macrobatch;
+  size_t sums = 0;
+  for (int i = 0; i < mok::core::kGradientSums; ++i) sums += mok::core::gradient_sum_values(s, i);
+  size_t rows = mok::core::shared_rows(s), own = (mok::core::out_ring_rows(s) * s.hidden + sums) * 4 +
+                                                 rows * (4 * 24 + s.hidden) * 2 + rows * (1 + s.hidden) * 4 +
+                                                 mok::core::kSigmoidTableSize * 4;
+  CHECK_MSG(on_cuda.workspace_bytes >= on_host.workspace_bytes + own, "cuda workspace %zu, host %zu + own %zu",
+            on_cuda.workspace_bytes, on_host.workspace_bytes, own);
+}
+
+TEST(layers_it_does_not_run_are_refused_by_field_when_sized) {
+  struct Case {
+    const char* field;
+    void (*set)(mokLayerConfig_t*);
+  } cases[] = {
+      {"config.world", [](mokLayerConfig_t* c) { c->world = 2; }},
+      {"config.precision",
+       [](mokLayerConfig_t* c) {  // MXFP8's rule: expert_padding a multiple of 32
+         c->precision = mokPrecisionMXFP8, c->expert_padding = 32, c->minibatch = 32, c->macrobatch = 64;
+       }},
+      {"config.hidden", [](mokLayerConfig_t* c) { c->hidden = 20; }},
+      {"config.intermediate", [](mokLayerConfig_t* c) { c->intermediate = 12; }},
+      {"config.shared_intermediate", [](mokLayerConfig_t* c) { c->shared_intermediate = 28; }},
+  };
+  for (const Case& k : cases) {
+    mokLayerConfig_t c = cuda_config();
+    k.set(&c);
+    mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
+    expect(mokLayerGetSizes(&c, &sizes), mokUnsupported, k.field, k.field);
+    c.executor = mokExecutorHost;  // the host executor runs each of them
+    CHECK_MSG(mokLayerGetSizes(&c, &sizes) == mokSuccess, "%s on the host: '%s'", k.field, mokGetLastError());
+  }
+}
+
+TEST(creation_wants_peer_pointers_and_a_device_that_runs_it) {
+  mokLayerConfig_t c = cuda_config();
+  mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
+  CHECK(mokLayerGetSizes(&c, &sizes) == mokSuccess);
+  std::vector<char> workspace(sizes.workspace_bytes + 64), peer(sizes.peer_bytes + 64);
+  void* base = peer.data() + (64 - reinterpret_cast<uintptr_t>(peer.data()) % 64);
+  mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
+  m.shm_name = "mok-test-cuda";
+  m.workspace = workspace.data() + (64 - reinterpret_cast<uintptr_t>(workspace.data()) % 64);
+  m.workspace_bytes = sizes.workspace_bytes;
+  mokLayer_t layer = nullptr;
+  expect(mokLayerCreate(&c, &m, &layer), mokInvalidArgument, "memory.shm_name", "shared memory");
+  m.shm_name = nullptr;
+  m.peer_bases = &base;
+  int supported = 0;
+  mokStatus_t query = mokExecutorSupportsDevice(mokExecutorCuda, 0, &supported);
+  // Host memory: without a GPU the device is refused first, as the query refuses it; with one, the memory.
+  if (query == mokSuccess)
+    expect(mokLayerCreate(&c, &m, &layer), mokInvalidArgument, "memory.workspace", "host memory");
+  else
+    expect(mokLayerCreate(&c, &m, &layer), query, "argument 'config.executor' (cuda)", "no usable device");
+  CHECK(layer == nullptr);
+}
+
+// ---- on a GPU ----
+
+namespace {
+
+struct DeviceBlock {
+  void* p = nullptr;
+  explicit DeviceBlock(size_t bytes) { CHECK(cudaMalloc(&p, bytes ? bytes : 1) == cudaSuccess); }
+  ~DeviceBlock() { cudaFree(p); }
+  DeviceBlock(const DeviceBlock&) = delete;
+  DeviceBlock& operator=(const DeviceBlock&) = delete;
+};
+
+void stage_passes(mokSelftestStage_t stage, const char* says) {
+  mokSelftestOptions_t options = MOK_SELFTEST_OPTIONS_INIT;
+  options.seed = seed();
+  mokSelftestReport_t report = MOK_SELFTEST_REPORT_INIT;
+  mokStatus_t status = mokSelftestRun(stage, &options, &report);
+  CHECK_MSG(status == mokSuccess && std::strstr(report.message, says) != nullptr, "%s: %s: %s",
+            mokSelftestStageName(stage), mokGetStatusString(status), report.message);
+}
+
+}  // namespace
+
+// The layer against the host executor on every GPU (fp32 main_grad and bf16 gradients, the y slots) and three runs
+// with the same bits: the self-test's stages (cuda/selftest_layer.cpp), which a user runs first.
+TEST(layer_on_the_gpu_matches_the_host_executor_and_itself) {
+  if (!have_gpu("layer_on_the_gpu_matches_the_host_executor_and_itself")) return;
+  stage_passes(mokSelftestEveryGpu, "within the bound");
+  stage_passes(mokSelftestDeterminism, "the same bits each time");
+}
+
+// A host tensor and an expert bias are refused by name, before anything is enqueued.
+TEST(host_tensors_and_biases_are_refused_on_the_gpu) {
+  if (!have_gpu("host_tensors_and_biases_are_refused_on_the_gpu")) return;
+  mokLayerConfig_t c = cuda_config();
+  c.shared_intermediate = 0;  // the routed experts' weights are all this layer needs
+  mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
+  CHECK(mokLayerGetSizes(&c, &sizes) == mokSuccess);
+  DeviceBlock workspace(sizes.workspace_bytes), peer(sizes.peer_bytes);
+  mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
+  m.peer_bases = &peer.p;
+  m.workspace = workspace.p;
+  m.workspace_bytes = sizes.workspace_bytes;
+  mokLayer_t layer = nullptr;
+  CHECK_MSG(mokLayerCreate(&c, &m, &layer) == mokSuccess, "create: %s", mokGetLastError());
+  size_t th = static_cast<size_t>(c.max_tokens) * c.hidden, eih = static_cast<size_t>(c.experts_per_rank) * 8 * 16;
+  std::vector<int32_t> ids(static_cast<size_t>(c.max_tokens) * c.top_k, 0);
+  DeviceBlock device_ids(ids.size() * 4), x(th * 2), out(th * 2), tw(ids.size() * 4), w(eih * 2);
+  CHECK(cudaMemcpy(device_ids.p, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+  CHECK(mokLayerBuildSchedule(layer, device_ids.p, mokIndexInt32, c.max_tokens, nullptr) == mokSuccess);
+  mokLayerWeights_t weights = MOK_LAYER_WEIGHTS_INIT;
+  weights.gate = weights.up = weights.down = w.p;
+  std::vector<bf16_t> host_x(th);
+  expect(mokLayerForward(layer, &weights, host_x.data(), static_cast<float*>(tw.p), out.p, nullptr), mokInvalidArgument,
+         "argument 'x'", "host x");
+  weights.gate_bias = w.p;
+  expect(mokLayerForward(layer, &weights, x.p, static_cast<float*>(tw.p), out.p, nullptr), mokUnsupported,
+         "weights.gate_bias", "an expert bias");
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);
+  mokLayerDestroy(layer);
+}
+
+int main(int argc, char** argv) {
+  return run_all(argc, argv);
+}
