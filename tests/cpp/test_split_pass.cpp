@@ -531,6 +531,7 @@ TEST(split_supports_bf16_layers_of_16_byte_rows) {
 
 // What an executor must hold (core::split_buffers_complete, enqueue_split_pass's bad_device): from buffers that hold
 // everything, each pointer nulled in turn is refused exactly where the pass of that kind and call would use it.
+// Each refusal names the buffer (split_missing_buffer), as the cuda executor's error says it.
 TEST(split_buffers_complete_refuses_each_buffer_a_pass_uses) {
   struct Slot {
     const char* name;
@@ -584,6 +585,9 @@ TEST(split_buffers_complete_refuses_each_buffer_a_pass_uses) {
             CHECK_MSG(core::split_buffers_complete(v, call, t, g, sh) == !slot.used,
                       "%s null: %s (kind %d, I_s %d, gated %d, bf16 gradients %d)", slot.name,
                       slot.used ? "accepted" : "refused", static_cast<int>(kind), shared_inter, gated, bf16);
+            const char* missing = core::split_missing_buffer(v, call, t, g, sh);
+            CHECK_MSG(slot.used ? missing && std::strcmp(missing, slot.name) == 0 : missing == nullptr,
+                      "%s null: named '%s'", slot.name, missing ? missing : "(none)");
             *slot.at = any;
           }
         }

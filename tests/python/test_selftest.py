@@ -76,7 +76,7 @@ def test_no_stage_passes_without_a_gpu():
         assert message and 0 <= seconds < 60
         if not cuda:
             assert status == selftest.NOT_COMPILED and "without CUDA" in message, message
-        elif stage <= 2:  # the probe, the GEMM tile and one rank's pass are written
+        elif stage != 3:  # every stage but virtual ranks is written
             assert (status == selftest.NO_DEVICE and "cudaError" in message) or (
                 stage > 0 and status == selftest.NOT_COMPILED and "CUTLASS" in message), message
         else:

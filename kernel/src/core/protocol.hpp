@@ -202,7 +202,8 @@ struct ErrorRecord {
 MOK_HD inline void record_failure(ErrorRecord* rec, Failure f, int rank, int task_kind, int task_index,
                                   const char* detail = nullptr) {
   int32_t expected = 0;
-  if (!DeviceAtomic<int32_t>(rec->claimed).compare_exchange_strong(expected, 1)) return;
+  // System scope: on a device executor the host claims it too (mokLayerAbort, a call cut short) while kernels may.
+  if (!SystemAtomic<int32_t>(rec->claimed).compare_exchange_strong(expected, 1)) return;
   rec->outcome = static_cast<int32_t>(f.outcome);
   rec->rank = rank;
   rec->task_kind = task_kind;
@@ -219,7 +220,7 @@ MOK_HD inline void record_failure(ErrorRecord* rec, Failure f, int rank, int tas
 
 // A consistent copy of the record, readable while a pass runs; false when nothing failed.
 MOK_HD inline bool read_record(ErrorRecord* rec, ErrorRecord* copy) {
-  if (!DeviceAtomic<int32_t>(rec->claimed).load(::cuda::std::memory_order_acquire)) return false;
+  if (!SystemAtomic<int32_t>(rec->claimed).load(::cuda::std::memory_order_acquire)) return false;
   Backoff backoff;
   while (!DeviceAtomic<int32_t>(rec->published).load(::cuda::std::memory_order_acquire)) backoff.pause();
   *copy = *rec;

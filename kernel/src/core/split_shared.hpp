@@ -133,17 +133,43 @@ MOK_HD inline void shared_router_gradient_element(const PassView& v, const Split
 // Whether the executor's buffers hold everything the pass of v.kind uses: with a shared expert its buffers (the
 // gated one's scaled dout and dlogit too), and in a backward dx's first term, each weight gradient's sum and, with
 // bf16 gradients, its destination. A null one the pass would write through is refused before any launch.
+// The first buffer the pass would use that is null, by its field's name ("shared.dh", "wgrad_up",
+// "gradients.shared_router", ...); nullptr when there is none.
+MOK_HD inline const char* split_missing_buffer(const PassView& v, const SplitCall& call, const SplitTargets& t,
+                                               const SplitGradients& g, const SplitShared& sh) {
+  bool backward = is_backward(v.kind), shared = v.s.shared_intermediate > 0, gated = shared && call.gated;
+  const struct {
+    const void* at;
+    const char* name;
+    bool used;
+  } buffers[] = {{sh.g, "shared.g", shared},
+                 {sh.u, "shared.u", shared},
+                 {sh.h, "shared.h", shared},
+                 {sh.schedule, "shared.schedule", shared},
+                 {sh.dh, "shared.dh", shared && backward},
+                 {sh.dx_partial, "shared.dx_partial", shared && backward},
+                 {sh.scaled, "shared.scaled", gated && backward},
+                 {sh.dlogit, "shared.dlogit", gated && backward},
+                 {t.dx_partial, "dx_partial", backward}};
+  for (const auto& b : buffers)
+    if (b.used && !b.at) return b.name;
+  // The weight gradients' parts in SplitTargets' order: the routed experts', the shared expert's, its router's.
+  const char* sums[] = {"wgrad_gate",      "wgrad_up",          "wgrad_down",         "wgrad_shared_gate",
+                        "wgrad_shared_up", "wgrad_shared_down", "wgrad_shared_router"};
+  const char* grads[] = {"gradients.gate",         "gradients.up",        "gradients.down",
+                         "gradients.shared_gate",  "gradients.shared_up", "gradients.shared_down",
+                         "gradients.shared_router"};
+  GradientParts parts = split_gradient_parts(v.s, call.gated, t, g);
+  for (int i = 0; backward && i < parts.count; ++i) {
+    if (!parts.part[i].sums) return sums[i];
+    if (call.bf16_gradients && !parts.part[i].grad) return grads[i];
+  }
+  return nullptr;
+}
+
 MOK_HD inline bool split_buffers_complete(const PassView& v, const SplitCall& call, const SplitTargets& t,
                                           const SplitGradients& g, const SplitShared& sh) {
-  bool backward = is_backward(v.kind);
-  bool shared =
-      v.s.shared_intermediate == 0 || (sh.g && sh.u && sh.h && sh.schedule && (!backward || (sh.dh && sh.dx_partial)) &&
-                                       (!backward || !call.gated || (sh.scaled && sh.dlogit)));
-  if (!shared || (backward && !t.dx_partial)) return false;
-  GradientParts parts = split_gradient_parts(v.s, call.gated, t, g);
-  for (int i = 0; backward && i < parts.count; ++i)
-    if (!parts.part[i].sums || (call.bf16_gradients && !parts.part[i].grad)) return false;
-  return true;
+  return split_missing_buffer(v, call, t, g, sh) == nullptr;
 }
 
 // ---- a shared row step as items: what a device thread (or the host's loop) does for item i ----

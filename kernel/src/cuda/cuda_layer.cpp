@@ -150,8 +150,9 @@ mokStatus_t pass_failed(const char* func, const cuda::SplitFailure& f) {
   const char* why = f.refusal == cuda::SplitRefusal::gemm_refused
                         ? cuda::gemm_status_name(static_cast<cuda::GemmStatus>(f.gemm_status))
                         : cuda::split_refusal_name(f.refusal);
-  return fail(mokInternalError, "%s: the split pass refused launch %lld (%s): %s", func,
-              static_cast<long long>(f.launch), core::split_step_name(f.step), why);
+  return fail(mokInternalError, "%s: the split pass refused launch %lld (%s): %s%s%s", func,
+              static_cast<long long>(f.launch), core::split_step_name(f.step), why, f.missing ? ": no " : "",
+              f.missing ? f.missing : "");
 }
 
 class CudaLayer final : public LayerExecutor {

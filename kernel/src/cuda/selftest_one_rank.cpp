@@ -427,6 +427,7 @@ mokStatus_t run_pass(const SelftestSetup& setup, Device* d, const char* name, Te
   if (f.refusal == SplitRefusal::cuda_error) return cuda_failed(text, "its launch", f.error);
   text->add("%s", f.refusal == SplitRefusal::gemm_refused ? gemm_status_name(static_cast<GemmStatus>(f.gemm_status))
                                                           : split_refusal_name(f.refusal));
+  if (f.missing) text->add(": no %s", f.missing);
   return mokInternalError;
 }
 

@@ -65,7 +65,8 @@ struct SplitFailure {
   int64_t launch = -1;
   core::SplitStep step = core::SplitStep::count;
   core::GroupedGemm gemm = core::GroupedGemm::count;
-  int gemm_status = 0;  // GemmStatus (grouped_gemm.hpp) with gemm_refused
+  int gemm_status = 0;            // GemmStatus (grouped_gemm.hpp) with gemm_refused
+  const char* missing = nullptr;  // bad_device: the buffer the pass would use that is null, where one is
   cudaError_t error = cudaSuccess;
 };
 

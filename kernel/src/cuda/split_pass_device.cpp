@@ -97,8 +97,8 @@ bool enqueue_split_pass(const SplitDevice& d, bool biases, SplitFailure* failure
   if (s.world > 1) failure->refusal = SplitRefusal::group;
   core::SplitCall call{d.view.w.shared_router != nullptr,
                        core::is_backward(d.view.kind) && d.gradients.gate != nullptr};
-  if (d.ctas < 1 || !d.host_peers || !d.gemm_arguments || (d.staging_values > 0 && !d.staging) ||
-      !core::split_buffers_complete(d.view, call, d.targets, d.gradients, d.shared))
+  failure->missing = core::split_missing_buffer(d.view, call, d.targets, d.gradients, d.shared);
+  if (d.ctas < 1 || !d.host_peers || !d.gemm_arguments || (d.staging_values > 0 && !d.staging) || failure->missing)
     failure->refusal = SplitRefusal::bad_device;
 #if !MOK_WITH_GROUPED_GEMM
   failure->refusal = SplitRefusal::no_gemm;
