@@ -184,7 +184,6 @@ class CudaLayer final : public LayerExecutor {
     if (gemm_workspace_bytes_ > 0)
       if (cudaError_t e = cudaMalloc(&gemm_workspace_, gemm_workspace_bytes_); e != cudaSuccess)
         return cuda_failed(func, "allocating the grouped GEMMs' workspace", e);
-    core::PassView v = view(PassKind::forward);
     core::PeerHeader header{};
     int32_t group_shape[core::kGroupShapeFields];
     core::group_shape(s_, group_shape);
@@ -193,7 +192,7 @@ class CudaLayer final : public LayerExecutor {
     core::fill_sigmoid_table(table.data());
     char* peers[1] = {peer_};
     core::PeerHeader* headers[1] = {reinterpret_cast<core::PeerHeader*>(peer_)};
-    const int32_t* ids[1] = {reinterpret_cast<const int32_t*>(peer_ + v.peer.topk_ids)};  // device addresses
+    const int32_t* ids[1] = {reinterpret_cast<const int32_t*>(peer_ + core::peer_layout(s_).topk_ids)};  // device
     int32_t tokens[1] = {0};
     struct Upload {
       void* to;
