@@ -1,5 +1,6 @@
 // The cuda executor (mokExecutorCuda) through the C ABI. Without a GPU: its sizes (core's workspace and the split
-// executor's own after it), the layers it refuses and why, by field, and creation's refusals (shared memory, no GPU).
+// executor's own after it, a group's tables), the layers it refuses and why, by field, and creation's refusals
+// (shared memory, no GPU).
 // On a GPU (skipped here, saying so): the self-test's stages over the layer (against the host executor on every GPU,
 // the same bits across runs), and host memory and expert biases refused by name.
 #include <cuda_runtime_api.h>
@@ -68,7 +69,6 @@ TEST(layers_it_does_not_run_are_refused_by_field_when_sized) {
     const char* field;
     void (*set)(mokLayerConfig_t*);
   } cases[] = {
-      {"config.world", [](mokLayerConfig_t* c) { c->world = 2; }},
       {"config.precision",
        [](mokLayerConfig_t* c) {  // MXFP8's rule: expert_padding a multiple of 32
          c->precision = mokPrecisionMXFP8, c->expert_padding = 32, c->minibatch = 32, c->macrobatch = 64;
@@ -85,6 +85,30 @@ TEST(layers_it_does_not_run_are_refused_by_field_when_sized) {
     c.executor = mokExecutorHost;  // the host executor runs each of them
     CHECK_MSG(mokLayerGetSizes(&c, &sizes) == mokSuccess, "%s on the host: '%s'", k.field, mokGetLastError());
   }
+}
+
+// A group: every rank's peer pointer and token count in the device's tables, the group's state after them; the
+// peer buffer is core's, as the host executor's.
+TEST(a_group_is_sized_with_its_tables) {
+  mokLayerConfig_t one = cuda_config(), group = one, host = one;
+  group.world = 3, group.rank = 2;
+  host.world = 3, host.executor = mokExecutorHost;
+  mokLayerSizes_t a = MOK_LAYER_SIZES_INIT, b = MOK_LAYER_SIZES_INIT, h = MOK_LAYER_SIZES_INIT;
+  CHECK_MSG(mokLayerGetSizes(&group, &b) == mokSuccess, "world 3: '%s'", mokGetLastError());
+  CHECK(mokLayerGetSizes(&one, &a) == mokSuccess && mokLayerGetSizes(&host, &h) == mokSuccess);
+  CHECK_MSG(b.peer_bytes == h.peer_bytes, "peer %zu, host's %zu", b.peer_bytes, h.peer_bytes);
+  mok::core::LayerShape s{};
+  s.world = 3, s.experts_per_rank = group.experts_per_rank, s.hidden = group.hidden;
+  s.intermediate = group.intermediate, s.top_k = group.top_k, s.max_tokens = group.max_tokens;
+  s.shared_intermediate = group.shared_intermediate, s.expert_padding = group.expert_padding;
+  s.minibatch = group.minibatch, s.macrobatch = group.macrobatch;
+  mok::core::SplitLayout l = mok::core::split_layout(s, 64);
+  // The tables hold world entries each, and the group's state follows them, before the GEMMs' argument block.
+  CHECK(l.headers >= l.peers + 3 * sizeof(char*) && l.routing_ids >= l.headers + 3 * sizeof(void*));
+  CHECK(l.routing_tokens >= l.routing_ids + 3 * sizeof(void*) && l.group >= l.routing_tokens + 3 * sizeof(int32_t));
+  CHECK(l.group % alignof(mok::core::GroupState) == 0 && l.gemm_arguments >= l.group + sizeof(mok::core::GroupState));
+  CHECK_MSG(b.workspace_bytes >= h.workspace_bytes + l.bytes, "cuda %zu, host %zu + own %zu", b.workspace_bytes,
+            h.workspace_bytes, l.bytes);
 }
 
 TEST(creation_wants_peer_pointers_and_a_device_that_runs_it) {
@@ -134,10 +158,12 @@ void stage_passes(mokSelftestStage_t stage, const char* says) {
 
 }  // namespace
 
-// The layer against the host executor on every GPU (fp32 main_grad and bf16 gradients, the y slots) and three runs
-// with the same bits: the self-test's stages (cuda/selftest_layer.cpp), which a user runs first.
+// The layer against the host executor, a group of three ranks on one GPU and one rank on every GPU (fp32 main_grad and
+// bf16 gradients, the y slots), and three runs with the same bits: the self-test's stages (cuda/selftest_layer.cpp),
+// which a user runs first.
 TEST(layer_on_the_gpu_matches_the_host_executor_and_itself) {
   if (!have_gpu("layer_on_the_gpu_matches_the_host_executor_and_itself")) return;
+  stage_passes(mokSelftestVirtualRanks, "every rank within the bound");
   stage_passes(mokSelftestEveryGpu, "within the bound");
   stage_passes(mokSelftestDeterminism, "the same bits each time");
 }

@@ -50,8 +50,10 @@ def test_device_kernels_and_their_resources(libmok, cuda_bin):
         "gradient_items",
         "home_sums_forward",
         "home_sums_backward",
-        "rank_schedule",  # the cuda executor's schedule build and slot copy (cuda/layer_steps.cu)
+        "rank_schedule",  # the cuda executor's schedule build, slot copy, barrier and leaving (cuda/layer_steps.cu)
         "copy_slots",
+        "group_barrier",
+        "leave_group",
     ):
         assert any(step in k for k in usage["sm_100a"]), f"the split executor's {step} is not in the device code"
     for arch, kernels in usage.items():

@@ -22,12 +22,6 @@ constexpr int kMaxTimeoutMs = 600000;
 const char* const kStageNames[mokNumSelftestStages] = {"probe",     "gemm_tile",   "one_rank", "virtual_ranks",
                                                        "every_gpu", "determinism", "benchmark"};
 
-// What each stage needs that this libmok does not have yet (issue #12: several ranks of the cuda executor).
-const char* const kNotWritten[mokNumSelftestStages] = {
-    nullptr, nullptr, nullptr, "virtual ranks on one GPU need the cuda executor's group of several ranks",
-    nullptr, nullptr, nullptr,
-};
-
 struct Setup {
   int device;
   int timeout_ms;
@@ -56,17 +50,13 @@ mokStatus_t read_options(const mokSelftestOptions_t* options, Setup* setup) {
 // The stage's verdict and its words, in `message` (`size` bytes).
 mokStatus_t run_stage(int stage, const Setup& setup, char* message, size_t size) {
 #if MOK_WITH_CUDA
-  if (kNotWritten[stage]) {
-    std::snprintf(message, size, "not built in this libmok (issue #12): %s, which is not written yet",
-                  kNotWritten[stage]);
-    return mokNotCompiled;
-  }
   mok::cuda::SelftestSetup s{setup.device, setup.timeout_ms, setup.seed};
   mok::cuda::Text text;
   using Stage = mokStatus_t (*)(const mok::cuda::SelftestSetup&, mok::cuda::Text*);
-  const Stage stages[mokNumSelftestStages] = {
-      mok::cuda::selftest_probe,     mok::cuda::selftest_gemm_tile,   mok::cuda::selftest_one_rank, nullptr,
-      mok::cuda::selftest_every_gpu, mok::cuda::selftest_determinism, mok::cuda::selftest_benchmark};
+  const Stage stages[mokNumSelftestStages] = {mok::cuda::selftest_probe,     mok::cuda::selftest_gemm_tile,
+                                              mok::cuda::selftest_one_rank,  mok::cuda::selftest_virtual_ranks,
+                                              mok::cuda::selftest_every_gpu, mok::cuda::selftest_determinism,
+                                              mok::cuda::selftest_benchmark};
   mokStatus_t status = stages[stage](s, &text);
   std::snprintf(message, size, "%s", text.text);
   return status;

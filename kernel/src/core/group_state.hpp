@@ -18,6 +18,7 @@ struct GroupState {
   bool has_context;       // a forward or recompute ran on the current schedule
   bool ring_kept;         // and the ring still holds every row's x, g and u from it (no backward since)
   bool formed;            // every peer acknowledged this context (the first collective call's wait)
+  bool left;              // a device executor's rank has told its peers it is out (leave_group: once)
   ErrorRecord error;      // the rank's first failure
   Failure group_failure;  // the latest call's formation or barrier failure, for the executor to word and settle
 };
@@ -89,12 +90,13 @@ MOK_HD inline Failure group_barrier(GroupState& g, PeerHeader* const* headers, i
   return barrier(headers, world, rank, ++g.epoch, call, timeout_ns, what);
 }
 
-// A failure of the group outside the workers (formation, barriers), recorded with the executor's
-// wording of it. A timeout or an abort is passed on to every rank; a mismatch is not: every rank finds
-// it itself, and an abort could reach a peer before it sees the mismatch and hide the message.
-MOK_HD inline void settle_group_failure(GroupState& g, PeerHeader* const* headers, int world, int rank,
-                                        uint64_t timeout_ns, Failure f, const char* detail) {
-  record_failure(&g.error, f, rank, -1, -1, detail);
+// A failure of the group outside the workers (formation, barriers), recorded into `error` (the rank's
+// record: g.error on the host, a device executor's host-mapped one) with the executor's wording of it.
+// A timeout or an abort is passed on to every rank; a mismatch is not: every rank finds it itself, and
+// an abort could reach a peer before it sees the mismatch and hide the message.
+MOK_HD inline void settle_group_failure(GroupState& g, ErrorRecord* error, PeerHeader* const* headers, int world,
+                                        int rank, uint64_t timeout_ns, Failure f, const char* detail) {
+  record_failure(error, f, rank, -1, -1, detail);
   // Before the group has formed, the peer that aborted it may not trust this rank's header yet, so
   // its reason is not readable: wait (bounded) until every peer has joined.
   if (f.outcome == Outcome::peer_abort) tell_unformed_peers(g, headers, world, rank, timeout_ns);
@@ -118,6 +120,85 @@ MOK_HD inline void reject_call(GroupState& g, PeerHeader* const* headers, int wo
   record_failure(&g.error, Failure{outcome, WaitId::rejected_call}, rank, -1, -1, detail);
   raise_abort(headers, world, rank);
   tell_unformed_peers(g, headers, world, rank, timeout_ns);
+}
+
+// ---- a device executor's barriers ---------------------------------------------------------------
+// A device executor enqueues each barrier as one thread of a kernel on the rank's stream, so the host
+// never waits in one. The group's state (formation, epoch) lives in device memory and the barrier
+// advances it itself, so a captured CUDA graph's replay enters the next epoch as a new call would.
+// The host reads only its own rank's record, so a peer's reason for leaving travels into it.
+
+// This rank's record holds a failure (its ids refused, a call cut short, an earlier barrier, an abort):
+// read without waiting for the claimer to publish, as a kernel may race the host's claim.
+MOK_HD inline bool record_claimed(ErrorRecord* error) {
+  return SystemAtomic<int32_t>(error->claimed).load(::cuda::std::memory_order_acquire) != 0;
+}
+
+// Tell every peer this rank is out (raise_abort, and before formation wait, bounded, until each can
+// trust this header): no peer then waits out its timeout for a rank that will not arrive.
+// Once: a rank that never saw a peer join waits for it once, not at every barrier queued after the failure.
+MOK_HD inline void leave_group(GroupState& g, PeerHeader* const* headers, int world, int rank, uint64_t timeout_ns) {
+  if (world == 1 || g.left) return;
+  g.left = true;
+  raise_abort(headers, world, rank);
+  tell_unformed_peers(g, headers, world, rank, timeout_ns);
+}
+
+// A record of a rank that left the group on purpose: a refused call, or mokLayerAbort.
+MOK_HD inline bool on_purpose(int32_t outcome, int32_t wait) {
+  return outcome == static_cast<int32_t>(Outcome::rejected_arguments) ||
+         outcome == static_cast<int32_t>(Outcome::rejected_order) ||
+         (outcome == static_cast<int32_t>(Outcome::peer_abort) && wait == static_cast<int32_t>(WaitId::none));
+}
+
+// The rank that left the group on purpose (mokLayerAbort, a refused call) with its reason stamped in its header, as
+// leave_group_for stamps it; -1 when none did. Only a joined peer's header is this group's.
+MOK_HD inline int stamped_peer(PeerHeader* const* headers, int world, int rank) {
+  for (int q = 0; q < world; ++q) {
+    uint64_t incarnation = load_word(headers[q]->incarnation);
+    if (incarnation != 0 && joined(headers, rank, q) && load_word(headers[q]->reason_stamp) == incarnation) return q;
+  }
+  return -1;
+}
+
+// This rank leaves the group; with a `reason` (it left on purpose) that reason into its header first and stamped,
+// unless the group is aborting already (its first reason stands).
+MOK_HD inline void leave_group_for(GroupState& g, PeerHeader* const* headers, int world, int rank, uint64_t timeout_ns,
+                                   const char* reason) {
+  PeerHeader* own = headers[rank];
+  uint64_t incarnation = load_word(own->incarnation);
+  if (reason && world > 1 && load_word(own->reason_stamp) != incarnation && !abort_seen(own)) {
+    int n = 0;
+    for (; reason[n] && n + 1 < kReasonBytes; ++n) own->reason[n] = reason[n];
+    own->reason[n] = '\0';
+    store_word(own->reason_stamp, incarnation);  // seq_cst: the reason before the stamp
+  }
+  leave_group(g, headers, world, rank, timeout_ns);
+}
+
+// This rank's record holds a failure: it leaves the group, its reason told where it left on purpose.
+MOK_HD inline void leave_failed(GroupState& g, ErrorRecord* error, PeerHeader* const* headers, int world, int rank,
+                                uint64_t timeout_ns) {
+  bool published = SystemAtomic<int32_t>(error->published).load(::cuda::std::memory_order_acquire) != 0;
+  bool purpose = published && on_purpose(error->outcome, error->wait);
+  leave_group_for(g, headers, world, rank, timeout_ns, purpose ? error->detail : nullptr);
+}
+
+// The barrier `what` of `call`, as the host's workers enter it (formation on the first, then the
+// epoch), but a rank whose record holds a failure does not arrive: it leaves the group. True when
+// every rank arrived; else the failure is in `error` and the peers are told.
+MOK_HD inline bool stream_barrier(GroupState& g, ErrorRecord* error, PeerHeader* const* headers, int world, int rank,
+                                  uint64_t timeout_ns, WaitId what, CallKind call) {
+  if (record_claimed(error)) return leave_failed(g, error, headers, world, rank, timeout_ns), false;
+  Failure f = group_barrier(g, headers, world, rank, timeout_ns, what, call);
+  if (f.ok()) return true;
+  const char* reason = nullptr;  // an abort's: the rank that left on purpose, and why
+  if (f.outcome == Outcome::peer_abort) {
+    f.peer = stamped_peer(headers, world, rank);
+    reason = f.peer >= 0 ? headers[f.peer]->reason : nullptr;
+  }
+  settle_group_failure(g, error, headers, world, rank, timeout_ns, f, reason);
+  return false;
 }
 
 // mokLayerAbort.

@@ -1,13 +1,15 @@
 // The split executor's own buffers, which a layer on it keeps in the caller's workspace after core's (local_layout):
 // dx's fp32 first term, the weight gradients' fp32 sums (a backward with bf16 gradients), the shared expert's
-// buffers, SwiGLU's sigmoid table, the row steps' staging, the device's tables of peer pointers and the grouped
-// GEMMs' argument block. Offsets only, from the extras' first byte, so the same layout serves the device's workspace
-// and a host test's block; mokLayerGetSizes adds it to core's workspace for the cuda executor.
+// buffers, SwiGLU's sigmoid table, the row steps' staging, the device's tables of peer pointers, the group's state
+// (its barriers' formation and epoch, core/group_state.hpp) and the grouped GEMMs' argument block. Offsets only, from
+// the extras' first byte, so the same layout serves the device's workspace and a host test's block; mokLayerGetSizes
+// adds it to core's workspace for the cuda executor.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "core/group_state.hpp"
 #include "core/protocol.hpp"
 #include "core/split_shared.hpp"
 
@@ -29,6 +31,7 @@ struct SplitLayout {
   size_t headers;            // PeerHeader* [world]: their headers
   size_t routing_ids;        // const int32_t* [world]: every rank's staged topk ids
   size_t routing_tokens;     // int32 [world]: their token counts
+  size_t group;              // GroupState: the barriers' formation and epoch, zero at creation
   size_t gemm_arguments;     // gemm_argument_bytes, kGemmArgumentAlign-aligned
   int64_t ctas;              // CTAs of a row step (each has its own staging)
   int64_t staging_values;    // bf16 per CTA (MXFP8's dispatch and SwiGLU; 0 in BF16)
@@ -65,6 +68,7 @@ MOK_HD inline SplitLayout split_layout(const LayerShape& s, size_t gemm_argument
   l.headers = c.take(world * sizeof(PeerHeader*));
   l.routing_ids = c.take(world * sizeof(const int32_t*));
   l.routing_tokens = c.take(world * sizeof(int32_t));
+  l.group = c.take(sizeof(GroupState), alignof(GroupState));
   l.gemm_arguments = c.take(gemm_argument_bytes, kGemmArgumentAlign);
   l.bytes = c.total();
   return l;
@@ -81,6 +85,7 @@ struct SplitBuffers {
   PeerHeader** headers;
   const int32_t** routing_ids;
   int32_t* routing_tokens;
+  GroupState* group;
   void* gemm_arguments;
 };
 
@@ -110,6 +115,7 @@ MOK_HD inline SplitBuffers split_buffers_at(const LayerShape& s, const SplitLayo
   b.headers = reinterpret_cast<PeerHeader**>(extras + l.headers);
   b.routing_ids = reinterpret_cast<const int32_t**>(extras + l.routing_ids);
   b.routing_tokens = reinterpret_cast<int32_t*>(extras + l.routing_tokens);
+  b.group = reinterpret_cast<GroupState*>(extras + l.group);
   b.gemm_arguments = extras + l.gemm_arguments;
   return b;
 }

@@ -1,6 +1,7 @@
 // core/ compiled for the device: real kernels over core/'s functions, built for every CUDA target so
 // that core/ cannot drift into host-only code. They are not launched by libmok yet (the sm100
-// executor will be); the worker kernel is the host executor's loop with a CTA as the worker.
+// executor will be); the worker kernel is the host executor's loop with a CTA as the worker. (The group's
+// barriers the cuda executor launches are in layer_steps.cu.)
 #include "core/mxfp8.hpp"
 #include "core/pass_worker.hpp"
 #include "core/schedule.hpp"
@@ -47,28 +48,6 @@ __global__ void run_workers(core::PassView view) {
 // The schedule build, CTA w as worker w.
 __global__ void run_schedule_workers(core::PassView view) {
   if (threadIdx.x == 0) core::run_schedule_worker(view, static_cast<int>(blockIdx.x));
-}
-
-// The group barrier over peer memory (system-scope release/acquire).
-__global__ void group_barrier(core::PeerHeader* const* headers, int world, int rank, uint64_t epoch,
-                              core::CallKind call, uint64_t timeout_ns, core::ErrorRecord* error) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  core::Failure f = core::barrier(headers, world, rank, epoch, call, timeout_ns, core::WaitId::entry_barrier);
-  if (!f.ok()) {
-    core::record_failure(error, f, rank, -1, -1);
-    if (f.outcome != core::Outcome::call_mismatch) core::raise_abort(headers, world, rank);
-  }
-}
-
-// The agreement wait of a group's first collective call (once per context).
-__global__ void form_group(core::PeerHeader* const* headers, int world, int rank, uint64_t timeout_ns,
-                           core::ErrorRecord* error) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  core::Failure f = core::form_group(headers, world, rank, timeout_ns);
-  if (!f.ok()) {
-    core::record_failure(error, f, rank, -1, -1);
-    if (f.outcome != core::Outcome::shape_mismatch) core::raise_abort(headers, world, rank);
-  }
 }
 
 }  // namespace mok::cuda

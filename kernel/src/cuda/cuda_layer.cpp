@@ -9,9 +9,13 @@
 // depends on the device, and the mapped error record are allocated here, once, at creation. So a pass allocates
 // nothing and synchronises nothing: it can be captured in a CUDA graph.
 //
-// What it runs: one rank (world 1: the device barrier between ranks is not launched yet), BF16 (no MXFP8 pass yet),
-// no expert biases (the GEMMs take none), H, I and I_s multiples of 8, on compute capability 10.x. Nothing of it
-// has run on a GPU (docs/gpu.md).
+// A group of several ranks meets at barriers that are kernels of one thread on each rank's stream (layer_steps.cu:
+// core::stream_barrier over the peers' headers, its epoch in the workspace), so no call waits on the host: the two of
+// the schedule build, a pass's entry barrier after its staging and its closing barrier before the home sums. The
+// peers' buffers are the caller's device pointers (one process's GPUs with peer access, CUDA IPC, symmetric memory).
+//
+// What it runs: BF16 (no MXFP8 pass yet), no expert biases (the GEMMs take none), H, I and I_s multiples of 8, on
+// compute capability 10.x. Nothing of it has run on a GPU (docs/gpu.md).
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -29,6 +33,7 @@
 #include "cuda/runtime.hpp"
 #include "cuda/split_device.hpp"
 #include "host/layer.hpp"
+#include "host/random.hpp"
 
 #if MOK_WITH_GROUPED_GEMM  // the pass's GEMMs: without CUTLASS's headers the executor is not compiled (executor.cpp)
 namespace mok::api {
@@ -37,13 +42,8 @@ namespace {
 using core::bf16_t;
 using core::PassKind;
 
-// The layers this executor runs (core::split_supports, a group of one), each rule worded with its field.
+// The layers this executor runs (core::split_supports), each rule worded with its field.
 mokStatus_t check_shape(const core::LayerShape& s, const char* func) {
-  if (s.world != 1)
-    return fail(mokUnsupported,
-                "%s: argument 'config.world' (%d) must be 1 with mokExecutorCuda: the device barrier between ranks is "
-                "not launched yet",
-                func, s.world);
   if (s.mxfp8)
     return fail(mokUnsupported,
                 "%s: argument 'config.precision' (mokPrecisionMXFP8) must be mokPrecisionBF16 with mokExecutorCuda: "
@@ -89,6 +89,36 @@ mokStatus_t check_on_device(const void* pointer, const char* name, int device, c
               "%s: argument '%s' (%p) must be device memory of device %d (mokExecutorCuda's kernels read and write "
               "it): it is %s",
               func, name, pointer, device, memory_kind(a.type));
+}
+
+// Peer q's buffer: device memory of this device, or of another one this device reaches (peer access, enabled here
+// once per pair and process; CUDA keeps it for the context's life), or managed memory.
+mokStatus_t check_peer(const void* pointer, int q, int device, const char* func) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "memory.peer_bases[%d]", q);
+  cudaPointerAttributes a{};
+  if (cudaError_t e = cudaPointerGetAttributes(&a, pointer); e != cudaSuccess) {
+    cudaGetLastError();
+    return fail(mokCudaError, "%s: cudaPointerGetAttributes of argument '%s' (%p): %s (%s)", func, name, pointer,
+                cudaGetErrorString(e), cudaGetErrorName(e));
+  }
+  if (a.type != cudaMemoryTypeDevice || a.device == device) return check_on_device(pointer, name, device, func);
+  int reaches = 0;
+  if (cudaError_t e = cudaDeviceCanAccessPeer(&reaches, device, a.device); e != cudaSuccess || !reaches) {
+    cudaGetLastError();
+    return fail(mokUnsupported,
+                "%s: argument '%s' (%p) is device memory of device %d, which the layer's device %d cannot access "
+                "(cudaDeviceCanAccessPeer): mokExecutorCuda's kernels read and write every peer's buffer",
+                func, name, pointer, a.device, device);
+  }
+  cudaError_t e = cudaDeviceEnablePeerAccess(a.device, 0);
+  if (e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled) {
+    cudaGetLastError();  // not sticky: clear the already-enabled one
+    return mokSuccess;
+  }
+  cudaGetLastError();
+  return fail(mokCudaError, "%s: enabling the layer's device %d's access to device %d (argument '%s'): %s (%s)", func,
+              device, a.device, name, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
 // A caller's tensor as this executor takes it: null (not given; api/ checked which may be), or device memory
@@ -144,6 +174,9 @@ mokStatus_t cuda_failed(const char* func, const char* what, cudaError_t e) {
 
 // An enqueue_split_pass that stopped, worded: its launch in the plan and why.
 mokStatus_t pass_failed(const char* func, const cuda::SplitFailure& f) {
+  if (f.refusal == cuda::SplitRefusal::cuda_error && f.launch < 0)
+    return fail(mokCudaError, "%s: the split pass's entry barrier: %s (%s)", func, cudaGetErrorString(f.error),
+                cudaGetErrorName(f.error));
   if (f.refusal == cuda::SplitRefusal::cuda_error)
     return fail(mokCudaError, "%s: launch %lld of the split pass (%s): %s (%s)", func, static_cast<long long>(f.launch),
                 core::split_step_name(f.step), cudaGetErrorString(f.error), cudaGetErrorName(f.error));
@@ -157,16 +190,19 @@ mokStatus_t pass_failed(const char* func, const cuda::SplitFailure& f) {
 
 class CudaLayer final : public LayerExecutor {
  public:
-  CudaLayer(const core::LayerShape& shape, int device, char* workspace, char* peer)
+  CudaLayer(const core::LayerShape& shape, uint64_t timeout_ns, int device, char* workspace, void* const* peers)
       : s_(shape),
+        timeout_ns_(timeout_ns),
         device_(device),
         workspace_(workspace),
-        peer_(peer),
         layout_(core::split_layout(shape, cuda::grouped_gemm_bf16_argument_bytes(shape.experts_per_rank))),
-        buffers_(core::split_buffers_at(shape, layout_, workspace + core::split_extras_offset(shape))) {}
+        buffers_(core::split_buffers_at(shape, layout_, workspace + core::split_extras_offset(shape))) {
+    for (int r = 0; r < shape.world; ++r) peers_.push_back(static_cast<char*>(peers[r]));
+  }
   ~CudaLayer() override {
     OnDevice on(device_);
     if (gemm_workspace_) cudaFree(gemm_workspace_);  // waits for the device's work: a destroyed layer is idle
+    if (side_) cudaStreamDestroy(side_);
     cuda::destroy_mapped_record(&record_);
   }
   CudaLayer(const CudaLayer&) = delete;
@@ -184,24 +220,37 @@ class CudaLayer final : public LayerExecutor {
     if (gemm_workspace_bytes_ > 0)
       if (cudaError_t e = cudaMalloc(&gemm_workspace_, gemm_workspace_bytes_); e != cudaSuccess)
         return cuda_failed(func, "allocating the grouped GEMMs' workspace", e);
+    if (s_.world > 1)  // where mokLayerAbort and a refused call tell the peers, whatever the caller's streams hold
+      if (cudaError_t e = cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking); e != cudaSuccess)
+        return cuda_failed(func, "creating the stream that tells the peers of an abort", e);
+    // The own header reset with a fresh incarnation (core::reset_header): peers trust it once they see it acknowledged.
     core::PeerHeader header{};
     int32_t group_shape[core::kGroupShapeFields];
     core::group_shape(s_, group_shape);
-    core::reset_header(&header, group_shape, 1);
+    core::reset_header(&header, group_shape, host::random_word(static_cast<uint64_t>(s_.rank)));
     std::vector<float> table(core::kSigmoidTableSize);
     core::fill_sigmoid_table(table.data());
-    char* peers[1] = {peer_};
-    core::PeerHeader* headers[1] = {reinterpret_cast<core::PeerHeader*>(peer_)};
-    const int32_t* ids[1] = {reinterpret_cast<const int32_t*>(peer_ + core::peer_layout(s_).topk_ids)};  // device
-    int32_t tokens[1] = {0};
+    size_t ids_at = core::peer_layout(s_).topk_ids;
+    std::vector<core::PeerHeader*> headers;
+    std::vector<const int32_t*> ids;
+    for (char* base : peers_) {  // device addresses, never read here
+      headers.push_back(reinterpret_cast<core::PeerHeader*>(base));
+      ids.push_back(reinterpret_cast<const int32_t*>(base + ids_at));
+    }
+    std::vector<int32_t> tokens(peers_.size(), 0);
+    core::GroupState group{};  // not formed, epoch 0
+    size_t world = peers_.size();
     struct Upload {
       void* to;
       const void* from;
       size_t bytes;
-    } uploads[] = {
-        {peer_, &header, sizeof(header)},         {buffers_.sigmoid_table, table.data(), table.size() * sizeof(float)},
-        {buffers_.peers, peers, sizeof(peers)},   {buffers_.headers, headers, sizeof(headers)},
-        {buffers_.routing_ids, ids, sizeof(ids)}, {buffers_.routing_tokens, tokens, sizeof(tokens)}};
+    } uploads[] = {{own_peer(), &header, sizeof(header)},
+                   {buffers_.sigmoid_table, table.data(), table.size() * sizeof(float)},
+                   {buffers_.peers, peers_.data(), world * sizeof(char*)},
+                   {buffers_.headers, headers.data(), world * sizeof(core::PeerHeader*)},
+                   {buffers_.routing_ids, ids.data(), world * sizeof(const int32_t*)},
+                   {buffers_.routing_tokens, tokens.data(), world * sizeof(int32_t)},
+                   {buffers_.group, &group, sizeof(group)}};
     for (const Upload& u : uploads)
       if (cudaError_t e = cudaMemcpy(u.to, u.from, u.bytes, cudaMemcpyHostToDevice); e != cudaSuccess)
         return cuda_failed(func, "writing the layer's tables into its workspace and peer buffer", e);
@@ -234,14 +283,17 @@ class CudaLayer final : public LayerExecutor {
   mokStatus_t build_schedule(const void* topk_ids, bool int64_ids, int tokens, void* stream) override {
     const char* func = "mokLayerBuildSchedule";
     OnDevice on(device_);
-    if (mokStatus_t s = refuse_order(func, false, false); s != mokSuccess) return s;
-    if (mokStatus_t s = check_tensors({{topk_ids, "topk_ids"}}, device_, func); s != mokSuccess) return s;
+    if (mokStatus_t s = refuse_order(func, false, false); s != mokSuccess) return refused(s);
+    if (mokStatus_t s = check_tensors({{topk_ids, "topk_ids"}}, device_, func); s != mokSuccess) return refused(s);
     core::PassView v = view(PassKind::forward);
     core::Routing routing{buffers_.routing_ids, buffers_.routing_tokens};
     if (cudaError_t e = cuda::launch_rank_schedule(v, topk_ids, int64_ids, tokens, routing, buffers_.routing_tokens,
                                                    static_cast<cudaStream_t>(stream));
-        e != cudaSuccess)
-      return cuda_failed(func, "launching the schedule build", e);
+        e != cudaSuccess) {
+      mokStatus_t s = cuda_failed(func, "launching the schedule build", e);
+      if (s_.world > 1) record_cut_short(mokGetLastError());  // the peers wait for it: tell them
+      return s;
+    }
     tokens_ = tokens;
     has_schedule_ = true;
     return mokSuccess;
@@ -251,11 +303,11 @@ class CudaLayer final : public LayerExecutor {
                       bool with_output, void* stream) override {
     const char* func = with_output ? "mokLayerForward" : "mokLayerRecompute";
     OnDevice on(device_);
-    if (mokStatus_t s = refuse_order(func, true, false); s != mokSuccess) return s;
-    if (mokStatus_t s = check_weights_here(weights, func); s != mokSuccess) return s;
+    if (mokStatus_t s = refuse_order(func, true, false); s != mokSuccess) return refused(s);
+    if (mokStatus_t s = check_weights_here(weights, func); s != mokSuccess) return refused(s);
     if (mokStatus_t s = check_tensors({{x, "x"}, {topk_weights, "topk_weights"}, {out, "out"}}, device_, func);
         s != mokSuccess)
-      return s;
+      return refused(s);
     PassKind kind = with_output ? PassKind::forward : PassKind::recompute;
     core::PassArgs args{};
     args.x = reinterpret_cast<const bf16_t*>(x);
@@ -275,11 +327,11 @@ class CudaLayer final : public LayerExecutor {
                        const mokLayerGrads_t& grads, void* stream) override {
     const char* func = "mokLayerBackward";
     OnDevice on(device_);
-    if (mokStatus_t s = refuse_order(func, true, true); s != mokSuccess) return s;
-    if (mokStatus_t s = check_weights_here(weights, func); s != mokSuccess) return s;
-    if (mokStatus_t s = check_grads_here(grads, func); s != mokSuccess) return s;
+    if (mokStatus_t s = refuse_order(func, true, true); s != mokSuccess) return refused(s);
+    if (mokStatus_t s = check_weights_here(weights, func); s != mokSuccess) return refused(s);
+    if (mokStatus_t s = check_grads_here(grads, func); s != mokSuccess) return refused(s);
     if (mokStatus_t s = check_tensors({{topk_weights, "topk_weights"}, {dout, "dout"}}, device_, func); s != mokSuccess)
-      return s;
+      return refused(s);
     core::PassArgs args{};
     args.dout = reinterpret_cast<const bf16_t*>(dout);
     args.topk_weights = topk_weights;
@@ -335,8 +387,19 @@ class CudaLayer final : public LayerExecutor {
     return mokSuccess;
   }
 
-  // A group of one: no peer to tell. The call returns its refusal; nothing was enqueued.
-  void reject(mokStatus_t, const char*) override {}
+  // A refused collective call reaches the group, as the host executor's does: recorded, and the peers told (they fail
+  // their next barrier with this reason), unless the group has one rank (whose context stays usable) or is aborting
+  // already (the first reason stands). Nothing of the call was enqueued.
+  void reject(mokStatus_t status, const char* detail) override {
+    if (s_.world == 1 || failed()) return;
+    char text[sizeof(core::ErrorRecord::detail)];
+    bool order = status == mokInvalidUsage;
+    int n = std::snprintf(text, sizeof(text), "rank %d rejected its %s: ", s_.rank, order ? "call" : "arguments");
+    host::copy_text(text + n, sizeof(text) - n, detail);
+    core::Outcome outcome = order ? core::Outcome::rejected_order : core::Outcome::rejected_arguments;
+    core::record_failure(record_.host, core::Failure{outcome, core::WaitId::rejected_call}, s_.rank, -1, -1, text);
+    leave();
+  }
 
   void abort(const char* reason) override {
     char text[sizeof(core::ErrorRecord::detail)];
@@ -346,6 +409,7 @@ class CudaLayer final : public LayerExecutor {
                          text);
     aborted_.store(true);
     calls_.settle(failed());
+    leave();
   }
 
   // A failure the device records is numbered with the call that first sees it (a call's start, mokLayerGetError):
@@ -363,17 +427,19 @@ class CudaLayer final : public LayerExecutor {
     std::snprintf(out->wait, sizeof(out->wait), "%s", wait);
     std::snprintf(out->detail, sizeof(out->detail), "%s", rec.detail);
     out->pass = calls_.failed();
-    // On purpose: mokLayerAbort, or a call whose arguments were refused (on the device: the ids).
-    bool purpose = rec.outcome == static_cast<int32_t>(core::Outcome::peer_abort) ||
-                   rec.outcome == static_cast<int32_t>(core::Outcome::rejected_arguments);
-    out->abort_rank = purpose ? rec.rank : -1;
+    // On purpose: this rank's mokLayerAbort or refused call (on the device: the ids), or the peer whose the barrier
+    // found (core::stamped_peer; -1 where the aborting peer left no reason: a timeout or a call cut short there).
+    if (core::on_purpose(rec.outcome, rec.wait))
+      out->abort_rank = rec.rank;
+    else
+      out->abort_rank = rec.outcome == static_cast<int32_t>(core::Outcome::peer_abort) ? rec.peer : -1;
   }
 
  private:
   // Core's view of this rank's device memory; the caller's tensors are the SplitDevice's, never the view's args.
   core::PassView view(PassKind kind) const {
-    core::PassView v = core::pass_view_at(s_, kind, workspace_, buffers_.peers, buffers_.headers, nullptr, tokens_, 0,
-                                          0, record_.device);
+    core::PassView v = core::pass_view_at(s_, kind, workspace_, buffers_.peers, buffers_.headers, buffers_.group,
+                                          tokens_, 0, timeout_ns_, record_.device);
     v.sigmoid_table = buffers_.sigmoid_table;
     return v;
   }
@@ -381,7 +447,7 @@ class CudaLayer final : public LayerExecutor {
   cuda::SplitDevice split_device(PassKind kind, const mokLayerWeights_t& weights, void* stream) const {
     cuda::SplitDevice d{};
     d.view = view(kind);
-    d.host_peers = host_peers_;
+    d.host_peers = peers_.data();
     d.view.w = host::weights_in_place(weights);
     d.targets.dx_partial = buffers_.dx_partial;
     d.shared = buffers_.shared;
@@ -405,7 +471,7 @@ class CudaLayer final : public LayerExecutor {
   mokStatus_t copy_in(const core::StageCopy* copies, int n, void* stream, const char* func) {
     for (int i = 0; i < n; ++i) {
       if (copies[i].bytes == 0) continue;
-      cudaError_t e = cudaMemcpyAsync(peer_ + copies[i].offset, copies[i].src, copies[i].bytes,
+      cudaError_t e = cudaMemcpyAsync(own_peer() + copies[i].offset, copies[i].src, copies[i].bytes,
                                       cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream));
       if (e == cudaSuccess) continue;
       mokStatus_t s = cuda_failed(func, "staging the call's inputs into the peer buffer", e);
@@ -428,6 +494,25 @@ class CudaLayer final : public LayerExecutor {
   void record_cut_short(const char* why) {
     core::record_failure(record_.host, core::Failure{core::Outcome::launch_failed, core::WaitId::none}, s_.rank, -1, -1,
                          why);
+    leave();
+  }
+
+  // A group's peers told that this rank is out (its record says why), on the layer's own stream: they fail their
+  // barriers at once instead of waiting out the timeout. Nothing to tell in a group of one; a launch that fails
+  // here leaves the peers to their timeouts.
+  // Any thread may call it (mokLayerAbort): the layer's device made current, no call's state read.
+  void leave() {
+    if (!side_) return;
+    OnDevice on(device_);
+    core::PassView v = view(PassKind::forward);
+    v.tokens = 0;
+    if (cuda::launch_leave_group(v, side_) != cudaSuccess) cudaGetLastError();
+  }
+
+  // A refusal of this executor's own checks, told to the group as api/'s are (reject).
+  mokStatus_t refused(mokStatus_t status) {
+    reject(status, mokGetLastError());
+    return status;
   }
 
   // A call in the wrong order, or after a failure the record holds (an abort, ids the schedule build refused):
@@ -483,11 +568,14 @@ class CudaLayer final : public LayerExecutor {
     return cuda::read_mapped_record(record_, &rec);
   }
 
+  char* own_peer() const { return peers_[static_cast<size_t>(s_.rank)]; }
+
   core::LayerShape s_;
+  uint64_t timeout_ns_;  // the bound of each barrier's wait (config.timeout_ms)
   int device_;
   char* workspace_;
-  char* peer_;
-  char* host_peers_[1] = {peer_};  // the device's peer table (buffers_.peers) as the host reads it
+  std::vector<char*> peers_;  // every rank's peer buffer: the device's peer table (buffers_.peers) as the host reads it
+  cudaStream_t side_ = nullptr;  // a group's: where leave_group runs
   core::SplitLayout layout_;
   core::SplitBuffers buffers_;
   cuda::MappedRecord record_;
@@ -523,7 +611,7 @@ mokStatus_t cuda_workspace_bytes(const core::LayerShape& shape, const char* func
   return mokSuccess;
 }
 
-mokStatus_t create_cuda_layer(const core::LayerShape& shape, uint64_t, const mokLayerMemory_t& memory,
+mokStatus_t create_cuda_layer(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory,
                               std::unique_ptr<LayerExecutor>* out) {
   const char* func = "mokLayerCreate";  // the shape passed cuda_workspace_bytes' checks before
   if (memory.peer_bases == nullptr)
@@ -533,13 +621,13 @@ mokStatus_t create_cuda_layer(const core::LayerShape& shape, uint64_t, const mok
                 func);
   int device = -1;
   if (mokStatus_t s = current_device(func, &device); s != mokSuccess) return s;
-  if (mokStatus_t s = check_tensors(
-          {{memory.workspace, "memory.workspace", kWorkspaceAlign}, {memory.peer_bases[0], "memory.peer_bases[0]"}},
-          device, func);
+  if (mokStatus_t s = check_tensors({{memory.workspace, "memory.workspace", kWorkspaceAlign}}, device, func);
       s != mokSuccess)
     return s;
-  auto layer = std::unique_ptr<CudaLayer>(new (std::nothrow) CudaLayer(
-      shape, device, static_cast<char*>(memory.workspace), static_cast<char*>(memory.peer_bases[0])));
+  for (int q = 0; q < shape.world; ++q)
+    if (mokStatus_t s = check_peer(memory.peer_bases[q], q, device, func); s != mokSuccess) return s;
+  auto layer = std::unique_ptr<CudaLayer>(
+      new (std::nothrow) CudaLayer(shape, timeout_ns, device, static_cast<char*>(memory.workspace), memory.peer_bases));
   if (!layer) return fail(mokOutOfMemory, "%s: out of memory", func);
   if (mokStatus_t s = layer->set_up(func); s != mokSuccess) return s;
   *out = std::move(layer);

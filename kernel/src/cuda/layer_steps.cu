@@ -1,5 +1,7 @@
-// The cuda executor's kernels outside a pass (cuda_layer.cpp): mokLayerBuildSchedule's and mokLayerGetSlots'. Each
-// runs core's functions, so the schedule and the slots are the host executor's bytes.
+// The cuda executor's kernels outside a pass's row steps (cuda_layer.cpp): mokLayerBuildSchedule's, mokLayerGetSlots',
+// the group's barriers and its leaving. Each runs core's functions, so the schedule and the slots are the host
+// executor's bytes and the barriers its protocol.
+#include "core/group_state.hpp"
 #include "core/home_sums.hpp"
 #include "core/pass_worker.hpp"
 #include "core/schedule.hpp"
@@ -7,10 +9,20 @@
 
 namespace mok::cuda {
 
+// One thread's barrier of the group (core::stream_barrier: formation and epoch in view.group, device memory); true
+// when every rank arrived. A group of one needs none: the stream's order is its barrier.
+__device__ bool barrier_passed(const core::PassView& view, core::WaitId what, core::CallKind call) {
+  const core::LayerShape& s = view.s;
+  return s.world == 1 ||
+         core::stream_barrier(*view.group, view.error, view.headers, s.world, s.rank, view.timeout_ns, what, call);
+}
+
 // One rank's schedule in one CTA: the caller's ids checked (a bad one recorded) and staged as int32 into the own peer
-// buffer and the token count into the header and the routing table (core's stage_topk_ids, a thread per id), then
-// core's three passes over the routing (count and place a thread per local expert, lay out on thread 0), as the host's
-// schedule workers run them.
+// buffer and the token count into the header (core's stage_topk_ids, a thread per id); the schedule barrier that
+// publishes them to the group; core's three passes over every rank's ids (count and place a thread per local expert,
+// lay out on thread 0), as the host's schedule workers run them; the barrier that ends every read of the peers' ids.
+// Where the first barrier fails (a peer absent or aborting, this rank's ids refused) no peer's ids are read: every
+// rank counts as tokenless, so the schedule is empty and the passes enqueued after it touch no row.
 __global__ void rank_schedule(core::PassView view, const void* ids, bool int64_ids, int tokens, core::Routing routing,
                               int32_t* routing_tokens) {
   const core::LayerShape& s = view.s;
@@ -26,10 +38,15 @@ __global__ void rank_schedule(core::PassView view, const void* ids, bool int64_i
     }
     own[i] = static_cast<int32_t>(id);
   }
-  if (threadIdx.x == 0) {
-    core::own_header(view)->tokens = tokens;
-    routing_tokens[s.rank] = tokens;
-  }
+  if (threadIdx.x == 0) core::own_header(view)->tokens = tokens;
+  __threadfence_system();  // every thread's ids before thread 0's arrival publishes them
+  __syncthreads();
+  __shared__ bool published;
+  const core::CallKind call = core::CallKind::build_schedule;
+  if (threadIdx.x == 0) published = barrier_passed(view, core::WaitId::schedule_barrier, call);
+  __syncthreads();
+  for (int r = threadIdx.x; r < s.world; r += blockDim.x)
+    routing_tokens[r] = !published ? 0 : r == s.rank ? tokens : view.headers[r]->tokens;
   __syncthreads();
   core::Schedule schedule = view.sched;
   for (int e = threadIdx.x; e < s.experts_per_rank; e += blockDim.x)
@@ -38,6 +55,26 @@ __global__ void rank_schedule(core::PassView view, const void* ids, bool int64_i
   if (threadIdx.x == 0) core::lay_out_segments(s, schedule);
   __syncthreads();
   for (int e = threadIdx.x; e < s.experts_per_rank; e += blockDim.x) core::place_expert(s, routing, schedule, e);
+  __syncthreads();
+  if (threadIdx.x == 0) barrier_passed(view, core::WaitId::schedule_barrier, call);
+}
+
+// A barrier of the pass (the entry barrier after the staging, the closing one before the home sums), one thread.
+// Where the entry barrier fails the schedule is emptied: the pass's launches, already enqueued behind it, then pull
+// no row from a peer and push none into one (a peer may still be reading its slots of an earlier call).
+__global__ void group_barrier(core::PassView view, core::WaitId what, core::CallKind call) {
+  if (threadIdx.x != 0 || blockIdx.x != 0 || barrier_passed(view, what, call)) return;
+  if (what != core::WaitId::entry_barrier) return;
+  core::Schedule schedule = view.sched;
+  for (int e = 0; e < view.s.experts_per_rank; ++e) schedule.experts[2 * e] = 0;
+  core::lay_out_segments(view.s, schedule);
+}
+
+// mokLayerAbort, a call this rank refused, or one cut short: the record holds why; the peers are told.
+__global__ void leave_group(core::PassView view) {
+  const core::LayerShape& s = view.s;
+  if (threadIdx.x == 0 && blockIdx.x == 0)
+    core::leave_failed(*view.group, view.error, view.headers, s.world, s.rank, view.timeout_ns);
 }
 
 // The y slots of the current context, a thread per token (core's copy_slots_token).
@@ -55,6 +92,18 @@ using namespace layer_detail;
 cudaError_t launch_rank_schedule(const core::PassView& view, const void* ids, bool int64_ids, int tokens,
                                  const core::Routing& routing, int32_t* routing_tokens, cudaStream_t stream) {
   rank_schedule<<<1, kScheduleThreads, 0, stream>>>(view, ids, int64_ids, tokens, routing, routing_tokens);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_group_barrier(const core::PassView& view, core::WaitId what, cudaStream_t stream) {
+  if (view.s.world == 1) return cudaSuccess;
+  group_barrier<<<1, 32, 0, stream>>>(view, what, core::call_of(view.kind));
+  return cudaGetLastError();
+}
+
+cudaError_t launch_leave_group(const core::PassView& view, cudaStream_t stream) {
+  if (view.s.world == 1) return cudaSuccess;
+  leave_group<<<1, 32, 0, stream>>>(view);
   return cudaGetLastError();
 }
 

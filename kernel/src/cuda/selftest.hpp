@@ -62,8 +62,9 @@ mokStatus_t selftest_probe(const SelftestSetup& setup, Text* text);
 mokStatus_t selftest_gemm_tile(const SelftestSetup& setup, Text* text);
 // One rank's layer (the split executor's pass: forward, then backward) against the host executor's bytes.
 mokStatus_t selftest_one_rank(const SelftestSetup& setup, Text* text);
-// The cuda executor's layer (selftest_layer.cpp): on every GPU of compute capability 10.x against the host
-// executor; three times on one context with the same bits; a benchmark line.
+// The cuda executor's layer (selftest_layer.cpp): a group of ranks on one GPU and one rank on every GPU of compute
+// capability 10.x against the host executor; three times on one context with the same bits; a benchmark line.
+mokStatus_t selftest_virtual_ranks(const SelftestSetup& setup, Text* text);
 mokStatus_t selftest_every_gpu(const SelftestSetup& setup, Text* text);
 mokStatus_t selftest_determinism(const SelftestSetup& setup, Text* text);
 mokStatus_t selftest_benchmark(const SelftestSetup& setup, Text* text);

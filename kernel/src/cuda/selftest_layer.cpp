@@ -1,12 +1,15 @@
 // The self-test's stages over the cuda executor's layer (mokExecutorCuda through the C ABI, every tensor in device
-// memory, every call on one stream: the schedule built on the device, the inputs staged, the split passes, the y
-// slots): one rank on every GPU against the host executor, determinism across runs, and a benchmark line.
+// memory, each rank's calls on its own stream: the schedule built on the device, the inputs staged, the split passes,
+// the y slots): a group of ranks on one GPU and one rank on every GPU against the host executor, determinism across
+// runs, and a benchmark line. A group's ranks are driven from one thread: no call of the cuda executor waits.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "core/numeric.hpp"
@@ -24,6 +27,9 @@ mokStatus_t no_gemm(Text* text) {
   return mokNotCompiled;
 }
 }  // namespace
+mokStatus_t selftest_virtual_ranks(const SelftestSetup&, Text* text) {
+  return no_gemm(text);
+}
 mokStatus_t selftest_every_gpu(const SelftestSetup&, Text* text) {
   return no_gemm(text);
 }
@@ -41,9 +47,11 @@ using core::bf16_t;
 constexpr int kGradients = 7;  // the routed experts' three, the shared expert's three, its router's
 constexpr float kMainGradStart = 0.5f;
 
-// One rank, four experts (one hot, one never routed to), a gated shared expert wider than I, a ring the rows turn.
-mokLayerConfig_t layer_config(int timeout_ms) {
+// `world` ranks of four experts each (one hot, one never routed to), a gated shared expert wider than I, a ring the
+// rows turn.
+mokLayerConfig_t layer_config(int timeout_ms, int world = 1) {
   mokLayerConfig_t c = MOK_LAYER_CONFIG_INIT;
+  c.world = world;
   c.experts_per_rank = 4, c.hidden = 512, c.intermediate = 256, c.shared_intermediate = 384, c.top_k = 2;
   c.max_tokens = 300, c.expert_padding = 128, c.minibatch = 128, c.macrobatch = 256;
   c.timeout_ms = timeout_ms;
@@ -64,9 +72,10 @@ size_t values(const mokLayerConfig_t& c, int gradient) {
   return gradient < 6 ? static_cast<size_t>(c.shared_intermediate) * c.hidden : static_cast<size_t>(c.hidden);
 }
 
-// The layer's inputs, host copies. Skewed: ids to expert 0 half the time, 1 and 3 less, 2 never, -1 else; or
-// uniform over every expert (the benchmark).
+// A rank's inputs, host copies. Skewed: ids to a rank's expert 0 half the time, 1 and 3 less, 2 never, -1 else, the
+// rank drawn uniformly; or uniform over every expert (the benchmark).
 struct Inputs {
+  int tokens = 0;
   std::vector<int32_t> ids;
   std::vector<float> topk_weights;
   std::vector<bf16_t> x, dout, weights[kGradients];  // weights in the gradients' order
@@ -79,14 +88,18 @@ std::vector<bf16_t> random_bf16(size_t n, float scale, std::mt19937_64& rng) {
   return v;
 }
 
-Inputs draw(const mokLayerConfig_t& c, uint64_t seed, bool skewed) {
+Inputs draw(const mokLayerConfig_t& c, uint64_t seed, bool skewed, int tokens) {
   std::mt19937_64 rng(seed);
   Inputs in;
+  in.tokens = tokens;
   const int32_t pick[8] = {0, 0, 0, 0, 1, 1, 3, -1};
-  size_t routes = static_cast<size_t>(c.max_tokens) * c.top_k, th = static_cast<size_t>(c.max_tokens) * c.hidden;
-  for (size_t i = 0; i < routes; ++i)
-    in.ids.push_back(skewed ? pick[rng() % 8]
-                            : static_cast<int32_t>(rng() % static_cast<uint64_t>(c.experts_per_rank)));
+  size_t routes = static_cast<size_t>(tokens) * c.top_k, th = static_cast<size_t>(tokens) * c.hidden;
+  uint64_t experts = static_cast<uint64_t>(c.world) * c.experts_per_rank;
+  for (size_t i = 0; i < routes; ++i) {
+    int32_t home = static_cast<int32_t>(rng() % static_cast<uint64_t>(c.world)) * c.experts_per_rank;
+    int32_t local = pick[rng() % 8];
+    in.ids.push_back(skewed ? (local < 0 ? -1 : home + local) : static_cast<int32_t>(rng() % experts));
+  }
   std::uniform_real_distribution<float> weight(0.05f, 1.0f);
   for (size_t i = 0; i < routes; ++i) in.topk_weights.push_back(weight(rng));
   in.x = random_bf16(th, 1.0f, rng);
@@ -134,16 +147,14 @@ std::vector<float> as_floats(const std::vector<bf16_t>& v) {
   return f;
 }
 
-// The host executor's layer over host memory: the reference.
-mokStatus_t run_host(mokLayerConfig_t c, const Inputs& in, bool bf16_gradients, Results* r, Text* text) {
-  c.executor = mokExecutorHost;
-  c.timeout_ms = 600000;  // its workers' waits on each other: options.timeout_ms bounds the GPU's
+// One rank of the host executor's group over host memory (`bases`: every rank's peer buffer).
+mokStatus_t run_host_rank(const mokLayerConfig_t& c, void* const* bases, const Inputs& in, bool bf16_gradients,
+                          Results* r, Text* text) {
   mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
   if (mokLayerGetSizes(&c, &sizes) != mokSuccess) return layer_failed(text, "host", "mokLayerGetSizes");
-  std::vector<char> workspace(sizes.workspace_bytes + 64), peer(sizes.peer_bytes + 64);
-  void* base = peer.data() + (64 - reinterpret_cast<uintptr_t>(peer.data()) % 64);
+  std::vector<char> workspace(sizes.workspace_bytes + 64);
   mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
-  m.peer_bases = &base;
+  m.peer_bases = bases;
   m.workspace = workspace.data() + (64 - reinterpret_cast<uintptr_t>(workspace.data()) % 64);
   m.workspace_bytes = sizes.workspace_bytes;
   mokLayer_t layer = nullptr;
@@ -161,7 +172,7 @@ mokStatus_t run_host(mokLayerConfig_t c, const Inputs& in, bool bf16_gradients, 
   mokLayerWeights_t weights = weights_at(c, w);
   mokLayerGrads_t grads = grads_at(c, r->dx.data(), r->dw.data(), g, bf16_gradients);
   const char* call = "mokLayerBuildSchedule";
-  mokStatus_t s = mokLayerBuildSchedule(layer, in.ids.data(), mokIndexInt32, c.max_tokens, nullptr);
+  mokStatus_t s = mokLayerBuildSchedule(layer, in.ids.data(), mokIndexInt32, in.tokens, nullptr);
   if (s == mokSuccess && (call = "mokLayerForward"))
     s = mokLayerForward(layer, &weights, in.x.data(), in.topk_weights.data(), r->out.data(), nullptr);
   if (s == mokSuccess && (call = "mokLayerGetSlots")) s = mokLayerGetSlots(layer, r->slots.data(), nullptr);
@@ -171,6 +182,36 @@ mokStatus_t run_host(mokLayerConfig_t c, const Inputs& in, bool bf16_gradients, 
   for (int i = 0; bf16_gradients && i < kGradients; ++i) r->gradients[i] = as_floats(bf16[i]);
   mokLayerDestroy(layer);
   return result;
+}
+
+// The host executor's group over host memory, a thread per rank (each call waits for its peers): the reference.
+mokStatus_t run_host(mokLayerConfig_t c, const std::vector<Inputs>& in, bool bf16_gradients, std::vector<Results>* r,
+                     Text* text) {
+  c.executor = mokExecutorHost;
+  c.timeout_ms = 600000;  // its workers' waits on each other: options.timeout_ms bounds the GPU's
+  mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
+  if (mokLayerGetSizes(&c, &sizes) != mokSuccess) return layer_failed(text, "host", "mokLayerGetSizes");
+  size_t world = in.size();
+  std::vector<std::vector<char> > peers(world, std::vector<char>(sizes.peer_bytes + 64));
+  std::vector<void*> bases;
+  for (std::vector<char>& p : peers) bases.push_back(p.data() + (64 - reinterpret_cast<uintptr_t>(p.data()) % 64));
+  r->assign(world, Results{});
+  std::vector<Text> why(world);
+  std::vector<mokStatus_t> status(world, mokSuccess);
+  std::vector<std::thread> ranks;
+  for (size_t q = 0; q < world; ++q)
+    ranks.emplace_back([&, q] {
+      mokLayerConfig_t own = c;
+      own.rank = static_cast<int>(q);
+      status[q] = run_host_rank(own, bases.data(), in[q], bf16_gradients, &(*r)[q], &why[q]);
+    });
+  for (std::thread& t : ranks) t.join();
+  for (size_t q = 0; q < world; ++q)
+    if (status[q] != mokSuccess) {
+      text->add("rank %zu: %s", q, why[q].text);
+      return status[q];
+    }
+  return mokSuccess;
 }
 
 // On the layer's stream, which then orders every read after it (a pageable copy is staged before it returns).
@@ -194,6 +235,7 @@ struct DeviceLayer {
   void *workspace = nullptr, *peer = nullptr, *ids = nullptr, *topk_weights = nullptr, *x = nullptr, *dout = nullptr;
   void *out = nullptr, *slots = nullptr, *dx = nullptr, *dw = nullptr;
   void *weights[kGradients] = {}, *gradients[kGradients] = {};
+  size_t workspace_bytes = 0;
   mokLayer_t layer = nullptr;
   cudaEvent_t marks[4] = {};  // before the forward, after it, before the backward, after it
   ~DeviceLayer() {
@@ -204,7 +246,8 @@ struct DeviceLayer {
   }
 };
 
-mokStatus_t set_up(const mokLayerConfig_t& c, const Inputs& in, DeviceLayer* d, Text* text) {
+// A rank's device memory and stream; its layer is created once every rank's peer buffer is there (create).
+mokStatus_t allocate(const mokLayerConfig_t& c, const Inputs& in, DeviceLayer* d, Text* text) {
   mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
   if (mokLayerGetSizes(&c, &sizes) != mokSuccess) return layer_failed(text, "cuda", "mokLayerGetSizes");
   DeviceBuffers& b = d->b;
@@ -228,42 +271,62 @@ mokStatus_t set_up(const mokLayerConfig_t& c, const Inputs& in, DeviceLayer* d, 
     if (e == cudaSuccess) e = upload(b, std::vector<float>(values(c, i), kMainGradStart), &d->gradients[i]);
   }
   if (e != cudaSuccess) return cuda_failed(text, "setting up the layer's device memory", e);
+  d->workspace_bytes = sizes.workspace_bytes;
+  return mokSuccess;
+}
+
+mokStatus_t create(const mokLayerConfig_t& c, void* const* peers, DeviceLayer* d, Text* text) {
   mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
-  m.peer_bases = &d->peer;
+  m.peer_bases = peers;
   m.workspace = d->workspace;
-  m.workspace_bytes = sizes.workspace_bytes;
+  m.workspace_bytes = d->workspace_bytes;
   if (mokLayerCreate(&c, &m, &d->layer) != mokSuccess) return layer_failed(text, "cuda", "mokLayerCreate");
   return mokSuccess;
 }
 
-// Schedule, forward, slots and backward enqueued on the layer's stream, the passes between events.
-mokStatus_t enqueue(const mokLayerConfig_t& c, bool bf16_gradients, size_t th, size_t routes, DeviceLayer* d,
+// The calls of a run, in order; a group's ranks make each call before any makes the next.
+enum class Call { schedule, forward, slots, backward, count };
+
+// Call `call` of rank d enqueued on its stream (the schedule's after every output is NaN-filled, the passes between
+// events).
+mokStatus_t enqueue(const mokLayerConfig_t& c, bool bf16_gradients, const Inputs& in, Call call, DeviceLayer* d,
                     Text* text) {
+  size_t th = in.x.size(), routes = in.topk_weights.size();
   cudaStream_t stream = d->b.stream;
-  // Every output NaN (all bits set) first: what the layer does not write cannot match the host or an earlier run.
-  struct Fill {
-    void* at;
-    size_t bytes;
-  };
-  std::vector<Fill> fills = {{d->out, th * 2}, {d->slots, th * c.top_k * 2}, {d->dx, th * 2}, {d->dw, routes * 4}};
-  for (int i = 0; bf16_gradients && i < kGradients; ++i) fills.push_back({d->gradients[i], values(c, i) * 2});
-  for (const Fill& f : fills)
-    if (cudaError_t e = cudaMemsetAsync(f.at, 0xff, f.bytes, stream); e != cudaSuccess)
-      return cuda_failed(text, "filling the outputs with NaN", e);
   mokLayerWeights_t weights = weights_at(c, d->weights);
   mokLayerGrads_t grads = grads_at(c, d->dx, static_cast<float*>(d->dw), d->gradients, bf16_gradients);
   const float* topk_weights = static_cast<const float*>(d->topk_weights);
-  if (mokLayerBuildSchedule(d->layer, d->ids, mokIndexInt32, c.max_tokens, stream) != mokSuccess)
-    return layer_failed(text, "cuda", "mokLayerBuildSchedule");
-  cudaEventRecord(d->marks[0], stream);
-  if (mokLayerForward(d->layer, &weights, d->x, topk_weights, d->out, stream) != mokSuccess)
-    return layer_failed(text, "cuda", "mokLayerForward");
-  cudaEventRecord(d->marks[1], stream);
-  if (mokLayerGetSlots(d->layer, d->slots, stream) != mokSuccess) return layer_failed(text, "cuda", "mokLayerGetSlots");
-  cudaEventRecord(d->marks[2], stream);
-  if (mokLayerBackward(d->layer, &weights, topk_weights, d->dout, &grads, stream) != mokSuccess)
-    return layer_failed(text, "cuda", "mokLayerBackward");
-  cudaEventRecord(d->marks[3], stream);
+  switch (call) {
+    case Call::schedule: {
+      // Every output NaN (all bits set) first: what the layer does not write cannot match the host or an earlier run.
+      std::vector<std::pair<void*, size_t> > fills = {
+          {d->out, th * 2}, {d->slots, th * c.top_k * 2}, {d->dx, th * 2}, {d->dw, routes * 4}};
+      for (int i = 0; bf16_gradients && i < kGradients; ++i) fills.push_back({d->gradients[i], values(c, i) * 2});
+      for (const auto& [at, bytes] : fills)
+        if (cudaError_t e = cudaMemsetAsync(at, 0xff, bytes, stream); e != cudaSuccess)
+          return cuda_failed(text, "filling the outputs with NaN", e);
+      if (mokLayerBuildSchedule(d->layer, d->ids, mokIndexInt32, in.tokens, stream) != mokSuccess)
+        return layer_failed(text, "cuda", "mokLayerBuildSchedule");
+      return mokSuccess;
+    }
+    case Call::forward:
+      cudaEventRecord(d->marks[0], stream);
+      if (mokLayerForward(d->layer, &weights, d->x, topk_weights, d->out, stream) != mokSuccess)
+        return layer_failed(text, "cuda", "mokLayerForward");
+      cudaEventRecord(d->marks[1], stream);
+      return mokSuccess;
+    case Call::slots:
+      if (mokLayerGetSlots(d->layer, d->slots, stream) != mokSuccess)
+        return layer_failed(text, "cuda", "mokLayerGetSlots");
+      return mokSuccess;
+    case Call::backward:
+      cudaEventRecord(d->marks[2], stream);
+      if (mokLayerBackward(d->layer, &weights, topk_weights, d->dout, &grads, stream) != mokSuccess)
+        return layer_failed(text, "cuda", "mokLayerBackward");
+      cudaEventRecord(d->marks[3], stream);
+      return mokSuccess;
+    case Call::count: break;
+  }
   return mokSuccess;
 }
 
@@ -313,32 +376,61 @@ mokStatus_t collect(const mokLayerConfig_t& c, bool bf16_gradients, const Device
   return times(d, r, text);
 }
 
-// The cuda executor's layer on the current device, `runs` times on one context (schedule, forward, slots, backward,
-// main_grad from its start each time); each run's results (with `outputs`; else only its times).
-mokStatus_t run_cuda(const SelftestSetup& setup, mokLayerConfig_t c, const Inputs& in, bool bf16_gradients, int runs,
-                     bool outputs, std::vector<Results>* results, Text* text) {
+// A group of the cuda executor's layers on the current device (a rank per Inputs, peers as device pointers, each on
+// its own stream), `runs` times on one context (schedule, forward, slots, backward, main_grad from its start each
+// time): results[rank][run] (with `outputs`; else only the times). Every rank's calls are enqueued before any is
+// waited for; a rank whose call failed is still waited for, bounded, with the rest.
+mokStatus_t run_cuda(const SelftestSetup& setup, mokLayerConfig_t c, const std::vector<Inputs>& in, bool bf16_gradients,
+                     int runs, bool outputs, std::vector<std::vector<Results> >* results, Text* text) {
   c.executor = mokExecutorCuda;
-  DeviceLayer d;
-  if (mokStatus_t s = set_up(c, in, &d, text); s != mokSuccess) return s;
-  results->resize(static_cast<size_t>(runs));
-  for (Results& r : *results) {
-    std::vector<float> start(std::max(values(c, 0), values(c, 3)), kMainGradStart);  // the largest main_grad's
-    for (int i = 0; !bf16_gradients && i < kGradients; ++i)  // main_grad back to its start (a pass adds into it)
-      if (cudaError_t e =
-              cudaMemcpyAsync(d.gradients[i], start.data(), values(c, i) * 4, cudaMemcpyHostToDevice, d.b.stream);
-          e != cudaSuccess)
-        return cuda_failed(text, "resetting main_grad", e);
-    mokStatus_t enqueued = enqueue(c, bf16_gradients, in.x.size(), in.topk_weights.size(), &d, text);
-    // Even after a call that failed midway, what was enqueued before it runs: wait for it, bounded.
-    mokStatus_t finished = finish(setup, &d, enqueued == mokSuccess, text);
+  size_t world = in.size();
+  std::vector<DeviceLayer> ranks(world);
+  std::vector<void*> peers;
+  for (size_t q = 0; q < world; ++q) {
+    if (mokStatus_t s = allocate(c, in[q], &ranks[q], text); s != mokSuccess) return s;
+    peers.push_back(ranks[q].peer);
+  }
+  for (size_t q = 0; q < world; ++q) {
+    mokLayerConfig_t own = c;
+    own.rank = static_cast<int>(q);
+    if (mokStatus_t s = create(own, peers.data(), &ranks[q], text); s != mokSuccess) return s;
+  }
+  results->assign(world, std::vector<Results>(static_cast<size_t>(runs)));
+  std::vector<float> start(std::max(values(c, 0), values(c, 3)), kMainGradStart);  // the largest main_grad's
+  for (int run = 0; run < runs; ++run) {
+    for (DeviceLayer& d : ranks)
+      for (int i = 0; !bf16_gradients && i < kGradients; ++i)  // main_grad back to its start (a pass adds into it)
+        if (cudaError_t e =
+                cudaMemcpyAsync(d.gradients[i], start.data(), values(c, i) * 4, cudaMemcpyHostToDevice, d.b.stream);
+            e != cudaSuccess)
+          return cuda_failed(text, "resetting main_grad", e);
+    mokStatus_t enqueued = mokSuccess;
+    for (int call = 0; call < static_cast<int>(Call::count) && enqueued == mokSuccess; ++call)
+      for (size_t q = 0; q < world && enqueued == mokSuccess; ++q)
+        if ((enqueued = enqueue(c, bf16_gradients, in[q], static_cast<Call>(call), &ranks[q], text)) != mokSuccess)
+          text->add(" (rank %zu); ", q);
+    // Even after a call that failed midway, what was enqueued before it runs: wait for every rank, bounded.
+    mokStatus_t finished = mokSuccess;
+    bool timed_out = false;
+    for (size_t q = 0; q < world; ++q) {
+      mokStatus_t s = finish(setup, &ranks[q], enqueued == mokSuccess, text);
+      timed_out = timed_out || s == mokTimeout;
+      if (s != mokSuccess && finished == mokSuccess) {
+        text->add(" (rank %zu); ", q);
+        finished = s;
+      }
+    }
+    for (DeviceLayer& d : ranks)  // a rank still running reads and writes every peer's buffer: free none
+      d.b.keep = d.b.keep || timed_out;
     if (enqueued != mokSuccess) return enqueued;
     if (finished != mokSuccess) return finished;
-    if (!outputs) {
-      if (mokStatus_t s = times(d, &r, text); s != mokSuccess) return s;
-      continue;
+    for (size_t q = 0; q < world; ++q) {
+      Results& r = (*results)[q][static_cast<size_t>(run)];
+      mokStatus_t s = outputs
+                          ? collect(c, bf16_gradients, ranks[q], in[q].x.size(), in[q].topk_weights.size(), &r, text)
+                          : times(ranks[q], &r, text);
+      if (s != mokSuccess) return s;
     }
-    if (mokStatus_t s = collect(c, bf16_gradients, d, in.x.size(), in.topk_weights.size(), &r, text); s != mokSuccess)
-      return s;
   }
   return mokSuccess;
 }
@@ -374,6 +466,59 @@ bool same_bits(const Results& a, const Results& b) {
 
 }  // namespace
 
+namespace {
+
+// The group's layer on setup.device against the host executor's group, rank by rank, with fp32 main_grad and with
+// bf16 weight gradients. `in`: a rank's inputs each.
+mokStatus_t check_group(const SelftestSetup& setup, const mokLayerConfig_t& c, const std::vector<Inputs>& in,
+                        Text* text) {
+  for (bool bf16_gradients : {false, true}) {
+    std::vector<Results> host;
+    if (mokStatus_t s = run_host(c, in, bf16_gradients, &host, text); s != mokSuccess) return s;
+    std::vector<std::vector<Results> > runs;
+    if (mokStatus_t s = run_cuda(setup, c, in, bf16_gradients, 1, true, &runs, text); s != mokSuccess) return s;
+    for (size_t q = 0; q < in.size(); ++q)
+      if (!near_host(runs[q][0], host[q], bf16_gradients, text)) {
+        text->add("rank %zu of %zu is wrong (%s weight gradients)", q, in.size(),
+                  bf16_gradients ? "bf16" : "fp32 main_grad");
+        return mokInternalError;
+      }
+  }
+  return mokSuccess;
+}
+
+// Rank q's inputs from the seed: a token count of its own (the first rank max_tokens).
+std::vector<Inputs> draw_group(const mokLayerConfig_t& c, uint64_t seed, bool skewed) {
+  std::vector<Inputs> in;
+  for (int q = 0; q < c.world; ++q)
+    in.push_back(draw(c, seed + static_cast<uint64_t>(q), skewed, c.max_tokens - q * (c.max_tokens / (2 * c.world))));
+  return in;
+}
+
+}  // namespace
+
+// Three ranks on one GPU, each rank's buffers its own device memory and its peers' as device pointers, each on its
+// own stream: the group's barriers, the dispatch's pulls and the combine's pushes between ranks.
+mokStatus_t selftest_virtual_ranks(const SelftestSetup& setup, Text* text) {
+  // The ranks' barrier kernels wait for each other, so their streams must run side by side: one hardware queue, or
+  // launches that wait, would leave the first barrier waiting for kernels queued behind it.
+  for (const char* serial : {"CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_LAUNCH_BLOCKING"}) {
+    const char* value = std::getenv(serial);
+    if (value && std::strcmp(value, "1") == 0) {
+      text->add("%s=1 runs one stream at a time; several ranks on one GPU need their streams side by side", serial);
+      return mokUnsupported;
+    }
+  }
+  if (mokStatus_t s = open_sm100(setup, text); s != mokSuccess) return s;
+  mokLayerConfig_t c = layer_config(setup.timeout_ms, 3);
+  std::vector<Inputs> in = draw_group(c, setup.seed, true);
+  text->add("seed %llu, a group of %d ranks of the cuda executor on device %d against the host executor's group: ",
+            static_cast<unsigned long long>(setup.seed), c.world, setup.device);
+  if (mokStatus_t s = check_group(setup, c, in, text); s != mokSuccess) return s;
+  text->add("every rank within the bound (fp32 main_grad and bf16 weight gradients)");
+  return mokSuccess;
+}
+
 mokStatus_t selftest_every_gpu(const SelftestSetup& setup, Text* text) {
   int count = 0;
   if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
@@ -382,10 +527,7 @@ mokStatus_t selftest_every_gpu(const SelftestSetup& setup, Text* text) {
     return e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ? mokNoDevice : mokCudaError;
   }
   mokLayerConfig_t c = layer_config(setup.timeout_ms);
-  Inputs in = draw(c, setup.seed, true);
-  Results host[2];  // weight gradients into fp32 main_grad, and as bf16
-  for (bool bf16_gradients : {false, true})
-    if (mokStatus_t s = run_host(c, in, bf16_gradients, &host[bf16_gradients], text); s != mokSuccess) return s;
+  std::vector<Inputs> in = draw_group(c, setup.seed, true);
   text->add(
       "seed %llu, the cuda executor's layer against the host executor's on each GPU (fp32 main_grad and bf16 "
       "weight gradients): ",
@@ -401,13 +543,9 @@ mokStatus_t selftest_every_gpu(const SelftestSetup& setup, Text* text) {
       text->add("device %d: %s", device, why.text);
       return s;
     }
-    for (bool bf16_gradients : {false, true}) {
-      std::vector<Results> runs;
-      if (mokStatus_t s = run_cuda(on, c, in, bf16_gradients, 1, true, &runs, text); s != mokSuccess) return s;
-      if (!near_host(runs[0], host[bf16_gradients], bf16_gradients, text)) {
-        text->add("device %d is wrong (%s weight gradients)", device, bf16_gradients ? "bf16" : "fp32 main_grad");
-        return mokInternalError;
-      }
+    if (mokStatus_t s = check_group(on, c, in, text); s != mokSuccess) {
+      text->add(" on device %d", device);
+      return s;
     }
     text->add("device %d within the bound; ", device);
     ++ran;
@@ -419,12 +557,16 @@ mokStatus_t selftest_every_gpu(const SelftestSetup& setup, Text* text) {
 
 namespace {
 
-// `runs` runs of the layer of `c` on setup.device, fp32 main_grad, inputs drawn from the seed.
+// `runs` runs of one rank's layer of `c` on setup.device, fp32 main_grad, inputs drawn from the seed.
 mokStatus_t run_here(const SelftestSetup& setup, const mokLayerConfig_t& c, bool skewed, int runs, bool outputs,
                      Inputs* in, std::vector<Results>* results, Text* text) {
   if (mokStatus_t s = open_sm100(setup, text); s != mokSuccess) return s;
-  *in = draw(c, setup.seed, skewed);
-  return run_cuda(setup, c, *in, false, runs, outputs, results, text);
+  std::vector<Inputs> one = draw_group(c, setup.seed, skewed);
+  std::vector<std::vector<Results> > ranks;
+  mokStatus_t s = run_cuda(setup, c, one, false, runs, outputs, &ranks, text);
+  *in = one[0];
+  if (s == mokSuccess) *results = ranks[0];
+  return s;
 }
 
 }  // namespace

@@ -5,9 +5,8 @@
 //
 // What runs today: the row steps (split_steps.cu, core's bodies), the BF16 grouped GEMMs (grouped_gemm.hpp, in a
 // build with CUTLASS), the shared expert (its GEMMs through the same launcher, its row steps from
-// core/split_shared.hpp) and the home sums, for one rank (world 1: the closing barrier is stream order). A group of
-// several ranks needs the device barrier between them, which this pass does not launch yet: refused
-// (SplitRefusal). Nothing here has run on a GPU.
+// core/split_shared.hpp) and the home sums; in a group of several ranks the closing barrier is a kernel of one thread
+// (core::stream_barrier over the peers' headers), and for one rank the stream's order. Nothing here has run on a GPU.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -25,7 +24,7 @@
 namespace mok::cuda {
 
 // One rank's split pass on the device. Every pointer is device memory, those inside the view included (its peers
-// and headers arrays, the schedule, the rings, the weights); the view's kind is the pass's.
+// and headers arrays, the group's state, the schedule, the rings, the weights); the view's kind is the pass's.
 struct SplitDevice {
   core::PassView view;
   char* const* host_peers;  // view.peers' bases in host memory: the host reads the own one (the shared expert's x)
@@ -51,7 +50,6 @@ struct SplitDevice {
 enum class SplitRefusal : int32_t {
   none = 0,
   unsupported_layer,  // core::split_supports refuses it (MXFP8, biases, a width not a multiple of 8)
-  group,              // world > 1: the device barrier between ranks is not launched yet
   no_gemm,            // this libmok has no grouped GEMM (built without CUTLASS's headers)
   gemm_refused,       // the grouped GEMM refused a launch: gemm_status says why
   cuda_error,         // a launch failed: error
@@ -78,8 +76,9 @@ const char* split_refusal_name(SplitRefusal refusal);
 GemmStatus split_gemm_workspace_bytes(const core::LayerShape& s, size_t* bytes, cudaError_t* error);
 #endif
 
-// Enqueues the pass of d.view.kind on d.stream, the plan's launches in order; returns false at the first launch
-// that could not be enqueued (what was enqueued before it still runs). `biases`: the caller's layer has expert
+// Enqueues the pass of d.view.kind on d.stream: in a group the entry barrier (the caller has staged the call's
+// inputs), then the plan's launches in order; returns false at the first launch that could not be enqueued (what
+// was enqueued before it still runs; launch -1: the entry barrier). `biases`: the caller's layer has expert
 // biases (split_supports).
 bool enqueue_split_pass(const SplitDevice& d, bool biases, SplitFailure* failure);
 
@@ -92,10 +91,14 @@ cudaError_t launch_home_sums(const SplitDevice& d);
 cudaError_t launch_shared_rows(const SplitDevice& d, core::SplitStep step);
 cudaError_t launch_gradients(const SplitDevice& d, bool write);
 
-// The cuda executor's kernels outside a pass (layer_steps.cu): mokLayerBuildSchedule's (the caller's ids staged and
-// the schedule built, in one CTA) and mokLayerGetSlots' (a thread per token).
+// The cuda executor's kernels outside a pass's row steps (layer_steps.cu): mokLayerBuildSchedule's (the caller's ids
+// staged and the schedule built between the group's two schedule barriers, in one CTA), mokLayerGetSlots' (a thread
+// per token), a barrier of the group (`what`, entered from view.kind's call), and leaving the group (mokLayerAbort, a
+// refused call: the peers told). The barriers and the leaving launch nothing for a group of one.
 cudaError_t launch_rank_schedule(const core::PassView& view, const void* ids, bool int64_ids, int tokens,
                                  const core::Routing& routing, int32_t* routing_tokens, cudaStream_t stream);
 cudaError_t launch_copy_slots(const core::PassView& view, core::bf16_t* y_slots, cudaStream_t stream);
+cudaError_t launch_group_barrier(const core::PassView& view, core::WaitId what, cudaStream_t stream);
+cudaError_t launch_leave_group(const core::PassView& view, cudaStream_t stream);
 
 }  // namespace mok::cuda

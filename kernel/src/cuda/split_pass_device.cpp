@@ -27,7 +27,7 @@ struct DeviceSteps {
   bool combine(core::RowWindow w) { return launched(launch_combine(d, w)); }
   bool shared_rows(core::SplitStep step) { return launched(launch_shared_rows(d, step)); }
   bool gradients(bool write) { return launched(launch_gradients(d, write)); }
-  bool barrier() { return true; }  // one rank: the stream's order is the barrier (a group is refused)
+  bool barrier() { return launched(launch_group_barrier(d.view, core::WaitId::closing_barrier, d.stream)); }
   bool home_sums() { return launched(launch_home_sums(d)); }
   bool gemm(core::GroupedGemm kind, core::RowWindow w) {
     return grouped(kind, core::split_gemm_operands(d.view, kind, d.targets), d.view.s, d.view.sched,
@@ -66,7 +66,6 @@ const char* split_refusal_name(SplitRefusal refusal) {
   switch (refusal) {
     case SplitRefusal::none: return "none";
     case SplitRefusal::unsupported_layer: return "unsupported_layer";
-    case SplitRefusal::group: return "group";
     case SplitRefusal::no_gemm: return "no_gemm";
     case SplitRefusal::gemm_refused: return "gemm_refused";
     case SplitRefusal::cuda_error: return "cuda_error";
@@ -94,11 +93,12 @@ bool enqueue_split_pass(const SplitDevice& d, bool biases, SplitFailure* failure
   *failure = SplitFailure{};
   const core::LayerShape& s = d.view.s;
   if (!core::split_supports(s, biases)) failure->refusal = SplitRefusal::unsupported_layer;
-  if (s.world > 1) failure->refusal = SplitRefusal::group;
   core::SplitCall call{d.view.w.shared_router != nullptr,
                        core::is_backward(d.view.kind) && d.gradients.gate != nullptr};
   failure->missing = core::split_missing_buffer(d.view, call, d.targets, d.gradients, d.shared);
-  if (d.ctas < 1 || !d.host_peers || !d.gemm_arguments || (d.staging_values > 0 && !d.staging) || failure->missing)
+  bool group = s.world == 1 || (d.view.group && d.view.headers);
+  if (d.ctas < 1 || !d.host_peers || !d.gemm_arguments || (d.staging_values > 0 && !d.staging) || failure->missing ||
+      !group)
     failure->refusal = SplitRefusal::bad_device;
 #if !MOK_WITH_GROUPED_GEMM
   failure->refusal = SplitRefusal::no_gemm;
@@ -109,6 +109,12 @@ bool enqueue_split_pass(const SplitDevice& d, bool biases, SplitFailure* failure
   if (failure->refusal != SplitRefusal::none) return false;
   std::vector<core::SplitLaunch> launches(static_cast<size_t>(count));
   core::split_plan(s, d.view.kind, periods, call, launches.data());
+  // The group's entry barrier first (the caller staged this call's inputs before it), once nothing is refused.
+  if (cudaError_t e = launch_group_barrier(d.view, core::WaitId::entry_barrier, d.stream); e != cudaSuccess) {
+    *failure =
+        SplitFailure{SplitRefusal::cuda_error, -1, core::SplitStep::barrier, core::GroupedGemm::count, 0, nullptr, e};
+    return false;
+  }
   DeviceSteps steps{d, *failure};
   int64_t stopped = core::run_split_pass(launches.data(), count, steps);
   if (stopped == count) return true;

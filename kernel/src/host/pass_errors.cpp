@@ -85,7 +85,7 @@ mokStatus_t status_of(Layer& l, const char* func, Detail& why) {
 mokStatus_t fail_group(Layer& l, Failure f, core::CallKind call, const char* func, Detail& why) {
   char detail[256];
   describe(l, f, call, detail, sizeof(detail));
-  core::settle_group_failure(l.group, l.headers, l.shape.world, l.shape.rank, l.timeout_ns, f, detail);
+  core::settle_group_failure(l.group, &l.group.error, l.headers, l.shape.world, l.shape.rank, l.timeout_ns, f, detail);
   return status_of(l, func, why);
 }
 
