@@ -40,11 +40,26 @@ MOK_HD inline CallKind call_of(PassKind kind) {
 // Why a collective call is refused before it starts, checked in this order.
 enum class Refusal { none, aborted_earlier, needs_schedule, needs_context };
 
+// The order's part, for any executor's record of its state.
+MOK_HD inline Refusal order_refusal(CallKind call, bool has_schedule, bool has_context) {
+  if ((call == CallKind::forward || call == CallKind::recompute) && !has_schedule) return Refusal::needs_schedule;
+  if (call == CallKind::backward && !has_context) return Refusal::needs_context;
+  return Refusal::none;
+}
+
 MOK_HD inline Refusal check_call(GroupState& g, PeerHeader* own, CallKind call) {
   if (group_aborted(g, own)) return Refusal::aborted_earlier;
-  if ((call == CallKind::forward || call == CallKind::recompute) && !g.has_schedule) return Refusal::needs_schedule;
-  if (call == CallKind::backward && !g.has_context) return Refusal::needs_context;
-  return Refusal::none;
+  return order_refusal(call, g.has_schedule, g.has_context);
+}
+
+// The rule a call refused for its order broke, as every executor words it after the call's name.
+MOK_HD inline const char* order_rule(Refusal refusal) {
+  switch (refusal) {
+    case Refusal::needs_schedule: return "call mokLayerBuildSchedule first";
+    case Refusal::needs_context: return "needs a mokLayerForward or mokLayerRecompute since the last schedule";
+    default: break;
+  }
+  return "";
 }
 
 // A failing mokLayerBuildSchedule leaves no schedule and no context: the buffers a caller sized for

@@ -283,7 +283,7 @@ class CudaLayer final : public LayerExecutor {
   mokStatus_t build_schedule(const void* topk_ids, bool int64_ids, int tokens, void* stream) override {
     const char* func = "mokLayerBuildSchedule";
     OnDevice on(device_);
-    if (mokStatus_t s = refuse_order(func, false, false); s != mokSuccess) return refused(s);
+    if (mokStatus_t s = refuse_order(func, core::CallKind::build_schedule); s != mokSuccess) return refused(s);
     if (mokStatus_t s = check_tensors({{topk_ids, "topk_ids"}}, device_, func); s != mokSuccess) return refused(s);
     core::PassView v = view(PassKind::forward);
     core::Routing routing{buffers_.routing_ids, buffers_.routing_tokens};
@@ -303,12 +303,12 @@ class CudaLayer final : public LayerExecutor {
                       bool with_output, void* stream) override {
     const char* func = with_output ? "mokLayerForward" : "mokLayerRecompute";
     OnDevice on(device_);
-    if (mokStatus_t s = refuse_order(func, true, false); s != mokSuccess) return refused(s);
+    PassKind kind = with_output ? PassKind::forward : PassKind::recompute;
+    if (mokStatus_t s = refuse_order(func, core::call_of(kind)); s != mokSuccess) return refused(s);
     if (mokStatus_t s = check_weights_here(weights, func); s != mokSuccess) return refused(s);
     if (mokStatus_t s = check_tensors({{x, "x"}, {topk_weights, "topk_weights"}, {out, "out"}}, device_, func);
         s != mokSuccess)
       return refused(s);
-    PassKind kind = with_output ? PassKind::forward : PassKind::recompute;
     core::PassArgs args{};
     args.x = reinterpret_cast<const bf16_t*>(x);
     args.topk_weights = topk_weights;
@@ -327,7 +327,7 @@ class CudaLayer final : public LayerExecutor {
                        const mokLayerGrads_t& grads, void* stream) override {
     const char* func = "mokLayerBackward";
     OnDevice on(device_);
-    if (mokStatus_t s = refuse_order(func, true, true); s != mokSuccess) return refused(s);
+    if (mokStatus_t s = refuse_order(func, core::CallKind::backward); s != mokSuccess) return refused(s);
     if (mokStatus_t s = check_weights_here(weights, func); s != mokSuccess) return refused(s);
     if (mokStatus_t s = check_grads_here(grads, func); s != mokSuccess) return refused(s);
     if (mokStatus_t s = check_tensors({{topk_weights, "topk_weights"}, {dout, "dout"}}, device_, func); s != mokSuccess)
@@ -362,8 +362,7 @@ class CudaLayer final : public LayerExecutor {
   mokStatus_t get_slots(uint16_t* y_slots, void* stream) override {
     const char* func = "mokLayerGetSlots";
     OnDevice on(device_);
-    if (!has_context_)
-      return fail(mokInvalidUsage, "%s: needs a mokLayerForward or mokLayerRecompute since the last schedule", func);
+    if (!has_context_) return fail(mokInvalidUsage, "%s: %s", func, core::order_rule(core::Refusal::needs_context));
     if (mokStatus_t s = check_tensors({{y_slots, "y_slots"}}, device_, func); s != mokSuccess) return s;
     if (cudaError_t e = cuda::launch_copy_slots(view(PassKind::forward), reinterpret_cast<bf16_t*>(y_slots),
                                                 static_cast<cudaStream_t>(stream));
@@ -517,14 +516,12 @@ class CudaLayer final : public LayerExecutor {
 
   // A call in the wrong order, or after a failure the record holds (an abort, ids the schedule build refused):
   // refused, as the host executor refuses a call after its group was aborted.
-  mokStatus_t refuse_order(const char* func, bool needs_schedule, bool needs_context) const {
+  mokStatus_t refuse_order(const char* func, core::CallKind call) const {
     core::ErrorRecord rec{};
     if (cuda::read_mapped_record(record_, &rec))
       return fail(host::status_for(rec), "%s: an earlier call failed (%s); create a new context", func, rec.detail);
-    if (needs_schedule && !has_schedule_) return fail(mokInvalidUsage, "%s: call mokLayerBuildSchedule first", func);
-    if (needs_context && !has_context_)
-      return fail(mokInvalidUsage, "%s: needs a mokLayerForward or mokLayerRecompute since the last schedule", func);
-    return mokSuccess;
+    core::Refusal order = core::order_refusal(call, has_schedule_, has_context_);
+    return order == core::Refusal::none ? mokSuccess : fail(mokInvalidUsage, "%s: %s", func, core::order_rule(order));
   }
 
   // The weights the pass reads, on the device; expert biases refused (its GEMMs add none).

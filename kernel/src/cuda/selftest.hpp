@@ -9,8 +9,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <vector>
 
+#include "core/numeric.hpp"
 #include "mok/mok.h"
 
 namespace mok::cuda {
@@ -52,6 +54,21 @@ struct DeviceBuffers {
     for (void* p : blocks) cudaFree(p);
   }
 };
+
+// n bf16 values drawn uniformly from [-scale, scale]: the stages' inputs and weights.
+inline std::vector<core::bf16_t> random_bf16(size_t n, float scale, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> uniform(-scale, scale);
+  std::vector<core::bf16_t> v(n);
+  for (core::bf16_t& x : v) x = core::float_to_bf16(uniform(rng));
+  return v;
+}
+
+// bf16 results widened, to compare with fp32 ones.
+inline std::vector<float> as_floats(const std::vector<core::bf16_t>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = core::bf16_to_float(v[i]);
+  return f;
+}
 
 // A CUDA call that failed, worded into the stage's text (`what` it was doing); its status.
 mokStatus_t cuda_failed(Text* text, const char* what, cudaError_t e);

@@ -81,13 +81,6 @@ struct Inputs {
   std::vector<bf16_t> x, dout, weights[kGradients];  // weights in the gradients' order
 };
 
-std::vector<bf16_t> random_bf16(size_t n, float scale, std::mt19937_64& rng) {
-  std::uniform_real_distribution<float> uniform(-scale, scale);
-  std::vector<bf16_t> v(n);
-  for (bf16_t& x : v) x = core::float_to_bf16(uniform(rng));
-  return v;
-}
-
 Inputs draw(const mokLayerConfig_t& c, uint64_t seed, bool skewed, int tokens) {
   std::mt19937_64 rng(seed);
   Inputs in;
@@ -139,12 +132,6 @@ mokLayerGrads_t grads_at(const mokLayerConfig_t& c, void* dx, float* dw, void* c
 mokStatus_t layer_failed(Text* text, const char* executor, const char* call) {
   text->add("the %s executor's %s failed: %s", executor, call, mokGetLastError());
   return mokInternalError;
-}
-
-std::vector<float> as_floats(const std::vector<bf16_t>& v) {
-  std::vector<float> f(v.size());
-  for (size_t i = 0; i < v.size(); ++i) f[i] = core::bf16_to_float(v[i]);
-  return f;
 }
 
 // One rank of the host executor's group over host memory (`bases`: every rank's peer buffer).

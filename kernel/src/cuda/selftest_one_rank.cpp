@@ -88,13 +88,6 @@ mokLayerConfig_t stage_config(int timeout_ms) {
   return c;
 }
 
-std::vector<bf16_t> random_bf16(size_t n, float scale, std::mt19937_64& rng) {
-  std::uniform_real_distribution<float> uniform(-scale, scale);
-  std::vector<bf16_t> v(n);
-  for (bf16_t& x : v) x = core::float_to_bf16(uniform(rng));
-  return v;
-}
-
 // The layer's inputs: routes to expert 0 half the time, 1 and 3 a quarter and an eighth, expert 2 never, -1 else.
 struct Inputs {
   std::vector<int32_t> ids;
@@ -137,12 +130,6 @@ struct Results {
   std::vector<float> dw;
   std::vector<float> gradients[kGradients];
 };
-
-std::vector<float> as_floats(const std::vector<bf16_t>& v) {
-  std::vector<float> f(v.size());
-  for (size_t i = 0; i < v.size(); ++i) f[i] = core::bf16_to_float(v[i]);
-  return f;
-}
 
 // What the host executor computed, and the memory it left after each pass (what the device's pass starts from).
 struct HostRun {

@@ -248,9 +248,7 @@ mokStatus_t backward(Layer& l, const mokLayerWeights_t& weights, const float* to
 
 mokStatus_t get_slots(Layer& l, uint16_t* y_slots, Detail& why) {
   if (!l.group.has_context)
-    return fail(why, mokInvalidUsage,
-                "mokLayerGetSlots: needs a mokLayerForward or mokLayerRecompute since the last "
-                "schedule");
+    return fail(why, mokInvalidUsage, "mokLayerGetSlots: %s", core::order_rule(core::Refusal::needs_context));
   core::PassView v = view_of(l, PassKind::forward, nullptr);
   for (int t = 0; t < l.group.tokens; ++t) core::copy_slots_token(v, t, y_slots);
   return mokSuccess;

@@ -94,10 +94,8 @@ mokStatus_t refuse(Layer& l, core::Refusal refusal, const char* func, Detail& wh
   switch (refusal) {
     case core::Refusal::none: return mokSuccess;
     case core::Refusal::aborted_earlier: return aborted_earlier(l, func, why);
-    case core::Refusal::needs_schedule: s = fail(why, s, "%s: call mokLayerBuildSchedule first", func); break;
-    case core::Refusal::needs_context:
-      s = fail(why, s, "%s: needs a mokLayerForward or mokLayerRecompute since the last schedule", func);
-      break;
+    case core::Refusal::needs_schedule:
+    case core::Refusal::needs_context: s = fail(why, s, "%s: %s", func, core::order_rule(refusal)); break;
   }
   reject(l, s, why.text);  // a call refused for its order: the peers are told
   return s;
