@@ -5,10 +5,12 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "errors.hpp"
 #include "mok/mok.h"
@@ -53,6 +55,21 @@ mokActivation_t config_activation(const nb::dict& d) {
   throw nb::value_error("config: 'activation' must be \"swiglu\" or \"swiglu_oai\"");
 }
 
+// The executor by its name (mokExecutorName: "host", "cuda", ...); any other value is a ValueError naming the key.
+// Whether this libmok runs it is libmok's to say (mokLayerGetSizes, mokLayerCreate).
+mokExecutor_t config_executor(const nb::dict& d) {
+  nb::handle value = d["executor"];
+  if (PyUnicode_Check(value.ptr())) {
+    std::string name = nb::cast<std::string>(value);
+    for (int e = 0; e < mokNumExecutors; ++e)
+      if (name == mokExecutorName(static_cast<mokExecutor_t>(e))) return static_cast<mokExecutor_t>(e);
+  }
+  std::string names;
+  for (int e = 0; e < mokNumExecutors; ++e)
+    names += std::string(e ? ", \"" : "\"") + mokExecutorName(static_cast<mokExecutor_t>(e)) + "\"";
+  throw nb::value_error(("config: 'executor' must be one of " + names + " (mokExecutor_t)").c_str());
+}
+
 mokLayerConfig_t make_config(const nb::dict& d) {
   mokLayerConfig_t c = MOK_LAYER_CONFIG_INIT;
   int* const ints[] = {&c.world,      &c.rank,         &c.experts_per_rank,    &c.hidden,         &c.intermediate,
@@ -68,6 +85,7 @@ mokLayerConfig_t make_config(const nb::dict& d) {
   if (d.contains("mxfp8")) c.precision = nb::cast<bool>(d["mxfp8"]) ? mokPrecisionMXFP8 : mokPrecisionBF16, ++known;
   if (d.contains("swiglu_limit")) c.swiglu_limit = nb::cast<float>(d["swiglu_limit"]), ++known;
   if (d.contains("activation")) c.activation = config_activation(d), ++known;
+  if (d.contains("executor")) c.executor = config_executor(d), ++known;
   if (d.contains("swiglu_alpha")) c.swiglu_alpha = nb::cast<float>(d["swiglu_alpha"]), ++known;
   if (d.contains("backward_comm_workers")) c.backward_comm_workers = config_int(d, "backward_comm_workers"), ++known;
   // An int as a C caller stores it: libmok rejects one past the enum (naming config.routing_scale).
@@ -103,16 +121,24 @@ mokLayerWeights_t make_weights(const nb::dict& d) {
   return w;
 }
 
-// One rank's layer context. Passes release the GIL: they block until the whole group is done.
+// One rank's layer context. Passes release the GIL: on the host executor they block until the whole group is done;
+// a device executor's return once enqueued on the stream.
 class Layer {
  public:
+  // The peers' memory from a shared-memory name libmok creates and maps (the host executor's processes)...
   Layer(const nb::dict& config, const std::string& shm_name, uintptr_t workspace, size_t workspace_bytes) {
-    mokLayerConfig_t c = make_config(config);
     mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
     m.shm_name = shm_name.c_str();
-    m.workspace = ptr<void>(workspace);
-    m.workspace_bytes = workspace_bytes;
-    mok::python::released([&] { return mokLayerCreate(&c, &m, &layer_); });
+    create(config, m, workspace, workspace_bytes, false);
+  }
+  // ... or the caller's: every rank's peer buffer by address, the own one at config['rank'] (host memory shared
+  // among threads, or device pointers: cudaMalloc'd, CUDA IPC, symmetric memory).
+  Layer(const nb::dict& config, const std::vector<uintptr_t>& peer_bases, uintptr_t workspace, size_t workspace_bytes) {
+    bases_.reserve(peer_bases.size());
+    for (uintptr_t base : peer_bases) bases_.push_back(ptr<void>(base));
+    mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
+    m.peer_bases = bases_.data();
+    create(config, m, workspace, workspace_bytes, true);
   }
   ~Layer() { close(); }
 
@@ -210,10 +236,21 @@ class Layer {
   }
 
  private:
+  void create(const nb::dict& config, mokLayerMemory_t& m, uintptr_t workspace, size_t workspace_bytes, bool bases) {
+    mokLayerConfig_t c = make_config(config);
+    if (bases && static_cast<int>(bases_.size()) != c.world)
+      throw nb::value_error(("peer_bases: " + std::to_string(bases_.size()) + " addresses for config 'world' " +
+                             std::to_string(c.world) + " (one per rank)")
+                                .c_str());
+    m.workspace = ptr<void>(workspace);
+    m.workspace_bytes = workspace_bytes;
+    mok::python::released([&] { return mokLayerCreate(&c, &m, &layer_); });
+  }
   mokLayer_t get() const {
     if (!layer_) throw std::runtime_error("mok: this layer context was closed");
     return layer_;
   }
+  std::vector<void*> bases_;  // libmok reads peer_bases only in mokLayerCreate; kept for the layer's life anyway
   mokLayer_t layer_ = nullptr;
 };
 
@@ -233,6 +270,8 @@ void bind_layer(nb::module_& m) {
   nb::class_<Layer>(m, "Layer")
       .def(nb::init<const nb::dict&, const std::string&, uintptr_t, size_t>(), nb::arg("config"), nb::arg("shm_name"),
            nb::arg("workspace"), nb::arg("workspace_bytes"))
+      .def(nb::init<const nb::dict&, const std::vector<uintptr_t>&, uintptr_t, size_t>(), nb::arg("config"),
+           nb::arg("peer_bases"), nb::arg("workspace"), nb::arg("workspace_bytes"))
       .def("close", &Layer::close)
       .def("build_schedule", &Layer::build_schedule, nb::arg("ids"), nb::arg("int64"), nb::arg("num_tokens"),
            nb::arg("stream") = 0)
