@@ -18,7 +18,7 @@ enum Exit : int {
   kNoGpu = 2,        // no usable GPU or driver
   kUnsupported = 3,  // this GPU cannot run this libmok's device code (its architecture, its driver)
   kNoCuda = 4,       // this libmok was built without CUDA: no stage can run
-  kNotBuilt = 5,     // nothing failed, but stages are not built in this libmok yet (issue #12)
+  kNotBuilt = 5,     // nothing failed, but stages are not built in this libmok (no CUTLASS headers)
   kUsage = 64,       // a bad command line
 };
 
@@ -29,7 +29,7 @@ inline const char* exit_words(int code) {
     case kNoGpu: return "no usable GPU or driver";
     case kUnsupported: return "this GPU cannot run this libmok's device code";
     case kNoCuda: return "this libmok was built without CUDA";
-    case kNotBuilt: return "no stage failed, but some are not built in this libmok yet";
+    case kNotBuilt: return "no stage failed, but some are not built in this libmok";
   }
   return "bad command line";
 }

@@ -25,7 +25,7 @@ EXIT_WORDS = {
     NO_GPU: "no usable GPU or driver",
     UNSUPPORTED_GPU: "this GPU cannot run this libmok's device code",
     NO_CUDA: "this libmok was built without CUDA",
-    NOT_BUILT: "no stage failed, but some are not built in this libmok yet",
+    NOT_BUILT: "no stage failed, but some are not built in this libmok",
 }
 VERDICTS = {SUCCESS: "PASS", NOT_COMPILED: "NOT BUILT", NO_DEVICE: "NO GPU", UNSUPPORTED: "UNSUPPORTED"}
 

@@ -1,8 +1,9 @@
 // The cuda executor (mokExecutorCuda) through the C ABI. Without a GPU: its sizes (core's workspace and the split
 // executor's own after it, a group's tables), the layers it refuses and why, by field, and creation's refusals
 // (shared memory, no GPU).
-// On a GPU (skipped here, saying so): the self-test's stages over the layer (against the host executor on every GPU,
-// the same bits across runs), and host memory and expert biases refused by name.
+// On a GPU (skipped here, saying so): the self-test's stages over the layer (a group of three ranks on one GPU and
+// one rank on every GPU against the host executor, the same bits across runs), and host memory and expert biases
+// refused by name.
 #include <cuda_runtime_api.h>
 
 #include <cstring>

@@ -5,6 +5,7 @@
 // reason where it left on purpose; a missing rank runs out the timeout, named; different calls fail every rank.
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -124,6 +125,32 @@ TEST(a_rank_that_refused_its_call_stops_its_peers_at_once_with_its_reason) {
               "rank %d: outcome %d, peer %d, wait %d", r, e.outcome, e.peer, e.wait);
     CHECK_MSG(std::strstr(e.detail, "rank 1 rejected its call: argument 'x'") != nullptr, "rank %d: '%s'", r, e.detail);
   }
+}
+
+// A claim the barrier sees before its claimer has published it (the host records while a kernel enters a barrier):
+// the rank leaves once the record is published, so its peers still get its reason.
+TEST(a_reason_published_after_the_claim_still_reaches_the_peers) {
+  const int world = 2, refuser = 0;
+  Group g(world);
+  core::ErrorRecord& mine = g.records[refuser];
+  mine.claimed = 1;  // claimed, nothing published yet
+  std::thread claimer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    // The rest of core::record_failure: the fields, then the release that publishes them.
+    mine.outcome = static_cast<int32_t>(Outcome::rejected_order);
+    mine.rank = refuser, mine.task_kind = -1, mine.task_index = -1, mine.peer = -1;
+    mine.wait = static_cast<int32_t>(WaitId::rejected_call);
+    std::snprintf(mine.detail, sizeof(mine.detail), "rank 0 rejected its call: call mokLayerBuildSchedule first");
+    core::SystemAtomic<int32_t>(mine.published).store(1, ::cuda::std::memory_order_release);
+  });
+  std::vector<int> passed(world, -1);
+  g.run([&](int r) { passed[r] = g.barrier(r, kForwardEntry); });
+  claimer.join();
+  const core::ErrorRecord& e = g.records[1];
+  CHECK_MSG(passed[0] == 0 && passed[1] == 0, "passed %d and %d", passed[0], passed[1]);
+  CHECK_MSG(e.outcome == static_cast<int32_t>(Outcome::peer_abort) && e.peer == refuser &&
+                std::strstr(e.detail, "rank 0 rejected its call") != nullptr,
+            "rank 1: outcome %d, peer %d, '%s'", e.outcome, e.peer, e.detail);
 }
 
 // A rank cut short after the group formed (a launch that failed: no purpose, no reason) stops its peers at their next

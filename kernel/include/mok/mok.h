@@ -461,8 +461,9 @@ typedef struct {
 MOK_API const char* mokSelftestStageName(mokSelftestStage_t stage);
 /*
  * Runs one stage; its status is the verdict: mokSuccess (passed), mokNotCompiled (not built in this libmok: no
- * CUDA, no grouped GEMM, or a stage whose executor is not written yet), mokNoDevice (no usable GPU or driver),
- * mokUnsupported (this GPU cannot run this libmok's device code), mokCudaError, mokOutOfMemory, mokTimeout (a wait
+ * CUDA, or no grouped GEMM), mokNoDevice (no usable GPU or driver), mokUnsupported (this GPU cannot run this
+ * libmok's device code, or the stage cannot run in this environment: virtual_ranks with
+ * CUDA_DEVICE_MAX_CONNECTIONS=1 or CUDA_LAUNCH_BLOCKING=1), mokCudaError, mokOutOfMemory, mokTimeout (a wait
  * ran out: the GPU may still be running the kernel), mokInternalError (the GPU's results are wrong). report->message
  * says what was checked and found (on failure also mokGetLastError()). options NULL: MOK_SELFTEST_OPTIONS_INIT.
  * A bad argument: mokInvalidArgument, nothing run.

@@ -1,5 +1,5 @@
 // C ABI: the staged self-test (mok.h, "self-test"; docs/gpu.md, "On your first GPU"). The stages that run on a
-// GPU live in cuda/selftest*.cpp; a stage whose executor is not written yet says so and never passes.
+// GPU live in cuda/selftest*.cpp; a stage this libmok has no code for (no CUDA, no CUTLASS) says so and never passes.
 #include <chrono>
 #include <cstdio>
 #include <cstring>

@@ -192,9 +192,16 @@ MOK_HD inline void leave_group_for(GroupState& g, PeerHeader* const* headers, in
 }
 
 // This rank's record holds a failure: it leaves the group, its reason told where it left on purpose.
+// The claimer (the host, or a kernel of this rank) publishes right after its claim: wait for that, bounded, so that
+// the reason is not lost to a barrier that saw the claim first.
 MOK_HD inline void leave_failed(GroupState& g, ErrorRecord* error, PeerHeader* const* headers, int world, int rank,
                                 uint64_t timeout_ns) {
-  bool published = SystemAtomic<int32_t>(error->published).load(::cuda::std::memory_order_acquire) != 0;
+  uint64_t start = now_ns();
+  Backoff backoff;
+  bool published;
+  while (!(published = SystemAtomic<int32_t>(error->published).load(::cuda::std::memory_order_acquire) != 0) &&
+         now_ns() - start < timeout_ns)
+    backoff.pause();
   bool purpose = published && on_purpose(error->outcome, error->wait);
   leave_group_for(g, headers, world, rank, timeout_ns, purpose ? error->detail : nullptr);
 }

@@ -7,7 +7,7 @@
 // Its buffers are the caller's: the workspace holds core's layout, then the split executor's own
 // (core/split_workspace.hpp); the peer buffer is core's. Only the grouped GEMMs' CUTLASS workspace, whose size
 // depends on the device, and the mapped error record are allocated here, once, at creation. So a pass allocates
-// nothing and synchronises nothing: it can be captured in a CUDA graph.
+// nothing and synchronises nothing: it is meant to be capturable in a CUDA graph (not yet tried).
 //
 // A group of several ranks meets at barriers that are kernels of one thread on each rank's stream (layer_steps.cu:
 // core::stream_barrier over the peers' headers, its epoch in the workspace), so no call waits on the host: the two of

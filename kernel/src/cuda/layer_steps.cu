@@ -30,10 +30,12 @@ __global__ void rank_schedule(core::PassView view, const void* ids, bool int64_i
   for (int64_t i = threadIdx.x, n = static_cast<int64_t>(tokens) * s.top_k; i < n; i += blockDim.x) {
     int64_t id = core::topk_id(ids, int64_ids, i);
     if (!core::valid_topk_id(s, id)) {  // recorded (its flat index t * K + k), and routed nowhere
-      core::record_failure(view.error, core::Failure{core::Outcome::rejected_arguments, core::WaitId::none}, s.rank, -1,
-                           static_cast<int>(i < 0x7fffffff ? i : -1),
-                           "mokLayerBuildSchedule: argument 'topk_ids' holds an id outside -1 and [0, world * "
-                           "experts_per_rank) at flat index task_index = token * top_k + k; that route was dropped");
+      core::record_failure(
+          view.error, core::Failure{core::Outcome::rejected_arguments, core::WaitId::none}, s.rank, -1,
+          static_cast<int>(i < 0x7fffffff ? i : -1),
+          "mokLayerBuildSchedule: argument 'topk_ids' holds an id outside -1 and [0, world * "
+          "experts_per_rank) at flat index task_index = token * top_k + k; that route was dropped (in a "
+          "group, this rank left it)");
       id = -1;
     }
     own[i] = static_cast<int32_t>(id);

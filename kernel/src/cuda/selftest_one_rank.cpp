@@ -4,9 +4,9 @@
 // to the device, where every ring row and home slot is then filled with bf16 NaN, and the device runs the split
 // pass over them, each pass twice. So the stage checks the pass (dispatch, the grouped GEMMs, SwiGLU, combine,
 // the shared expert, the home sums, a ring that turns within the pass, both kinds of weight gradient), not the
-// schedule build or the staging, which the split executor's layer (not written yet) will do on the device. It runs
-// two layers of one shape: a gated shared expert with the weight gradients added into fp32 main_grad, and an
-// ungated one with bf16 weight gradients.
+// schedule build or the staging, which the cuda executor's layer does on the device (the every_gpu and virtual_ranks
+// stages). It runs two layers of one shape: a gated shared expert with the weight gradients added into fp32 main_grad,
+// and an ungated one with bf16 weight gradients.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
