@@ -20,9 +20,12 @@ errors ||mok - hf|| / ||hf||:
   failing seed, host and reference alike) while router.weight's stayed <= 2e-3. Its error is measured against
   that absolute sum (the float64 run's, ABS_SUM), the scale its roundings act on (ABS_SUM_TOLERANCE): measured
   <= 2.5e-3 in bf16 over 300 seeds (bound 1e-2; a bias gradient of zero measured >= 1.8e-2 there) and <= 4.7e-2
-  in MXFP8 over 150 (from_hf; bound 2e-1, as TOLERANCE's).
+  in MXFP8 over 150 (from_hf; bound 3e-1, as TOLERANCE's).
 - MXFP8: the GEMM operands are e4m3 (3 mantissa bits: up to 2^-4 relative rounding each) with per-32 scales, on
-  both operands of every GEMM; measured <= 1.5e-1 over several seeds; the bound is 2e-1.
+  both operands of every GEMM; the router weights' gradients (sums over tokens whose per-token terms partly cancel)
+  and the experts' gate_up_proj have the longest tail: from_hf on the reference backend, every model, measured
+  <= 2.03e-1 over seeds 1000-1999 (gpt-oss's gate_up_proj at 1932; deepseek-v3's gate.weight 1.87e-1) and 2.21e-1
+  at CI's seed 1731849616 (deepseek-v3's gate.weight; <= 1.55e-1 over seeds 1-40); the bound is 3e-1.
 A swapped gate/up or an expert shifted by one gives errors of order 1. gpt-oss runs with a swiglu_limit that
 clamps some of g and u, placed in a gap of the pre-activations (clamp_limit_in_a_gap).
 """
@@ -46,8 +49,8 @@ import mok  # noqa: E402
 import mok.integrations.transformers as mok_hf  # noqa: E402
 
 H, INTER, EXPERTS, TOPK, TOKENS = 64, 32, 4, 2, 40
-TOLERANCE = {False: 2e-2, True: 2e-1}  # by mxfp8: bf16 and MXFP8 resolution, see the module doc
-ABS_SUM_TOLERANCE = {False: 1e-2, True: 2e-1}  # an error against a sum's absolute terms (ABS_SUM, module doc)
+TOLERANCE = {False: 2e-2, True: 3e-1}  # by mxfp8: bf16 and MXFP8 resolution, see the module doc
+ABS_SUM_TOLERANCE = {False: 1e-2, True: 3e-1}  # an error against a sum's absolute terms (ABS_SUM, module doc)
 SPLIT = (16, TOKENS - 16)  # tokens of rank 0 and rank 1 in the 2-rank runs
 
 
