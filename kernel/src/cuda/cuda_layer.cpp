@@ -426,8 +426,8 @@ class CudaLayer final : public LayerExecutor {
     std::snprintf(out->wait, sizeof(out->wait), "%s", wait);
     std::snprintf(out->detail, sizeof(out->detail), "%s", rec.detail);
     out->pass = calls_.failed();
-    // On purpose: this rank's mokLayerAbort or refused call (on the device: the ids), or the peer whose the barrier
-    // found (core::stamped_peer; -1 where the aborting peer left no reason: a timeout or a call cut short there).
+    // On purpose: this rank's mokLayerAbort or refused call (on the device: the ids), or the peer a barrier found to
+    // have left with a reason (core::stamped_peer; -1 where it left none: a timeout or a call cut short there).
     if (core::on_purpose(rec.outcome, rec.wait))
       out->abort_rank = rec.rank;
     else
