@@ -92,7 +92,7 @@ def consumer(session: nox.Session) -> None:
     env = {"PKG_CONFIG_PATH": str(prefix / "lib" / "pkgconfig")}
     session.run("make", "-C", str(ROOT / "examples" / "cpp"), f"O={out}", env=env, external=True)
     session.run(str(out / "mok_consumer_pc"), external=True)
-    # README.md's one-liner as a user types it: the program finds libmok.so.0.4 through mok.pc's rpath alone.
+    # README.md's one-liner as a user types it: the program finds libmok.so.0.5 through mok.pc's rpath alone.
     main, line = ROOT / "examples" / "cpp" / "main.cpp", out / "mok_consumer_line"
     session.run("sh", "-c", f"c++ {main} -o {line} $(pkg-config --cflags --libs mok)", env=env, external=True)
     session.run(str(line), env={"LD_LIBRARY_PATH": None}, external=True)

@@ -13,7 +13,7 @@ let
 in
 backendStdenv.mkDerivation {
   pname = "libmok";
-  version = "0.4.0";
+  version = "0.5.0";
   inherit src;
 
   outputs = [

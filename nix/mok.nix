@@ -13,7 +13,7 @@
 }:
 buildPythonPackage {
   pname = "mok";
-  version = "0.4.0";
+  version = "0.5.0";
   pyproject = true;
   # The package's own directory: with MOK_USE_INSTALLED it needs nothing from the rest of the tree.
   src = "${src}/python";

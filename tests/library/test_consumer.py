@@ -10,7 +10,7 @@ from buildutil import ROOT, have, run
 
 
 def check_output(text: str) -> None:
-    assert "libmok 0.4.0 (header 0.4.0)" in text, text
+    assert "libmok 0.5.0 (header 0.5.0)" in text, text
     assert "executor host     compiled=1 usable=1" in text, text
     assert "CUDA architectures: 100a;103a" in text, text
     # No GPU executor runs a layer yet, whatever device code is built in (docs/c-api.md, Executors).
@@ -37,14 +37,14 @@ def test_pkg_config(prefix, tmp_path):
 
 
 def without_library_path() -> dict[str, str]:
-    """The environment without LD_LIBRARY_PATH: a consumer finds libmok.so.0.4 through its own rpath or not at all."""
+    """The environment without LD_LIBRARY_PATH: a consumer finds libmok.so.0.5 through its own rpath or not at all."""
     return {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
 
 
 @pytest.mark.skipif(not have("pkg-config"), reason="pkg-config is not installed")
 def test_readme_pkg_config_line_runs(host_only_prefix, tmp_path):
-    """README.md's one-liner, as written there, gives a program that finds libmok.so.0.4 at run time: mok.pc's Libs
-    carry the rpath (without it the loader fails with "libmok.so.0.4: cannot open shared object file")."""
+    """README.md's one-liner, as written there, gives a program that finds libmok.so.0.5 at run time: mok.pc's Libs
+    carry the rpath (without it the loader fails with "libmok.so.0.5: cannot open shared object file")."""
     readme = (ROOT / "README.md").read_text()
     line = "c++ main.cpp $(pkg-config --cflags --libs mok)"
     assert f"\n{line}\n" in readme, "README.md's pkg-config line changed: update this test with it"

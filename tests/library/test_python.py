@@ -9,7 +9,7 @@ from mok import _mok
 
 
 def test_version_matches_libmok():
-    assert mok.__version__ == mok.libmok_version == "0.4.0"
+    assert mok.__version__ == mok.libmok_version == "0.5.0"
     assert _mok.version() == _mok.HEADER_VERSION
 
 

@@ -48,8 +48,8 @@ def test_wheel(mode, prefix, cuda_bin, tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     bundled = [n for n in names if Path(n).name.startswith("libmok.so")]
     if mode == "bundled":
-        assert bundled == ["mok/libmok.so.0.4"], names  # named by its SONAME, which carries the minor while major is 0
+        assert bundled == ["mok/libmok.so.0.5"], names  # named by its SONAME, which carries the minor while major is 0
     else:
         assert not bundled, f"a wheel built against an installed libmok must not carry one: {bundled}"
     out = import_in_fresh_env(wheel, tmp_path, "" if mode == "bundled" else str(prefix / "lib"))
-    assert out.startswith("0.4.0 ") and "'host'" in out, out
+    assert out.startswith("0.5.0 ") and "'host'" in out, out

@@ -37,7 +37,7 @@ def test_three_outputs_built(packages):
 def test_outputs_split_the_install(packages):
     lib, dev, py = (set(rb.Package.from_file(packages[n]).files) for n in NAMES)
     # the SONAME carries the minor while major is 0; the self-test comes with the library it tests
-    assert lib == {"lib/libmok.so.0.4", "lib/libmok.so.0.4.0", "bin/mok_selftest"}
+    assert lib == {"lib/libmok.so.0.5", "lib/libmok.so.0.5.0", "bin/mok_selftest"}
     assert {
         "include/mok/mok.h",
         "include/mok/mok_version.h",
@@ -55,10 +55,10 @@ def test_pins_between_outputs(packages):
     from rattler.package import RunExportsJson
 
     lib, dev, py = (rb.Package.from_file(packages[n]) for n in NAMES)
-    assert RunExportsJson.from_package_archive(packages["libmok"]).weak == ["libmok >=0.4.0,<0.5.0a0"]
+    assert RunExportsJson.from_package_archive(packages["libmok"]).weak == ["libmok >=0.5.0,<0.6.0a0"]
     assert "__cuda >=13" in lib.constrains
-    assert dev.depends == [f"libmok ==0.4.0 {lib.build_string}"]
-    assert "libmok >=0.4.0,<0.5.0a0" in py.depends  # libmok-dev's run_exports
+    assert dev.depends == [f"libmok ==0.5.0 {lib.build_string}"]
+    assert "libmok >=0.5.0,<0.6.0a0" in py.depends  # libmok-dev's run_exports
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -83,4 +83,4 @@ def test_cpp_example_builds_from_installed_channel(packages, tmp_path):
         text=True,
     )
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count("libmok 0.4.0 (header 0.4.0)") == 2  # CMake and pkg-config builds both ran
+    assert run.stdout.count("libmok 0.5.0 (header 0.5.0)") == 2  # CMake and pkg-config builds both ran

@@ -56,7 +56,7 @@ def test_libmok_pins_itself_and_needs_a_cuda_13_driver(rendered):
     for r in _outputs(rendered, "libmok"):
         req = r.requirements.to_dict()
         (pin,) = req["run_exports"]["weak"]
-        # the SONAME carries the minor while the major is 0 (libmok.so.0.4): dependents are pinned to it
+        # the SONAME carries the minor while the major is 0 (libmok.so.0.5): dependents are pinned to it
         assert pin["pin_subpackage"]["name"] == "libmok" and pin["pin_subpackage"]["upper_bound"] == "x.x"
         assert "__cuda >=13" in req["run_constraints"]
         assert "cuda-version >=13.0,<14" in req["run_constraints"]

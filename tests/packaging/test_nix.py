@@ -82,14 +82,14 @@ def test_libmok_derivation_shape(summary):
     assert lib["doCheck"] is True and "-DMOK_BUILD_TESTS:BOOL=TRUE" in lib["cmakeFlags"]
     assert "auto-add-driver-runpath-hook-fixture" in lib["inputs"]
     assert "cuda_nvcc-13.0-fixture" in lib["inputs"]
-    assert summary["default"] == "libmok-0.4.0"
+    assert summary["default"] == "libmok-0.5.0"
 
 
 def test_mok_builds_against_libmok(summary):
     mok = summary["mok"]
     assert mok["fixtureStdenv"] == "buildPythonPackage"
     assert mok["MOK_USE_INSTALLED"] == "ON"
-    assert mok["buildInputs"] == ["libmok-0.4.0"]
+    assert mok["buildInputs"] == ["libmok-0.5.0"]
     assert {"torch-fixture", "numpy-fixture"} <= set(mok["dependencies"])
     assert mok["pythonImportsCheck"] == ["mok"]
 

@@ -13,7 +13,7 @@ import pytest
 import repro_diff
 import source_tree
 
-VERSION = "0.4.0"
+VERSION = "0.5.0"
 
 
 def _run(*cmd, env=None, cwd=None):

@@ -46,4 +46,4 @@ def test_cpp_example_builds_from_split_outputs(tmp_path, cccl_dir):
         cwd=tmp_path,
         env={"PREFIX": str(dev), "PATH": os.environ["PATH"]},
     )
-    assert stdout.count("libmok 0.4.0 (header 0.4.0)") == 2  # the CMake and the pkg-config build both ran
+    assert stdout.count("libmok 0.5.0 (header 0.5.0)") == 2  # the CMake and the pkg-config build both ran

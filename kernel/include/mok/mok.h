@@ -43,7 +43,8 @@ typedef enum {
   mokTimeout = 9,    /* a bounded wait on another worker or rank ran out */
   mokPeerAbort = 10, /* another rank or worker aborted the pass */
   mokInternalError = 11,
-  mokNumStatus = 12
+  mokNcclError = 12, /* an NCCL call failed (mokNcclPeersCreate); the detail names it and NCCL's error */
+  mokNumStatus = 13
 } mokStatus_t;
 
 /* A static string naming the status ("mokSuccess: no error", ...); never NULL. */
@@ -420,6 +421,30 @@ MOK_API mokStatus_t mokLayerAbort(mokLayer_t layer, const char* reason);
 MOK_API mokStatus_t mokMxfp8Quantize(const void* src, mokDataType_t dtype, int64_t batch, int64_t rows, int64_t cols,
                                      uint8_t* rowwise_data, uint8_t* rowwise_scales, uint8_t* colwise_data,
                                      uint8_t* colwise_scales, void* stream);
+
+/* ---- peer memory from an NCCL communicator (docs/gpu.md, "Peer memory from NCCL") ------------------------ */
+/*
+ * For a C++ trainer that holds an NCCL communicator over its expert-parallel group: a peer buffer of `bytes`
+ * (mokLayerGetSizes' peer_bytes) on every rank, and every rank's device address of each, for
+ * mokLayerMemory_t.peer_bases of a mokExecutorCuda layer with config.world and config.rank as the communicator's
+ * size and rank. Each buffer comes from ncclMemAlloc and is registered as a symmetric window
+ * (ncclCommWindowRegister, NCCL_WIN_COLL_SYMMETRIC); the addresses come from ncclGetPeerDevicePointer. So
+ * mokNcclPeersCreate is collective over the communicator: every rank calls it with the same bytes, with the
+ * communicator's device current. libmok loads NCCL when first asked (MOK_NCCL_LIBRARY, a path, else libnccl.so.2
+ * as the dynamic loader finds it; NCCL >= 2.29; pinned: PyPI nvidia-nccl-cu13==2.32.3), so it neither links nor
+ * needs NCCL otherwise. nccl_comm is an ncclComm_t.
+ * Refusals, nothing kept: NULL nccl_comm or peers, or bytes 0 (mokInvalidArgument); libmok built without CUDA
+ * (mokNotCompiled); no usable GPU (mokNoDevice); NCCL not loaded, each reason named (mokUnsupported); another
+ * device current than the communicator's, or more than 72 ranks (mokInvalidArgument); a rank whose peer lies
+ * outside its NVLink domain (mokUnsupported, naming both); a failed NCCL call (mokNcclError, naming it).
+ */
+typedef struct mokNcclPeers* mokNcclPeers_t;
+MOK_API mokStatus_t mokNcclPeersCreate(void* nccl_comm, size_t bytes, mokNcclPeers_t* peers);
+/* The table: *peer_bases holds *world device pointers (rank r's buffer at [r], valid until mokNcclPeersDestroy),
+ *rank is this rank. Any output may be NULL. */
+MOK_API mokStatus_t mokNcclPeersGetBases(mokNcclPeers_t peers, void* const** peer_bases, int* world, int* rank);
+/* Collective (ncclCommWindowDeregister): after every layer over the buffers is destroyed; NULL is a no-op. */
+MOK_API mokStatus_t mokNcclPeersDestroy(mokNcclPeers_t peers);
 
 /* ---- self-test (docs/gpu.md, "On your first GPU") ------------------------------------------------ */
 /*

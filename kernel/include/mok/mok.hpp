@@ -1,5 +1,5 @@
 // Header-only C++ wrapper over mok.h: exceptions (mok::Error) instead of status codes, RAII for the layer context
-// (mok::Layer).
+// (mok::Layer) and for the peer memory from an NCCL communicator (mok::NcclPeers).
 #pragma once
 
 #include <cstdint>
@@ -158,6 +158,47 @@ class Layer {
 
  private:
   mokLayer_t layer_ = nullptr;
+};
+
+// The peer memory of a group from its NCCL communicator (mokNcclPeersCreate, collective): every rank's buffer of
+// `bytes` (layer_sizes(config).peer_bytes) and its address on this rank, for mokLayerMemory_t.peer_bases with
+// config.world = world() and config.rank = rank(). Destroy every Layer over it first: the destructor is collective
+// too (mokNcclPeersDestroy). Move-only; `nccl_comm` is an ncclComm_t.
+class NcclPeers {
+ public:
+  NcclPeers() noexcept = default;
+  NcclPeers(void* nccl_comm, size_t bytes) {
+    check(mokNcclPeersCreate(nccl_comm, bytes, &peers_));
+    check(mokNcclPeersGetBases(peers_, &bases_, &world_, &rank_));
+  }
+  ~NcclPeers() { reset(); }
+  NcclPeers(NcclPeers&& other) noexcept { *this = std::move(other); }
+  NcclPeers& operator=(NcclPeers&& other) noexcept {
+    if (this != &other) {
+      reset();
+      peers_ = std::exchange(other.peers_, nullptr);
+      bases_ = std::exchange(other.bases_, nullptr);
+      world_ = std::exchange(other.world_, 0);
+      rank_ = std::exchange(other.rank_, -1);
+    }
+    return *this;
+  }
+  NcclPeers(const NcclPeers&) = delete;
+  NcclPeers& operator=(const NcclPeers&) = delete;
+
+  void reset() noexcept {
+    if (peers_) mokNcclPeersDestroy(peers_);
+    peers_ = nullptr;
+    bases_ = nullptr;
+  }
+  void* const* peer_bases() const noexcept { return bases_; }
+  int world() const noexcept { return world_; }
+  int rank() const noexcept { return rank_; }
+
+ private:
+  mokNcclPeers_t peers_ = nullptr;
+  void* const* bases_ = nullptr;
+  int world_ = 0, rank_ = -1;
 };
 
 }  // namespace mok

@@ -45,6 +45,7 @@ MOK_API const char* mokGetStatusString(mokStatus_t status) {
     case mokTimeout: return "mokTimeout: a bounded wait ran out";
     case mokPeerAbort: return "mokPeerAbort: another rank or worker aborted";
     case mokInternalError: return "mokInternalError: internal error";
+    case mokNcclError: return "mokNcclError: an NCCL call failed";
     case mokNumStatus: break;
   }
   return "unknown mokStatus_t value";

@@ -29,6 +29,7 @@
 #include "api/executor.hpp"
 #include "core/pass_worker.hpp"
 #include "core/split_workspace.hpp"
+#include "cuda/driver.hpp"
 #include "cuda/mapped_record.hpp"
 #include "cuda/runtime.hpp"
 #include "cuda/split_device.hpp"
@@ -91,8 +92,26 @@ mokStatus_t check_on_device(const void* pointer, const char* name, int device, c
               func, name, pointer, device, memory_kind(a.type));
 }
 
-// Peer q's buffer: device memory of this device, or of another one this device reaches (peer access, enabled here
-// once per pair and process; CUDA keeps it for the context's life), or managed memory.
+// Whether the current context may read and write `pointer` as it is mapped now (CU_POINTER_ATTRIBUTE_ACCESS_FLAGS).
+// So is a peer's buffer that a library mapped into this process with access granted (an NCCL window's peer
+// mapping, PyTorch symmetric memory, an imported IPC handle), whichever GPU holds it, seen by this process or not.
+// False where the driver cannot say.
+bool mapped_read_write(const void* pointer) {
+  static cuda::DriverApi driver;
+  static const bool loaded = [] {
+    cuda::load_driver_api(&driver);
+    return driver.cuPointerGetAttribute != nullptr;
+  }();
+  CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS flags = CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE;
+  return loaded &&
+         driver.cuPointerGetAttribute(&flags, CU_POINTER_ATTRIBUTE_ACCESS_FLAGS,
+                                      reinterpret_cast<CUdeviceptr>(pointer)) == CUDA_SUCCESS &&
+         flags == CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE;
+}
+
+// Peer q's buffer: device memory of this device; memory of any GPU mapped into this context with read-write access
+// (mapped_read_write); device memory of another GPU of the process that this device reaches (peer access, enabled
+// here once per pair and process; CUDA keeps it for the context's life); or managed memory. Never host memory.
 mokStatus_t check_peer(const void* pointer, int q, int device, const char* func) {
   char name[32];
   std::snprintf(name, sizeof(name), "memory.peer_bases[%d]", q);
@@ -102,6 +121,8 @@ mokStatus_t check_peer(const void* pointer, int q, int device, const char* func)
     return fail(mokCudaError, "%s: cudaPointerGetAttributes of argument '%s' (%p): %s (%s)", func, name, pointer,
                 cudaGetErrorString(e), cudaGetErrorName(e));
   }
+  bool own = a.type == cudaMemoryTypeManaged || (a.type == cudaMemoryTypeDevice && a.device == device);
+  if (!own && a.type != cudaMemoryTypeHost && mapped_read_write(pointer)) return mokSuccess;
   if (a.type != cudaMemoryTypeDevice || a.device == device) return check_on_device(pointer, name, device, func);
   int reaches = 0;
   if (cudaError_t e = cudaDeviceCanAccessPeer(&reaches, device, a.device); e != cudaSuccess || !reaches) {

@@ -12,6 +12,7 @@ namespace mok::cuda {
 // name, the CUDA version of its signature
 #define MOK_DRIVER_ENTRY_POINTS(X)         \
   X(cuGetErrorName, 6000)                  \
+  X(cuPointerGetAttribute, 4000)           \
   X(cuTensorMapEncodeTiled, 12000)         \
   X(cuMemCreate, 10020)                    \
   X(cuMemRelease, 10020)                   \

@@ -50,15 +50,16 @@ NcclLoad load_nccl_from(const char* library, NcclApi* api) {
   find(handle, "ncclMemFree", &api->ncclMemFree, missing, sizeof(missing));
   find(handle, "ncclCommWindowRegister", &api->ncclCommWindowRegister, missing, sizeof(missing));
   find(handle, "ncclCommWindowDeregister", &api->ncclCommWindowDeregister, missing, sizeof(missing));
+  find(handle, "ncclGetPeerDevicePointer", &api->ncclGetPeerDevicePointer, missing, sizeof(missing));
   if (api->ncclGetVersion && api->ncclGetVersion(&api->version) != 0) api->version = 0;
   if (missing[0]) {
-    std::snprintf(load.message, sizeof(load.message),
-                  "NCCL at %s lacks %s (the peer-table helper needs NCCL >= 2.28; %s)", library, missing, kInstall);
+    std::snprintf(load.message, sizeof(load.message), "NCCL at %s lacks %s (the peer table needs NCCL >= 2.29; %s)",
+                  library, missing, kInstall);
     return load;
   }
   if (api->version < kNcclMinVersion) {
     std::snprintf(load.message, sizeof(load.message),
-                  "NCCL at %s is version %d.%d.%d; the peer-table helper needs NCCL >= 2.28 (%s)", library,
+                  "NCCL at %s is version %d.%d.%d; the peer table needs NCCL >= 2.29 (%s)", library,
                   api->version / 10000, api->version / 100 % 100, api->version % 100, kInstall);
     return load;
   }

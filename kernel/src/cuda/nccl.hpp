@@ -1,8 +1,8 @@
-// NCCL, loaded at run time: libmok links no NCCL, so it loads where NCCL is absent. The peer-table helper for
-// C++ trainers (issue #12: the trainer's communicator gives each rank's symmetric buffer through NCCL >= 2.28
-// window registration or ncclMemAlloc) calls these entry points. Pinned: PyPI nvidia-nccl-cu13==2.32.3, whose
-// libnccl.so.2 lies in <site-packages>/nvidia/nccl/lib. The library is MOK_NCCL_LIBRARY when that is set (a path),
-// else "libnccl.so.2" as the dynamic loader finds it (LD_LIBRARY_PATH, the runpath, ldconfig). No CUDA needed to
+// NCCL, loaded at run time: libmok links no NCCL, so it loads where NCCL is absent. The peer table for C++
+// trainers (cuda/nccl_peers.hpp: each rank's buffer from ncclMemAlloc, registered as a symmetric window, and every
+// peer's address of it from ncclGetPeerDevicePointer) calls these entry points. Pinned: PyPI nvidia-nccl-cu13==2.32.3,
+// whose libnccl.so.2 lies in <site-packages>/nvidia/nccl/lib. The library is MOK_NCCL_LIBRARY when that is set (a
+// path), else "libnccl.so.2" as the dynamic loader finds it (LD_LIBRARY_PATH, the runpath, ldconfig). No CUDA needed to
 // load it or to read its version, so this module is plain C++.
 #pragma once
 
@@ -27,11 +27,17 @@ struct NcclApi {
   NcclResult (*ncclCommWindowRegister)(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win,
                                        int flags) = nullptr;
   NcclResult (*ncclCommWindowDeregister)(ncclComm_t comm, ncclWindow_t win) = nullptr;
+  NcclResult (*ncclGetPeerDevicePointer)(ncclWindow_t win, size_t offset, int peer, void** ptr) = nullptr;
   int version = 0;  // NCCL_VERSION_CODE of the loaded library (2.32.3: 23203)
 };
 
-// The oldest NCCL whose window registration the peer-table helper uses.
-constexpr int kNcclMinVersion = 22800;  // 2.28.0
+// The oldest NCCL with every entry point above: ncclGetPeerDevicePointer, the host's view of a window's peers,
+// came in 2.29.
+constexpr int kNcclMinVersion = 22900;  // 2.29.0
+
+// nccl.h's NCCL_WIN_COLL_SYMMETRIC: a window every rank registers with the same size, which its peers address by
+// loads and stores.
+constexpr int kNcclWindowSymmetric = 0x01;
 
 // What loading found: `loaded` when the library opened and every entry point above is in it and its version is
 // at least kNcclMinVersion; otherwise `message` says why (the library that did not open and dlerror's words, each

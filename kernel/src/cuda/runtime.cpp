@@ -28,6 +28,14 @@ QueryFailure from_cuda(cudaError_t err, const char* call, int device_count) {
 
 }  // namespace
 
+QueryFailure current_device(int* device) {
+  if (cudaError_t err = cudaGetDevice(device); err != cudaSuccess) {
+    cudaGetLastError();
+    return from_cuda(err, "cudaGetDevice", 0);
+  }
+  return {};
+}
+
 QueryFailure device_info(int device, mokDeviceInfo_t* info) {
   cudaDriverGetVersion(&info->driver_version);
   cudaRuntimeGetVersion(&info->runtime_version);

@@ -22,6 +22,9 @@ struct QueryFailure {
 // Fill `info` for `device` (driver and runtime versions always, the rest when the device exists).
 QueryFailure device_info(int device, mokDeviceInfo_t* info);
 
+// The calling thread's current CUDA device (cudaGetDevice).
+QueryFailure current_device(int* device);
+
 // Whether the sm100 executor's kernels carry an image that `device` can load; `info` describes the device.
 QueryFailure sm100_supports(int device, mokDeviceInfo_t* info);
 

@@ -1,0 +1,139 @@
+// A stand-in NCCL for test_nccl_peers: the entry points cuda/nccl.hpp loads, over host memory, for a group of
+// ranks as threads of one process. Its window registration waits for every rank, as NCCL's collective does; its
+// LSA teams are blocks of `lsa_size` ranks, and a peer outside the block gets a NULL pointer, as NCCL gives. The
+// fake_nccl_* calls set it up and say what is still allocated.
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#define FAKE_API extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+constexpr int kSuccess = 0, kSystemError = 2, kInternalError = 3, kInvalidArgument = 4;
+
+struct Group {
+  int world = 0, lsa_size = 0, device = 0;
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<void*> buffers;  // each rank's registered buffer
+  int registered = 0;
+};
+
+struct Comm {
+  Group* group;
+  int rank;
+};
+
+struct Window {
+  Comm* comm;
+};
+
+std::mutex state_mutex;
+int version = 23203;
+int live = 0;  // buffers and windows not yet released
+std::string failing_call;
+
+bool fails(const char* call) {
+  std::lock_guard<std::mutex> lock(state_mutex);
+  return failing_call == call;
+}
+
+void count(int delta) {
+  std::lock_guard<std::mutex> lock(state_mutex);
+  live += delta;
+}
+
+}  // namespace
+
+struct ncclComm : Comm {};
+struct ncclWindow_vidmem : Window {};
+
+FAKE_API void fake_nccl_set_version(int code) {
+  version = code;
+}
+FAKE_API void fake_nccl_fail(const char* call) {
+  std::lock_guard<std::mutex> lock(state_mutex);
+  failing_call = call ? call : "";
+}
+FAKE_API int fake_nccl_live() {
+  std::lock_guard<std::mutex> lock(state_mutex);
+  return live;
+}
+// `world` communicators of one group on CUDA device `device`, LSA teams of `lsa_size` ranks.
+FAKE_API void fake_nccl_group(int world, int lsa_size, int device, ncclComm** comms) {
+  auto* group = new Group;  // lives as long as the test process
+  group->world = world;
+  group->lsa_size = lsa_size;
+  group->device = device;
+  group->buffers.assign(world, nullptr);
+  for (int r = 0; r < world; ++r) comms[r] = new ncclComm{{group, r}};
+}
+
+FAKE_API int ncclGetVersion(int* code) {
+  *code = version;
+  return kSuccess;
+}
+FAKE_API const char* ncclGetErrorString(int result) {
+  switch (result) {
+    case kSuccess: return "no error";
+    case kSystemError: return "unhandled system error";
+    case kInternalError: return "internal error - please report this issue to the NCCL developers";
+    case kInvalidArgument: return "invalid argument";
+  }
+  return "unknown result code";
+}
+FAKE_API int ncclCommCount(const ncclComm* comm, int* count) {
+  *count = comm->group->world;
+  return fails("ncclCommCount") ? kInternalError : kSuccess;
+}
+FAKE_API int ncclCommUserRank(const ncclComm* comm, int* rank) {
+  *rank = comm->rank;
+  return kSuccess;
+}
+FAKE_API int ncclCommCuDevice(const ncclComm* comm, int* device) {
+  *device = comm->group->device;
+  return kSuccess;
+}
+FAKE_API int ncclMemAlloc(void** ptr, size_t size) {
+  if (fails("ncclMemAlloc")) return kSystemError;
+  *ptr = std::calloc(1, size);
+  count(1);
+  return kSuccess;
+}
+FAKE_API int ncclMemFree(void* ptr) {
+  std::free(ptr);
+  count(-1);
+  return kSuccess;
+}
+FAKE_API int ncclCommWindowRegister(ncclComm* comm, void* buffer, size_t, ncclWindow_vidmem** window, int flags) {
+  if (fails("ncclCommWindowRegister") || flags != 0x01) return kInvalidArgument;
+  Group& g = *comm->group;
+  std::unique_lock<std::mutex> lock(g.mutex);
+  g.buffers[comm->rank] = buffer;
+  ++g.registered;
+  g.changed.notify_all();
+  if (!g.changed.wait_for(lock, std::chrono::seconds(20), [&] { return g.registered >= g.world; }))
+    return kSystemError;  // a rank never registered: the test's bug, not a hang
+  *window = new ncclWindow_vidmem{{comm}};
+  count(1);
+  return kSuccess;
+}
+FAKE_API int ncclCommWindowDeregister(ncclComm*, ncclWindow_vidmem* window) {
+  delete window;
+  count(-1);
+  return kSuccess;
+}
+FAKE_API int ncclGetPeerDevicePointer(ncclWindow_vidmem* window, size_t offset, int peer, void** ptr) {
+  const Comm& comm = *window->comm;
+  Group& g = *comm.group;
+  if (peer < 0 || peer >= g.world) return kInvalidArgument;
+  std::lock_guard<std::mutex> lock(g.mutex);
+  bool same_team = peer / g.lsa_size == comm.rank / g.lsa_size;
+  *ptr = same_team ? static_cast<char*>(g.buffers[peer]) + offset : nullptr;
+  return kSuccess;
+}
