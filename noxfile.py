@@ -30,7 +30,7 @@ MATPLOTLIB = "matplotlib==3.11.2"
 # CUTLASS/CuTe C++ headers for tests/cpp/test_sf_layout_cute (core's device layouts against CuTe on the host).
 # Installed --no-deps: only the headers are used, not the Python package's cuda-python/scipy dependencies.
 CUTLASS = "nvidia-cutlass==4.2.0.0"
-ARCHS = {"blackwell": "100a;103a", "sm100a": "100a", "host": ""}
+ARCHS = {"gpus": "90a;100a;103a", "blackwell": "100a;103a", "sm100a": "100a", "host": ""}
 
 
 def cuda_env(session: nox.Session) -> dict[str, str]:
@@ -69,7 +69,7 @@ def tests(session: nox.Session) -> None:
     session.install(*BUILD_DEPS, *TEST_DEPS, TORCH, TRANSFORMERS, MATPLOTLIB)
     session.install("--no-deps", CUTLASS)
     session.env.update(cuda_env(session))
-    prefix = cmake_build(session, "tests-libmok", "Release", ARCHS["blackwell"], "-DMOK_BUILD_TESTS=ON")
+    prefix = cmake_build(session, "tests-libmok", "Release", ARCHS["gpus"], "-DMOK_BUILD_TESTS=ON")
     # The package against the libmok just built (test_wheel.py builds the bundling wheel too).
     session.install("--no-build-isolation", "--no-deps", str(ROOT / "python"),
                     env={"MOK_USE_INSTALLED": "ON", "CMAKE_PREFIX_PATH": str(prefix)})

@@ -1,7 +1,10 @@
 // A stand-in NCCL for test_nccl_peers: the entry points cuda/nccl.hpp loads, over host memory, for a group of
-// ranks as threads of one process. Its window registration waits for every rank, as NCCL's collective does; its
-// LSA teams are blocks of `lsa_size` ranks, and a peer outside the block gets a NULL pointer, as NCCL gives. The
-// fake_nccl_* calls set it up and say what is still allocated.
+// ranks as threads of one process. Its window registration and deregistration each wait for every rank, as NCCL's
+// collectives do (bounded: a rank that never comes fails them); its LSA teams are blocks of `lsa_size` ranks, and a
+// peer outside the block gets a NULL pointer, as NCCL gives. fake_nccl_fail makes one call fail, or makes the
+// registration behave as a nonblocking communicator's ("nonblocking": ncclInProgress, then done at the first
+// ncclCommGetAsyncError) or as one without symmetric memory ("no_window": success and no window). The fake_nccl_*
+// calls set it up and say what is still allocated.
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -14,19 +17,26 @@
 
 namespace {
 
-constexpr int kSuccess = 0, kSystemError = 2, kInternalError = 3, kInvalidArgument = 4;
+constexpr int kSuccess = 0, kSystemError = 2, kInternalError = 3, kInvalidArgument = 4, kInProgress = 7;
 
 struct Group {
   int world = 0, lsa_size = 0, device = 0;
   std::mutex mutex;
   std::condition_variable changed;
   std::vector<void*> buffers;  // each rank's registered buffer
-  int registered = 0;
+  int registered = 0, deregistered = 0;
 };
+
+// Waits, bounded, until `count` reaches the group's size: a collective call every rank must make.
+bool all_came(Group& g, std::unique_lock<std::mutex>& lock, const int& count) {
+  g.changed.notify_all();
+  return g.changed.wait_for(lock, std::chrono::seconds(20), [&] { return count >= g.world; });
+}
 
 struct Comm {
   Group* group;
   int rank;
+  int async_state;  // what ncclCommGetAsyncError says next
 };
 
 struct Window {
@@ -71,7 +81,7 @@ FAKE_API void fake_nccl_group(int world, int lsa_size, int device, ncclComm** co
   group->lsa_size = lsa_size;
   group->device = device;
   group->buffers.assign(world, nullptr);
-  for (int r = 0; r < world; ++r) comms[r] = new ncclComm{{group, r}};
+  for (int r = 0; r < world; ++r) comms[r] = new ncclComm{{group, r, kSuccess}};
 }
 
 FAKE_API int ncclGetVersion(int* code) {
@@ -116,17 +126,26 @@ FAKE_API int ncclCommWindowRegister(ncclComm* comm, void* buffer, size_t, ncclWi
   std::unique_lock<std::mutex> lock(g.mutex);
   g.buffers[comm->rank] = buffer;
   ++g.registered;
-  g.changed.notify_all();
-  if (!g.changed.wait_for(lock, std::chrono::seconds(20), [&] { return g.registered >= g.world; }))
-    return kSystemError;  // a rank never registered: the test's bug, not a hang
+  if (!all_came(g, lock, g.registered)) return kSystemError;  // a rank never registered: the test's bug, not a hang
+  if (fails("no_window")) return kSuccess;
   *window = new ncclWindow_vidmem{{comm}};
   count(1);
+  if (!fails("nonblocking")) return kSuccess;
+  comm->async_state = kSuccess;  // done by the first poll
+  return kInProgress;
+}
+FAKE_API int ncclCommGetAsyncError(ncclComm* comm, int* state) {
+  *state = comm->async_state;
   return kSuccess;
 }
-FAKE_API int ncclCommWindowDeregister(ncclComm*, ncclWindow_vidmem* window) {
+FAKE_API int ncclCommWindowDeregister(ncclComm* comm, ncclWindow_vidmem* window) {
+  Group& g = *comm->group;
+  std::unique_lock<std::mutex> lock(g.mutex);
+  ++g.deregistered;
+  bool matched = all_came(g, lock, g.deregistered);
   delete window;
   count(-1);
-  return kSuccess;
+  return matched ? kSuccess : kSystemError;  // a rank that deregisters alone: a mismatched collective
 }
 FAKE_API int ncclGetPeerDevicePointer(ncclWindow_vidmem* window, size_t offset, int peer, void** ptr) {
   const Comm& comm = *window->comm;

@@ -1,16 +1,18 @@
 // The grouped-GEMM launcher (kernel/src/cuda/grouped_gemm.hpp) refuses what it cannot run with a status,
-// before any CUDA call: a kind out of range, an operand missing or meant for another kind, a pointer or a
-// leading dim off TMA's 16 bytes, a window that does not fit, misaligned argument arrays. Every case starts
-// from a random valid launch of a random kind and breaks one thing. Where no GPU is usable (every CUDA call
-// fails, as on this project's machines) the valid launch itself reports cuda_error with CUDA's error; where
-// one is, that case is skipped (its pointers are not device memory). Built in a CUDA build with CUTLASS only:
-// it links the instantiations' objects, which libmok does not export.
+// before any CUDA call: an architecture whose units the build lacks, a kind out of range, an operand missing or meant
+// for another kind, a pointer or a leading dim off TMA's 16 bytes, a window that does not fit, misaligned argument
+// arrays. Every case starts from a random valid launch of a random kind and breaks one thing. Where no GPU is usable
+// (every CUDA call fails, as on this project's machines) the valid launch itself reports cuda_error with CUDA's error;
+// where one is, that case is skipped (its pointers are not device memory). Each launch runs on an architecture the
+// build carries (SM100, SM90), drawn at random, so both families' checks are exercised. Built in a CUDA build with
+// CUTLASS only: it links the instantiations' objects, which libmok does not export.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <random>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "check.hpp"
 #include "cuda/grouped_gemm.hpp"
@@ -18,6 +20,7 @@
 
 namespace core = mok::core;
 using core::GroupedGemm;
+using mok::cuda::GemmArchitecture;
 using mok::cuda::GemmStatus;
 using mok::cuda::GroupedGemmBf16;
 using mok_test::address;
@@ -32,9 +35,18 @@ bool writes_bf16_d(GroupedGemm k) {
   return k == GroupedGemm::gate || k == GroupedGemm::up || k == GroupedGemm::down || k == GroupedGemm::dgrad_h;
 }
 
+// The architectures whose units this build carries (MOK_CUDA_ARCHITECTURES).
+std::vector<GemmArchitecture> built() {
+  std::vector<GemmArchitecture> out;
+  for (int major : {10, 9})
+    if (GemmArchitecture a = mok::cuda::gemm_architecture(major); a != GemmArchitecture::none) out.push_back(a);
+  return out;
+}
+
 // A launch every check passes: the pointers the kind uses (grouped_gemm.hpp's table), the others null.
 GroupedGemmBf16 valid(std::mt19937_64& rng, GroupedGemm kind) {
   GroupedGemmBf16 g{};
+  g.architecture = built()[pick(rng, 0, static_cast<int>(built().size()) - 1)];
   g.shape = mok_test::random_shape(rng, 8, 512);
   g.schedule.experts = address<int32_t>(rng);
   g.kind = kind;
@@ -82,6 +94,28 @@ TEST(valid_launch_reaches_cuda) {
     CHECK_MSG(s == GemmStatus::cuda_error && error != cudaSuccess, "kind %d workspace: %s", kind,
               mok::cuda::gemm_status_name(s));
   }
+}
+
+TEST(an_architecture_the_build_lacks_is_no_architecture) {
+  CHECK_MSG(!built().empty(), "a build with the grouped GEMMs carries no architecture's units");
+  for (int major : {0, 7, 8, 11, 12, -1}) CHECK(mok::cuda::gemm_architecture(major) == GemmArchitecture::none);
+  std::mt19937_64 rng(mok_test::seed() + 5);
+  // None, values that are no architecture, and a real one this build lacks (where it lacks one).
+  std::vector<GemmArchitecture> lacking{GemmArchitecture::none, static_cast<GemmArchitecture>(8),
+                                        static_cast<GemmArchitecture>(11)};
+  for (GemmArchitecture a : {GemmArchitecture::sm90, GemmArchitecture::sm100})
+    if (mok::cuda::gemm_architecture(static_cast<int>(a)) == GemmArchitecture::none) lacking.push_back(a);
+  for (GemmArchitecture a : lacking)
+    for (int kind = 0; kind < kKinds; ++kind) {
+      GroupedGemmBf16 g = valid(rng, static_cast<GroupedGemm>(kind));
+      g.architecture = a;
+      CHECK_MSG(launch(g) == GemmStatus::no_architecture, "architecture %d", static_cast<int>(a));
+      size_t bytes = 0;
+      CHECK(mok::cuda::grouped_gemm_bf16_workspace_bytes(g, &bytes, nullptr) == GemmStatus::no_architecture);
+    }
+  std::printf("  this build's grouped GEMMs:");
+  for (GemmArchitecture a : built()) std::printf(" %s", mok::cuda::gemm_architecture_name(a));
+  std::printf("\n");
 }
 
 TEST(kind_out_of_range_is_bad_kind) {
@@ -168,9 +202,9 @@ TEST(argument_bytes_hold_every_kind_and_status_names_are_distinct) {
     previous = bytes;
   }
   std::set<std::string> names;
-  for (int s = 0; s <= static_cast<int>(GemmStatus::bad_operands); ++s)
+  for (int s = 0; s <= static_cast<int>(GemmStatus::no_architecture); ++s)
     names.insert(mok::cuda::gemm_status_name(static_cast<GemmStatus>(s)));
-  CHECK(names.size() == static_cast<size_t>(GemmStatus::bad_operands) + 1 && !names.count("unknown"));
+  CHECK(names.size() == static_cast<size_t>(GemmStatus::no_architecture) + 1 && !names.count("unknown"));
 }
 
 }  // namespace

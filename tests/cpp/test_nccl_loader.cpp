@@ -36,8 +36,9 @@ TEST(a_library_without_ncclsymbols_names_each_missing_one) {
   nccl::NcclApi api;
   nccl::NcclLoad load = nccl::load_nccl_from("libm.so.6", &api);  // loads, but holds no NCCL
   CHECK(!load.loaded);
-  for (const char* name : {"ncclGetVersion", "ncclMemAlloc", "ncclMemFree", "ncclCommWindowRegister",
-                           "ncclCommWindowDeregister", "ncclCommCount", "ncclCommUserRank", "ncclCommCuDevice"})
+  for (const char* name :
+       {"ncclGetVersion", "ncclMemAlloc", "ncclMemFree", "ncclCommWindowRegister", "ncclCommWindowDeregister",
+        "ncclCommCount", "ncclCommUserRank", "ncclCommCuDevice", "ncclGetPeerDevicePointer", "ncclCommGetAsyncError"})
     CHECK_MSG(has(load.message, name), "%s missing from: %s", name, load.message);
 }
 
@@ -60,7 +61,8 @@ TEST(pinned_wheel_loads_and_reports_its_version) {
   CHECK_MSG(load.loaded, "%s", load.message);
   CHECK_MSG(api.version == 23203, "version %d, the pin is 2.32.3", api.version);
   CHECK_MSG(has(load.message, "NCCL 2.32.3 from "), "%s", load.message);
-  CHECK(api.ncclMemAlloc && api.ncclCommWindowRegister && api.ncclGetErrorString);
+  CHECK(api.ncclMemAlloc && api.ncclCommWindowRegister && api.ncclGetErrorString && api.ncclGetPeerDevicePointer &&
+        api.ncclCommGetAsyncError);
   CHECK(std::strcmp(api.ncclGetErrorString(0), "no error") == 0);
 }
 

@@ -1,8 +1,9 @@
 // cuda/nccl_peers.cpp, the peer table from an NCCL communicator, over a stand-in NCCL (fake_nccl.cpp, host memory,
-// ranks as threads), so it runs without a GPU: every rank gets every rank's buffer in rank order, and each refusal
-// (a peer outside the NVLink domain, another device current, too many ranks, a failed NCCL call) is named and keeps
-// nothing. Then the C ABI, mokNcclPeersCreate: its argument rules, and here the status a machine without a GPU (or
-// a build without CUDA) gives; on a GPU, two ranks through it over the stand-in.
+// ranks as threads, its collectives waiting for every rank), so it runs without a GPU: every rank gets every rank's
+// buffer in rank order, a nonblocking communicator's registration is waited for, and each refusal (a peer outside
+// the LSA team, another device current, too many ranks, a failed NCCL call, a registration that gives no window) is
+// named and keeps nothing. Then the C ABI, mokNcclPeersCreate: its argument rules, and here the status a machine
+// without a GPU (or a build without CUDA) gives; on a GPU, two ranks through it over the stand-in.
 #include <dlfcn.h>
 
 #include <cstdint>
@@ -78,6 +79,24 @@ std::vector<nccl::NcclFailure> open_group(int world, int lsa_size, size_t bytes,
   return failures;
 }
 
+// Every rank closes its table on its own thread (the deregistration is collective); each must succeed.
+void close_group(std::vector<nccl::NcclPeers>* peers) {
+  std::vector<nccl::NcclFailure> failures(peers->size());
+  std::vector<std::thread> ranks;
+  for (size_t r = 0; r < peers->size(); ++r)
+    ranks.emplace_back([&, r] { failures[r] = nccl::close_nccl_peers(api(), &(*peers)[r]); });
+  for (std::thread& rank : ranks) rank.join();
+  for (size_t r = 0; r < failures.size(); ++r)
+    CHECK_MSG(failures[r].status == mokSuccess, "rank %zu closing: %s", r, failures[r].message);
+}
+
+// One rank alone (world 1) opens its table.
+nccl::NcclFailure open_alone(nccl::NcclPeers* peers) {
+  ncclComm_t comm = nullptr;
+  fake().group(1, 1, 0, &comm);
+  return nccl::open_nccl_peers(api(), comm, 1024, 0, peers);
+}
+
 }  // namespace
 
 TEST(every_rank_addresses_every_buffer_in_rank_order) {
@@ -103,19 +122,23 @@ TEST(every_rank_addresses_every_buffer_in_rank_order) {
                 static_cast<unsigned long long>(seen), r, static_cast<unsigned long long>(marks[r]));
     }
   CHECK(fake().live() == 2 * world);  // a buffer and a window per rank
-  for (nccl::NcclPeers& p : peers) CHECK(nccl::close_nccl_peers(api(), &p).status == mokSuccess);
+  close_group(&peers);
   CHECK_MSG(fake().live() == 0, "%d buffers or windows left after closing", fake().live());
 }
 
-TEST(a_peer_outside_the_nvlink_domain_is_named_and_nothing_kept) {
+TEST(a_peer_outside_the_lsa_team_is_named_and_nothing_kept) {
   std::vector<nccl::NcclPeers> peers;
-  std::vector<nccl::NcclFailure> failures = open_group(4, 2, 1024, &peers);  // NVLink domains {0, 1}, {2, 3}
+  std::vector<nccl::NcclFailure> failures = open_group(4, 2, 1024, &peers);  // LSA teams {0, 1}, {2, 3}
   for (int r = 0; r < 4; ++r) {
     CHECK_MSG(failures[r].status == mokUnsupported, "rank %d: status %d", r, failures[r].status);
-    CHECK_MSG(has(failures[r].message, "cannot reach rank") && has(failures[r].message, "NVLink domain"), "%s",
+    CHECK_MSG(has(failures[r].message, "cannot reach rank") && has(failures[r].message, "LSA team"), "%s",
               failures[r].message);
   }
-  CHECK_MSG(has(failures[0].message, "rank 0 of 'nccl_comm' cannot reach rank 2"), "%s", failures[0].message);
+  for (int r = 0; r < 4; ++r) {  // each names the first rank outside its block
+    char named[64];
+    std::snprintf(named, sizeof(named), "rank %d of 'nccl_comm' cannot reach rank %d", r, r < 2 ? 2 : 0);
+    CHECK_MSG(has(failures[r].message, named), "rank %d: %s", r, failures[r].message);
+  }
   CHECK_MSG(fake().live() == 0, "%d buffers or windows kept", fake().live());
 }
 
@@ -152,6 +175,27 @@ TEST(a_failed_nccl_call_is_named_and_nothing_kept) {
     CHECK_MSG(has(f.message, call) && has(f.message, "failed: NCCL error"), "%s: %s", call, f.message);
     CHECK_MSG(fake().live() == 0, "%s: %d buffers or windows kept", call, fake().live());
   }
+}
+
+TEST(a_nonblocking_registration_is_waited_for) {
+  fake().fail("nonblocking");
+  std::vector<nccl::NcclPeers> peers(1);
+  nccl::NcclFailure f = open_alone(&peers[0]);
+  fake().fail(nullptr);
+  CHECK_MSG(f.status == mokSuccess, "%s", f.message);
+  CHECK(peers[0].bases.size() == 1 && peers[0].bases[0] == peers[0].buffer);
+  close_group(&peers);
+  CHECK(fake().live() == 0);
+}
+
+TEST(a_registration_without_a_window_is_unsupported_and_frees_the_buffer) {
+  fake().fail("no_window");
+  nccl::NcclPeers peers;
+  nccl::NcclFailure f = open_alone(&peers);
+  fake().fail(nullptr);
+  CHECK(f.status == mokUnsupported);
+  CHECK_MSG(has(f.message, "registered no window") && has(f.message, "ncclGroupStart"), "%s", f.message);
+  CHECK_MSG(fake().live() == 0, "%d buffers or windows kept", fake().live());
 }
 
 TEST(the_loader_refuses_an_nccl_older_than_2_29) {
@@ -205,7 +249,10 @@ TEST(c_abi_rules_and_the_status_without_a_gpu) {
     CHECK(mokNcclPeersGetBases(tables[r], &bases, &world, &rank) == mokSuccess);
     CHECK(world == 2 && rank == r && bases != nullptr && bases[0] != nullptr && bases[1] != nullptr);
   }
-  for (mokNcclPeers_t table : tables) CHECK(mokNcclPeersDestroy(table) == mokSuccess);
+  ranks.clear();
+  for (int r = 0; r < 2; ++r) ranks.emplace_back([&, r] { statuses[r] = mokNcclPeersDestroy(tables[r]); });
+  for (std::thread& rank : ranks) rank.join();
+  CHECK(statuses[0] == mokSuccess && statuses[1] == mokSuccess);
   CHECK(fake().live() == 0);
 }
 

@@ -20,7 +20,7 @@ def cuda_bin() -> Path:
 
 @pytest.fixture(scope="session")
 def prefix(cuda_bin: Path) -> Path:
-    """An install prefix of a Release libmok built for 100a;103a."""
+    """An install prefix of a Release libmok built for the default targets (90a;100a;103a)."""
     if os.environ.get("MOK_PREFIX"):
         return Path(os.environ["MOK_PREFIX"])
     build = ROOT / "build" / "pytest" / "libmok"

@@ -11,10 +11,10 @@ import pytest
 from buildutil import ROOT, run
 
 
-def test_cubins_for_every_blackwell_target(libmok, cuda_bin):
+def test_cubins_for_every_target(libmok, cuda_bin):
     listing = run(cuda_bin / "cuobjdump", "--list-elf", libmok).stdout
     archs = set(re.findall(r"\.(sm_\d+a?)\.cubin", listing))
-    assert {"sm_100a", "sm_103a"} <= archs, listing
+    assert {"sm_90a", "sm_100a", "sm_103a"} <= archs, listing
 
 
 def resource_usage(libmok, cuda_bin) -> dict[str, dict[str, dict[str, int]]]:
@@ -38,8 +38,11 @@ def max_world() -> int:
 
 def test_device_kernels_and_their_resources(libmok, cuda_bin):
     usage = resource_usage(libmok, cuda_bin)
-    assert {"sm_100a", "sm_103a"} <= set(usage), usage.keys()
-    assert usage["sm_100a"].keys() == usage["sm_103a"].keys(), "both targets must carry the same kernels"
+    assert {"sm_90a", "sm_100a", "sm_103a"} <= set(usage), usage.keys()
+    assert usage["sm_100a"].keys() == usage["sm_103a"].keys(), "both Blackwell targets must carry the same kernels"
+    # core/ compiled for the device (cuda/core_device.cu: never launched, the fused Blackwell executor's ground) is
+    # built for the Blackwell targets only; the split executor's kernels for every target.
+    assert not any("run_workers" in k for k in usage["sm_90a"]), "core_device.cu's kernels are Blackwell's only"
     assert any("run_workers" in k for k in usage["sm_100a"]), "core/'s task-graph worker is not in the device code"
     for step in (
         "dispatch_window",
@@ -55,11 +58,12 @@ def test_device_kernels_and_their_resources(libmok, cuda_bin):
         "group_barrier",
         "leave_group",
     ):
-        assert any(step in k for k in usage["sm_100a"]), f"the split executor's {step} is not in the device code"
+        for arch in ("sm_90a", "sm_100a", "sm_103a"):
+            assert any(step in k for k in usage[arch]), f"{arch}: the split executor's {step} is not in the device code"
     for arch, kernels in usage.items():
         for kernel, r in kernels.items():
             if is_cutlass_gemm(kernel):
-                continue  # its own budgets: test_grouped_gemms_for_every_blackwell_target
+                continue  # its own budgets: test_grouped_gemms_for_every_target
             # Budget, not a hardware limit: the protocol and per-row math must leave the registers a fused tile
             # GEMM needs (65536 per SM = 128 per thread for a 512-thread CTA). Raise it deliberately, not silently.
             assert r["REG"] <= 128, f"{arch} {kernel}: {r['REG']} registers"
@@ -103,41 +107,50 @@ def cubin_strings(binary, cuda_bin, tmp_path) -> str:
     return "\n".join(run("strings", c).stdout for c in cubins)
 
 
-# The SM100 grouped GEMMs: one CUTLASS instantiation per unit kernel/src/cuda/grouped_gemm_FAMILY*_sm100.cu (bf16 over
-# grouped_gemm_sm100.cuh, mxfp8 over grouped_gemm_mxfp8_sm100.cuh), each writing one resource note into the binary.
-# A new unit of a known family is checked with no change here.
-GEMM_UNITS = sorted((ROOT / "kernel" / "src" / "cuda").glob("grouped_gemm_*_sm100.cu"))
-GEMM_NOTE = r"mok_gemm_(bf16|mxfp8)_sm100 (\w+) shared=(\d+) threads=(\d+)"
+# The grouped GEMMs: one CUTLASS instantiation per unit kernel/src/cuda/grouped_gemm_FAMILY*_ARCH.cu (bf16_sm100 over
+# grouped_gemm_sm100.cuh, mxfp8_sm100 over grouped_gemm_mxfp8_sm100.cuh, bf16_sm90 over grouped_gemm_sm90.cuh), each
+# writing one resource note into the binary and compiled for its architecture's targets only. A new unit of a known
+# family is checked with no change here.
+GEMM_UNITS = sorted((ROOT / "kernel" / "src" / "cuda").glob("grouped_gemm_*_sm*.cu"))
+GEMM_NOTE = r"mok_gemm_(bf16|mxfp8)_(sm100|sm90) (\w+) shared=(\d+) threads=(\d+)"
+# Which units a cubin of each target carries.
+GEMM_ARCH = {"sm_100a": "sm100", "sm_103a": "sm100", "sm_90a": "sm90"}
 # What each family's GEMM SASS must hold. UTMALDG: TMA loads of A and B (2CTA: each CTA of the pair loads its half).
-# bf16: UTCHMMA.2CTA, the tcgen05 BF16 MMA over the CTA pair. mxfp8: UTCQMMA.2CTA, the block-scaled MXF8F6F4 MMA over
-# the pair, and UTCCP.T.S.2CTA, the copy of the scale factors from shared to tensor memory that it reads them from.
+# bf16 on sm100: UTCHMMA.2CTA, the tcgen05 BF16 MMA over the CTA pair. mxfp8 on sm100: UTCQMMA.2CTA, the block-scaled
+# MXF8F6F4 MMA over the pair, and UTCCP.T.S.2CTA, the copy of the scale factors from shared to tensor memory that it
+# reads them from. bf16 on sm90: HGMMA ... F32.BF16, the warpgroup MMA of bf16 operands into fp32.
 GEMM_SASS = {
-    "bf16": (r"UTCHMMA\S*\.2CTA", r"UTMALDG"),
-    "mxfp8": (r"UTCQMMA\S*\.2CTA", r"UTCCP\S*\.2CTA", r"UTMALDG"),
+    ("bf16", "sm100"): (r"UTCHMMA\S*\.2CTA", r"UTMALDG"),
+    ("mxfp8", "sm100"): (r"UTCQMMA\S*\.2CTA", r"UTCCP\S*\.2CTA", r"UTMALDG"),
+    ("bf16", "sm90"): (r"HGMMA\.\S*\.F32\.BF16", r"UTMALDG"),
 }
-# Registers: a CTA launches only if registers x threads fit the SM's 65536 (256 threads: 256, above the 255 a thread
-# may have), and the budget is the 128 CUTLASS 4.2 gives these configurations (76 to 80 today): more means another
-# configuration or a new CUTLASS, which is to be looked at (spills, occupancy) and then raised deliberately.
+# Registers: a CTA launches only if registers x threads fit the SM's 65536. On sm100 the budget is the 128 CUTLASS 4.2
+# gives these configurations (76 to 80 today). On sm90 the warp-specialized kernel launches its 384 threads with the
+# most that fit, 65536 / 384 rounded down to 8: 168, and moves them between warpgroups as it runs (setmaxnreg). More
+# means another configuration or a new CUTLASS, which is to be looked at (spills, occupancy) and then raised
+# deliberately.
 REGISTER_FILE = 65536
-GEMM_REGISTERS = 128
-# Shared memory: an SM100 CTA may ask for 227 KB (232448 bytes, the opt-in maximum; CUTLASS's stage count fills up to
-# it), and the SM holds 228 KB: those 227 KB beside the 1 KB the system reserves per CTA. cuobjdump's SHARED counts
-# that reserved KB (.nv.reservedSmem: a kernel with no __shared__ of its own shows 1024) plus any static shared
-# memory; the dynamic part is not in the cubin, so each unit writes it into the binary (its resource note).
+GEMM_REGISTERS = {"sm100": 128, "sm90": 168}
+# Shared memory: an SM90 or SM100 CTA may ask for 227 KB (232448 bytes, the opt-in maximum; CUTLASS's stage count
+# fills up to it), and the SM holds 228 KB: those 227 KB beside the 1 KB the system reserves per CTA. cuobjdump's
+# SHARED counts that reserved KB (.nv.reservedSmem: a kernel with no __shared__ of its own shows 1024) plus any static
+# shared memory; the dynamic part is not in the cubin, so each unit writes it into the binary (its resource note).
 SHARED_BYTES = 227 * 1024
 SM_SHARED_BYTES = 228 * 1024
 
 
-def gemm_notes(binary) -> dict[str, tuple[str, int, int]]:
-    """{instantiation: (family, dynamic shared bytes, threads)} from the units' resource notes in the binary."""
+def gemm_notes(binary) -> dict[tuple[str, str], tuple[str, int, int]]:
+    """{(arch, instantiation): (family, dynamic shared bytes, threads)} from the units' resource notes in the binary."""
     notes = re.findall(GEMM_NOTE, run("strings", binary).stdout)
-    names = [n for _, n, _, _ in notes]
-    assert len(set(names)) == len(names), f"two units write the same note name: {sorted(names)}"
-    return {name: (family, int(shared), int(threads)) for family, name, shared, threads in notes}
+    keys = [(arch, name) for _, arch, name, _, _ in notes]
+    assert len(set(keys)) == len(keys), f"two units write the same note name: {sorted(keys)}"
+    return {(arch, name): (family, int(shared), int(threads)) for family, arch, name, shared, threads in notes}
 
 
-def unit_family(unit) -> str:
-    return re.match(r"grouped_gemm_([a-z0-9]+?)(_|$)", unit.stem).group(1)
+def unit_family(unit) -> tuple[str, str]:
+    """(family, arch) of a unit by its file name: grouped_gemm_bf16_dgrad_sm90.cu is ("bf16", "sm90")."""
+    m = re.match(r"grouped_gemm_([a-z0-9]+?)(?:_.*)?_(sm\d+)$", unit.stem)
+    return m.group(1), m.group(2)
 
 
 def kernel_family(kernel: str) -> str:
@@ -145,49 +158,55 @@ def kernel_family(kernel: str) -> str:
     return "mxfp8" if "BlockScaled" in kernel else "bf16"
 
 
-def count_families(families) -> dict[str, int]:
+def count_families(families) -> dict:
     counts = {}
     for f in families:
         counts[f] = counts.get(f, 0) + 1
     return counts
 
 
-def check_grouped_gemm(binary, cuda_bin, tmp_path, archs=("sm_100a", "sm_103a")) -> None:
+def check_grouped_gemm(binary, cuda_bin, tmp_path, archs=("sm_90a", "sm_100a", "sm_103a")) -> None:
     """Every grouped GEMM in `binary` (one instantiation per unit in the tree) for each of `archs`: present, one per
-    unit of its family, the family's SASS, within its budgets."""
+    unit of its family and architecture, and none of another architecture's, the family's SASS, within its budgets."""
     units = count_families(unit_family(u) for u in GEMM_UNITS)
     assert set(units) <= set(GEMM_SASS), f"a unit family with no SASS expectation: {units}"
     notes = gemm_notes(binary)
-    noted = count_families(f for f, _, _ in notes.values())
+    noted = count_families((f, arch) for (arch, _), (f, _, _) in notes.items())
     assert noted == units, f"resource notes {sorted(notes)} by family {noted}, GEMM units by family {units}"
     for name, (_, dynamic, _) in notes.items():
         assert dynamic <= SHARED_BYTES, f"{name}: {dynamic} bytes of dynamic shared memory, above {SHARED_BYTES}"
-    # cuobjdump names kernels, the notes name units: each kernel is held to the largest note (conservative).
-    dynamic, threads = max(d for _, d, _ in notes.values()), max(t for _, _, t in notes.values())
     sass = sass_functions(binary, cuda_bin)
     usage = resource_usage(binary, cuda_bin)
     for arch in archs:
+        gemm_arch = GEMM_ARCH[arch]
+        # cuobjdump names kernels, the notes name units: each kernel is held to its architecture's largest note.
+        mine = [v for (a, _), v in notes.items() if a == gemm_arch]
+        dynamic, threads = max(d for _, d, _ in mine), max(t for _, _, t in mine)
         gemms = [f for f in sass.get(arch, {}) if is_cutlass_gemm(f)]
-        found = count_families(kernel_family(g) for g in gemms)
-        assert found == units, f"{arch}: grouped GEMM kernels by family {found}, one per unit ({units}) wanted"
+        found = count_families((kernel_family(g), gemm_arch) for g in gemms)
+        wanted = {k: n for k, n in units.items() if k[1] == gemm_arch}
+        assert found == wanted, f"{arch}: grouped GEMM kernels by family {found}, one per unit ({wanted}) wanted"
         for gemm in gemms:
-            for instruction in GEMM_SASS[kernel_family(gemm)]:
+            for instruction in GEMM_SASS[(kernel_family(gemm), gemm_arch)]:
                 assert re.search(instruction, sass[arch][gemm]), f"{arch} {gemm}: {instruction} missing from its SASS"
             r = usage[arch][gemm]
             # No spills, no per-thread arrays: CUTLASS keeps everything in registers, tensor and shared memory.
             assert r["LOCAL"] == 0 and r["STACK"] == 0, f"{arch} {gemm}: LOCAL {r['LOCAL']}, STACK {r['STACK']}"
             assert r["SHARED"] + dynamic <= SM_SHARED_BYTES, \
                 f"{arch} {gemm}: {r['SHARED']} + {dynamic} bytes of shared memory, above {SM_SHARED_BYTES}"
-            assert r["REG"] <= GEMM_REGISTERS, f"{arch} {gemm}: {r['REG']} registers, budget {GEMM_REGISTERS}"
+            budget = GEMM_REGISTERS[gemm_arch]
+            assert r["REG"] <= budget, f"{arch} {gemm}: {r['REG']} registers, budget {budget}"
             assert r["REG"] * threads <= REGISTER_FILE, f"{arch} {gemm}: {r['REG']} x {threads} threads do not launch"
     # A CuTe SM100 atom built for a target without the `a` feature compiles into a printf stub, silently.
     assert "Attempting to use" not in cubin_strings(binary, cuda_bin, tmp_path), "a CuTe feature-gate stub is built in"
 
 
-def test_grouped_gemms_for_every_blackwell_target(libmok, cuda_bin, tmp_path):
+def test_grouped_gemms_for_every_target(libmok, cuda_bin, tmp_path):
     # The glob finds the units docs/gpu.md names (a renamed unit must not drop out of the check silently).
     names = {u.name for u in GEMM_UNITS}
-    assert {f"grouped_gemm_bf16{k}_sm100.cu" for k in ("", "_dgrad", "_dgrad_partial", "_wgrad")} <= names, names
+    for arch in ("sm100", "sm90"):
+        units = {f"grouped_gemm_bf16{k}_{arch}.cu" for k in ("", "_dgrad", "_dgrad_partial", "_wgrad")}
+        assert units <= names, names
     assert "grouped_gemm_mxfp8_sm100.cu" in names, names
     check_grouped_gemm(libmok, cuda_bin, tmp_path)
 
@@ -251,7 +270,7 @@ def test_selftest_is_installed_and_says_why_it_cannot_run_here(prefix):
         pytest.skip(f"a GPU is here (tests/gpu checks the stages on it):\n{proc.stdout}")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert "CUDA architectures: 100a" in lines[0], lines[0]
+    assert "CUDA architectures: 90a;100a;103a" in lines[0], lines[0]
     assert lines[1].startswith("[1/7] probe: NO GPU (") and re.search(r"\(cudaError\w+\)", lines[1]), lines[1]
     assert lines[-1] == "mok self-test: no usable GPU or driver (exit code 2)", proc.stdout
 

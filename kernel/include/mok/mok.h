@@ -67,8 +67,8 @@ typedef enum {
   mokExecutorSm100 = 1,    /* Blackwell sm_100a / sm_103a persistent kernel (later) */
   mokExecutorPortable = 2, /* any sm_80+ GPU (later) */
   mokExecutorCuda = 3,     /* the split executor: a pass as a sequence of kernels on the caller's stream, a group of
-                              BF16 ranks on sm_100a / sm_103a (docs/gpu.md, "The cuda executor"); never run on a GPU
-                              yet */
+                              BF16 ranks on sm_100a / sm_103a, or sm_90a (docs/gpu.md, "The cuda executor"); never run
+                              on a GPU yet */
   mokNumExecutors = 4
 } mokExecutor_t;
 
@@ -436,7 +436,10 @@ MOK_API mokStatus_t mokMxfp8Quantize(const void* src, mokDataType_t dtype, int64
  * Refusals, nothing kept: NULL nccl_comm or peers, or bytes 0 (mokInvalidArgument); libmok built without CUDA
  * (mokNotCompiled); no usable GPU (mokNoDevice); NCCL not loaded, each reason named (mokUnsupported); another
  * device current than the communicator's, or more than 72 ranks (mokInvalidArgument); a rank whose peer lies
- * outside its NVLink domain (mokUnsupported, naming both); a failed NCCL call (mokNcclError, naming it).
+ * outside its LSA team, the ranks NCCL reaches by loads and stores (mokUnsupported, naming both); a registration that
+ * gives no window (mokUnsupported); a nonblocking communicator's registration not done in 120 s (mokTimeout: NCCL
+ * keeps the buffer); a failed NCCL call (mokNcclError, naming it). A refusal before the registration (device, NCCL,
+ * ncclMemAlloc) is this rank's alone and leaves its peers waiting in ncclCommWindowRegister: abort the communicator.
  */
 typedef struct mokNcclPeers* mokNcclPeers_t;
 MOK_API mokStatus_t mokNcclPeersCreate(void* nccl_comm, size_t bytes, mokNcclPeers_t* peers);

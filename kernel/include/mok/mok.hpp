@@ -169,7 +169,12 @@ class NcclPeers {
   NcclPeers() noexcept = default;
   NcclPeers(void* nccl_comm, size_t bytes) {
     check(mokNcclPeersCreate(nccl_comm, bytes, &peers_));
-    check(mokNcclPeersGetBases(peers_, &bases_, &world_, &rank_));
+    mokStatus_t read = mokNcclPeersGetBases(peers_, &bases_, &world_, &rank_);
+    if (read != mokSuccess) {
+      std::string detail = mokGetLastError();
+      reset();
+      throw Error(read, detail);
+    }
   }
   ~NcclPeers() { reset(); }
   NcclPeers(NcclPeers&& other) noexcept { *this = std::move(other); }
@@ -186,10 +191,22 @@ class NcclPeers {
   NcclPeers(const NcclPeers&) = delete;
   NcclPeers& operator=(const NcclPeers&) = delete;
 
+  // Destroys the table now (collective: every rank resets, and no layer uses the buffers any more); a move onto a
+  // live NcclPeers does it too. Its status is not reported: a caller who needs it destroys release()'s table itself.
   void reset() noexcept {
     if (peers_) mokNcclPeersDestroy(peers_);
     peers_ = nullptr;
     bases_ = nullptr;
+    world_ = 0;
+    rank_ = -1;
+  }
+  mokNcclPeers_t get() const noexcept { return peers_; }
+  // Gives the table up without destroying it: the caller calls mokNcclPeersDestroy on it and reads its status.
+  mokNcclPeers_t release() noexcept {
+    bases_ = nullptr;
+    world_ = 0;
+    rank_ = -1;
+    return std::exchange(peers_, nullptr);
   }
   void* const* peer_bases() const noexcept { return bases_; }
   int world() const noexcept { return world_; }

@@ -4,6 +4,10 @@
 #include "api/build_config.hpp"
 #include "api/error.hpp"
 
+#if MOK_WITH_CUDA && MOK_WITH_GROUPED_GEMM
+#include "cuda/grouped_gemm.hpp"
+#endif
+
 namespace mok::api {
 namespace {
 
@@ -35,6 +39,15 @@ const ExecutorEntry* executor_entry(mokExecutor_t executor) {
     case mokNumExecutors: break;
   }
   return nullptr;
+}
+
+bool gemms_serve(int cc_major) {
+#if MOK_WITH_CUDA && MOK_WITH_GROUPED_GEMM
+  return cuda::gemm_architecture(cc_major) != cuda::GemmArchitecture::none;
+#else
+  (void)cc_major;
+  return false;
+#endif
 }
 
 bool layer_compiled(mokExecutor_t executor) {

@@ -73,6 +73,8 @@ const ExecutorEntry* executor_entry(mokExecutor_t executor);
 
 // Whether this libmok runs a layer with `executor`: executor_entry(executor) != nullptr.
 bool layer_compiled(mokExecutor_t executor);
+// Whether this build's grouped GEMMs run on a device of compute capability `cc_major` (cuda::gemm_architecture).
+bool gemms_serve(int cc_major);
 
 // mokNotCompiled with a detail naming `func` and the `argument` that holds `executor`, and saying that it runs no
 // layer in this libmok.

@@ -105,10 +105,12 @@ MOK_API mokStatus_t mokExecutorSupportsDevice(mokExecutor_t executor, int device
   mokDeviceInfo_t info = MOK_DEVICE_INFO_INIT;
   if (mokStatus_t s = worded(mok::cuda::sm100_supports(device, &info), device, info, __func__); s != mokSuccess)
     return s;
-  if (info.cc_major != 10)
+  if (!mok::api::gemms_serve(info.cc_major))
     return fail(mokUnsupported,
-                "%s: device %d (%s, sm_%d%d): executor '%s' runs SM100 grouped GEMMs, on compute capability 10.x only",
-                __func__, device, info.name, info.cc_major, info.cc_minor, mokExecutorName(executor));
+                "%s: device %d (%s, sm_%d%d): executor '%s' runs this libmok's grouped GEMMs, built for %s: compute "
+                "capability 10.x (100a, 103a) and 9.0 (90a) as built",
+                __func__, device, info.name, info.cc_major, info.cc_minor, mokExecutorName(executor),
+                mok::api::kCudaArchitectures);
   *supported = 1;
   return mokSuccess;
 #else

@@ -1,5 +1,5 @@
-// core/ compiled for the device: real kernels over core/'s functions, built for every CUDA target so
-// that core/ cannot drift into host-only code. They are not launched by libmok yet (the sm100
+// core/ compiled for the device: real kernels over core/'s functions, built for the Blackwell targets (the fused
+// executor's) so that core/ cannot drift into host-only code. They are not launched by libmok yet (the sm100
 // executor will be); the worker kernel is the host executor's loop with a CTA as the worker. (The group's
 // barriers the cuda executor launches are in layer_steps.cu.)
 #include "core/mxfp8.hpp"

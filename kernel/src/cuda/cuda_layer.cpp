@@ -24,6 +24,7 @@
 #include <new>
 #include <vector>
 
+#include "api/build_config.hpp"
 #include "api/error.hpp"
 #include "api/error_record.hpp"
 #include "api/executor.hpp"
@@ -92,26 +93,26 @@ mokStatus_t check_on_device(const void* pointer, const char* name, int device, c
               func, name, pointer, device, memory_kind(a.type));
 }
 
-// Whether the current context may read and write `pointer` as it is mapped now (CU_POINTER_ATTRIBUTE_ACCESS_FLAGS).
-// So is a peer's buffer that a library mapped into this process with access granted (an NCCL window's peer
-// mapping, PyTorch symmetric memory, an imported IPC handle), whichever GPU holds it, seen by this process or not.
-// False where the driver cannot say.
+// Whether the current context may read and write `pointer` as it is mapped now (CU_POINTER_ATTRIBUTE_ACCESS_FLAGS,
+// a CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS value). So is a peer's buffer that a library mapped into this process with
+// access granted (an NCCL window's peer mapping, PyTorch symmetric memory, an imported IPC handle), whichever GPU
+// holds it, seen by this process or not. False where the driver cannot say.
 bool mapped_read_write(const void* pointer) {
   static cuda::DriverApi driver;
   static const bool loaded = [] {
     cuda::load_driver_api(&driver);
     return driver.cuPointerGetAttribute != nullptr;
   }();
-  CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS flags = CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE;
-  return loaded &&
-         driver.cuPointerGetAttribute(&flags, CU_POINTER_ATTRIBUTE_ACCESS_FLAGS,
-                                      reinterpret_cast<CUdeviceptr>(pointer)) == CUDA_SUCCESS &&
-         flags == CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE;
+  uint64_t flags = 0;  // room to spare: the attribute's value is a 4-byte enum, read from the low bytes
+  if (!loaded || driver.cuPointerGetAttribute(&flags, CU_POINTER_ATTRIBUTE_ACCESS_FLAGS,
+                                              reinterpret_cast<CUdeviceptr>(pointer)) != CUDA_SUCCESS)
+    return false;
+  return static_cast<uint32_t>(flags) == CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE;
 }
 
-// Peer q's buffer: device memory of this device; memory of any GPU mapped into this context with read-write access
-// (mapped_read_write); device memory of another GPU of the process that this device reaches (peer access, enabled
-// here once per pair and process; CUDA keeps it for the context's life); or managed memory. Never host memory.
+// Peer q's buffer: device memory of this device, or managed memory; device memory of another GPU of the process that
+// this device reaches (peer access, enabled here once per pair and process; CUDA keeps it for the context's life);
+// else memory of any GPU mapped into this context with read-write access (mapped_read_write). Never host memory.
 mokStatus_t check_peer(const void* pointer, int q, int device, const char* func) {
   char name[32];
   std::snprintf(name, sizeof(name), "memory.peer_bases[%d]", q);
@@ -121,15 +122,19 @@ mokStatus_t check_peer(const void* pointer, int q, int device, const char* func)
     return fail(mokCudaError, "%s: cudaPointerGetAttributes of argument '%s' (%p): %s (%s)", func, name, pointer,
                 cudaGetErrorString(e), cudaGetErrorName(e));
   }
-  bool own = a.type == cudaMemoryTypeManaged || (a.type == cudaMemoryTypeDevice && a.device == device);
-  if (!own && a.type != cudaMemoryTypeHost && mapped_read_write(pointer)) return mokSuccess;
-  if (a.type != cudaMemoryTypeDevice || a.device == device) return check_on_device(pointer, name, device, func);
+  bool other_gpu = a.type == cudaMemoryTypeDevice && a.device != device;
+  if (!other_gpu) {
+    if (a.type == cudaMemoryTypeUnregistered && mapped_read_write(pointer)) return mokSuccess;
+    return check_on_device(pointer, name, device, func);
+  }
   int reaches = 0;
   if (cudaError_t e = cudaDeviceCanAccessPeer(&reaches, device, a.device); e != cudaSuccess || !reaches) {
     cudaGetLastError();
+    if (mapped_read_write(pointer)) return mokSuccess;
     return fail(mokUnsupported,
                 "%s: argument '%s' (%p) is device memory of device %d, which the layer's device %d cannot access "
-                "(cudaDeviceCanAccessPeer): mokExecutorCuda's kernels read and write every peer's buffer",
+                "(cudaDeviceCanAccessPeer, and no read-write mapping in this context): mokExecutorCuda's kernels read "
+                "and write every peer's buffer",
                 func, name, pointer, a.device, device);
   }
   cudaError_t e = cudaDeviceEnablePeerAccess(a.device, 0);
@@ -196,8 +201,14 @@ mokStatus_t cuda_failed(const char* func, const char* what, cudaError_t e) {
 // An enqueue_split_pass that stopped, worded: its launch in the plan and why.
 mokStatus_t pass_failed(const char* func, const cuda::SplitFailure& f) {
   if (f.refusal == cuda::SplitRefusal::cuda_error && f.launch < 0)
-    return fail(mokCudaError, "%s: the split pass's entry barrier: %s (%s)", func, cudaGetErrorString(f.error),
-                cudaGetErrorName(f.error));
+    return fail(mokCudaError, "%s: the split pass's %s: %s (%s)", func,
+                f.step == core::SplitStep::barrier ? "entry barrier" : "query of the device's compute capability",
+                cudaGetErrorString(f.error), cudaGetErrorName(f.error));
+  if (f.refusal == cuda::SplitRefusal::gemm_refused && f.launch < 0)
+    return fail(mokUnsupported,
+                "%s: this libmok carries no grouped GEMM for the current device's architecture (built "
+                "for %s)",
+                func, api::kCudaArchitectures);
   if (f.refusal == cuda::SplitRefusal::cuda_error)
     return fail(mokCudaError, "%s: launch %lld of the split pass (%s): %s (%s)", func, static_cast<long long>(f.launch),
                 core::split_step_name(f.step), cudaGetErrorString(f.error), cudaGetErrorName(f.error));

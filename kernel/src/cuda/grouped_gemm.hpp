@@ -2,8 +2,8 @@
 // fills CUTLASS's ptr-array arguments on the device from core's schedule (core/grouped_problems.hpp, one
 // thread per local expert: no host sync, no host read), then runs the grouped GEMM, all on the caller's
 // stream. One entry point serves every BF16 kind: it picks the instantiation whose operand layouts and element
-// types the kind has; another serves the MXFP8 forward (docs/gpu.md). Built only in a CUDA build with CUTLASS; no
-// executor launches them yet.
+// types the kind has, among the units built for the device's architecture (SM100, SM90); another serves the MXFP8
+// forward on SM100 (docs/gpu.md). Built only in a CUDA build with CUTLASS; the cuda executor launches them.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -25,7 +25,16 @@ enum class GemmStatus : int32_t {
   workspace_too_small,  // fewer workspace bytes than grouped_gemm_bf16_workspace_bytes reports
   cuda_error,           // a CUDA call failed: its error is in `*error`
   bad_operands,         // a pointer the kind reads or writes is null, or one it does not use is set (below)
+  no_architecture,      // this build carries no grouped GEMM for the launch's `architecture`
 };
+
+// The grouped GEMM units a launch runs, by the device's compute capability major: 10 (sm_100a, sm_103a: tcgen05)
+// or 9 (sm_90a: WGMMA). `none` for any other, and for one whose units this build does not carry.
+enum class GemmArchitecture : int32_t { none = 0, sm90 = 9, sm100 = 10 };
+GemmArchitecture gemm_architecture(int cc_major);
+const char* gemm_architecture_name(GemmArchitecture architecture);  // "sm_90a", "sm_100a/sm_103a", "none"
+// The current device's (cudaGetDevice, cudaDevAttrComputeCapabilityMajor); none with `*error` set when CUDA fails.
+GemmArchitecture current_gemm_architecture(cudaError_t* error);
 
 const char* gemm_status_name(GemmStatus status);
 
@@ -53,17 +62,20 @@ struct GroupedGemmBf16 {
   // The backward's fp32 operands (after the fields above, so a caller naming only those gets null):
   float* d_fp32;
   const float* c_fp32;
+  GemmArchitecture architecture;  // the device's (gemm_architecture): which units run; none is refused
 };
 
 // Device bytes of the per-expert argument arrays (problem sizes, pointers, strides) for `groups` experts:
 // enough for every kind.
 size_t grouped_gemm_bf16_argument_bytes(int groups);
 
-// The CUTLASS workspace the launch of `gemm.kind` needs on the current device (the pointers are not read).
+// The CUTLASS workspace the launch of `gemm.kind` on `gemm.architecture` needs on the current device (the pointers are
+// not read).
 GemmStatus grouped_gemm_bf16_workspace_bytes(const GroupedGemmBf16& gemm, size_t* bytes, cudaError_t* error);
 
 // Checks the launch (kind, operands, window, alignment, workspace), then fills the arguments on the device
-// and launches the kind's SM100 2-CTA grouped GEMM on `stream`. Never launches anything when it refuses.
+// and launches the kind's grouped GEMM of `gemm.architecture` on `stream` (SM100: 2-CTA tcgen05; SM90: WGMMA). Never
+// launches anything when it refuses.
 GemmStatus grouped_gemm_bf16(const GroupedGemmBf16& gemm, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                              cudaError_t* error);
 

@@ -1,6 +1,8 @@
-// The SM100 grouped-GEMM instantiations as the launcher (grouped_gemm.cu) sees them: one per translation
-// unit (grouped_gemm_bf16*_sm100.cu, each a few lines over grouped_gemm_sm100.cuh), reached through a table
-// of functions so that the launcher itself includes no CUTLASS.
+// The grouped-GEMM instantiations as the launcher (grouped_gemm.cu) sees them: one per translation unit
+// (grouped_gemm_bf16*_sm100.cu over grouped_gemm_sm100.cuh, grouped_gemm_bf16*_sm90.cu over grouped_gemm_sm90.cuh,
+// each a few lines), reached through a table of functions so that the launcher itself includes no CUTLASS. A
+// build carries an architecture's units when MOK_CUDA_ARCHITECTURES names one of its targets (MOK_WITH_SM100_GEMM,
+// MOK_WITH_SM90_GEMM).
 #pragma once
 
 #include "cuda/grouped_gemm.hpp"
@@ -35,6 +37,12 @@ const GroupedGemmInstance& grouped_gemm_sm100_dgrad();
 const GroupedGemmInstance& grouped_gemm_sm100_dgrad_partial();
 // A M-major, B N-major, fp32 D = C + A B^T: wgrad_down, wgrad_gate, wgrad_up (grouped_gemm_bf16_wgrad_sm100.cu).
 const GroupedGemmInstance& grouped_gemm_sm100_wgrad();
+
+// The same four kinds of instantiation on SM90 (grouped_gemm_bf16*_sm90.cu).
+const GroupedGemmInstance& grouped_gemm_sm90_forward();
+const GroupedGemmInstance& grouped_gemm_sm90_dgrad();
+const GroupedGemmInstance& grouped_gemm_sm90_dgrad_partial();
+const GroupedGemmInstance& grouped_gemm_sm90_wgrad();
 
 // The MXFP8 forward (grouped_gemm_mxfp8_sm100.cu): its own operands, so its own table entry.
 struct GroupedGemmMxInstance {

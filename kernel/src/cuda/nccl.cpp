@@ -51,6 +51,7 @@ NcclLoad load_nccl_from(const char* library, NcclApi* api) {
   find(handle, "ncclCommWindowRegister", &api->ncclCommWindowRegister, missing, sizeof(missing));
   find(handle, "ncclCommWindowDeregister", &api->ncclCommWindowDeregister, missing, sizeof(missing));
   find(handle, "ncclGetPeerDevicePointer", &api->ncclGetPeerDevicePointer, missing, sizeof(missing));
+  find(handle, "ncclCommGetAsyncError", &api->ncclCommGetAsyncError, missing, sizeof(missing));
   if (api->ncclGetVersion && api->ncclGetVersion(&api->version) != 0) api->version = 0;
   if (missing[0]) {
     std::snprintf(load.message, sizeof(load.message), "NCCL at %s lacks %s (the peer table needs NCCL >= 2.29; %s)",

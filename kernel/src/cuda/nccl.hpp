@@ -28,6 +28,7 @@ struct NcclApi {
                                        int flags) = nullptr;
   NcclResult (*ncclCommWindowDeregister)(ncclComm_t comm, ncclWindow_t win) = nullptr;
   NcclResult (*ncclGetPeerDevicePointer)(ncclWindow_t win, size_t offset, int peer, void** ptr) = nullptr;
+  NcclResult (*ncclCommGetAsyncError)(ncclComm_t comm, NcclResult* state) = nullptr;
   int version = 0;  // NCCL_VERSION_CODE of the loaded library (2.32.3: 23203)
 };
 
@@ -38,6 +39,9 @@ constexpr int kNcclMinVersion = 22900;  // 2.29.0
 // nccl.h's NCCL_WIN_COLL_SYMMETRIC: a window every rank registers with the same size, which its peers address by
 // loads and stores.
 constexpr int kNcclWindowSymmetric = 0x01;
+
+// nccl.h's ncclInProgress: a call on a nonblocking communicator still running (ncclCommGetAsyncError says when not).
+constexpr NcclResult kNcclInProgress = 7;
 
 // What loading found: `loaded` when the library opened and every entry point above is in it and its version is
 // at least kNcclMinVersion; otherwise `message` says why (the library that did not open and dlerror's words, each

@@ -1,14 +1,20 @@
 // The peer table from an NCCL communicator (cuda/nccl_peers.hpp).
 #include "cuda/nccl_peers.hpp"
 
+#include <chrono>
 #include <cstdarg>
 #include <cstdio>
+#include <thread>
 #include <utility>
 
 #include "core/shape.hpp"
 
 namespace mok::cuda {
 namespace {
+
+// How long a nonblocking communicator's window registration may take: every rank must arrive, and NCCL's own
+// bootstrap has no bound.
+constexpr std::chrono::seconds kRegistrationWait{120};
 
 NcclFailure failure(mokStatus_t status, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 NcclFailure failure(mokStatus_t status, const char* fmt, ...) {
@@ -45,9 +51,10 @@ NcclFailure read_communicator(const NcclApi& api, ncclComm_t comm, int current_d
   return {};
 }
 
-// Every rank's address of the window. NCCL gives NULL for a rank outside this rank's LSA team (not reachable by
-// loads and stores: another NVLink domain). Its LSA teams cut the world into equal blocks, so either every rank
-// reaches every peer or every rank fails here; each then deregisters, which keeps that collective call matched.
+// Every rank's address of the window. NCCL gives NULL for a rank outside this rank's LSA team (the ranks it reaches
+// by loads and stores). Its LSA teams cut the world into equal blocks, so either every rank reaches every peer or
+// every rank fails here; each then deregisters, which keeps that collective call matched. (An NCCL error here, on
+// some ranks only, would leave the others waiting in their deregistration: NCCL's own failure, not a rule broken.)
 NcclFailure address_peers(const NcclApi& api, NcclPeers* peers) {
   peers->bases.assign(peers->world, nullptr);
   for (int r = 0; r < peers->world; ++r) {
@@ -56,10 +63,47 @@ NcclFailure address_peers(const NcclApi& api, NcclPeers* peers) {
     if (peers->bases[r] == nullptr)
       return failure(mokUnsupported,
                      "rank %d of 'nccl_comm' cannot reach rank %d's memory by loads and stores (NCCL gives no "
-                     "pointer: it lies outside this rank's NVLink domain); a layer's group must lie in one",
-                     peers->rank, r);
+                     "pointer: rank %d is outside this rank's LSA team, the ranks NCCL reaches so, one node's unless "
+                     "NCCL spans a multi-node NVLink domain); every rank of a layer's group must reach every other",
+                     peers->rank, r, r);
   }
   return {};
+}
+
+// A nonblocking communicator's registration runs on after the call (ncclInProgress): wait for it, bounded. Until it
+// ends the buffer is NCCL's, so a registration that does not end in time keeps it.
+NcclResult finish_registration(const NcclApi& api, ncclComm_t comm, NcclResult result, bool* timed_out) {
+  auto deadline = std::chrono::steady_clock::now() + kRegistrationWait;
+  while (result == kNcclInProgress) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      *timed_out = true;
+      return result;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (NcclResult r = api.ncclCommGetAsyncError(comm, &result); r != 0) return r;
+  }
+  return result;
+}
+
+// The buffer registered as a symmetric window. On failure the buffer is freed, unless NCCL may still hold it.
+NcclFailure register_window(const NcclApi& api, NcclPeers* peers) {
+  NcclResult r =
+      api.ncclCommWindowRegister(peers->comm, peers->buffer, peers->bytes, &peers->window, kNcclWindowSymmetric);
+  bool timed_out = false;
+  r = finish_registration(api, peers->comm, r, &timed_out);
+  if (timed_out)
+    return failure(
+        mokTimeout,
+        "ncclCommWindowRegister did not finish within %lld s (a nonblocking communicator whose peers did not "
+        "all register): abort the communicator (ncclCommAbort), which also frees the buffer it holds",
+        static_cast<long long>(kRegistrationWait.count()));
+  if (r == 0 && peers->window != nullptr) return {};
+  api.ncclMemFree(peers->buffer);
+  peers->buffer = nullptr;
+  if (r != 0) return nccl_failure(api, "ncclCommWindowRegister", r);
+  return failure(mokUnsupported,
+                 "ncclCommWindowRegister registered no window: the communicator has no symmetric memory (NCCL "
+                 "registers none without it), or the call was made inside ncclGroupStart/ncclGroupEnd");
 }
 
 }  // namespace
@@ -70,11 +114,7 @@ NcclFailure open_nccl_peers(const NcclApi& api, ncclComm_t comm, size_t bytes, i
   peers.bytes = bytes;
   if (NcclFailure f = read_communicator(api, comm, current_device, &peers); f.status != mokSuccess) return f;
   if (NcclResult r = api.ncclMemAlloc(&peers.buffer, bytes); r != 0) return nccl_failure(api, "ncclMemAlloc", r);
-  if (NcclResult r = api.ncclCommWindowRegister(comm, peers.buffer, bytes, &peers.window, kNcclWindowSymmetric);
-      r != 0) {
-    api.ncclMemFree(peers.buffer);
-    return nccl_failure(api, "ncclCommWindowRegister", r);
-  }
+  if (NcclFailure f = register_window(api, &peers); f.status != mokSuccess) return f;
   if (NcclFailure f = address_peers(api, &peers); f.status != mokSuccess) {
     close_nccl_peers(api, &peers);
     return f;

@@ -75,7 +75,7 @@ mokStatus_t cuda_failed(Text* text, const char* what, cudaError_t e);
 
 // The device, its driver's entry points, the probe kernels and the host-mapped error record.
 mokStatus_t selftest_probe(const SelftestSetup& setup, Text* text);
-// The SM100 grouped GEMM (gate and down) against core's host GEMM of the same bytes.
+// The grouped GEMM of the device's architecture (gate and down) against core's host GEMM of the same bytes.
 mokStatus_t selftest_gemm_tile(const SelftestSetup& setup, Text* text);
 // One rank's layer (the split executor's pass: forward, then backward) against the host executor's bytes.
 mokStatus_t selftest_one_rank(const SelftestSetup& setup, Text* text);
@@ -88,7 +88,8 @@ mokStatus_t selftest_benchmark(const SelftestSetup& setup, Text* text);
 
 // Shared by the stages: the device is there, loads libmok's code, and is current. `info` describes it.
 mokStatus_t open_device(const SelftestSetup& setup, mokDeviceInfo_t* info, Text* text);
-// open_device, then a device of compute capability 10.x, which the SM100 grouped GEMMs need (else mokUnsupported).
-mokStatus_t open_sm100(const SelftestSetup& setup, Text* text);
+// open_device, then a device whose grouped GEMMs this build carries: compute capability 10.x (the SM100 units) or 9.0
+// (the SM90 ones), else mokUnsupported.
+mokStatus_t open_gemm_device(const SelftestSetup& setup, Text* text);
 
 }  // namespace mok::cuda

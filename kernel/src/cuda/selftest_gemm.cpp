@@ -1,7 +1,7 @@
-// The self-test's GEMM stage (cuda/selftest.hpp): the split executor's SM100 grouped GEMM, on the GPU, against
-// core's host GEMM (core/gemm.hpp reference_gemm, whose bits the host executor's micro-kernels give) of the same
-// bytes. The routing leaves one expert without rows (an M = 0 problem) and gives another more rows than one
-// 256-row tile, so the problems are ragged as a real schedule's are.
+// The self-test's GEMM stage (cuda/selftest.hpp): the split executor's grouped GEMM (SM100 or SM90, the device's),
+// on the GPU, against core's host GEMM (core/gemm.hpp reference_gemm, whose bits the host executor's micro-kernels
+// give) of the same bytes. The routing leaves one expert without rows (an M = 0 problem) and gives another more rows
+// than one 256-row tile, so the problems are ragged as a real schedule's are.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -98,6 +98,8 @@ mokStatus_t run_kind(const SelftestSetup& setup, const core::LayerShape& s, cons
   if (e == cudaSuccess) e = cudaMemcpy(dd, d.data(), d.size() * 2, cudaMemcpyHostToDevice);
   if (e != cudaSuccess) return cuda_failed(text, "setting up the GEMM's buffers", e);
   core::Schedule device_sched{const_cast<int32_t*>(device_experts), nullptr, host_sched.total_rows};
+  GemmArchitecture architecture = current_gemm_architecture(&e);
+  if (e != cudaSuccess) return cuda_failed(text, "cudaDeviceGetAttribute (compute capability)", e);
   GroupedGemmBf16 gemm{s,
                        device_sched,
                        k.kind,
@@ -108,7 +110,8 @@ mokStatus_t run_kind(const SelftestSetup& setup, const core::LayerShape& s, cons
                        static_cast<bf16_t*>(dd),
                        args,
                        nullptr,
-                       nullptr};
+                       nullptr,
+                       architecture};
   size_t workspace_bytes = 0;
   GemmStatus gs = grouped_gemm_bf16_workspace_bytes(gemm, &workspace_bytes, &e);
   if (gs == GemmStatus::ok && (e = dev.alloc(workspace_bytes, &workspace)) != cudaSuccess) gs = GemmStatus::cuda_error;
@@ -183,7 +186,7 @@ mokStatus_t run_kind(const SelftestSetup& setup, const core::LayerShape& s, cons
 }  // namespace
 
 mokStatus_t selftest_gemm_tile(const SelftestSetup& setup, Text* text) {
-  if (mokStatus_t s = open_sm100(setup, text); s != mokSuccess) return s;
+  if (mokStatus_t s = open_gemm_device(setup, text); s != mokSuccess) return s;
   text->add("seed %llu: ", static_cast<unsigned long long>(setup.seed));  // --seed repeats the inputs
   std::mt19937_64 rng(setup.seed);
   core::LayerShape s = stage_shape();

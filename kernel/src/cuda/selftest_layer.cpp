@@ -496,7 +496,7 @@ mokStatus_t selftest_virtual_ranks(const SelftestSetup& setup, Text* text) {
       return mokUnsupported;
     }
   }
-  if (mokStatus_t s = open_sm100(setup, text); s != mokSuccess) return s;
+  if (mokStatus_t s = open_gemm_device(setup, text); s != mokSuccess) return s;
   mokLayerConfig_t c = layer_config(setup.timeout_ms, 3);
   std::vector<Inputs> in = draw_group(c, setup.seed, true);
   text->add("seed %llu, a group of %d ranks of the cuda executor on device %d against the host executor's group: ",
@@ -523,7 +523,7 @@ mokStatus_t selftest_every_gpu(const SelftestSetup& setup, Text* text) {
   for (int device = 0; device < count; ++device) {
     Text why;
     SelftestSetup on{device, setup.timeout_ms, setup.seed};
-    if (mokStatus_t s = open_sm100(on, &why); s == mokUnsupported) {
+    if (mokStatus_t s = open_gemm_device(on, &why); s == mokUnsupported) {
       text->add("device %d not run: %s; ", device, why.text);
       continue;
     } else if (s != mokSuccess) {
@@ -547,7 +547,7 @@ namespace {
 // `runs` runs of one rank's layer of `c` on setup.device, fp32 main_grad, inputs drawn from the seed.
 mokStatus_t run_here(const SelftestSetup& setup, const mokLayerConfig_t& c, bool skewed, int runs, bool outputs,
                      Inputs* in, std::vector<Results>* results, Text* text) {
-  if (mokStatus_t s = open_sm100(setup, text); s != mokSuccess) return s;
+  if (mokStatus_t s = open_gemm_device(setup, text); s != mokSuccess) return s;
   std::vector<Inputs> one = draw_group(c, setup.seed, skewed);
   std::vector<std::vector<Results> > ranks;
   mokStatus_t s = run_cuda(setup, c, one, false, runs, outputs, &ranks, text);

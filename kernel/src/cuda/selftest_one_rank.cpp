@@ -510,7 +510,7 @@ mokStatus_t run_variant(const SelftestSetup& setup, const mokLayerConfig_t& c, c
 }  // namespace
 
 mokStatus_t selftest_one_rank(const SelftestSetup& setup, Text* text) {
-  if (mokStatus_t s = open_sm100(setup, text); s != mokSuccess) return s;
+  if (mokStatus_t s = open_gemm_device(setup, text); s != mokSuccess) return s;
   text->add("seed %llu: ", static_cast<unsigned long long>(setup.seed));  // --seed repeats the inputs
   std::mt19937_64 rng(setup.seed);
   mokLayerConfig_t c = stage_config(setup.timeout_ms), copy;

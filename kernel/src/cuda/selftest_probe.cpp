@@ -5,6 +5,9 @@
 #include "api/build_config.hpp"
 #include "core/platform.hpp"
 #include "cuda/driver.hpp"
+#if MOK_WITH_GROUPED_GEMM
+#include "cuda/grouped_gemm.hpp"
+#endif
 #include "cuda/mapped_record.hpp"
 #include "cuda/nccl.hpp"
 #include "cuda/probe.hpp"
@@ -137,14 +140,16 @@ mokStatus_t open_device(const SelftestSetup& setup, mokDeviceInfo_t* info, Text*
   return mokSuccess;
 }
 
-mokStatus_t open_sm100(const SelftestSetup& setup, Text* text) {
+mokStatus_t open_gemm_device(const SelftestSetup& setup, Text* text) {
   mokDeviceInfo_t info;
   if (mokStatus_t s = open_device(setup, &info, text); s != mokSuccess) return s;
-  if (info.cc_major == 10) return mokSuccess;
+#if MOK_WITH_GROUPED_GEMM
+  if (gemm_architecture(info.cc_major) != GemmArchitecture::none) return mokSuccess;
+#endif
   text->add(
-      "the SM100 grouped GEMM runs on compute capability 10.x (B200, GB200, B300, GB300); device %d (%s) is "
-      "sm_%d%d",
-      setup.device, info.name, info.cc_major, info.cc_minor);
+      "this libmok's grouped GEMMs run on compute capability 10.x (B200, GB200, B300, GB300: built for 100a or 103a) "
+      "and 9.0 (H100, H200: built for 90a); it was built for %s, and device %d (%s) is sm_%d%d",
+      api::kCudaArchitectures, setup.device, info.name, info.cc_major, info.cc_minor);
   return mokUnsupported;
 }
 

@@ -14,6 +14,7 @@ namespace {
 struct DeviceSteps {
   const SplitDevice& d;
   SplitFailure& failure;
+  int architecture;  // the GemmArchitecture of the pass's device
 
   bool launched(cudaError_t e) {
     if (e == cudaSuccess) return true;
@@ -44,7 +45,10 @@ struct DeviceSteps {
   bool grouped(core::GroupedGemm kind, const core::SplitGemmOperands& o, const core::LayerShape& shape,
                const core::Schedule& schedule, const core::RowPeriods& periods, core::RowWindow w) {
 #if MOK_WITH_GROUPED_GEMM
-    GroupedGemmBf16 g{shape, schedule, kind, periods, w, o.a, o.b, o.d, d.gemm_arguments, o.d_fp32, o.c_fp32};
+    GroupedGemmBf16 g{shape,    schedule, kind,
+                      periods,  w,        o.a,
+                      o.b,      o.d,      d.gemm_arguments,
+                      o.d_fp32, o.c_fp32, static_cast<GemmArchitecture>(architecture)};
     cudaError_t e = cudaSuccess;
     GemmStatus s = grouped_gemm_bf16(g, d.gemm_workspace, d.gemm_workspace_bytes, d.stream, &e);
     if (s == GemmStatus::cuda_error) return launched(e);
@@ -59,6 +63,27 @@ struct DeviceSteps {
 #endif
   }
 };
+
+// The GemmArchitecture of the current device, once nothing else is refused; a failed query or a device whose
+// grouped GEMMs this build lacks is the pass's refusal.
+int pass_architecture(SplitFailure* failure) {
+#if MOK_WITH_GROUPED_GEMM
+  if (failure->refusal != SplitRefusal::none) return 0;
+  cudaError_t e = cudaSuccess;
+  GemmArchitecture architecture = current_gemm_architecture(&e);
+  if (e != cudaSuccess) {
+    failure->refusal = SplitRefusal::cuda_error;
+    failure->error = e;
+  } else if (architecture == GemmArchitecture::none) {
+    failure->refusal = SplitRefusal::gemm_refused;
+    failure->gemm_status = static_cast<int>(GemmStatus::no_architecture);
+  }
+  return static_cast<int>(architecture);
+#else
+  (void)failure;
+  return 0;
+#endif
+}
 
 }  // namespace
 
@@ -77,8 +102,11 @@ const char* split_refusal_name(SplitRefusal refusal) {
 #if MOK_WITH_GROUPED_GEMM
 GemmStatus split_gemm_workspace_bytes(const core::LayerShape& s, size_t* bytes, cudaError_t* error) {
   *bytes = 0;
+  GemmArchitecture architecture = current_gemm_architecture(error);
+  if (*error != cudaSuccess) return GemmStatus::cuda_error;
   for (int k = 0; k < 2 * static_cast<int>(core::GroupedGemm::count); ++k) {
     GroupedGemmBf16 g{};
+    g.architecture = architecture;
     g.shape = k % 2 ? core::shared_expert_shape(s) : s;
     g.kind = static_cast<core::GroupedGemm>(k / 2);
     size_t need = 0;
@@ -106,6 +134,7 @@ bool enqueue_split_pass(const SplitDevice& d, bool biases, SplitFailure* failure
   core::RowPeriods periods = core::ring_periods(s);
   int64_t count = failure->refusal == SplitRefusal::none ? core::split_plan(s, d.view.kind, periods, call, nullptr) : 0;
   if (count < 0) failure->refusal = SplitRefusal::unsupported_layer;
+  int architecture = pass_architecture(failure);
   if (failure->refusal != SplitRefusal::none) return false;
   std::vector<core::SplitLaunch> launches(static_cast<size_t>(count));
   core::split_plan(s, d.view.kind, periods, call, launches.data());
@@ -115,7 +144,7 @@ bool enqueue_split_pass(const SplitDevice& d, bool biases, SplitFailure* failure
         SplitFailure{SplitRefusal::cuda_error, -1, core::SplitStep::barrier, core::GroupedGemm::count, 0, nullptr, e};
     return false;
   }
-  DeviceSteps steps{d, *failure};
+  DeviceSteps steps{d, *failure, architecture};
   int64_t stopped = core::run_split_pass(launches.data(), count, steps);
   if (stopped == count) return true;
   failure->launch = stopped;
