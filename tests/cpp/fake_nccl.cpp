@@ -2,18 +2,21 @@
 // ranks as threads of one process. Its window registration and deregistration each wait for every rank, as NCCL's
 // collectives do (bounded: a rank that never comes fails them); its LSA teams are blocks of `lsa_size` ranks, and a
 // peer outside the block gets a NULL pointer, as NCCL gives. fake_nccl_fail makes one call fail, or makes the
-// registration behave as a nonblocking communicator's ("nonblocking": ncclInProgress, then done at the first
-// ncclCommGetAsyncError) or as one without symmetric memory ("no_window": success and no window). The fake_nccl_*
-// calls set it up and say what is still allocated.
+// registration behave as a nonblocking communicator's ("nonblocking": ncclInProgress for three polls of
+// ncclCommGetAsyncError, the window written only when it is done) or as one without symmetric memory ("no_window":
+// success and no window). The fake_nccl_* calls set it up, say what is still allocated and free what a test left.
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
 #define FAKE_API extern "C" __attribute__((visibility("default")))
+
+struct ncclWindow_vidmem;  // NCCL's window type, defined below
 
 namespace {
 
@@ -36,7 +39,9 @@ bool all_came(Group& g, std::unique_lock<std::mutex>& lock, const int& count) {
 struct Comm {
   Group* group;
   int rank;
-  int async_state;  // what ncclCommGetAsyncError says next
+  int polls_left;                    // of a nonblocking registration: ncclCommGetAsyncError says in progress until 0
+  ncclWindow_vidmem** pending_slot;  // where that registration writes its window when done
+  ncclWindow_vidmem* pending_window;
 };
 
 struct Window {
@@ -46,6 +51,7 @@ struct Window {
 std::mutex state_mutex;
 int version = 23203;
 int live = 0;  // buffers and windows not yet released
+std::set<void*> buffers_alive;
 std::string failing_call;
 
 bool fails(const char* call) {
@@ -74,6 +80,13 @@ FAKE_API int fake_nccl_live() {
   std::lock_guard<std::mutex> lock(state_mutex);
   return live;
 }
+// Frees every buffer still allocated (what a refusal deliberately left to NCCL), so the next test starts from none.
+FAKE_API void fake_nccl_free_all() {
+  std::lock_guard<std::mutex> lock(state_mutex);
+  for (void* buffer : buffers_alive) std::free(buffer);
+  live -= static_cast<int>(buffers_alive.size());
+  buffers_alive.clear();
+}
 // `world` communicators of one group on CUDA device `device`, LSA teams of `lsa_size` ranks.
 FAKE_API void fake_nccl_group(int world, int lsa_size, int device, ncclComm** comms) {
   auto* group = new Group;  // lives as long as the test process
@@ -81,7 +94,7 @@ FAKE_API void fake_nccl_group(int world, int lsa_size, int device, ncclComm** co
   group->lsa_size = lsa_size;
   group->device = device;
   group->buffers.assign(world, nullptr);
-  for (int r = 0; r < world; ++r) comms[r] = new ncclComm{{group, r, kSuccess}};
+  for (int r = 0; r < world; ++r) comms[r] = new ncclComm{{group, r, 0, nullptr, nullptr}};
 }
 
 FAKE_API int ncclGetVersion(int* code) {
@@ -112,12 +125,16 @@ FAKE_API int ncclCommCuDevice(const ncclComm* comm, int* device) {
 FAKE_API int ncclMemAlloc(void** ptr, size_t size) {
   if (fails("ncclMemAlloc")) return kSystemError;
   *ptr = std::calloc(1, size);
-  count(1);
+  std::lock_guard<std::mutex> lock(state_mutex);
+  buffers_alive.insert(*ptr);
+  ++live;
   return kSuccess;
 }
 FAKE_API int ncclMemFree(void* ptr) {
+  std::lock_guard<std::mutex> lock(state_mutex);
+  if (buffers_alive.erase(ptr) == 0) return kInvalidArgument;  // not a live buffer: a double free
   std::free(ptr);
-  count(-1);
+  --live;
   return kSuccess;
 }
 FAKE_API int ncclCommWindowRegister(ncclComm* comm, void* buffer, size_t, ncclWindow_vidmem** window, int flags) {
@@ -128,14 +145,20 @@ FAKE_API int ncclCommWindowRegister(ncclComm* comm, void* buffer, size_t, ncclWi
   ++g.registered;
   if (!all_came(g, lock, g.registered)) return kSystemError;  // a rank never registered: the test's bug, not a hang
   if (fails("no_window")) return kSuccess;
-  *window = new ncclWindow_vidmem{{comm}};
+  auto* made = new ncclWindow_vidmem{{comm}};
   count(1);
-  if (!fails("nonblocking")) return kSuccess;
-  comm->async_state = kSuccess;  // done by the first poll
+  if (!fails("nonblocking")) {
+    *window = made;
+    return kSuccess;
+  }
+  comm->polls_left = 3;
+  comm->pending_slot = window;
+  comm->pending_window = made;
   return kInProgress;
 }
 FAKE_API int ncclCommGetAsyncError(ncclComm* comm, int* state) {
-  *state = comm->async_state;
+  if (comm->polls_left > 0 && --comm->polls_left == 0) *comm->pending_slot = comm->pending_window;
+  *state = comm->polls_left > 0 ? kInProgress : kSuccess;
   return kSuccess;
 }
 FAKE_API int ncclCommWindowDeregister(ncclComm* comm, ncclWindow_vidmem* window) {

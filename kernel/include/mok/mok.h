@@ -433,13 +433,15 @@ MOK_API mokStatus_t mokMxfp8Quantize(const void* src, mokDataType_t dtype, int64
  * communicator's device current. libmok loads NCCL when first asked (MOK_NCCL_LIBRARY, a path, else libnccl.so.2
  * as the dynamic loader finds it; NCCL >= 2.29; pinned: PyPI nvidia-nccl-cu13==2.32.3), so it neither links nor
  * needs NCCL otherwise. nccl_comm is an ncclComm_t.
- * Refusals, nothing kept: NULL nccl_comm or peers, or bytes 0 (mokInvalidArgument); libmok built without CUDA
- * (mokNotCompiled); no usable GPU (mokNoDevice); NCCL not loaded, each reason named (mokUnsupported); another
+ * Refusals, nothing kept unless said: NULL nccl_comm or peers, or bytes 0 (mokInvalidArgument); libmok built without
+ * CUDA (mokNotCompiled); no usable GPU (mokNoDevice); NCCL not loaded, each reason named (mokUnsupported); another
  * device current than the communicator's, or more than 72 ranks (mokInvalidArgument); a rank whose peer lies
  * outside its LSA team, the ranks NCCL reaches by loads and stores (mokUnsupported, naming both); a registration that
- * gives no window (mokUnsupported); a nonblocking communicator's registration not done in 120 s (mokTimeout: NCCL
- * keeps the buffer); a failed NCCL call (mokNcclError, naming it). A refusal before the registration (device, NCCL,
- * ncclMemAlloc) is this rank's alone and leaves its peers waiting in ncclCommWindowRegister: abort the communicator.
+ * gives no window (mokUnsupported: not inside ncclGroupStart/End); a nonblocking communicator's registration not done
+ * in 120 s (mokTimeout); a failed NCCL call (mokNcclError, naming it). Where the registration may still be running
+ * (no window, the timeout, a failure after it began) the buffer stays allocated, as NCCL may still use it: abort the
+ * communicator. A refusal before the registration (device, NCCL, ncclMemAlloc) is this rank's alone and leaves its
+ * peers waiting in ncclCommWindowRegister: abort the communicator.
  */
 typedef struct mokNcclPeers* mokNcclPeers_t;
 MOK_API mokStatus_t mokNcclPeersCreate(void* nccl_comm, size_t bytes, mokNcclPeers_t* peers);

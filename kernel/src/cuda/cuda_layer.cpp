@@ -15,7 +15,7 @@
 // peers' buffers are the caller's device pointers (one process's GPUs with peer access, CUDA IPC, symmetric memory).
 //
 // What it runs: BF16 (no MXFP8 pass yet), no expert biases (the GEMMs take none), H, I and I_s multiples of 8, on
-// compute capability 10.x. Nothing of it has run on a GPU (docs/gpu.md).
+// compute capability 10.x or 9.0 as built. Nothing of it has run on a GPU (docs/gpu.md).
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -93,11 +93,13 @@ mokStatus_t check_on_device(const void* pointer, const char* name, int device, c
               func, name, pointer, device, memory_kind(a.type));
 }
 
-// Whether the current context may read and write `pointer` as it is mapped now (CU_POINTER_ATTRIBUTE_ACCESS_FLAGS,
-// a CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS value). So is a peer's buffer that a library mapped into this process with
-// access granted (an NCCL window's peer mapping, PyTorch symmetric memory, an imported IPC handle), whichever GPU
-// holds it, seen by this process or not. False where the driver cannot say.
-bool mapped_read_write(const void* pointer) {
+// What the driver says of the current context's access to `pointer` as it is mapped now
+// (CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, a CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS value): read-write is what a peer's
+// buffer that a library mapped into this process with access granted has (an NCCL window's peer mapping, PyTorch
+// symmetric memory, an imported IPC handle), whichever GPU holds it, seen by this process or not.
+enum class Access { read_write, less, unknown };
+
+Access mapped_access(const void* pointer) {
   static cuda::DriverApi driver;
   static const bool loaded = [] {
     cuda::load_driver_api(&driver);
@@ -106,45 +108,45 @@ bool mapped_read_write(const void* pointer) {
   uint64_t flags = 0;  // room to spare: the attribute's value is a 4-byte enum, read from the low bytes
   if (!loaded || driver.cuPointerGetAttribute(&flags, CU_POINTER_ATTRIBUTE_ACCESS_FLAGS,
                                               reinterpret_cast<CUdeviceptr>(pointer)) != CUDA_SUCCESS)
-    return false;
-  return static_cast<uint32_t>(flags) == CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE;
+    return Access::unknown;
+  return static_cast<uint32_t>(flags) == CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE ? Access::read_write : Access::less;
 }
 
 // Peer q's buffer: device memory of this device, or managed memory; device memory of another GPU of the process that
-// this device reaches (peer access, enabled here once per pair and process; CUDA keeps it for the context's life);
-// else memory of any GPU mapped into this context with read-write access (mapped_read_write). Never host memory.
+// this device reaches (peer access, enabled here once per pair and process; CUDA keeps it for the context's life),
+// unless the driver then says this device may not write it (a cuMemCreate allocation without cuMemSetAccess); else
+// memory of any GPU the driver says this context maps read-write. Never host memory.
 mokStatus_t check_peer(const void* pointer, int q, int device, const char* func) {
   char name[32];
   std::snprintf(name, sizeof(name), "memory.peer_bases[%d]", q);
   cudaPointerAttributes a{};
   if (cudaError_t e = cudaPointerGetAttributes(&a, pointer); e != cudaSuccess) {
     cudaGetLastError();
+    if (mapped_access(pointer) == Access::read_write) return mokSuccess;
     return fail(mokCudaError, "%s: cudaPointerGetAttributes of argument '%s' (%p): %s (%s)", func, name, pointer,
                 cudaGetErrorString(e), cudaGetErrorName(e));
   }
   bool other_gpu = a.type == cudaMemoryTypeDevice && a.device != device;
   if (!other_gpu) {
-    if (a.type == cudaMemoryTypeUnregistered && mapped_read_write(pointer)) return mokSuccess;
+    if (a.type == cudaMemoryTypeUnregistered && mapped_access(pointer) == Access::read_write) return mokSuccess;
     return check_on_device(pointer, name, device, func);
   }
   int reaches = 0;
-  if (cudaError_t e = cudaDeviceCanAccessPeer(&reaches, device, a.device); e != cudaSuccess || !reaches) {
-    cudaGetLastError();
-    if (mapped_read_write(pointer)) return mokSuccess;
-    return fail(mokUnsupported,
-                "%s: argument '%s' (%p) is device memory of device %d, which the layer's device %d cannot access "
-                "(cudaDeviceCanAccessPeer, and no read-write mapping in this context): mokExecutorCuda's kernels read "
-                "and write every peer's buffer",
-                func, name, pointer, a.device, device);
-  }
-  cudaError_t e = cudaDeviceEnablePeerAccess(a.device, 0);
-  if (e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled) {
-    cudaGetLastError();  // not sticky: clear the already-enabled one
-    return mokSuccess;
-  }
-  cudaGetLastError();
-  return fail(mokCudaError, "%s: enabling the layer's device %d's access to device %d (argument '%s'): %s (%s)", func,
-              device, a.device, name, cudaGetErrorString(e), cudaGetErrorName(e));
+  cudaError_t e = cudaDeviceCanAccessPeer(&reaches, device, a.device);
+  if (e == cudaSuccess && reaches) e = cudaDeviceEnablePeerAccess(a.device, 0);
+  if (e == cudaErrorPeerAccessAlreadyEnabled) e = cudaSuccess;
+  cudaGetLastError();  // not sticky: clear what the calls above left
+  Access access = mapped_access(pointer);
+  if (access == Access::read_write || (e == cudaSuccess && reaches && access == Access::unknown)) return mokSuccess;
+  if (e != cudaSuccess)
+    return fail(mokCudaError, "%s: enabling the layer's device %d's access to device %d (argument '%s'): %s (%s)", func,
+                device, a.device, name, cudaGetErrorString(e), cudaGetErrorName(e));
+  return fail(mokUnsupported,
+              "%s: argument '%s' (%p) is device memory of device %d, which the layer's device %d cannot %s: "
+              "mokExecutorCuda's kernels read and write every peer's buffer",
+              func, name, pointer, a.device, device,
+              reaches ? "write (the driver's access flags: an allocation without cuMemSetAccess for it)"
+                      : "access (cudaDeviceCanAccessPeer, and no read-write mapping in this context)");
 }
 
 // A caller's tensor as this executor takes it: null (not given; api/ checked which may be), or device memory
@@ -246,9 +248,11 @@ class CudaLayer final : public LayerExecutor {
     if (cudaError_t e = cuda::create_mapped_record(&record_); e != cudaSuccess)
       return cuda_failed(func, "allocating the host-mapped error record", e);
     cudaError_t error = cudaSuccess;
-    if (cuda::split_gemm_workspace_bytes(s_, &gemm_workspace_bytes_, &error) != cuda::GemmStatus::ok)
+    if (cuda::GemmStatus st = cuda::split_gemm_workspace_bytes(s_, &gemm_workspace_bytes_, &error);
+        st != cuda::GemmStatus::ok)
       return error != cudaSuccess ? cuda_failed(func, "sizing the grouped GEMMs' workspace", error)
-                                  : fail(mokInternalError, "%s: the grouped GEMMs refused this layer's shape", func);
+                                  : fail(mokInternalError, "%s: sizing the grouped GEMMs' workspace: %s", func,
+                                         cuda::gemm_status_name(st));
     if (gemm_workspace_bytes_ > 0)
       if (cudaError_t e = cudaMalloc(&gemm_workspace_, gemm_workspace_bytes_); e != cudaSuccess)
         return cuda_failed(func, "allocating the grouped GEMMs' workspace", e);

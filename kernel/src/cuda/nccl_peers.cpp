@@ -70,40 +70,63 @@ NcclFailure address_peers(const NcclApi& api, NcclPeers* peers) {
   return {};
 }
 
-// A nonblocking communicator's registration runs on after the call (ncclInProgress): wait for it, bounded. Until it
-// ends the buffer is NCCL's, so a registration that does not end in time keeps it.
-NcclResult finish_registration(const NcclApi& api, ncclComm_t comm, NcclResult result, bool* timed_out) {
+// How a registration ended: done (its window in `window`), failed at once (NCCL holds nothing), or left running
+// (in progress past the bound, its progress unknown, or success without a window: NCCL may still write the window
+// and read the buffer).
+enum class Registered { done, failed, running };
+
+// A nonblocking communicator's registration runs on after the call (ncclInProgress): wait for it, bounded.
+Registered finish_registration(const NcclApi& api, ncclComm_t comm, NcclResult* result) {
   auto deadline = std::chrono::steady_clock::now() + kRegistrationWait;
-  while (result == kNcclInProgress) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      *timed_out = true;
-      return result;
-    }
+  bool waited = false;
+  while (*result == kNcclInProgress) {
+    if (std::chrono::steady_clock::now() > deadline) return Registered::running;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    if (NcclResult r = api.ncclCommGetAsyncError(comm, &result); r != 0) return r;
+    waited = true;
+    if (NcclResult r = api.ncclCommGetAsyncError(comm, result); r != 0) {
+      *result = r;
+      return Registered::running;
+    }
   }
-  return result;
+  if (*result != 0) return waited ? Registered::running : Registered::failed;
+  return Registered::done;
 }
 
-// The buffer registered as a symmetric window. On failure the buffer is freed, unless NCCL may still hold it.
+// The buffer registered as a symmetric window. NCCL writes the window through the pointer it is given, maybe after
+// the call returns, so that slot lives on the heap; where the registration may still be running, the slot and the
+// buffer are left to NCCL (never freed: freeing them could corrupt memory) and the message says so.
 NcclFailure register_window(const NcclApi& api, NcclPeers* peers) {
-  NcclResult r =
-      api.ncclCommWindowRegister(peers->comm, peers->buffer, peers->bytes, &peers->window, kNcclWindowSymmetric);
-  bool timed_out = false;
-  r = finish_registration(api, peers->comm, r, &timed_out);
-  if (timed_out)
-    return failure(
-        mokTimeout,
-        "ncclCommWindowRegister did not finish within %lld s (a nonblocking communicator whose peers did not "
-        "all register): abort the communicator (ncclCommAbort), which also frees the buffer it holds",
-        static_cast<long long>(kRegistrationWait.count()));
-  if (r == 0 && peers->window != nullptr) return {};
-  api.ncclMemFree(peers->buffer);
-  peers->buffer = nullptr;
-  if (r != 0) return nccl_failure(api, "ncclCommWindowRegister", r);
+  auto* window = new ncclWindow_t(nullptr);
+  NcclResult r = api.ncclCommWindowRegister(peers->comm, peers->buffer, peers->bytes, window, kNcclWindowSymmetric);
+  Registered how = finish_registration(api, peers->comm, &r);
+  if (how == Registered::done && *window != nullptr) {
+    peers->window = *window;
+    delete window;
+    return {};
+  }
+  if (how == Registered::failed) {
+    delete window;
+    api.ncclMemFree(peers->buffer);
+    peers->buffer = nullptr;
+    return nccl_failure(api, "ncclCommWindowRegister", r);
+  }
+  peers->buffer = nullptr;  // NCCL's now: kept
+  if (r == kNcclInProgress)
+    return failure(mokTimeout,
+                   "ncclCommWindowRegister did not finish within %lld s (a nonblocking communicator whose peers did "
+                   "not all register): abort the communicator (ncclCommAbort); the %zu-byte buffer stays allocated, "
+                   "as NCCL may still use it",
+                   static_cast<long long>(kRegistrationWait.count()), peers->bytes);
+  if (r != 0)
+    return failure(mokNcclError,
+                   "ncclCommWindowRegister failed after it began: NCCL error %d (%s); the %zu-byte buffer stays "
+                   "allocated, as NCCL may still use it",
+                   r, api.ncclGetErrorString(r), peers->bytes);
   return failure(mokUnsupported,
-                 "ncclCommWindowRegister registered no window: the communicator has no symmetric memory (NCCL "
-                 "registers none without it), or the call was made inside ncclGroupStart/ncclGroupEnd");
+                 "ncclCommWindowRegister gave no window: the call was made inside ncclGroupStart/ncclGroupEnd (it "
+                 "must not be), or the communicator has no symmetric memory; the %zu-byte buffer stays allocated, as "
+                 "NCCL may still register it",
+                 peers->bytes);
 }
 
 }  // namespace

@@ -538,7 +538,7 @@ mokStatus_t selftest_every_gpu(const SelftestSetup& setup, Text* text) {
     ++ran;
   }
   if (ran > 0) return mokSuccess;
-  text->add("no GPU here runs the cuda executor (compute capability 10.x with this build's code)");
+  text->add("no GPU here runs the cuda executor (compute capability 10.x or 9.0 with this build's grouped GEMMs)");
   return mokUnsupported;
 }
 
