@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -53,6 +54,7 @@ int version = 23203;
 int live = 0;  // buffers and windows not yet released
 std::set<void*> buffers_alive;
 std::string failing_call;
+std::vector<std::unique_ptr<Group>> groups;
 
 bool fails(const char* call) {
   std::lock_guard<std::mutex> lock(state_mutex);
@@ -68,6 +70,10 @@ void count(int delta) {
 
 struct ncclComm : Comm {};
 struct ncclWindow_vidmem : Window {};
+
+namespace {
+std::vector<std::unique_ptr<ncclComm>> communicators;  // every fake_nccl_group's, under state_mutex
+}  // namespace
 
 FAKE_API void fake_nccl_set_version(int code) {
   version = code;
@@ -87,14 +93,20 @@ FAKE_API void fake_nccl_free_all() {
   live -= static_cast<int>(buffers_alive.size());
   buffers_alive.clear();
 }
-// `world` communicators of one group on CUDA device `device`, LSA teams of `lsa_size` ranks.
+// `world` communicators of one group on CUDA device `device`, LSA teams of `lsa_size` ranks. They live as long as
+// the process (held here, so a leak checker sees them reachable).
 FAKE_API void fake_nccl_group(int world, int lsa_size, int device, ncclComm** comms) {
-  auto* group = new Group;  // lives as long as the test process
+  std::lock_guard<std::mutex> lock(state_mutex);
+  groups.push_back(std::make_unique<Group>());
+  Group* group = groups.back().get();
   group->world = world;
   group->lsa_size = lsa_size;
   group->device = device;
   group->buffers.assign(world, nullptr);
-  for (int r = 0; r < world; ++r) comms[r] = new ncclComm{{group, r, 0, nullptr, nullptr}};
+  for (int r = 0; r < world; ++r) {
+    communicators.push_back(std::make_unique<ncclComm>(ncclComm{{group, r, 0, nullptr, nullptr}}));
+    comms[r] = communicators.back().get();
+  }
 }
 
 FAKE_API int ncclGetVersion(int* code) {

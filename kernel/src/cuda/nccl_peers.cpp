@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -92,6 +94,14 @@ Registered finish_registration(const NcclApi& api, ncclComm_t comm, NcclResult* 
   return Registered::done;
 }
 
+// A window slot NCCL may still write (its registration may still be running): held for the life of the process.
+void keep_for_nccl(ncclWindow_t* slot) {
+  static std::mutex mutex;
+  static std::vector<std::unique_ptr<ncclWindow_t>> kept;
+  std::lock_guard<std::mutex> lock(mutex);
+  kept.emplace_back(slot);
+}
+
 // The buffer registered as a symmetric window. NCCL writes the window through the pointer it is given, maybe after
 // the call returns, so that slot lives on the heap; where the registration may still be running, the slot and the
 // buffer are left to NCCL (never freed: freeing them could corrupt memory) and the message says so.
@@ -110,6 +120,7 @@ NcclFailure register_window(const NcclApi& api, NcclPeers* peers) {
     peers->buffer = nullptr;
     return nccl_failure(api, "ncclCommWindowRegister", r);
   }
+  keep_for_nccl(window);
   peers->buffer = nullptr;  // NCCL's now: kept
   if (r == kNcclInProgress)
     return failure(mokTimeout,
