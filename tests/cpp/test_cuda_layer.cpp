@@ -2,8 +2,8 @@
 // executor's own after it, a group's tables), the layers it refuses and why, by field, and creation's refusals
 // (shared memory, no GPU).
 // On a GPU (skipped here, saying so): the self-test's stages over the layer (a group of three ranks on one GPU and
-// one rank on every GPU against the host executor, the same bits across runs), and host memory and expert biases
-// refused by name.
+// one rank on every GPU against the host executor, the same bits across runs), host memory and expert biases
+// refused by name, and an MXFP8 layer's backward (or, off 10.x, the layer) refused by name.
 #include <cuda_runtime_api.h>
 
 #include <cstring>
@@ -70,9 +70,20 @@ TEST(layers_it_does_not_run_are_refused_by_field_when_sized) {
     const char* field;
     void (*set)(mokLayerConfig_t*);
   } cases[] = {
-      {"config.precision",
-       [](mokLayerConfig_t* c) {  // MXFP8's rule: expert_padding a multiple of 32
-         c->precision = mokPrecisionMXFP8, c->expert_padding = 32, c->minibatch = 32, c->macrobatch = 64;
+      {"config.expert_padding",
+       [](mokLayerConfig_t* c) {  // the host's MXFP8 rule (a multiple of 32) holds, the block-scaled GEMM's (128) not
+         c->precision = mokPrecisionMXFP8, c->hidden = 32, c->intermediate = 32;
+         c->expert_padding = 64, c->minibatch = 64, c->macrobatch = 128;
+       }},
+      {"config.hidden",
+       [](mokLayerConfig_t* c) {  // 16-byte rows, not whole 32-code blocks
+         c->precision = mokPrecisionMXFP8, c->hidden = 48, c->intermediate = 32;
+         c->expert_padding = 128, c->minibatch = 128, c->macrobatch = 256;
+       }},
+      {"config.intermediate",
+       [](mokLayerConfig_t* c) {
+         c->precision = mokPrecisionMXFP8, c->hidden = 32, c->intermediate = 48;
+         c->expert_padding = 128, c->minibatch = 128, c->macrobatch = 256;
        }},
       {"config.hidden", [](mokLayerConfig_t* c) { c->hidden = 20; }},
       {"config.intermediate", [](mokLayerConfig_t* c) { c->intermediate = 12; }},
@@ -86,6 +97,22 @@ TEST(layers_it_does_not_run_are_refused_by_field_when_sized) {
     c.executor = mokExecutorHost;  // the host executor runs each of them
     CHECK_MSG(mokLayerGetSizes(&c, &sizes) == mokSuccess, "%s on the host: '%s'", k.field, mokGetLastError());
   }
+}
+
+// An MXFP8 layer of 128-row tiles and whole 32-code blocks is one it runs (its forward; docs/gpu.md), sized with room
+// for the block-scaled GEMM's arguments beside the BF16 ones'.
+TEST(an_mxfp8_layer_of_128_row_tiles_is_sized) {
+  mokLayerConfig_t mx = cuda_config(), host = mx;
+  mx.precision = mokPrecisionMXFP8, mx.hidden = 64, mx.intermediate = 32;
+  mx.expert_padding = 128, mx.minibatch = 128, mx.macrobatch = 256;
+  host = mx;
+  host.executor = mokExecutorHost;
+  mokLayerSizes_t on_cuda = MOK_LAYER_SIZES_INIT, on_host = MOK_LAYER_SIZES_INIT;
+  CHECK_MSG(mokLayerGetSizes(&mx, &on_cuda) == mokSuccess, "MXFP8: '%s'", mokGetLastError());
+  CHECK(mokLayerGetSizes(&host, &on_host) == mokSuccess);
+  CHECK_MSG(on_cuda.peer_bytes == on_host.peer_bytes && on_cuda.workspace_bytes > on_host.workspace_bytes,
+            "cuda %zu / %zu, host %zu / %zu", on_cuda.workspace_bytes, on_cuda.peer_bytes, on_host.workspace_bytes,
+            on_host.peer_bytes);
 }
 
 // A group: every rank's peer pointer and token count in the device's tables, the group's state after them; the
@@ -148,6 +175,34 @@ struct DeviceBlock {
   DeviceBlock& operator=(const DeviceBlock&) = delete;
 };
 
+mokLayerSizes_t sizes_of(const mokLayerConfig_t& c) {
+  mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
+  CHECK_MSG(mokLayerGetSizes(&c, &sizes) == mokSuccess, "sizes: %s", mokGetLastError());
+  return sizes;
+}
+
+// A one-rank layer's device memory, as mokLayerCreate takes it.
+struct LayerMemory {
+  explicit LayerMemory(const mokLayerConfig_t& c)
+      : sizes(sizes_of(c)), workspace(sizes.workspace_bytes), peer(sizes.peer_bytes) {
+    memory.peer_bases = &peer.p;
+    memory.workspace = workspace.p;
+    memory.workspace_bytes = sizes.workspace_bytes;
+  }
+  mokLayerSizes_t sizes;
+  DeviceBlock workspace, peer;
+  mokLayerMemory_t memory = MOK_LAYER_MEMORY_INIT;
+};
+
+// Every route of every token to expert 0, in a schedule built on the device.
+void build_schedule(mokLayer_t layer, const mokLayerConfig_t& c) {
+  std::vector<int32_t> ids(static_cast<size_t>(c.max_tokens) * c.top_k, 0);
+  DeviceBlock device_ids(ids.size() * 4);
+  CHECK(cudaMemcpy(device_ids.p, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+  CHECK(mokLayerBuildSchedule(layer, device_ids.p, mokIndexInt32, c.max_tokens, nullptr) == mokSuccess);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);  // before device_ids is freed
+}
+
 void stage_passes(mokSelftestStage_t stage, const char* says) {
   mokSelftestOptions_t options = MOK_SELFTEST_OPTIONS_INIT;
   options.seed = seed();
@@ -174,20 +229,13 @@ TEST(host_tensors_and_biases_are_refused_on_the_gpu) {
   if (!have_gpu("host_tensors_and_biases_are_refused_on_the_gpu")) return;
   mokLayerConfig_t c = cuda_config();
   c.shared_intermediate = 0;  // the routed experts' weights are all this layer needs
-  mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
-  CHECK(mokLayerGetSizes(&c, &sizes) == mokSuccess);
-  DeviceBlock workspace(sizes.workspace_bytes), peer(sizes.peer_bytes);
-  mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
-  m.peer_bases = &peer.p;
-  m.workspace = workspace.p;
-  m.workspace_bytes = sizes.workspace_bytes;
+  LayerMemory m(c);
   mokLayer_t layer = nullptr;
-  CHECK_MSG(mokLayerCreate(&c, &m, &layer) == mokSuccess, "create: %s", mokGetLastError());
+  CHECK_MSG(mokLayerCreate(&c, &m.memory, &layer) == mokSuccess, "create: %s", mokGetLastError());
   size_t th = static_cast<size_t>(c.max_tokens) * c.hidden, eih = static_cast<size_t>(c.experts_per_rank) * 8 * 16;
-  std::vector<int32_t> ids(static_cast<size_t>(c.max_tokens) * c.top_k, 0);
-  DeviceBlock device_ids(ids.size() * 4), x(th * 2), out(th * 2), tw(ids.size() * 4), w(eih * 2);
-  CHECK(cudaMemcpy(device_ids.p, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
-  CHECK(mokLayerBuildSchedule(layer, device_ids.p, mokIndexInt32, c.max_tokens, nullptr) == mokSuccess);
+  size_t routes = static_cast<size_t>(c.max_tokens) * c.top_k;
+  DeviceBlock x(th * 2), out(th * 2), tw(routes * 4), w(eih * 2);
+  build_schedule(layer, c);
   mokLayerWeights_t weights = MOK_LAYER_WEIGHTS_INIT;
   weights.gate = weights.up = weights.down = w.p;
   std::vector<bf16_t> host_x(th);
@@ -196,6 +244,45 @@ TEST(host_tensors_and_biases_are_refused_on_the_gpu) {
   weights.gate_bias = w.p;
   expect(mokLayerForward(layer, &weights, x.p, static_cast<float*>(tw.p), out.p, nullptr), mokUnsupported,
          "weights.gate_bias", "an expert bias");
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);
+  mokLayerDestroy(layer);
+}
+
+// An MXFP8 layer: created on compute capability 10.x, where its backward is refused by name before anything is
+// enqueued (the split executor runs MXFP8's forward and recompute only); refused at creation elsewhere (sm_90a has no
+// block-scaled MMA).
+TEST(an_mxfp8_layer_runs_on_10x_and_refuses_its_backward) {
+  if (!have_gpu("an_mxfp8_layer_runs_on_10x_and_refuses_its_backward")) return;
+  mokLayerConfig_t c = cuda_config();
+  c.shared_intermediate = 0;
+  c.precision = mokPrecisionMXFP8, c.hidden = 32, c.intermediate = 32;
+  c.expert_padding = 128, c.minibatch = 128, c.macrobatch = 256;
+  LayerMemory m(c);
+  int major = 0;
+  CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess);
+  mokLayer_t layer = nullptr;
+  if (major != 10) {
+    expect(mokLayerCreate(&c, &m.memory, &layer), mokUnsupported, "config.precision", "MXFP8 off 10.x");
+    CHECK(layer == nullptr);
+    return;
+  }
+  CHECK_MSG(mokLayerCreate(&c, &m.memory, &layer) == mokSuccess, "create: %s", mokGetLastError());
+  // Arguments the C ABI's checks pass (their bytes are never read): a schedule, every weight and gradient.
+  size_t th = static_cast<size_t>(c.max_tokens) * c.hidden, eih = static_cast<size_t>(c.experts_per_rank) * 32 * 32;
+  size_t routes = static_cast<size_t>(c.max_tokens) * c.top_k;
+  DeviceBlock dout(th * 2), dx(th * 2), tw(routes * 4), dw(routes * 4), w(eih * 4);
+  build_schedule(layer, c);
+  const auto* bytes = static_cast<const uint8_t*>(w.p);
+  mokLayerWeights_t weights = MOK_LAYER_WEIGHTS_INIT;
+  for (mokMxfp8Matrix_t* matrix : {&weights.gate_rowwise, &weights.gate_colwise, &weights.up_rowwise,
+                                   &weights.up_colwise, &weights.down_rowwise, &weights.down_colwise})
+    *matrix = mokMxfp8Matrix_t{bytes, bytes};
+  mokLayerGrads_t grads = MOK_LAYER_GRADS_INIT;
+  grads.dx = dx.p;
+  grads.dtopk_weights = static_cast<float*>(dw.p);
+  grads.dgate = grads.dup = grads.ddown = w.p;
+  expect(mokLayerBackward(layer, &weights, static_cast<float*>(tw.p), dout.p, &grads, nullptr), mokUnsupported,
+         "config.precision", "an MXFP8 backward");
   CHECK(cudaDeviceSynchronize() == cudaSuccess);
   mokLayerDestroy(layer);
 }

@@ -1,5 +1,6 @@
 // The MXFP8 forward's grouped-GEMM launcher (kernel/src/cuda/grouped_gemm.hpp, grouped_gemm_mxfp8) refuses what it
-// cannot run with a status, before any CUDA call: a kind it does not serve, a pointer missing or off TMA's 16
+// cannot run with a status, before any CUDA call: an architecture other than SM100, a kind it does not serve, a
+// pointer missing or off TMA's 16
 // bytes, A's row stride short of K or off 16 codes, a window that does not fit, a group that would start inside a
 // 128-row scale tile (expert_padding, the ring's period or the window's first row off the tile), misaligned
 // argument arrays. As test_grouped_gemm_launch: every case starts from a random valid launch and breaks one thing;
@@ -16,6 +17,7 @@
 
 namespace core = mok::core;
 using core::GroupedGemm;
+using mok::cuda::GemmArchitecture;
 using mok::cuda::GemmStatus;
 using mok::cuda::GroupedGemmMxfp8;
 using mok_test::address;
@@ -43,6 +45,7 @@ GroupedGemmMxfp8 valid(std::mt19937_64& rng, GroupedGemm kind) {
   g.b_scales = address<uint8_t>(rng);
   g.d = address<core::bf16_t>(rng);
   g.arguments = address<void>(rng);
+  g.architecture = GemmArchitecture::sm100;  // this test is built with the SM100 units only
   return g;
 }
 
@@ -94,6 +97,20 @@ TEST(kinds_other_than_the_forward_are_bad_kind) {
   GroupedGemmMxfp8 g = valid(rng, random_kind(rng));
   g.kind = static_cast<GroupedGemm>(-1);
   expect(launch(g), GemmStatus::bad_kind, "kind", -1);
+}
+
+// The block-scaled MMA is tcgen05's: SM90 (and none, and values no architecture has) runs no MXFP8 GEMM here.
+TEST(architectures_other_than_sm100_are_no_architecture) {
+  std::mt19937_64 rng(mok_test::seed() + 5);
+  for (auto a : {GemmArchitecture::sm90, GemmArchitecture::none, static_cast<GemmArchitecture>(8),
+                 static_cast<GemmArchitecture>(11)}) {
+    GroupedGemmMxfp8 g = valid(rng, random_kind(rng));
+    g.architecture = a;
+    expect(launch(g), GemmStatus::no_architecture, "architecture", static_cast<int>(a));
+    size_t bytes = 0;
+    expect(mok::cuda::grouped_gemm_mxfp8_workspace_bytes(g, &bytes, nullptr), GemmStatus::no_architecture,
+           "workspace architecture", static_cast<int>(a));
+  }
 }
 
 TEST(missing_pointers_are_bad_operands) {

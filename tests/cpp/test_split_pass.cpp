@@ -158,11 +158,15 @@ struct HostSteps {
     product.assign(static_cast<size_t>(pr.m) * pr.n, 0.0f);
     for (int i = 0; start && i < pr.m; ++i)
       for (int j = 0; j < pr.n; ++j) product[static_cast<size_t>(i) * pr.n + j] = start[pr.c + i * l.ldc + j];
-    core::Gemm g = core::problem_gemm(pr, l, ops.a, ops.b, product.data(), core::Epilogue::accumulate_f32);
+    multiply(core::problem_gemm(pr, l, ops.a, ops.b, product.data(), core::Epilogue::accumulate_f32));
+  }
+  // g's one part added into `product` ([rows, cols] fp32, as it starts).
+  void multiply(core::Gemm g) {
     g.c = product.data();  // P alone, [m, n]: the result's epilogue follows in gemm()
-    g.c_stride = pr.n;
+    g.c_stride = g.cols;
+    g.epilogue = core::Epilogue::accumulate_f32;
     if (reverse) return multiply_reversed(g);
-    scratch.assign(core::gemm_scratch_floats(pr.m, pr.n, pr.k, false), 0.0f);
+    scratch.assign(core::gemm_scratch_floats(g.rows, g.cols, g.parts[0].depth, false), 0.0f);
     core::reference_gemm(g, scratch.data());
   }
   void multiply_reversed(const core::Gemm& g) {
@@ -174,7 +178,38 @@ struct HostSteps {
           sum = core::add_rn(sum, core::mul_rn(core::stored_value(part.a, i, k), core::stored_value(part.b, j, k)));
       }
   }
+  // The block-scaled GEMM of an MXFP8 forward as the GPU's launcher is given it (grouped_mx_problem): each expert's
+  // A from its first ring row's codes and scales, read through the group's own scale layout of M rows, as CUTLASS
+  // reads it; B the expert's rowwise weight and its scales.
+  bool grouped_mx(GroupedGemm kind, core::RowWindow w) {
+    core::SplitMxOperands o = core::split_mx_gemm_operands(v, kind);
+    core::RowPeriods periods = core::ring_periods(v.s);
+    CHECK_MSG(
+        core::mx_forward_kind(kind) && core::window_fits(kind, periods, w) && core::mx_tiles_whole(v.s, periods, w),
+        "an MXFP8 GEMM (kind %d, rows %lld + %lld) the GPU's launcher would refuse", static_cast<int>(kind),
+        static_cast<long long>(w.row0), static_cast<long long>(w.rows));
+    int64_t ldc = core::grouped_layout(v.s, kind).ldc;
+    for (int e = 0; e < v.s.experts_per_rank; ++e) {
+      core::GroupedMxProblem q = core::grouped_mx_problem(v.s, v.sched, kind, periods, w, o.a_stride, e);
+      const core::GroupedProblem& pr = q.p;
+      if (pr.m == 0) continue;
+      core::Gemm g{};
+      g.rows = pr.m;
+      g.cols = pr.n;
+      g.parts[0] = core::GemmPart{
+          core::e4m3_operand(o.a + pr.a, q.lda, o.a_scales + q.a_scales, core::MxScaleLayout::of(pr.m, pr.k)),
+          core::e4m3_operand(o.b + pr.b, pr.k, o.b_scales + q.b_scales, core::MxScaleLayout::of(pr.n, pr.k)), pr.k};
+      g.num_parts = 1;
+      product.assign(static_cast<size_t>(pr.m) * pr.n, 0.0f);
+      multiply(g);
+      for (int i = 0; i < pr.m; ++i)
+        for (int j = 0; j < pr.n; ++j)
+          o.d[pr.c + i * ldc + j] = core::float_to_bf16(product[static_cast<size_t>(i) * pr.n + j]);
+    }
+    return true;
+  }
   bool gemm(GroupedGemm kind, core::RowWindow w) {
+    if (v.s.mxfp8) return grouped_mx(kind, w);
     return grouped(kind, core::split_gemm_operands(v, kind, targets), v.s, v.sched, core::ring_periods(v.s), w);
   }
   bool shared_gemm(GroupedGemm kind) {
@@ -207,17 +242,23 @@ struct HostSteps {
   }
 };
 
-// The view's row buffers filled with bf16 NaN: what the split pass reads there it must have written itself.
+// The view's row buffers filled with bf16 NaN (in MXFP8 mode x's codes and scales and h's scales with e4m3 and e8m0
+// NaN, all bits set: the bf16 rings of g, u and h hold h's codes): what the split pass reads there it must have
+// written itself.
 void poison_rings(const core::PassView& v) {
-  int64_t ring = v.s.macrobatch, h = v.s.hidden, in = v.s.intermediate;
-  for (auto [rows, width] : {std::pair{v.ring_x, ring * h},
-                             {v.ring_dy, ring * h},
-                             {v.ring_g, ring * in},
-                             {v.ring_u, ring * in},
-                             {v.ring_h, ring * in},
-                             {v.ring_y, core::out_ring_rows(v.s) * h}})
-    std::fill(rows, rows + width, core::bf16_t{0xffff});
-  if (v.s.shared_intermediate > 0)
+  const core::LayerShape& s = v.s;
+  int64_t ring = s.macrobatch, h = s.hidden, in = s.intermediate;
+  std::vector<std::pair<core::bf16_t*, int64_t>> rings = {
+      {v.ring_g, ring * in}, {v.ring_u, ring * in}, {v.ring_h, ring * in}, {v.ring_y, core::out_ring_rows(s) * h}};
+  if (s.mxfp8) {
+    std::fill(v.mx_x.rows, v.mx_x.rows + ring * h, uint8_t{0xff});
+    std::fill(v.mx_x.row_scales, v.mx_x.row_scales + core::mx_row_scale_bytes(s, s.hidden), uint8_t{0xff});
+    std::fill(v.mx_h.row_scales, v.mx_h.row_scales + core::mx_row_scale_bytes(s, s.intermediate), uint8_t{0xff});
+  } else {
+    rings.insert(rings.end(), {{v.ring_x, ring * h}, {v.ring_dy, ring * h}});
+  }
+  for (auto [rows, width] : rings) std::fill(rows, rows + width, core::bf16_t{0xffff});
+  if (s.shared_intermediate > 0)
     std::fill(v.shared_out, v.shared_out + static_cast<int64_t>(v.tokens) * h, core::bf16_t{0xffff});
 }
 
@@ -237,8 +278,13 @@ struct Group {
   std::vector<std::unique_ptr<AlignedBuffer>> peers, work;
   std::vector<void*> bases, workspaces;
 
-  Group(const ref::Problem& problem, const Knobs& knobs) : p(problem), k(knobs), sizes(sizes_for(p, k)) {
+  std::vector<MxWeights> mx;  // MXFP8 mode: each rank's weights as the host executor's run quantises them
+
+  Group(const ref::Problem& problem, const Knobs& knobs)
+      : p(problem), k(knobs), sizes(sizes_for(p, k)), mx(static_cast<size_t>(problem.world)) {
     for (int r = 0; r < p.world; ++r) {
+      mokLayerWeights_t unused = MOK_LAYER_WEIGHTS_INIT;
+      if (p.mxfp8) mx[static_cast<size_t>(r)].wire(p, r, unused);
       peers.emplace_back(new AlignedBuffer(sizes.peer_bytes));
       work.emplace_back(new AlignedBuffer(sizes.workspace_bytes));
       bases.push_back(peers.back()->p);
@@ -260,6 +306,12 @@ struct Group {
     v.w.gate = p.gate[r].data();
     v.w.up = p.up[r].data();
     v.w.down = p.down[r].data();
+    if (p.mxfp8) {  // the forward's: rowwise (the colwise ones are the backward's)
+      const MxWeights& m = mx[static_cast<size_t>(r)];
+      v.w.gate_rowwise = core::MxWeight{m.data[0].data(), m.scales[0].data()};
+      v.w.up_rowwise = core::MxWeight{m.data[2].data(), m.scales[2].data()};
+      v.w.down_rowwise = core::MxWeight{m.data[4].data(), m.scales[4].data()};
+    }
     if (p.shared_inter > 0) {
       v.w.shared_gate = p.sgate[r].data();
       v.w.shared_up = p.sup[r].data();
@@ -509,21 +561,89 @@ TEST(split_pass_shared_expert) {
     }
 }
 
-// The layers the split pass computes (core::split_supports): BF16 without expert biases, every GEMM width (H, I, I_s)
-// a multiple of 8 (16-byte rows); each rule broken alone is refused.
-TEST(split_supports_bf16_layers_of_16_byte_rows) {
+// MXFP8 (core::split_runs: the forward and the recompute): dispatch quantises x into the ring's codes and row scales,
+// the block-scaled gate, up and down GEMMs read them through each group's own scale layout (grouped_mx_problem, as
+// CUTLASS is given it), SwiGLU writes h's codes into ring_h's bytes; out is the host executor's, bitwise. Tiles of 128
+// rows and whole 32-code blocks (split_supports); H of 3 blocks and I of 1, so each scale row's 4-block tile has
+// padding blocks, which the MMA reads; rings that turn and one that holds every row; a shared expert (bf16 in both
+// precisions).
+void check_mx_forward(const Spec& spec, int macrobatch, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  ref::Problem p = make_problem(spec, rng);
+  Knobs k;
+  k.padding = 128;
+  k.minibatch = 128;
+  k.macrobatch = macrobatch;
+  k.backward = false;
+  Group group(p, k);
+  Outputs host = group.host();
+  for (int r = 0; r < p.world; ++r)
+    CHECK_MSG(host.status[r] == mokSuccess, "host rank %d: %s", r, host.detail[r].c_str());
+  core::LayerShape s = shape_of(config_for(p, k, 0));
+  CHECK_MSG(core::split_supports(s, false) && core::split_runs(s, PassKind::forward), "an MXFP8 layer refused");
+  std::vector<SplitOutputs> split = group.split(PassKind::forward);
+  for (int r = 0; r < p.world; ++r) check_bits(split[r].out, host.out[r], "MXFP8 forward out", r);
+}
+
+TEST(split_pass_mxfp8_forward) {
+  for (int world : {1, 2, 3})
+    for (Routing routing : {Routing::uniform, Routing::one_expert, Routing::empty_experts, Routing::minus_one})
+      for (int macrobatch : {128, 512}) {
+        Spec spec = spec_of(world, routing);
+        spec.mxfp8 = true;
+        spec.hidden = 96;
+        spec.inter = 32;
+        std::printf("MXFP8 world %d routing %d macrobatch %d\n", world, static_cast<int>(routing), macrobatch);
+        check_mx_forward(spec, macrobatch,
+                         seed() + static_cast<uint64_t>(500 + world * 100 + macrobatch + static_cast<int>(routing)));
+      }
+  Spec spec = spec_of(2, Routing::uniform);
+  spec.mxfp8 = true;
+  spec.hidden = 64;
+  spec.inter = 32;
+  spec.shared_inter = 40;
+  spec.gated = true;
+  spec.alpha = 1.702;
+  spec.limit = 0.75;
+  std::printf("MXFP8 with a gated shared expert, swiglu_oai\n");
+  check_mx_forward(spec, 128, seed() + 900);
+}
+
+// The layers the split pass computes (core::split_supports): no expert biases, every GEMM width (H, I, I_s) a multiple
+// of 8 (16-byte rows); in MXFP8 H and I whole 32-code blocks and expert_padding of 128-row tiles. Each rule broken
+// alone is refused. And the passes (core::split_runs): every one in BF16, MXFP8's forward and recompute only.
+TEST(split_supports_layers_of_16_byte_rows_and_mxfp8_tiles) {
   core::LayerShape s{};
-  s.hidden = 24, s.intermediate = 16, s.shared_intermediate = 40;
+  s.hidden = 24, s.intermediate = 16, s.shared_intermediate = 40, s.expert_padding = 8;
   CHECK(core::split_supports(s, false));
   CHECK_MSG(!core::split_supports(s, true), "expert biases accepted");
-  core::LayerShape mx = s;
-  mx.mxfp8 = 1;
-  CHECK_MSG(!core::split_supports(mx, false), "MXFP8 accepted");
   for (int* width : {&s.hidden, &s.intermediate, &s.shared_intermediate}) {
     *width += 4;  // 8 bytes off a 16-byte row
     CHECK_MSG(!core::split_supports(s, false), "H %d, I %d, I_s %d accepted", s.hidden, s.intermediate,
               s.shared_intermediate);
     *width -= 4;
+  }
+  core::LayerShape mx = s;
+  mx.mxfp8 = 1;
+  mx.hidden = 64, mx.intermediate = 32, mx.expert_padding = 256;
+  CHECK(core::split_supports(mx, false));
+  CHECK_MSG(!core::split_supports(mx, true), "MXFP8 with expert biases accepted");
+  for (int* width : {&mx.hidden, &mx.intermediate})
+    for (int off : {8, 16}) {  // 16-byte rows, but not whole 32-code blocks
+      *width += off;
+      CHECK_MSG(!core::split_supports(mx, false), "MXFP8 H %d, I %d accepted", mx.hidden, mx.intermediate);
+      *width -= off;
+    }
+  mx.shared_intermediate = 8;  // the shared expert is bf16 in both precisions
+  CHECK(core::split_supports(mx, false));
+  for (int padding : {32, 64, 96, 160, 384 - 32}) {
+    mx.expert_padding = padding;
+    CHECK_MSG(!core::split_supports(mx, false), "MXFP8 expert_padding %d accepted", padding);
+  }
+  mx.expert_padding = 128;
+  for (PassKind kind : {PassKind::forward, PassKind::recompute, PassKind::backward, PassKind::backward_kept}) {
+    CHECK(core::split_runs(s, kind));
+    CHECK_MSG(core::split_runs(mx, kind) == !core::is_backward(kind), "MXFP8 pass %d", static_cast<int>(kind));
   }
   s.shared_intermediate = 0;  // no shared expert
   CHECK(core::split_supports(s, false));
@@ -593,13 +713,10 @@ TEST(split_buffers_complete_refuses_each_buffer_a_pass_uses) {
         }
 }
 
-// The GPU's GEMMs sum in their own order: the pass with every GEMM summed in reverse stays within
-// core::kSplitOrderTolerance of the host's bytes (the bound the self-test's one_rank stage holds a GPU to), at that
-// stage's shape and in its two layers: one rank, four experts (one with no rows, one hot), H 512, I 256, a shared
-// expert of I_s 384, 300 tokens, a 256-row ring; gated with the weight gradients into fp32 main_grad, ungated with
-// bf16 weight gradients.
-void check_reversed_order(bool gated, bool bf16_gradients) {
-  std::mt19937_64 rng(seed() + 7 + gated);
+// The self-test's one_rank stage's problem: one rank, four experts (one with no rows, one hot), H 512, I 256, a shared
+// expert of I_s 384, 300 tokens; and its knobs: 128-row tiles, a 256-row ring.
+ref::Problem stage_problem(bool gated, bool mxfp8, uint64_t draw) {
+  std::mt19937_64 rng(draw);
   Spec spec = spec_of(1, Routing::uniform);
   spec.experts = 4;
   spec.hidden = 512;
@@ -608,13 +725,28 @@ void check_reversed_order(bool gated, bool bf16_gradients) {
   spec.gated = gated;
   spec.max_tokens = 300;
   spec.ragged = false;
+  spec.mxfp8 = mxfp8;
   ref::Problem p = make_problem(spec, rng);
   for (auto& ids : p.ids)
     for (auto& id : ids) id = std::array<int64_t, 8>{0, 0, 0, 0, 1, 1, 3, -1}[rng() % 8];
+  return p;
+}
+
+Knobs stage_knobs() {
   Knobs k;
   k.padding = 128;
   k.minibatch = 128;
   k.macrobatch = 256;
+  return k;
+}
+
+// The GPU's GEMMs sum in their own order: the pass with every GEMM summed in reverse stays within
+// core::kSplitOrderTolerance of the host's bytes (the bound the self-test's one_rank stage holds a GPU to), at that
+// stage's shape and in its two BF16 layers: gated with the weight gradients into fp32 main_grad, ungated with bf16
+// weight gradients.
+void check_reversed_order(bool gated, bool bf16_gradients) {
+  ref::Problem p = stage_problem(gated, false, seed() + 7 + gated);
+  Knobs k = stage_knobs();
   k.accumulate = !bf16_gradients;
   Group group(p, k);
   Outputs host = group.host();
@@ -650,9 +782,26 @@ void check_reversed_order(bool gated, bool bf16_gradients) {
   CHECK_MSG(largest > 0, "the reversed order changed no result: this test would not see an order's effect");
 }
 
+// The MXFP8 forward likewise, at the self-test's shape with 128-row tiles: another order moves a bf16 g or u by a unit
+// where it lies near a rounding boundary, and h's quantisation can carry that to an e4m3 unit (2^-4 relative) of one
+// h value, or to its block's scale where the value is the block's largest; out still stays within the bound.
+double mx_reversed_order_error() {
+  ref::Problem p = stage_problem(true, true, seed() + 9);
+  Knobs k = stage_knobs();
+  k.backward = false;
+  Group group(p, k);
+  Outputs host = group.host();
+  CHECK_MSG(host.status[0] == mokSuccess, "host: %s", host.detail[0].c_str());
+  return normwise(group.split(PassKind::forward, true)[0].out, host.out[0]);
+}
+
 TEST(another_summation_order_stays_within_the_self_tests_bound) {
   check_reversed_order(true, false);
   check_reversed_order(false, true);
+  double mx = mx_reversed_order_error();
+  std::printf("  reversed sums (MXFP8 forward, gated): out %.3g\n", mx);
+  CHECK_MSG(mx <= core::kSplitOrderTolerance, "MXFP8 out: %g above %g", mx, core::kSplitOrderTolerance);
+  CHECK_MSG(mx > 0, "the reversed order changed no MXFP8 result: this test would not see an order's effect");
 }
 
 MOK_TEST_MAIN

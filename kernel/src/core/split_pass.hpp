@@ -4,8 +4,9 @@
 // which tiles a row step covers and the order of the steps are here, once. tests/cpp/test_split_pass runs the
 // whole pass with host steps over the host executor's memory and holds it to the host executor's bytes.
 //
-// The split executor computes with the stock grouped GEMMs of docs/gpu.md: no expert biases, BF16 operands
-// (split_supports says which layers it can run); the shared expert's steps are split_shared.hpp's.
+// The split executor computes with the stock grouped GEMMs of docs/gpu.md: no expert biases; BF16 operands, or in
+// MXFP8 mode the forward's block-scaled ones (split_supports and split_runs say which layers and passes it can run);
+// the shared expert's steps are split_shared.hpp's, bf16 in both modes.
 #pragma once
 
 #include <cmath>
@@ -15,15 +16,32 @@
 
 #include "core/compute_tasks.hpp"
 #include "core/gemm.hpp"
+#include "core/grouped_mx_problems.hpp"
 #include "core/split_plan.hpp"
 
 namespace mok::core {
 
-// Whether the split pass computes this layer: the grouped GEMMs take no bias and no MXFP8 operand yet, and TMA
-// moves 16-byte rows, so every width a GEMM row or leading dimension spans (H, I, I_s) is a multiple of 8 bf16.
+// The multiple of which every width a routed expert's GEMM row or leading dimension spans (H, I) must be: 8 bf16, as
+// TMA moves 16-byte rows; in MXFP8 whole 32-code scale blocks, as the block-scaled launcher takes them. The shared
+// expert's I_s is bf16 in both precisions: a multiple of 8.
+MOK_HD inline int split_width_multiple(const LayerShape& s) {
+  return s.mxfp8 ? kMxBlock : 8;
+}
+
+// Whether the split pass computes this layer: the widths above, no expert biases (the grouped GEMMs take none), and in
+// MXFP8 every group of a block-scaled GEMM starting a 128-row scale tile (mx_tiles_whole: expert_padding a multiple
+// of 128, so the ring, the output ring and every window are too).
 MOK_HD inline bool split_supports(const LayerShape& s, bool biases) {
-  bool rows = s.hidden % 8 == 0 && s.intermediate % 8 == 0 && s.shared_intermediate % 8 == 0;
-  return !s.mxfp8 && !biases && rows;
+  int m = split_width_multiple(s);
+  bool widths = s.hidden % m == 0 && s.intermediate % m == 0 && s.shared_intermediate % 8 == 0;
+  bool tiles = !s.mxfp8 || s.expert_padding % kMxScaleRowTile == 0;
+  return widths && tiles && !biases;
+}
+
+// The passes it plans for such a layer: in MXFP8 mode the forward and the recompute (their GEMMs are
+// mx_forward_kind); the backward's block-scaled GEMMs are not written yet.
+MOK_HD inline bool split_runs(const LayerShape& s, PassKind kind) {
+  return !s.mxfp8 || !is_backward(kind);
 }
 
 // How far a split pass whose GEMMs sum in another order than core's (a GPU's tensor cores) may be from the host
@@ -188,6 +206,32 @@ MOK_HD inline SplitGemmOperands split_gemm_operands(const PassView& v, GroupedGe
     case GroupedGemm::count: break;
   }
   return {nullptr, nullptr, nullptr, nullptr, nullptr, SplitResult::store_bf16};
+}
+
+// An MXFP8 forward GEMM's buffers (gate, up, down: mx_forward_kind; grouped_mx_problems.hpp): A the ring's rowwise
+// e4m3 codes, a_stride apart, and their row scales (x for gate and up; h for down, in ring_h's bytes, where SwiGLU
+// wrote them); B the experts' weights quantised rowwise; D bf16, as the BF16 kind's.
+struct SplitMxOperands {
+  const uint8_t* a;
+  int64_t a_stride;
+  const uint8_t* a_scales;
+  const uint8_t* b;
+  const uint8_t* b_scales;
+  bf16_t* d;
+};
+
+MOK_HD inline SplitMxOperands split_mx_gemm_operands(const PassView& v, GroupedGemm kind) {
+  const LayerWeights& w = v.w;
+  switch (kind) {
+    case GroupedGemm::gate:
+      return {v.mx_x.rows, v.mx_x.stride, v.mx_x.row_scales, w.gate_rowwise.data, w.gate_rowwise.scales, v.ring_g};
+    case GroupedGemm::up:
+      return {v.mx_x.rows, v.mx_x.stride, v.mx_x.row_scales, w.up_rowwise.data, w.up_rowwise.scales, v.ring_u};
+    case GroupedGemm::down:
+      return {v.mx_h.rows, v.mx_h.stride, v.mx_h.row_scales, w.down_rowwise.data, w.down_rowwise.scales, v.ring_y};
+    default: break;
+  }
+  return {nullptr, 0, nullptr, nullptr, nullptr, nullptr};
 }
 
 // One expert's problem as core's tile GEMM (gemm.hpp): A and B each K-major (depth contiguous) or MN-major, as

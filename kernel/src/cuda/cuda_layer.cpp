@@ -14,8 +14,9 @@
 // the schedule build, a pass's entry barrier after its staging and its closing barrier before the home sums. The
 // peers' buffers are the caller's device pointers (one process's GPUs with peer access, CUDA IPC, symmetric memory).
 //
-// What it runs: BF16 (no MXFP8 pass yet), no expert biases (the GEMMs take none), H, I and I_s multiples of 8, on
-// compute capability 10.x or 9.0 as built. Nothing of it has run on a GPU (docs/gpu.md).
+// What it runs: BF16 on compute capability 10.x or 9.0 as built; MXFP8's forward and recompute on 10.x (its backward
+// is not written); no expert biases (the GEMMs take none); H, I and I_s multiples of 8 (H and I of 32 in MXFP8).
+// Nothing of it has run on a GPU (docs/gpu.md).
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -46,23 +47,25 @@ using core::PassKind;
 
 // The layers this executor runs (core::split_supports), each rule worded with its field.
 mokStatus_t check_shape(const core::LayerShape& s, const char* func) {
-  if (s.mxfp8)
-    return fail(mokUnsupported,
-                "%s: argument 'config.precision' (mokPrecisionMXFP8) must be mokPrecisionBF16 with mokExecutorCuda: "
-                "its MXFP8 pass is not written yet",
-                func);
+  const int routed = core::split_width_multiple(s);
   const struct {
     const char* name;
     int value;
-  } widths[] = {{"config.hidden", s.hidden},
-                {"config.intermediate", s.intermediate},
-                {"config.shared_intermediate", s.shared_intermediate}};
+    int multiple;
+  } widths[] = {{"config.hidden", s.hidden, routed},
+                {"config.intermediate", s.intermediate, routed},
+                {"config.shared_intermediate", s.shared_intermediate, 8}};  // bf16 in both precisions
   for (const auto& w : widths)
-    if (w.value % 8 != 0)
-      return fail(mokUnsupported,
-                  "%s: argument '%s' (%d) must be a multiple of 8 with mokExecutorCuda: its grouped GEMMs read rows "
-                  "of 16 bytes (TMA)",
-                  func, w.name, w.value);
+    if (w.value % w.multiple != 0)
+      return fail(mokUnsupported, "%s: argument '%s' (%d) must be a multiple of %d with mokExecutorCuda%s", func,
+                  w.name, w.value, w.multiple,
+                  w.multiple == 8 ? ": its grouped GEMMs read rows of 16 bytes (TMA)"
+                                  : " and MXFP8 precision: its block-scaled GEMMs take whole 32-code scale blocks");
+  if (s.mxfp8 && s.expert_padding % core::kMxScaleRowTile != 0)
+    return fail(mokUnsupported,
+                "%s: argument 'config.expert_padding' (%d) must be a multiple of %d with mokExecutorCuda and MXFP8 "
+                "precision: every expert's rows start a %d-row tile of the block-scaled GEMM's scales",
+                func, s.expert_padding, core::kMxScaleRowTile, core::kMxScaleRowTile);
   return core::split_supports(s, false) ? mokSuccess : fail(mokInternalError, "%s: split_supports refused", func);
 }
 
@@ -203,14 +206,11 @@ mokStatus_t cuda_failed(const char* func, const char* what, cudaError_t e) {
 // An enqueue_split_pass that stopped, worded: its launch in the plan and why.
 mokStatus_t pass_failed(const char* func, const cuda::SplitFailure& f) {
   if (f.refusal == cuda::SplitRefusal::cuda_error && f.launch < 0)
-    return fail(mokCudaError, "%s: the split pass's %s: %s (%s)", func,
-                f.step == core::SplitStep::barrier ? "entry barrier" : "query of the device's compute capability",
-                cudaGetErrorString(f.error), cudaGetErrorName(f.error));
+    return fail(mokCudaError, "%s: the split pass's entry barrier: %s (%s)", func, cudaGetErrorString(f.error),
+                cudaGetErrorName(f.error));
   if (f.refusal == cuda::SplitRefusal::gemm_refused && f.launch < 0)
-    return fail(mokUnsupported,
-                "%s: this libmok carries no grouped GEMM for the current device's architecture (built "
-                "for %s)",
-                func, api::kCudaArchitectures);
+    return fail(mokUnsupported, "%s: this libmok carries no grouped GEMM for the layer's device (built for %s)", func,
+                api::kCudaArchitectures);
   if (f.refusal == cuda::SplitRefusal::cuda_error)
     return fail(mokCudaError, "%s: launch %lld of the split pass (%s): %s (%s)", func, static_cast<long long>(f.launch),
                 core::split_step_name(f.step), cudaGetErrorString(f.error), cudaGetErrorName(f.error));
@@ -229,7 +229,7 @@ class CudaLayer final : public LayerExecutor {
         timeout_ns_(timeout_ns),
         device_(device),
         workspace_(workspace),
-        layout_(core::split_layout(shape, cuda::grouped_gemm_bf16_argument_bytes(shape.experts_per_rank))),
+        layout_(core::split_layout(shape, cuda::split_gemm_argument_bytes(shape))),
         buffers_(core::split_buffers_at(shape, layout_, workspace + core::split_extras_offset(shape))) {
     for (int r = 0; r < shape.world; ++r) peers_.push_back(static_cast<char*>(peers[r]));
   }
@@ -247,8 +247,9 @@ class CudaLayer final : public LayerExecutor {
     OnDevice on(device_);
     if (cudaError_t e = cuda::create_mapped_record(&record_); e != cudaSuccess)
       return cuda_failed(func, "allocating the host-mapped error record", e);
+    if (mokStatus_t s = read_architecture(func); s != mokSuccess) return s;
     cudaError_t error = cudaSuccess;
-    if (cuda::GemmStatus st = cuda::split_gemm_workspace_bytes(s_, &gemm_workspace_bytes_, &error);
+    if (cuda::GemmStatus st = cuda::split_gemm_workspace_bytes(s_, architecture_, &gemm_workspace_bytes_, &error);
         st != cuda::GemmStatus::ok)
       return error != cudaSuccess ? cuda_failed(func, "sizing the grouped GEMMs' workspace", error)
                                   : fail(mokInternalError, "%s: sizing the grouped GEMMs' workspace: %s", func,
@@ -294,6 +295,22 @@ class CudaLayer final : public LayerExecutor {
     // stream's: creation (not a pass) waits for those copies (the legacy stream's work, not the whole device's).
     if (cudaError_t e = cudaStreamSynchronize(cudaStreamLegacy); e != cudaSuccess)
       return cuda_failed(func, "waiting for the layer's tables", e);
+    return mokSuccess;
+  }
+
+  // The device's GemmArchitecture, once: the units every pass runs (MXFP8's only on SM100).
+  mokStatus_t read_architecture(const char* func) {
+    cudaError_t e = cudaSuccess;
+    architecture_ = cuda::current_gemm_architecture(&e);
+    if (e != cudaSuccess) return cuda_failed(func, "reading the device's compute capability", e);
+    if (architecture_ == cuda::GemmArchitecture::none)
+      return fail(mokUnsupported, "%s: this libmok carries no grouped GEMM for device %d (built for %s)", func, device_,
+                  api::kCudaArchitectures);
+    if (s_.mxfp8 && architecture_ != cuda::GemmArchitecture::sm100)
+      return fail(mokUnsupported,
+                  "%s: argument 'config.precision' (mokPrecisionMXFP8) with mokExecutorCuda needs compute capability "
+                  "10.x (sm_100a, sm_103a: the block-scaled tcgen05 MMA); device %d is %s, where only BF16 runs",
+                  func, device_, cuda::gemm_architecture_name(architecture_));
     return mokSuccess;
   }
 
@@ -363,6 +380,12 @@ class CudaLayer final : public LayerExecutor {
                        const mokLayerGrads_t& grads, void* stream) override {
     const char* func = "mokLayerBackward";
     OnDevice on(device_);
+    if (s_.mxfp8)
+      return refused(fail(mokUnsupported,
+                          "%s: argument 'config.precision' (mokPrecisionMXFP8): mokExecutorCuda runs the forward and "
+                          "the recompute of an MXFP8 layer; its backward (block-scaled dgrad and wgrad GEMMs) is not "
+                          "written yet",
+                          func));
     if (mokStatus_t s = refuse_order(func, core::CallKind::backward); s != mokSuccess) return refused(s);
     if (mokStatus_t s = check_weights_here(weights, func); s != mokSuccess) return refused(s);
     if (mokStatus_t s = check_grads_here(grads, func); s != mokSuccess) return refused(s);
@@ -489,6 +512,7 @@ class CudaLayer final : public LayerExecutor {
     d.staging = buffers_.staging;
     d.staging_values = layout_.staging_values;
     d.ctas = static_cast<int>(layout_.ctas);
+    d.architecture = static_cast<int>(architecture_);
     d.gemm_arguments = buffers_.gemm_arguments;
     d.gemm_workspace = gemm_workspace_;
     d.gemm_workspace_bytes = gemm_workspace_bytes_;
@@ -614,6 +638,7 @@ class CudaLayer final : public LayerExecutor {
   cuda::MappedRecord record_;
   void* gemm_workspace_ = nullptr;
   size_t gemm_workspace_bytes_ = 0;
+  cuda::GemmArchitecture architecture_ = cuda::GemmArchitecture::none;
   int tokens_ = 0;
   bool has_schedule_ = false, has_context_ = false, ring_kept_ = false;
   std::atomic<bool> aborted_{false};
@@ -640,7 +665,7 @@ mokStatus_t current_device(const char* func, int* device) {
 
 mokStatus_t cuda_workspace_bytes(const core::LayerShape& shape, const char* func, size_t* bytes) {
   if (mokStatus_t s = check_shape(shape, func); s != mokSuccess) return s;
-  *bytes = core::split_workspace_bytes(shape, cuda::grouped_gemm_bf16_argument_bytes(shape.experts_per_rank));
+  *bytes = core::split_workspace_bytes(shape, cuda::split_gemm_argument_bytes(shape));
   return mokSuccess;
 }
 

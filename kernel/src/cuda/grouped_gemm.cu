@@ -149,35 +149,33 @@ GemmStatus grouped_gemm_bf16(const GroupedGemmBf16& g, void* workspace, size_t w
   return s == GemmStatus::ok ? r.instance().launch(g, r.operands, workspace, workspace_bytes, stream, error) : s;
 }
 
-// One SM100 instantiation serves every MXFP8 kind (gate, up, down); it checks the kind itself. A build without the
-// SM100 units has none.
-size_t grouped_gemm_mxfp8_argument_bytes(int groups) {
+// One SM100 instantiation serves every MXFP8 kind (gate, up, down); it checks the kind itself. Other architectures,
+// and a build without the SM100 units, have none.
+namespace grouped_gemm_launcher {
+const GroupedGemmMxInstance* mx_instance(GemmArchitecture architecture) {
 #if MOK_WITH_SM100_GEMM
-  return grouped_gemm_sm100_mxfp8_forward().argument_bytes(groups);
-#else
-  (void)groups;
-  return 0;
+  if (architecture == GemmArchitecture::sm100) return &grouped_gemm_sm100_mxfp8_forward();
 #endif
+  (void)architecture;
+  return nullptr;
+}
+}  // namespace grouped_gemm_launcher
+
+size_t grouped_gemm_mxfp8_argument_bytes(int groups) {
+  const GroupedGemmMxInstance* instance = mx_instance(GemmArchitecture::sm100);
+  return instance ? instance->argument_bytes(groups) : 0;
 }
 
 GemmStatus grouped_gemm_mxfp8_workspace_bytes(const GroupedGemmMxfp8& g, size_t* bytes, cudaError_t* error) {
   if (!core::mx_forward_kind(g.kind)) return GemmStatus::bad_kind;
-#if MOK_WITH_SM100_GEMM
-  return grouped_gemm_sm100_mxfp8_forward().workspace_bytes(g, bytes, error);
-#else
-  (void)bytes, (void)error;
-  return GemmStatus::no_architecture;
-#endif
+  const GroupedGemmMxInstance* instance = mx_instance(g.architecture);
+  return instance ? instance->workspace_bytes(g, bytes, error) : GemmStatus::no_architecture;
 }
 
 GemmStatus grouped_gemm_mxfp8(const GroupedGemmMxfp8& g, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                               cudaError_t* error) {
-#if MOK_WITH_SM100_GEMM
-  return grouped_gemm_sm100_mxfp8_forward().launch(g, workspace, workspace_bytes, stream, error);
-#else
-  (void)g, (void)workspace, (void)workspace_bytes, (void)stream, (void)error;
-  return GemmStatus::no_architecture;
-#endif
+  const GroupedGemmMxInstance* instance = mx_instance(g.architecture);
+  return instance ? instance->launch(g, workspace, workspace_bytes, stream, error) : GemmStatus::no_architecture;
 }
 
 }  // namespace mok::cuda

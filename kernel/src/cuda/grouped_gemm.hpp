@@ -102,6 +102,7 @@ struct GroupedGemmMxfp8 {
   const uint8_t* b_scales;
   core::bf16_t* d;
   void* arguments;  // device, grouped_gemm_mxfp8_argument_bytes(shape.experts_per_rank) bytes, 128-byte aligned
+  GemmArchitecture architecture;  // the device's: sm100 only (its block-scaled tcgen05 MMA), else no_architecture
 };
 
 size_t grouped_gemm_mxfp8_argument_bytes(int groups);

@@ -5,8 +5,9 @@
 // pass over them, each pass twice. So the stage checks the pass (dispatch, the grouped GEMMs, SwiGLU, combine,
 // the shared expert, the home sums, a ring that turns within the pass, both kinds of weight gradient), not the
 // schedule build or the staging, which the cuda executor's layer does on the device (the every_gpu and virtual_ranks
-// stages). It runs two layers of one shape: a gated shared expert with the weight gradients added into fp32 main_grad,
-// and an ungated one with bf16 weight gradients.
+// stages). It runs three layers of one shape: a gated shared expert with the weight gradients added into fp32
+// main_grad, an ungated one with bf16 weight gradients, and on compute capability 10.x the MXFP8 forward (dispatch
+// quantising x, the block-scaled GEMMs, SwiGLU quantising h) with a gated shared expert.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -47,10 +48,12 @@ constexpr float kMainGradStart = 0.5f;  // main_grad holds something before the 
 struct Variant {
   bool gated;           // the shared expert scaled by its router (Qwen2-MoE)
   bool bf16_gradients;  // bf16 weight gradients (the split pass's own fp32 sums), else added into fp32 main_grad
+  bool mxfp8;           // MXFP8 precision: the forward only (the split executor has no MXFP8 backward yet)
   const char* name;
 };
-constexpr Variant kVariants[] = {{true, false, "gated shared expert, fp32 main_grad"},
-                                 {false, true, "ungated shared expert, bf16 weight gradients"}};
+constexpr Variant kVariants[] = {{true, false, false, "gated shared expert, fp32 main_grad"},
+                                 {false, true, false, "ungated shared expert, bf16 weight gradients"},
+                                 {true, false, true, "MXFP8 forward, gated shared expert"}};
 
 // The weight gradients, in core::SplitTargets' order: the routed experts', the shared expert's, its router's.
 constexpr int kGradients = 7;
@@ -88,13 +91,42 @@ mokLayerConfig_t stage_config(int timeout_ms) {
   return c;
 }
 
+// The routed experts' weights in MXFP8 as a caller stores them (mokMxfp8Quantize): gate, up and down each rowwise (at
+// 2 i: the forward's) and colwise (at 2 i + 1: the backward's, which the host executor's layer takes too).
+struct MxWeights {
+  std::vector<uint8_t> codes[6], scales[6];
+  mokMxfp8Matrix_t matrix(int at) const { return {codes[at].data(), scales[at].data()}; }
+};
+
 // The layer's inputs: routes to expert 0 half the time, 1 and 3 a quarter and an eighth, expert 2 never, -1 else.
 struct Inputs {
   std::vector<int32_t> ids;
   std::vector<float> topk_weights;
   std::vector<bf16_t> x, dout, gate, up, down;
   std::vector<bf16_t> shared_gate, shared_up, shared_down, shared_router;
+  MxWeights mx;  // gate, up and down quantised
 };
+
+mokStatus_t quantize(const core::LayerShape& s, Inputs* in, Text* text) {
+  const std::vector<bf16_t>* weights[3] = {&in->gate, &in->up, &in->down};
+  int64_t experts = s.experts_per_rank;
+  for (int i = 0; i < 3; ++i) {
+    int64_t rows = i < 2 ? s.intermediate : s.hidden, cols = i < 2 ? s.hidden : s.intermediate;
+    MxWeights& mx = in->mx;
+    for (int at : {2 * i, 2 * i + 1}) {
+      mx.codes[at].resize(static_cast<size_t>(experts * rows * cols));
+      core::MxScaleLayout scales = at % 2 ? core::MxScaleLayout::of(cols, rows) : core::MxScaleLayout::of(rows, cols);
+      mx.scales[at].resize(static_cast<size_t>(scales.batch_bytes(experts)));
+    }
+    if (mokMxfp8Quantize(weights[i]->data(), mokDataBF16, experts, rows, cols, mx.codes[2 * i].data(),
+                         mx.scales[2 * i].data(), mx.codes[2 * i + 1].data(), mx.scales[2 * i + 1].data(),
+                         nullptr) != mokSuccess) {
+      text->add("quantising the weights to MXFP8: %s", mokGetLastError());
+      return mokInternalError;
+    }
+  }
+  return mokSuccess;
+}
 
 Inputs draw(const core::LayerShape& s, std::mt19937_64& rng) {
   Inputs in;
@@ -140,9 +172,15 @@ struct HostRun {
 
 mokLayerWeights_t weights_of(const Inputs& in, const Variant& variant) {
   mokLayerWeights_t w = MOK_LAYER_WEIGHTS_INIT;
-  w.gate = in.gate.data();
-  w.up = in.up.data();
-  w.down = in.down.data();
+  if (variant.mxfp8) {
+    w.gate_rowwise = in.mx.matrix(0), w.gate_colwise = in.mx.matrix(1);
+    w.up_rowwise = in.mx.matrix(2), w.up_colwise = in.mx.matrix(3);
+    w.down_rowwise = in.mx.matrix(4), w.down_colwise = in.mx.matrix(5);
+  } else {
+    w.gate = in.gate.data();
+    w.up = in.up.data();
+    w.down = in.down.data();
+  }
   w.shared_gate = in.shared_gate.data();
   w.shared_up = in.shared_up.data();
   w.shared_down = in.shared_down.data();
@@ -196,7 +234,8 @@ mokStatus_t run_host(const mokLayerConfig_t& c, const core::LayerShape& s, const
   if (st == mokSuccess)
     st = mokLayerForward(layer, &w, in.x.data(), in.topk_weights.data(), run->forward.out.data(), nullptr);
   if (st == mokSuccess) keep(&run->forward_workspace, &run->forward_peer);
-  if (st == mokSuccess) st = mokLayerBackward(layer, &w, in.topk_weights.data(), in.dout.data(), &g, nullptr);
+  if (st == mokSuccess && !variant.mxfp8)
+    st = mokLayerBackward(layer, &w, in.topk_weights.data(), in.dout.data(), &g, nullptr);
   if (st == mokSuccess) keep(&run->backward_workspace, &run->backward_peer);
   for (int i = 0; variant.bf16_gradients && i < kGradients; ++i) run->backward.gradients[i] = as_floats(bf16[i]);
   mokStatus_t result = st == mokSuccess ? mokSuccess : failed("pass");
@@ -216,6 +255,8 @@ struct Device {
   core::ErrorRecord* error = nullptr;
   char** peers = nullptr;
   bf16_t *gate = nullptr, *up = nullptr, *down = nullptr;
+  uint8_t* mx_codes[3] = {};   // MXFP8: gate, up and down rowwise ...
+  uint8_t* mx_scales[3] = {};  // ... and their scales
   bf16_t *shared_gate = nullptr, *shared_up = nullptr, *shared_down = nullptr, *shared_router = nullptr;
   float* sigmoid_table = nullptr;
 };
@@ -237,16 +278,21 @@ cudaError_t allocate(DeviceBuffers& b, size_t count, T** device) {
   return e;
 }
 
-// The CUTLASS workspace of the pass's GEMMs (split_device.hpp), worded.
-mokStatus_t gemm_workspace_bytes(const core::LayerShape& s, size_t* bytes, Text* text) {
+// The device's architecture and the CUTLASS workspace of the pass's GEMMs on it (split_device.hpp), worded.
+mokStatus_t gemm_workspace_bytes(const core::LayerShape& s, SplitDevice* sd, Text* text) {
   cudaError_t e = cudaSuccess;
-  GemmStatus st = split_gemm_workspace_bytes(s, bytes, &e);
+  GemmArchitecture architecture = current_gemm_architecture(&e);
+  if (e != cudaSuccess) return cuda_failed(text, "reading the device's compute capability", e);
+  sd->architecture = static_cast<int>(architecture);
+  GemmStatus st = split_gemm_workspace_bytes(s, architecture, &sd->gemm_workspace_bytes, &e);
   if (st == GemmStatus::cuda_error) return cuda_failed(text, "sizing the grouped GEMMs' workspace", e);
   if (st == GemmStatus::ok) return mokSuccess;
   text->add("sizing the grouped GEMMs' workspace: %s", gemm_status_name(st));
   return mokInternalError;
 }
 
+// Every buffer of the variants' passes (s: MXFP8's shape where that variant runs, for its GEMMs' arguments and
+// workspace; sizes: the largest of the variants' host layers).
 mokStatus_t set_up(const core::LayerShape& s, const Inputs& in, const mokLayerSizes_t& sizes, Device* d, Text* text) {
   DeviceBuffers& b = d->buffers;
   SplitDevice& sd = d->split;
@@ -265,6 +311,10 @@ mokStatus_t set_up(const core::LayerShape& s, const Inputs& in, const mokLayerSi
   if (e == cudaSuccess) e = upload(b, in.gate, &d->gate);
   if (e == cudaSuccess) e = upload(b, in.up, &d->up);
   if (e == cudaSuccess) e = upload(b, in.down, &d->down);
+  for (int i = 0; i < 3 && s.mxfp8; ++i) {
+    if (e == cudaSuccess) e = upload(b, in.mx.codes[2 * i], &d->mx_codes[i]);
+    if (e == cudaSuccess) e = upload(b, in.mx.scales[2 * i], &d->mx_scales[i]);
+  }
   if (e == cudaSuccess) e = upload(b, in.shared_gate, &d->shared_gate);
   if (e == cudaSuccess) e = upload(b, in.shared_up, &d->shared_up);
   if (e == cudaSuccess) e = upload(b, in.shared_down, &d->shared_down);
@@ -290,9 +340,9 @@ mokStatus_t set_up(const core::LayerShape& s, const Inputs& in, const mokLayerSi
   if (e == cudaSuccess) e = allocate(b, 2, &sh.schedule);
   if (e == cudaSuccess) e = allocate(b, static_cast<size_t>(core::out_ring_rows(s)) * s.hidden, &sd.targets.dx_partial);
   if (e == cudaSuccess) e = allocate(b, static_cast<size_t>(ctas * sd.staging_values) + 1, &sd.staging);
-  if (e == cudaSuccess) e = b.alloc(grouped_gemm_bf16_argument_bytes(s.experts_per_rank), &sd.gemm_arguments);
+  if (e == cudaSuccess) e = b.alloc(split_gemm_argument_bytes(s), &sd.gemm_arguments);
   if (e != cudaSuccess) return cuda_failed(text, "allocating the layer's device memory", e);
-  if (mokStatus_t st = gemm_workspace_bytes(s, &sd.gemm_workspace_bytes, text); st != mokSuccess) return st;
+  if (mokStatus_t st = gemm_workspace_bytes(s, &sd, text); st != mokSuccess) return st;
   if ((e = b.alloc(sd.gemm_workspace_bytes, &sd.gemm_workspace)) != cudaSuccess)
     return cuda_failed(text, "allocating the grouped GEMMs' workspace", e);
   sd.ctas = static_cast<int>(ctas);
@@ -324,6 +374,11 @@ mokStatus_t prepare(const core::LayerShape& s, const Variant& variant, PassKind 
   v.w.gate = d->gate;
   v.w.up = d->up;
   v.w.down = d->down;
+  if (s.mxfp8) {  // the forward's weights: rowwise
+    v.w.gate_rowwise = core::MxWeight{d->mx_codes[0], d->mx_scales[0]};
+    v.w.up_rowwise = core::MxWeight{d->mx_codes[1], d->mx_scales[1]};
+    v.w.down_rowwise = core::MxWeight{d->mx_codes[2], d->mx_scales[2]};
+  }
   v.w.shared_gate = d->shared_gate;
   v.w.shared_up = d->shared_up;
   v.w.shared_down = d->shared_down;
@@ -343,9 +398,7 @@ mokStatus_t prepare(const core::LayerShape& s, const Variant& variant, PassKind 
     void* at;
     size_t bytes;
   };
-  std::vector<Fill> fills = {{v.ring_x, ring * h * 2},
-                             {v.ring_dy, ring * h * 2},
-                             {v.ring_g, ring * in * 2},
+  std::vector<Fill> fills = {{v.ring_g, ring * in * 2},
                              {v.ring_u, ring * in * 2},
                              {v.ring_h, ring * in * 2},
                              {v.ring_y, core::out_ring_rows(s) * h * 2},
@@ -363,6 +416,12 @@ mokStatus_t prepare(const core::LayerShape& s, const Variant& variant, PassKind 
                              {sh.dlogit, rows * sizeof(float)},
                              {sh.dx_partial, rows * h * sizeof(float)},
                              {sh.schedule, 2 * sizeof(int32_t)}};
+  if (s.mxfp8)  // x's codes and scales, h's scales (its codes are in ring_h): e4m3 and e8m0 NaN
+    fills.insert(fills.end(), {{v.mx_x.rows, ring * h},
+                               {v.mx_x.row_scales, core::mx_row_scale_bytes(s, s.hidden)},
+                               {v.mx_h.row_scales, core::mx_row_scale_bytes(s, s.intermediate)}});
+  else  // empty in MXFP8
+    fills.insert(fills.end(), {{v.ring_x, ring * h * 2}, {v.ring_dy, ring * h * 2}});
   for (int i = 0; variant.bf16_gradients && i < kGradients; ++i) {
     fills.push_back({d->sums[i], gradient_values(s, i) * sizeof(float)});
     fills.push_back({d->bf16_gradients[i], gradient_values(s, i) * 2});
@@ -486,15 +545,24 @@ mokStatus_t run_twice(const SelftestSetup& setup, const core::LayerShape& s, con
   return mokInternalError;
 }
 
+// The stage's layer in a variant's precision.
+void in_precision(bool mxfp8, mokLayerConfig_t* c, core::LayerShape* s) {
+  c->precision = mxfp8 ? mokPrecisionMXFP8 : mokPrecisionBF16;
+  s->mxfp8 = mxfp8 ? 1 : 0;
+}
+
 // One variant: the host executor's passes, then the device's over their memory, each result within the bound.
-mokStatus_t run_variant(const SelftestSetup& setup, const mokLayerConfig_t& c, const core::LayerShape& s,
-                        const Inputs& in, const Variant& variant, Device* d, Text* text) {
+mokStatus_t run_variant(const SelftestSetup& setup, mokLayerConfig_t c, core::LayerShape s, const Inputs& in,
+                        const Variant& variant, Device* d, Text* text) {
   text->add("%s: ", variant.name);
+  in_precision(variant.mxfp8, &c, &s);
   HostRun host;
   if (mokStatus_t st = run_host(c, s, in, variant, &host, text); st != mokSuccess) return st;
   Results fwd, bwd;
   if (mokStatus_t st = run_twice(setup, s, variant, PassKind::forward, host, d, &fwd, text); st != mokSuccess)
     return st;
+  if (variant.mxfp8)
+    return within("out", relative_error(fwd.out, host.forward.out), text) ? mokSuccess : mokInternalError;
   if (mokStatus_t st = run_twice(setup, s, variant, PassKind::backward, host, d, &bwd, text); st != mokSuccess)
     return st;
   double start = variant.bf16_gradients ? 0.0 : kMainGradStart;
@@ -522,8 +590,25 @@ mokStatus_t selftest_one_rank(const SelftestSetup& setup, Text* text) {
     return mokInternalError;
   }
   Inputs in = draw(s, rng);
+  // The MXFP8 variant where the device has the block-scaled MMA (10.x): its host layer's sizes count too.
+  cudaError_t e = cudaSuccess;
+  bool mx = current_gemm_architecture(&e) == GemmArchitecture::sm100;
+  if (e != cudaSuccess) return cuda_failed(text, "reading the device's compute capability", e);
+  core::LayerShape gemm_shape = s;
+  if (mx) {
+    mokLayerConfig_t mx_config = c;
+    mokLayerSizes_t mx_sizes = MOK_LAYER_SIZES_INIT;
+    in_precision(true, &mx_config, &gemm_shape);
+    if (mokLayerGetSizes(&mx_config, &mx_sizes) != mokSuccess) {
+      text->add("the stage's own MXFP8 layer config is refused: %s", mokGetLastError());
+      return mokInternalError;
+    }
+    sizes.workspace_bytes = std::max(sizes.workspace_bytes, mx_sizes.workspace_bytes);
+    sizes.peer_bytes = std::max(sizes.peer_bytes, mx_sizes.peer_bytes);
+    if (mokStatus_t st = quantize(s, &in, text); st != mokSuccess) return st;
+  }
   Device d;
-  if (mokStatus_t st = set_up(s, in, sizes, &d, text); st != mokSuccess) return st;
+  if (mokStatus_t st = set_up(gemm_shape, in, sizes, &d, text); st != mokSuccess) return st;
   text->add(
       "the split pass of one rank (%d experts, H %d, I %d, a shared expert of I_s %d, %d tokens, a %d-row ring in "
       "windows over up to %lld rows) against the host executor, normwise: ",
@@ -532,6 +617,11 @@ mokStatus_t selftest_one_rank(const SelftestSetup& setup, Text* text) {
   // Both variants run (a failure of one still reports the other's figures); the first failure is the stage's.
   mokStatus_t result = mokSuccess;
   for (const Variant& variant : kVariants) {
+    if (variant.mxfp8 && !mx) {
+      text->add("%s: not run (MXFP8 runs on compute capability 10.x; this device is %s); ", variant.name,
+                gemm_architecture_name(current_gemm_architecture(&e)));
+      continue;
+    }
     mokStatus_t st = run_variant(setup, c, s, in, variant, &d, text);
     if (d.buffers.keep) return mokTimeout;  // the device may still be running: nothing more on it
     if (result == mokSuccess) result = st;

@@ -3,10 +3,11 @@
 // the shape alone (core::split_plan) and never reads the schedule: every kernel takes the row count from the
 // schedule's segments on the device. Nothing here waits for the GPU.
 //
-// What runs today: the row steps (split_steps.cu, core's bodies), the BF16 grouped GEMMs (grouped_gemm.hpp, in a
-// build with CUTLASS), the shared expert (its GEMMs through the same launcher, its row steps from
-// core/split_shared.hpp) and the home sums; in a group of several ranks the closing barrier is a kernel of one thread
-// (core::stream_barrier over the peers' headers), and for one rank the stream's order. Nothing here has run on a GPU.
+// What runs today: the row steps (split_steps.cu, core's bodies), the BF16 grouped GEMMs and the MXFP8 forward's
+// block-scaled ones (grouped_gemm.hpp, in a build with CUTLASS), the shared expert (its GEMMs through the same
+// launcher, its row steps from core/split_shared.hpp) and the home sums; in a group of several ranks the closing
+// barrier is a kernel of one thread (core::stream_barrier over the peers' headers), and for one rank the stream's
+// order. Nothing here has run on a GPU.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -36,6 +37,7 @@ struct SplitDevice {
   core::bf16_t* staging;           // staging_values bf16 per CTA of a row step (MXFP8's dispatch and SwiGLU)
   int64_t staging_values;
   int ctas;              // CTAs of a row step: each takes the window's tiles grid-stride
+  int architecture;      // the GemmArchitecture (grouped_gemm.hpp) of the layer's device, read once at its creation
   void* gemm_arguments;  // grouped_gemm_bf16_argument_bytes(experts_per_rank) bytes, 128-byte aligned
   void* gemm_workspace;  // CUTLASS's workspace: the largest grouped_gemm_bf16_workspace_bytes of the kinds
   size_t gemm_workspace_bytes;
@@ -49,9 +51,11 @@ struct SplitDevice {
 
 enum class SplitRefusal : int32_t {
   none = 0,
-  unsupported_layer,  // core::split_supports refuses it (MXFP8, biases, a width not a multiple of 8)
+  unsupported_layer,  // core::split_supports or split_runs refuses it (biases, a width not a multiple of 8 (16 in
+                      // MXFP8), padding not of 128-row tiles in MXFP8, an MXFP8 backward)
   no_gemm,            // this libmok has no grouped GEMM (built without CUTLASS's headers)
-  gemm_refused,       // the grouped GEMM refused a launch: gemm_status says why
+  gemm_refused,       // the grouped GEMM refused a launch (gemm_status says why), or before any (launch -1): the
+                      // device's architecture is not one this build carries (no_architecture)
   cuda_error,         // a launch failed: error
   bad_device,  // the SplitDevice itself: ctas < 1, no host peer table, no GEMM argument block, no staging, shared
                // buffer, backward target (dx's first term, a weight gradient's sum or bf16 destination) where needed
@@ -71,9 +75,12 @@ struct SplitFailure {
 const char* split_refusal_name(SplitRefusal refusal);
 
 #if MOK_WITH_GROUPED_GEMM
-// The CUTLASS workspace the largest of the pass's GEMM kinds asks for, the routed experts' and the shared one's
-// (it depends on the device: call it on the pass's).
-GemmStatus split_gemm_workspace_bytes(const core::LayerShape& s, size_t* bytes, cudaError_t* error);
+// The device bytes of gemm_arguments: enough for every GEMM of the layer's passes (the MXFP8 forward's too).
+size_t split_gemm_argument_bytes(const core::LayerShape& s);
+// The CUTLASS workspace the largest of the pass's GEMM kinds asks for on the current device of `architecture`, the
+// routed experts' and the shared one's, and in MXFP8 mode the block-scaled forward's.
+GemmStatus split_gemm_workspace_bytes(const core::LayerShape& s, GemmArchitecture architecture, size_t* bytes,
+                                      cudaError_t* error);
 #endif
 
 // Enqueues the pass of d.view.kind on d.stream: in a group the entry barrier (the caller has staged the call's

@@ -14,7 +14,6 @@ namespace {
 struct DeviceSteps {
   const SplitDevice& d;
   SplitFailure& failure;
-  int architecture;  // the GemmArchitecture of the pass's device
 
   bool launched(cudaError_t e) {
     if (e == cudaSuccess) return true;
@@ -31,6 +30,7 @@ struct DeviceSteps {
   bool barrier() { return launched(launch_group_barrier(d.view, core::WaitId::closing_barrier, d.stream)); }
   bool home_sums() { return launched(launch_home_sums(d)); }
   bool gemm(core::GroupedGemm kind, core::RowWindow w) {
+    if (d.view.s.mxfp8) return grouped_mx(kind, w);
     return grouped(kind, core::split_gemm_operands(d.view, kind, d.targets), d.view.s, d.view.sched,
                    core::ring_periods(d.view.s), w);
   }
@@ -41,49 +41,53 @@ struct DeviceSteps {
     return grouped(kind, core::shared_gemm_operands(host_view, kind, d.shared, d.targets), core::shared_expert_shape(s),
                    core::shared_schedule(s, d.shared, d.view.tokens), core::shared_periods(s), core::shared_window(s));
   }
-  // One grouped GEMM launch (a build without CUTLASS is refused before the walk: no_gemm).
+#if MOK_WITH_GROUPED_GEMM
+  // One BF16 grouped GEMM launch.
   bool grouped(core::GroupedGemm kind, const core::SplitGemmOperands& o, const core::LayerShape& shape,
                const core::Schedule& schedule, const core::RowPeriods& periods, core::RowWindow w) {
-#if MOK_WITH_GROUPED_GEMM
     GroupedGemmBf16 g{shape,    schedule, kind,
                       periods,  w,        o.a,
                       o.b,      o.d,      d.gemm_arguments,
-                      o.d_fp32, o.c_fp32, static_cast<GemmArchitecture>(architecture)};
+                      o.d_fp32, o.c_fp32, static_cast<GemmArchitecture>(d.architecture)};
     cudaError_t e = cudaSuccess;
-    GemmStatus s = grouped_gemm_bf16(g, d.gemm_workspace, d.gemm_workspace_bytes, d.stream, &e);
+    return gemm_launched(grouped_gemm_bf16(g, d.gemm_workspace, d.gemm_workspace_bytes, d.stream, &e), e);
+  }
+  // One block-scaled grouped GEMM of an MXFP8 forward (split_runs plans no other pass in MXFP8 mode).
+  bool grouped_mx(core::GroupedGemm kind, core::RowWindow w) {
+    core::SplitMxOperands o = core::split_mx_gemm_operands(d.view, kind);
+    GroupedGemmMxfp8 g{d.view.s,
+                       d.view.sched,
+                       kind,
+                       core::ring_periods(d.view.s),
+                       w,
+                       o.a,
+                       o.a_stride,
+                       o.a_scales,
+                       o.b,
+                       o.b_scales,
+                       o.d,
+                       d.gemm_arguments,
+                       static_cast<GemmArchitecture>(d.architecture)};
+    cudaError_t e = cudaSuccess;
+    return gemm_launched(grouped_gemm_mxfp8(g, d.gemm_workspace, d.gemm_workspace_bytes, d.stream, &e), e);
+  }
+  // A GEMM launcher's status: ok, a failed CUDA call, or its refusal (gemm_refused, with the status).
+  bool gemm_launched(GemmStatus s, cudaError_t e) {
     if (s == GemmStatus::cuda_error) return launched(e);
     if (s == GemmStatus::ok) return true;
     failure.refusal = SplitRefusal::gemm_refused;
     failure.gemm_status = static_cast<int>(s);
     return false;
-#else
-    (void)kind, (void)o, (void)shape, (void)schedule, (void)periods, (void)w;
+  }
+#else  // a build without CUTLASS is refused before the walk (no_gemm)
+  bool grouped(core::GroupedGemm, const core::SplitGemmOperands&, const core::LayerShape&, const core::Schedule&,
+               const core::RowPeriods&, core::RowWindow) {
     failure.refusal = SplitRefusal::no_gemm;
     return false;
-#endif
   }
+  bool grouped_mx(core::GroupedGemm kind, core::RowWindow w) { return grouped(kind, {}, {}, {}, {}, w); }
+#endif
 };
-
-// The GemmArchitecture of the current device, once nothing else is refused; a failed query or a device whose
-// grouped GEMMs this build lacks is the pass's refusal.
-int pass_architecture(SplitFailure* failure) {
-#if MOK_WITH_GROUPED_GEMM
-  if (failure->refusal != SplitRefusal::none) return 0;
-  cudaError_t e = cudaSuccess;
-  GemmArchitecture architecture = current_gemm_architecture(&e);
-  if (e != cudaSuccess) {
-    failure->refusal = SplitRefusal::cuda_error;
-    failure->error = e;
-  } else if (architecture == GemmArchitecture::none) {
-    failure->refusal = SplitRefusal::gemm_refused;
-    failure->gemm_status = static_cast<int>(GemmStatus::no_architecture);
-  }
-  return static_cast<int>(architecture);
-#else
-  (void)failure;
-  return 0;
-#endif
-}
 
 }  // namespace
 
@@ -100,18 +104,39 @@ const char* split_refusal_name(SplitRefusal refusal) {
 }
 
 #if MOK_WITH_GROUPED_GEMM
-GemmStatus split_gemm_workspace_bytes(const core::LayerShape& s, size_t* bytes, cudaError_t* error) {
+size_t split_gemm_argument_bytes(const core::LayerShape& s) {
+  size_t bf16 = grouped_gemm_bf16_argument_bytes(s.experts_per_rank);
+  size_t mx = s.mxfp8 ? grouped_gemm_mxfp8_argument_bytes(s.experts_per_rank) : 0;
+  return bf16 > mx ? bf16 : mx;
+}
+
+GemmStatus split_gemm_workspace_bytes(const core::LayerShape& s, GemmArchitecture architecture, size_t* bytes,
+                                      cudaError_t* error) {
   *bytes = 0;
-  GemmArchitecture architecture = current_gemm_architecture(error);
-  if (*error != cudaSuccess) return GemmStatus::cuda_error;
-  for (int k = 0; k < 2 * static_cast<int>(core::GroupedGemm::count); ++k) {
-    GroupedGemmBf16 g{};
-    g.architecture = architecture;
-    g.shape = k % 2 ? core::shared_expert_shape(s) : s;
-    g.kind = static_cast<core::GroupedGemm>(k / 2);
-    size_t need = 0;
-    if (GemmStatus st = grouped_gemm_bf16_workspace_bytes(g, &need, error); st != GemmStatus::ok) return st;
+  *error = cudaSuccess;
+  auto take = [&](GemmStatus st, size_t need) {
     *bytes = need > *bytes ? need : *bytes;
+    return st;
+  };
+  for (int k = 0; k < static_cast<int>(core::GroupedGemm::count); ++k) {
+    auto kind = static_cast<core::GroupedGemm>(k);
+    for (const core::LayerShape& shape : {s, core::shared_expert_shape(s)}) {
+      GroupedGemmBf16 g{};
+      g.architecture = architecture;
+      g.shape = shape;
+      g.kind = kind;
+      size_t need = 0;
+      if (GemmStatus st = take(grouped_gemm_bf16_workspace_bytes(g, &need, error), need); st != GemmStatus::ok)
+        return st;
+    }
+    if (!s.mxfp8 || !core::mx_forward_kind(kind)) continue;
+    GroupedGemmMxfp8 g{};
+    g.architecture = architecture;
+    g.shape = s;
+    g.kind = kind;
+    size_t need = 0;
+    if (GemmStatus st = take(grouped_gemm_mxfp8_workspace_bytes(g, &need, error), need); st != GemmStatus::ok)
+      return st;
   }
   return GemmStatus::ok;
 }
@@ -120,7 +145,8 @@ GemmStatus split_gemm_workspace_bytes(const core::LayerShape& s, size_t* bytes, 
 bool enqueue_split_pass(const SplitDevice& d, bool biases, SplitFailure* failure) {
   *failure = SplitFailure{};
   const core::LayerShape& s = d.view.s;
-  if (!core::split_supports(s, biases)) failure->refusal = SplitRefusal::unsupported_layer;
+  if (!core::split_supports(s, biases) || !core::split_runs(s, d.view.kind))
+    failure->refusal = SplitRefusal::unsupported_layer;
   core::SplitCall call{d.view.w.shared_router != nullptr,
                        core::is_backward(d.view.kind) && d.gradients.gate != nullptr};
   failure->missing = core::split_missing_buffer(d.view, call, d.targets, d.gradients, d.shared);
@@ -128,13 +154,19 @@ bool enqueue_split_pass(const SplitDevice& d, bool biases, SplitFailure* failure
   if (d.ctas < 1 || !d.host_peers || !d.gemm_arguments || (d.staging_values > 0 && !d.staging) || failure->missing ||
       !group)
     failure->refusal = SplitRefusal::bad_device;
-#if !MOK_WITH_GROUPED_GEMM
+#if MOK_WITH_GROUPED_GEMM
+  auto architecture = static_cast<GemmArchitecture>(d.architecture);
+  if (failure->refusal == SplitRefusal::none &&
+      (architecture == GemmArchitecture::none || gemm_architecture(d.architecture) != architecture)) {
+    failure->refusal = SplitRefusal::gemm_refused;  // not a device this build carries grouped GEMMs for
+    failure->gemm_status = static_cast<int>(GemmStatus::no_architecture);
+  }
+#else
   failure->refusal = SplitRefusal::no_gemm;
 #endif
   core::RowPeriods periods = core::ring_periods(s);
   int64_t count = failure->refusal == SplitRefusal::none ? core::split_plan(s, d.view.kind, periods, call, nullptr) : 0;
   if (count < 0) failure->refusal = SplitRefusal::unsupported_layer;
-  int architecture = pass_architecture(failure);
   if (failure->refusal != SplitRefusal::none) return false;
   std::vector<core::SplitLaunch> launches(static_cast<size_t>(count));
   core::split_plan(s, d.view.kind, periods, call, launches.data());
@@ -144,7 +176,7 @@ bool enqueue_split_pass(const SplitDevice& d, bool biases, SplitFailure* failure
         SplitFailure{SplitRefusal::cuda_error, -1, core::SplitStep::barrier, core::GroupedGemm::count, 0, nullptr, e};
     return false;
   }
-  DeviceSteps steps{d, *failure, architecture};
+  DeviceSteps steps{d, *failure};
   int64_t stopped = core::run_split_pass(launches.data(), count, steps);
   if (stopped == count) return true;
   failure->launch = stopped;
