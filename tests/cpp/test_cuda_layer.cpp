@@ -31,6 +31,16 @@ void expect(mokStatus_t got, mokStatus_t want, const char* needle, const char* w
             what, mokGetStatusString(got), mokGetLastError(), mokGetStatusString(want), needle);
 }
 
+// The fields of a config the split executor's layout depends on.
+mok::core::LayerShape shape_of(const mokLayerConfig_t& c) {
+  mok::core::LayerShape s{};
+  s.world = c.world, s.experts_per_rank = c.experts_per_rank, s.hidden = c.hidden, s.intermediate = c.intermediate;
+  s.top_k = c.top_k, s.max_tokens = c.max_tokens, s.shared_intermediate = c.shared_intermediate;
+  s.expert_padding = c.expert_padding, s.minibatch = c.minibatch, s.macrobatch = c.macrobatch;
+  s.mxfp8 = c.precision == mokPrecisionMXFP8 ? 1 : 0;
+  return s;
+}
+
 bool have_gpu(const char* test) {
   int supported = 0;
   if (mokExecutorSupportsDevice(mokExecutorCuda, 0, &supported) == mokSuccess) return true;
@@ -52,10 +62,7 @@ TEST(cuda_executor_is_compiled_and_sizes_core_then_its_own_buffers) {
   CHECK(on_cuda.peer_bytes == on_host.peer_bytes);
   // Its own buffers after core's: at least dx's fp32 first term, every weight gradient's fp32 sum, the shared
   // expert's buffers and the sigmoid table.
-  mok::core::LayerShape s{};
-  s.world = 1, s.experts_per_rank = cuda.experts_per_rank, s.hidden = cuda.hidden, s.intermediate = cuda.intermediate;
-  s.top_k = cuda.top_k, s.max_tokens = cuda.max_tokens, s.shared_intermediate = cuda.shared_intermediate;
-  s.expert_padding = cuda.expert_padding, s.minibatch = cuda.minibatch, s.macrobatch = cuda.macrobatch;
+  mok::core::LayerShape s = shape_of(cuda);
   size_t sums = 0;
   for (int i = 0; i < mok::core::kGradientSums; ++i) sums += mok::core::gradient_sum_values(s, i);
   size_t rows = mok::core::shared_rows(s), own = (mok::core::out_ring_rows(s) * s.hidden + sums) * 4 +
@@ -99,8 +106,8 @@ TEST(layers_it_does_not_run_are_refused_by_field_when_sized) {
   }
 }
 
-// An MXFP8 layer of 128-row tiles and whole 32-code blocks is one it runs (its forward; docs/gpu.md), sized with room
-// for the block-scaled GEMM's arguments beside the BF16 ones'.
+// An MXFP8 layer of 128-row tiles and whole 32-code blocks is one it runs (its forward; docs/gpu.md), sized with its
+// own buffers after core's MXFP8 layout: the staging where dispatch and SwiGLU quantise among them.
 TEST(an_mxfp8_layer_of_128_row_tiles_is_sized) {
   mokLayerConfig_t mx = cuda_config(), host = mx;
   mx.precision = mokPrecisionMXFP8, mx.hidden = 64, mx.intermediate = 32;
@@ -110,9 +117,11 @@ TEST(an_mxfp8_layer_of_128_row_tiles_is_sized) {
   mokLayerSizes_t on_cuda = MOK_LAYER_SIZES_INIT, on_host = MOK_LAYER_SIZES_INIT;
   CHECK_MSG(mokLayerGetSizes(&mx, &on_cuda) == mokSuccess, "MXFP8: '%s'", mokGetLastError());
   CHECK(mokLayerGetSizes(&host, &on_host) == mokSuccess);
-  CHECK_MSG(on_cuda.peer_bytes == on_host.peer_bytes && on_cuda.workspace_bytes > on_host.workspace_bytes,
-            "cuda %zu / %zu, host %zu / %zu", on_cuda.workspace_bytes, on_cuda.peer_bytes, on_host.workspace_bytes,
-            on_host.peer_bytes);
+  mok::core::SplitLayout own = mok::core::split_layout(shape_of(mx), 64);
+  CHECK(own.staging_values > 0);
+  CHECK_MSG(on_cuda.peer_bytes == on_host.peer_bytes && on_cuda.workspace_bytes >= on_host.workspace_bytes + own.bytes,
+            "cuda %zu / %zu, host %zu / %zu, own %zu", on_cuda.workspace_bytes, on_cuda.peer_bytes,
+            on_host.workspace_bytes, on_host.peer_bytes, own.bytes);
 }
 
 // A group: every rank's peer pointer and token count in the device's tables, the group's state after them; the
@@ -125,11 +134,7 @@ TEST(a_group_is_sized_with_its_tables) {
   CHECK_MSG(mokLayerGetSizes(&group, &b) == mokSuccess, "world 3: '%s'", mokGetLastError());
   CHECK(mokLayerGetSizes(&one, &a) == mokSuccess && mokLayerGetSizes(&host, &h) == mokSuccess);
   CHECK_MSG(b.peer_bytes == h.peer_bytes, "peer %zu, host's %zu", b.peer_bytes, h.peer_bytes);
-  mok::core::LayerShape s{};
-  s.world = 3, s.experts_per_rank = group.experts_per_rank, s.hidden = group.hidden;
-  s.intermediate = group.intermediate, s.top_k = group.top_k, s.max_tokens = group.max_tokens;
-  s.shared_intermediate = group.shared_intermediate, s.expert_padding = group.expert_padding;
-  s.minibatch = group.minibatch, s.macrobatch = group.macrobatch;
+  mok::core::LayerShape s = shape_of(group);
   mok::core::SplitLayout l = mok::core::split_layout(s, 64);
   // The tables hold world entries each, and the group's state follows them, before the GEMMs' argument block.
   CHECK(l.headers >= l.peers + 3 * sizeof(char*) && l.routing_ids >= l.headers + 3 * sizeof(void*));
@@ -251,8 +256,8 @@ TEST(host_tensors_and_biases_are_refused_on_the_gpu) {
 // An MXFP8 layer: created on compute capability 10.x, where its backward is refused by name before anything is
 // enqueued (the split executor runs MXFP8's forward and recompute only); refused at creation elsewhere (sm_90a has no
 // block-scaled MMA).
-TEST(an_mxfp8_layer_runs_on_10x_and_refuses_its_backward) {
-  if (!have_gpu("an_mxfp8_layer_runs_on_10x_and_refuses_its_backward")) return;
+TEST(an_mxfp8_layer_is_created_on_10x_and_refuses_its_backward) {
+  if (!have_gpu("an_mxfp8_layer_is_created_on_10x_and_refuses_its_backward")) return;
   mokLayerConfig_t c = cuda_config();
   c.shared_intermediate = 0;
   c.precision = mokPrecisionMXFP8, c.hidden = 32, c.intermediate = 32;

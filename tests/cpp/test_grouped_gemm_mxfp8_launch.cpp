@@ -1,11 +1,10 @@
 // The MXFP8 forward's grouped-GEMM launcher (kernel/src/cuda/grouped_gemm.hpp, grouped_gemm_mxfp8) refuses what it
 // cannot run with a status, before any CUDA call: an architecture other than SM100, a kind it does not serve, a
-// pointer missing or off TMA's 16
-// bytes, A's row stride short of K or off 16 codes, a window that does not fit, a group that would start inside a
-// 128-row scale tile (expert_padding, the ring's period or the window's first row off the tile), misaligned
-// argument arrays. As test_grouped_gemm_launch: every case starts from a random valid launch and breaks one thing;
-// without a usable GPU the valid launch reports cuda_error with CUDA's error, with one it is skipped. Built in a
-// CUDA build with CUTLASS only.
+// pointer missing or off TMA's 16 bytes, A's row stride short of K or off 16 codes, a window that does not fit, a group
+// that would start inside a 128-row scale tile (expert_padding, the ring's period or the window's first row off the
+// tile), misaligned argument arrays. As test_grouped_gemm_launch: every case starts from a random valid launch and
+// breaks one thing; without a usable GPU the valid launch reports cuda_error with CUDA's error, with one it is skipped.
+// Built in a CUDA build with CUTLASS only.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>

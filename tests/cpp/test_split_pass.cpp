@@ -64,9 +64,10 @@ const float* sigmoid_table() {
   return table.data();
 }
 
-// One rank's outputs of a split pass: out (forward), or dx, dw and the weight gradients' fp32 main_grad.
+// One rank's outputs of a split pass: out (forward), or dx, dw and the weight gradients' fp32 main_grad; and its
+// y slots after a forward or a recompute (what every rank's combine pushed into its peer buffer).
 struct SplitOutputs {
-  std::vector<uint16_t> out, dx;
+  std::vector<uint16_t> out, dx, slots;
   std::vector<float> dw, main_gate, main_up, main_down, main_sgate, main_sup, main_sdown, main_srouter;
   std::vector<uint16_t> dgate, dup, ddown, dsgate, dsup, dsdown, dsrouter;  // bf16 gradients (no main_grad)
 };
@@ -370,6 +371,10 @@ struct Group {
       int64_t ran = core::run_split_pass(launches.data(), static_cast<int64_t>(launches.size()), steps);
       CHECK_MSG(ran == static_cast<int64_t>(launches.size()), "rank %d: launch %lld (%s) stopped the split pass", r,
                 static_cast<long long>(ran), core::split_step_name(launches[static_cast<size_t>(ran)].step));
+      if (!core::is_backward(kind)) {  // the plan's barrier has passed: every peer's pushes are in
+        o.slots.assign(static_cast<size_t>(p.tokens[r]) * p.top_k * p.hidden, 0xffff);
+        for (int t = 0; t < p.tokens[r]; ++t) core::copy_slots_token(v, t, o.slots.data());  // as mokLayerGetSlots
+      }
     });
     return outputs;
   }
@@ -438,6 +443,16 @@ void check_bf16_gradients(const ref::Problem& p, Knobs k, bool one_window) {
   }
 }
 
+// The forward's y slots, and a recompute's (which rebuilds them alone: no shared expert, no home sums) over slots
+// NaN-filled first, each the host executor's forward's bitwise (mokLayerGetSlots).
+void check_recompute(Group& group, const Outputs& host) {
+  std::vector<SplitOutputs> forward = group.split(PassKind::forward), recompute = group.split(PassKind::recompute);
+  for (int r = 0; r < group.p.world; ++r) {
+    check_bits(forward[r].slots, host.slots[r], "forward y slots", r);
+    check_bits(recompute[r].slots, host.slots[r], "recompute y slots", r);
+  }
+}
+
 // One problem: the host's forward, the split forward over its memory; the host's forward and backward, then the
 // split forward, backward and (where the ring keeps every row) kept backward over theirs.
 void check_case(const Spec& spec, Knobs k, uint64_t seed) {
@@ -451,6 +466,7 @@ void check_case(const Spec& spec, Knobs k, uint64_t seed) {
     CHECK_MSG(host.status[r] == mokSuccess, "host rank %d: %s", r, host.detail[r].c_str());
   std::vector<SplitOutputs> split = forward_only.split(PassKind::forward);
   for (int r = 0; r < p.world; ++r) check_bits(split[r].out, host.out[r], "forward out", r);
+  check_recompute(forward_only, host);
 
   k.backward = true;
   Group both(p, k);
@@ -583,6 +599,7 @@ void check_mx_forward(const Spec& spec, int macrobatch, uint64_t seed) {
   CHECK_MSG(core::split_supports(s, false) && core::split_runs(s, PassKind::forward), "an MXFP8 layer refused");
   std::vector<SplitOutputs> split = group.split(PassKind::forward);
   for (int r = 0; r < p.world; ++r) check_bits(split[r].out, host.out[r], "MXFP8 forward out", r);
+  check_recompute(group, host);
 }
 
 TEST(split_pass_mxfp8_forward) {

@@ -584,10 +584,22 @@ class CudaLayer final : public LayerExecutor {
     return order == core::Refusal::none ? mokSuccess : fail(mokInvalidUsage, "%s: %s", func, core::order_rule(order));
   }
 
-  // The weights the pass reads, on the device; expert biases refused (its GEMMs add none).
+  // The weights the pass reads, on the device; expert biases refused (its GEMMs add none). In MXFP8 the forward's
+  // rowwise codes and scales, which its block-scaled GEMMs load with TMA (mokMxfp8Quantize writes host memory: the
+  // caller copies them over); the colwise ones are the backward's, which this executor does not run.
   mokStatus_t check_weights_here(const mokLayerWeights_t& w, const char* func) const {
     const char* no_bias = "its grouped GEMMs add no expert bias yet";
     const size_t gemm = kGemmOperandAlign;
+    if (s_.mxfp8)
+      if (mokStatus_t s = check_tensors({{w.gate_rowwise.data, "weights.gate_rowwise.data", gemm},
+                                         {w.gate_rowwise.scales, "weights.gate_rowwise.scales", gemm},
+                                         {w.up_rowwise.data, "weights.up_rowwise.data", gemm},
+                                         {w.up_rowwise.scales, "weights.up_rowwise.scales", gemm},
+                                         {w.down_rowwise.data, "weights.down_rowwise.data", gemm},
+                                         {w.down_rowwise.scales, "weights.down_rowwise.scales", gemm}},
+                                        device_, func);
+          s != mokSuccess)
+        return s;
     return check_tensors({{w.gate_bias, "weights.gate_bias", 1, no_bias},
                           {w.up_bias, "weights.up_bias", 1, no_bias},
                           {w.down_bias, "weights.down_bias", 1, no_bias},

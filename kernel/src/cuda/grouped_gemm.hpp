@@ -22,7 +22,7 @@ enum class GemmStatus : int32_t {
   bad_kind,             // not a GroupedGemm kind, or no instantiation serves its operand layout
   cannot_implement,     // CUTLASS's can_implement refused, the window does not fit (core::window_fits), or H,
                         // I or a pointer breaks TMA's 16-byte alignment (`arguments`: 128 bytes)
-  workspace_too_small,  // fewer workspace bytes than grouped_gemm_bf16_workspace_bytes reports
+  workspace_too_small,  // fewer workspace bytes than the launch's workspace query (bf16 or mxfp8) reports
   cuda_error,           // a CUDA call failed: its error is in `*error`
   bad_operands,         // a pointer the kind reads or writes is null, or one it does not use is set (below)
   no_architecture,      // this build carries no grouped GEMM for the launch's `architecture`

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "core/mxfp8_layout.hpp"
 #include "core/numeric.hpp"
 #include "mok/mok.h"
 
@@ -63,6 +64,32 @@ inline std::vector<core::bf16_t> random_bf16(size_t n, float scale, std::mt19937
   return v;
 }
 
+// The routed experts' weights in MXFP8 as a caller stores them (mokMxfp8Quantize, on the host): gate, up and down, each
+// rowwise (at 2 i: the forward's) and colwise (at 2 i + 1: the backward's, which the host executor's layer takes too).
+struct MxWeights {
+  std::vector<uint8_t> codes[6], scales[6];
+  mokMxfp8Matrix_t matrix(int at) const { return {codes[at].data(), scales[at].data()}; }
+};
+
+// gate, up [E, I, H] and down [E, H, I] quantised. mokMxfp8Quantize refuses only arguments this code sets; where it
+// would, every matrix is left empty and the layer's weight checks name the first.
+inline MxWeights quantize_weights(int64_t experts, int64_t hidden, int64_t intermediate,
+                                  const std::vector<core::bf16_t>* weights[3]) {
+  MxWeights mx;
+  for (int i = 0; i < 3; ++i) {
+    int64_t rows = i < 2 ? intermediate : hidden, cols = i < 2 ? hidden : intermediate;
+    int row = 2 * i, col = 2 * i + 1;
+    mx.codes[row].resize(static_cast<size_t>(experts * rows * cols));
+    mx.codes[col].resize(mx.codes[row].size());
+    mx.scales[row].resize(static_cast<size_t>(core::MxScaleLayout::of(rows, cols).batch_bytes(experts)));
+    mx.scales[col].resize(static_cast<size_t>(core::MxScaleLayout::of(cols, rows).batch_bytes(experts)));
+    if (mokMxfp8Quantize(weights[i]->data(), mokDataBF16, experts, rows, cols, mx.codes[row].data(),
+                         mx.scales[row].data(), mx.codes[col].data(), mx.scales[col].data(), nullptr) != mokSuccess)
+      return MxWeights{};
+  }
+  return mx;
+}
+
 // bf16 results widened, to compare with fp32 ones.
 inline std::vector<float> as_floats(const std::vector<core::bf16_t>& v) {
   std::vector<float> f(v.size());
@@ -89,7 +116,7 @@ mokStatus_t selftest_benchmark(const SelftestSetup& setup, Text* text);
 // Shared by the stages: the device is there, loads libmok's code, and is current. `info` describes it.
 mokStatus_t open_device(const SelftestSetup& setup, mokDeviceInfo_t* info, Text* text);
 // open_device, then a device whose grouped GEMMs this build carries: compute capability 10.x (the SM100 units) or 9.0
-// (the SM90 ones), else mokUnsupported.
-mokStatus_t open_gemm_device(const SelftestSetup& setup, Text* text);
+// (the SM90 ones), else mokUnsupported; its compute capability's major into `cc_major` (where given), read once.
+mokStatus_t open_gemm_device(const SelftestSetup& setup, Text* text, int* cc_major = nullptr);
 
 }  // namespace mok::cuda

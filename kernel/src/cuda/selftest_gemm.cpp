@@ -78,7 +78,8 @@ struct KindRun {
 };
 
 mokStatus_t run_kind(const SelftestSetup& setup, const core::LayerShape& s, const core::Schedule& host_sched,
-                     const int32_t* device_experts, const KindRun& k, std::mt19937_64& rng, Worst* worst, Text* text) {
+                     const int32_t* device_experts, GemmArchitecture architecture, const KindRun& k,
+                     std::mt19937_64& rng, Worst* worst, Text* text) {
   int64_t period = host_sched.total_rows;
   core::RowPeriods periods{period, period};
   core::RowWindow window{0, period};
@@ -98,8 +99,6 @@ mokStatus_t run_kind(const SelftestSetup& setup, const core::LayerShape& s, cons
   if (e == cudaSuccess) e = cudaMemcpy(dd, d.data(), d.size() * 2, cudaMemcpyHostToDevice);
   if (e != cudaSuccess) return cuda_failed(text, "setting up the GEMM's buffers", e);
   core::Schedule device_sched{const_cast<int32_t*>(device_experts), nullptr, host_sched.total_rows};
-  GemmArchitecture architecture = current_gemm_architecture(&e);
-  if (e != cudaSuccess) return cuda_failed(text, "cudaDeviceGetAttribute (compute capability)", e);
   GroupedGemmBf16 gemm{s,
                        device_sched,
                        k.kind,
@@ -186,7 +185,8 @@ mokStatus_t run_kind(const SelftestSetup& setup, const core::LayerShape& s, cons
 }  // namespace
 
 mokStatus_t selftest_gemm_tile(const SelftestSetup& setup, Text* text) {
-  if (mokStatus_t s = open_gemm_device(setup, text); s != mokSuccess) return s;
+  int cc_major = 0;
+  if (mokStatus_t s = open_gemm_device(setup, text, &cc_major); s != mokSuccess) return s;
   text->add("seed %llu: ", static_cast<unsigned long long>(setup.seed));  // --seed repeats the inputs
   std::mt19937_64 rng(setup.seed);
   core::LayerShape s = stage_shape();
@@ -207,7 +207,8 @@ mokStatus_t selftest_gemm_tile(const SelftestSetup& setup, Text* text) {
                             {core::GroupedGemm::down, "down", sched.total_rows, s.intermediate, s.hidden}};
   Worst worst;
   for (const KindRun& k : kinds) {
-    mokStatus_t st = run_kind(setup, s, sched, static_cast<const int32_t*>(device_experts), k, rng, &worst, text);
+    mokStatus_t st = run_kind(setup, s, sched, static_cast<const int32_t*>(device_experts), gemm_architecture(cc_major),
+                              k, rng, &worst, text);
     if (st == mokTimeout) dev.keep = true;
     if (st != mokSuccess) return st;
   }

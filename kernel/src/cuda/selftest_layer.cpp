@@ -18,6 +18,10 @@
 #include "cuda/selftest.hpp"
 #include "cuda/wait.hpp"
 
+#if MOK_WITH_GROUPED_GEMM
+#include "cuda/grouped_gemm.hpp"
+#endif
+
 namespace mok::cuda {
 
 #if !MOK_WITH_GROUPED_GEMM
@@ -67,6 +71,10 @@ mokLayerConfig_t benchmark_config(int timeout_ms) {
   return c;
 }
 
+bool mxfp8(const mokLayerConfig_t& c) {
+  return c.precision == mokPrecisionMXFP8;
+}
+
 size_t values(const mokLayerConfig_t& c, int gradient) {
   if (gradient < 3) return static_cast<size_t>(c.experts_per_rank) * c.intermediate * c.hidden;
   return gradient < 6 ? static_cast<size_t>(c.shared_intermediate) * c.hidden : static_cast<size_t>(c.hidden);
@@ -79,6 +87,7 @@ struct Inputs {
   std::vector<int32_t> ids;
   std::vector<float> topk_weights;
   std::vector<bf16_t> x, dout, weights[kGradients];  // weights in the gradients' order
+  MxWeights mx;                                      // MXFP8: gate, up and down quantised
 };
 
 Inputs draw(const mokLayerConfig_t& c, uint64_t seed, bool skewed, int tokens) {
@@ -99,6 +108,8 @@ Inputs draw(const mokLayerConfig_t& c, uint64_t seed, bool skewed, int tokens) {
   in.dout = random_bf16(th, 1.0f, rng);
   float by_h = 1.0f / std::sqrt(static_cast<float>(c.hidden));
   for (int i = 0; i < kGradients; ++i) in.weights[i] = random_bf16(values(c, i), by_h, rng);
+  const std::vector<bf16_t>* routed[3] = {&in.weights[0], &in.weights[1], &in.weights[2]};
+  if (mxfp8(c)) in.mx = quantize_weights(c.experts_per_rank, c.hidden, c.intermediate, routed);
   return in;
 }
 
@@ -109,9 +120,17 @@ struct Results {
   float forward_ms = 0, backward_ms = 0;
 };
 
-mokLayerWeights_t weights_at(const mokLayerConfig_t& c, void* const* w) {
+// The bf16 weights `w`; in MXFP8 the routed experts' from `mx` instead: MxWeights' codes at [0, 6), scales at [6, 12).
+mokLayerWeights_t weights_at(const mokLayerConfig_t& c, void* const* w, void* const* mx) {
   mokLayerWeights_t weights = MOK_LAYER_WEIGHTS_INIT;
   weights.gate = w[0], weights.up = w[1], weights.down = w[2];
+  if (mxfp8(c)) {
+    mokMxfp8Matrix_t* matrices[6] = {&weights.gate_rowwise, &weights.gate_colwise, &weights.up_rowwise,
+                                     &weights.up_colwise,   &weights.down_rowwise, &weights.down_colwise};
+    for (int i = 0; i < 6; ++i)
+      *matrices[i] = mokMxfp8Matrix_t{static_cast<const uint8_t*>(mx[i]), static_cast<const uint8_t*>(mx[6 + i])};
+    weights.gate = weights.up = weights.down = nullptr;
+  }
   if (c.shared_intermediate > 0) {
     weights.shared_gate = w[3], weights.shared_up = w[4], weights.shared_down = w[5], weights.shared_router = w[6];
   }
@@ -156,14 +175,17 @@ mokStatus_t run_host_rank(const mokLayerConfig_t& c, void* const* bases, const I
     bf16[i].resize(values(c, i));
     g[i] = bf16_gradients ? static_cast<void*>(bf16[i].data()) : r->gradients[i].data();
   }
-  mokLayerWeights_t weights = weights_at(c, w);
+  void* mx[12];
+  for (int i = 0; i < 6; ++i)  // weights_at's array of the device's pointers, whose bytes the layer only reads
+    mx[i] = const_cast<uint8_t*>(in.mx.codes[i].data()), mx[6 + i] = const_cast<uint8_t*>(in.mx.scales[i].data());
+  mokLayerWeights_t weights = weights_at(c, w, mx);
   mokLayerGrads_t grads = grads_at(c, r->dx.data(), r->dw.data(), g, bf16_gradients);
   const char* call = "mokLayerBuildSchedule";
   mokStatus_t s = mokLayerBuildSchedule(layer, in.ids.data(), mokIndexInt32, in.tokens, nullptr);
   if (s == mokSuccess && (call = "mokLayerForward"))
     s = mokLayerForward(layer, &weights, in.x.data(), in.topk_weights.data(), r->out.data(), nullptr);
   if (s == mokSuccess && (call = "mokLayerGetSlots")) s = mokLayerGetSlots(layer, r->slots.data(), nullptr);
-  if (s == mokSuccess && (call = "mokLayerBackward"))
+  if (s == mokSuccess && !mxfp8(c) && (call = "mokLayerBackward"))  // MXFP8: the cuda executor's forward only
     s = mokLayerBackward(layer, &weights, in.topk_weights.data(), in.dout.data(), &grads, nullptr);
   mokStatus_t result = s == mokSuccess ? mokSuccess : layer_failed(text, "host", call);
   for (int i = 0; bf16_gradients && i < kGradients; ++i) r->gradients[i] = as_floats(bf16[i]);
@@ -222,6 +244,8 @@ struct DeviceLayer {
   void *workspace = nullptr, *peer = nullptr, *ids = nullptr, *topk_weights = nullptr, *x = nullptr, *dout = nullptr;
   void *out = nullptr, *slots = nullptr, *dx = nullptr, *dw = nullptr;
   void *weights[kGradients] = {}, *gradients[kGradients] = {};
+  void* mx[12] = {};     // MXFP8: Inputs::mx on the device, as weights_at takes it
+  bool backward = true;  // the run has a backward (not in MXFP8)
   size_t workspace_bytes = 0;
   mokLayer_t layer = nullptr;
   cudaEvent_t marks[4] = {};  // before the forward, after it, before the backward, after it
@@ -257,6 +281,11 @@ mokStatus_t allocate(const mokLayerConfig_t& c, const Inputs& in, DeviceLayer* d
     if (e == cudaSuccess) e = upload(b, in.weights[i], &d->weights[i]);
     if (e == cudaSuccess) e = upload(b, std::vector<float>(values(c, i), kMainGradStart), &d->gradients[i]);
   }
+  for (int i = 0; i < 6 && mxfp8(c); ++i) {
+    if (e == cudaSuccess) e = upload(b, in.mx.codes[i], &d->mx[i]);
+    if (e == cudaSuccess) e = upload(b, in.mx.scales[i], &d->mx[6 + i]);
+  }
+  d->backward = !mxfp8(c);
   if (e != cudaSuccess) return cuda_failed(text, "setting up the layer's device memory", e);
   d->workspace_bytes = sizes.workspace_bytes;
   return mokSuccess;
@@ -280,7 +309,7 @@ mokStatus_t enqueue(const mokLayerConfig_t& c, bool bf16_gradients, const Inputs
                     Text* text) {
   size_t th = in.x.size(), routes = in.topk_weights.size();
   cudaStream_t stream = d->b.stream;
-  mokLayerWeights_t weights = weights_at(c, d->weights);
+  mokLayerWeights_t weights = weights_at(c, d->weights, d->mx);
   mokLayerGrads_t grads = grads_at(c, d->dx, static_cast<float*>(d->dw), d->gradients, bf16_gradients);
   const float* topk_weights = static_cast<const float*>(d->topk_weights);
   switch (call) {
@@ -307,6 +336,7 @@ mokStatus_t enqueue(const mokLayerConfig_t& c, bool bf16_gradients, const Inputs
         return layer_failed(text, "cuda", "mokLayerGetSlots");
       return mokSuccess;
     case Call::backward:
+      if (!d->backward) return mokSuccess;
       cudaEventRecord(d->marks[2], stream);
       if (mokLayerBackward(d->layer, &weights, topk_weights, d->dout, &grads, stream) != mokSuccess)
         return layer_failed(text, "cuda", "mokLayerBackward");
@@ -340,7 +370,7 @@ mokStatus_t finish(const SelftestSetup& setup, DeviceLayer* d, bool check, Text*
 // The forward's and the backward's times, from the events around them.
 mokStatus_t times(const DeviceLayer& d, Results* r, Text* text) {
   cudaError_t e = cudaEventElapsedTime(&r->forward_ms, d.marks[0], d.marks[1]);
-  if (e == cudaSuccess) e = cudaEventElapsedTime(&r->backward_ms, d.marks[2], d.marks[3]);
+  if (e == cudaSuccess && d.backward) e = cudaEventElapsedTime(&r->backward_ms, d.marks[2], d.marks[3]);
   return e == cudaSuccess ? mokSuccess : cuda_failed(text, "reading the passes' times", e);
 }
 
@@ -431,12 +461,13 @@ bool within(const char* name, const std::vector<T>& got, const std::vector<T>& w
   return false;
 }
 
-// Each result within core::kSplitOrderTolerance of the host executor's, normwise.
-bool near_host(const Results& got, const Results& host, bool bf16_gradients, Text* text) {
+// Each result within core::kSplitOrderTolerance of the host executor's, normwise (`forward`: out and the y slots).
+bool near_host(const Results& got, const Results& host, bool bf16_gradients, bool forward, Text* text) {
   const char* names[kGradients] = {"dW_gate",      "dW_up",          "dW_down",         "dW_shared_gate",
                                    "dW_shared_up", "dW_shared_down", "dW_shared_router"};
-  bool ok = within("out", got.out, host.out, 0, text) & within("y slots", got.slots, host.slots, 0, text) &
-            within("dx", got.dx, host.dx, 0, text) & within("dw", got.dw, host.dw, 0, text);
+  bool ok = within("out", got.out, host.out, 0, text) & within("y slots", got.slots, host.slots, 0, text);
+  if (forward) return ok;
+  ok &= within("dx", got.dx, host.dx, 0, text) & within("dw", got.dw, host.dw, 0, text);
   double start = bf16_gradients ? 0.0 : kMainGradStart;  // main_grad's start is no part of the gradient
   for (int i = 0; i < kGradients; ++i) ok &= within(names[i], got.gradients[i], host.gradients[i], start, text);
   return ok;
@@ -456,18 +487,21 @@ bool same_bits(const Results& a, const Results& b) {
 namespace {
 
 // The group's layer on setup.device against the host executor's group, rank by rank, with fp32 main_grad and with
-// bf16 weight gradients. `in`: a rank's inputs each.
+// bf16 weight gradients (in MXFP8: the forward and the y slots). `in`: a rank's inputs each.
 mokStatus_t check_group(const SelftestSetup& setup, const mokLayerConfig_t& c, const std::vector<Inputs>& in,
                         Text* text) {
   for (bool bf16_gradients : {false, true}) {
+    if (mxfp8(c) && bf16_gradients) break;
     std::vector<Results> host;
     if (mokStatus_t s = run_host(c, in, bf16_gradients, &host, text); s != mokSuccess) return s;
     std::vector<std::vector<Results> > runs;
     if (mokStatus_t s = run_cuda(setup, c, in, bf16_gradients, 1, true, &runs, text); s != mokSuccess) return s;
     for (size_t q = 0; q < in.size(); ++q)
-      if (!near_host(runs[q][0], host[q], bf16_gradients, text)) {
-        text->add("rank %zu of %zu is wrong (%s weight gradients)", q, in.size(),
-                  bf16_gradients ? "bf16" : "fp32 main_grad");
+      if (!near_host(runs[q][0], host[q], bf16_gradients, mxfp8(c), text)) {
+        text->add("rank %zu of %zu is wrong (%s)", q, in.size(),
+                  mxfp8(c)         ? "MXFP8 forward"
+                  : bf16_gradients ? "bf16 weight gradients"
+                                   : "fp32 main_grad");
         return mokInternalError;
       }
   }
@@ -513,28 +547,33 @@ mokStatus_t selftest_every_gpu(const SelftestSetup& setup, Text* text) {
     text->add("cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
     return e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ? mokNoDevice : mokCudaError;
   }
-  mokLayerConfig_t c = layer_config(setup.timeout_ms);
-  std::vector<Inputs> in = draw_group(c, setup.seed, true);
+  mokLayerConfig_t c = layer_config(setup.timeout_ms), mx = c;
+  mx.precision = mokPrecisionMXFP8;
+  std::vector<Inputs> in = draw_group(c, setup.seed, true), mx_in = draw_group(mx, setup.seed, true);
   text->add(
       "seed %llu, the cuda executor's layer against the host executor's on each GPU (fp32 main_grad and bf16 "
-      "weight gradients): ",
+      "weight gradients; on 10.x the MXFP8 forward too): ",
       static_cast<unsigned long long>(setup.seed));
   int ran = 0;
   for (int device = 0; device < count; ++device) {
     Text why;
     SelftestSetup on{device, setup.timeout_ms, setup.seed};
-    if (mokStatus_t s = open_gemm_device(on, &why); s == mokUnsupported) {
+    int cc_major = 0;
+    if (mokStatus_t s = open_gemm_device(on, &why, &cc_major); s == mokUnsupported) {
       text->add("device %d not run: %s; ", device, why.text);
       continue;
     } else if (s != mokSuccess) {
       text->add("device %d: %s", device, why.text);
       return s;
     }
-    if (mokStatus_t s = check_group(on, c, in, text); s != mokSuccess) {
+    bool block_scaled = gemm_architecture(cc_major) == GemmArchitecture::sm100;  // MXFP8 runs on 10.x only
+    mokStatus_t s = check_group(on, c, in, text);
+    if (s == mokSuccess && block_scaled) s = check_group(on, mx, mx_in, text);
+    if (s != mokSuccess) {
       text->add(" on device %d", device);
       return s;
     }
-    text->add("device %d within the bound; ", device);
+    text->add("device %d within the bound%s; ", device, block_scaled ? " (BF16 and the MXFP8 forward)" : "");
     ++ran;
   }
   if (ran > 0) return mokSuccess;

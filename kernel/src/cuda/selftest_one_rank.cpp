@@ -44,7 +44,7 @@ using core::PassKind;
 
 constexpr float kMainGradStart = 0.5f;  // main_grad holds something before the backward adds to it
 
-// The stage's two layers of one shape.
+// The stage's layers of one shape (the MXFP8 one on compute capability 10.x only).
 struct Variant {
   bool gated;           // the shared expert scaled by its router (Qwen2-MoE)
   bool bf16_gradients;  // bf16 weight gradients (the split pass's own fp32 sums), else added into fp32 main_grad
@@ -91,13 +91,6 @@ mokLayerConfig_t stage_config(int timeout_ms) {
   return c;
 }
 
-// The routed experts' weights in MXFP8 as a caller stores them (mokMxfp8Quantize): gate, up and down each rowwise (at
-// 2 i: the forward's) and colwise (at 2 i + 1: the backward's, which the host executor's layer takes too).
-struct MxWeights {
-  std::vector<uint8_t> codes[6], scales[6];
-  mokMxfp8Matrix_t matrix(int at) const { return {codes[at].data(), scales[at].data()}; }
-};
-
 // The layer's inputs: routes to expert 0 half the time, 1 and 3 a quarter and an eighth, expert 2 never, -1 else.
 struct Inputs {
   std::vector<int32_t> ids;
@@ -106,27 +99,6 @@ struct Inputs {
   std::vector<bf16_t> shared_gate, shared_up, shared_down, shared_router;
   MxWeights mx;  // gate, up and down quantised
 };
-
-mokStatus_t quantize(const core::LayerShape& s, Inputs* in, Text* text) {
-  const std::vector<bf16_t>* weights[3] = {&in->gate, &in->up, &in->down};
-  int64_t experts = s.experts_per_rank;
-  for (int i = 0; i < 3; ++i) {
-    int64_t rows = i < 2 ? s.intermediate : s.hidden, cols = i < 2 ? s.hidden : s.intermediate;
-    MxWeights& mx = in->mx;
-    for (int at : {2 * i, 2 * i + 1}) {
-      mx.codes[at].resize(static_cast<size_t>(experts * rows * cols));
-      core::MxScaleLayout scales = at % 2 ? core::MxScaleLayout::of(cols, rows) : core::MxScaleLayout::of(rows, cols);
-      mx.scales[at].resize(static_cast<size_t>(scales.batch_bytes(experts)));
-    }
-    if (mokMxfp8Quantize(weights[i]->data(), mokDataBF16, experts, rows, cols, mx.codes[2 * i].data(),
-                         mx.scales[2 * i].data(), mx.codes[2 * i + 1].data(), mx.scales[2 * i + 1].data(),
-                         nullptr) != mokSuccess) {
-      text->add("quantising the weights to MXFP8: %s", mokGetLastError());
-      return mokInternalError;
-    }
-  }
-  return mokSuccess;
-}
 
 Inputs draw(const core::LayerShape& s, std::mt19937_64& rng) {
   Inputs in;
@@ -278,13 +250,11 @@ cudaError_t allocate(DeviceBuffers& b, size_t count, T** device) {
   return e;
 }
 
-// The device's architecture and the CUTLASS workspace of the pass's GEMMs on it (split_device.hpp), worded.
+// The CUTLASS workspace of the pass's GEMMs on the device (split_device.hpp), worded.
 mokStatus_t gemm_workspace_bytes(const core::LayerShape& s, SplitDevice* sd, Text* text) {
   cudaError_t e = cudaSuccess;
-  GemmArchitecture architecture = current_gemm_architecture(&e);
-  if (e != cudaSuccess) return cuda_failed(text, "reading the device's compute capability", e);
-  sd->architecture = static_cast<int>(architecture);
-  GemmStatus st = split_gemm_workspace_bytes(s, architecture, &sd->gemm_workspace_bytes, &e);
+  GemmStatus st =
+      split_gemm_workspace_bytes(s, static_cast<GemmArchitecture>(sd->architecture), &sd->gemm_workspace_bytes, &e);
   if (st == GemmStatus::cuda_error) return cuda_failed(text, "sizing the grouped GEMMs' workspace", e);
   if (st == GemmStatus::ok) return mokSuccess;
   text->add("sizing the grouped GEMMs' workspace: %s", gemm_status_name(st));
@@ -578,7 +548,9 @@ mokStatus_t run_variant(const SelftestSetup& setup, mokLayerConfig_t c, core::La
 }  // namespace
 
 mokStatus_t selftest_one_rank(const SelftestSetup& setup, Text* text) {
-  if (mokStatus_t s = open_gemm_device(setup, text); s != mokSuccess) return s;
+  int cc_major = 0;
+  if (mokStatus_t s = open_gemm_device(setup, text, &cc_major); s != mokSuccess) return s;
+  GemmArchitecture architecture = gemm_architecture(cc_major);
   text->add("seed %llu: ", static_cast<unsigned long long>(setup.seed));  // --seed repeats the inputs
   std::mt19937_64 rng(setup.seed);
   mokLayerConfig_t c = stage_config(setup.timeout_ms), copy;
@@ -591,9 +563,7 @@ mokStatus_t selftest_one_rank(const SelftestSetup& setup, Text* text) {
   }
   Inputs in = draw(s, rng);
   // The MXFP8 variant where the device has the block-scaled MMA (10.x): its host layer's sizes count too.
-  cudaError_t e = cudaSuccess;
-  bool mx = current_gemm_architecture(&e) == GemmArchitecture::sm100;
-  if (e != cudaSuccess) return cuda_failed(text, "reading the device's compute capability", e);
+  bool mx = architecture == GemmArchitecture::sm100;
   core::LayerShape gemm_shape = s;
   if (mx) {
     mokLayerConfig_t mx_config = c;
@@ -605,21 +575,23 @@ mokStatus_t selftest_one_rank(const SelftestSetup& setup, Text* text) {
     }
     sizes.workspace_bytes = std::max(sizes.workspace_bytes, mx_sizes.workspace_bytes);
     sizes.peer_bytes = std::max(sizes.peer_bytes, mx_sizes.peer_bytes);
-    if (mokStatus_t st = quantize(s, &in, text); st != mokSuccess) return st;
+    const std::vector<bf16_t>* weights[3] = {&in.gate, &in.up, &in.down};
+    in.mx = quantize_weights(s.experts_per_rank, s.hidden, s.intermediate, weights);
   }
   Device d;
+  d.split.architecture = static_cast<int>(architecture);
   if (mokStatus_t st = set_up(gemm_shape, in, sizes, &d, text); st != mokSuccess) return st;
   text->add(
       "the split pass of one rank (%d experts, H %d, I %d, a shared expert of I_s %d, %d tokens, a %d-row ring in "
       "windows over up to %lld rows) against the host executor, normwise: ",
       s.experts_per_rank, s.hidden, s.intermediate, s.shared_intermediate, s.max_tokens, s.macrobatch,
       static_cast<long long>(core::max_recv_rows(s)));
-  // Both variants run (a failure of one still reports the other's figures); the first failure is the stage's.
+  // Every variant runs (a failure of one still reports the others' figures); the first failure is the stage's.
   mokStatus_t result = mokSuccess;
   for (const Variant& variant : kVariants) {
     if (variant.mxfp8 && !mx) {
       text->add("%s: not run (MXFP8 runs on compute capability 10.x; this device is %s); ", variant.name,
-                gemm_architecture_name(current_gemm_architecture(&e)));
+                gemm_architecture_name(architecture));
       continue;
     }
     mokStatus_t st = run_variant(setup, c, s, in, variant, &d, text);

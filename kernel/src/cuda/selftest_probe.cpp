@@ -140,9 +140,10 @@ mokStatus_t open_device(const SelftestSetup& setup, mokDeviceInfo_t* info, Text*
   return mokSuccess;
 }
 
-mokStatus_t open_gemm_device(const SelftestSetup& setup, Text* text) {
+mokStatus_t open_gemm_device(const SelftestSetup& setup, Text* text, int* cc_major) {
   mokDeviceInfo_t info;
   if (mokStatus_t s = open_device(setup, &info, text); s != mokSuccess) return s;
+  if (cc_major) *cc_major = info.cc_major;
 #if MOK_WITH_GROUPED_GEMM
   if (gemm_architecture(info.cc_major) != GemmArchitecture::none) return mokSuccess;
 #endif

@@ -38,8 +38,8 @@ struct SplitDevice {
   int64_t staging_values;
   int ctas;              // CTAs of a row step: each takes the window's tiles grid-stride
   int architecture;      // the GemmArchitecture (grouped_gemm.hpp) of the layer's device, read once at its creation
-  void* gemm_arguments;  // grouped_gemm_bf16_argument_bytes(experts_per_rank) bytes, 128-byte aligned
-  void* gemm_workspace;  // CUTLASS's workspace: the largest grouped_gemm_bf16_workspace_bytes of the kinds
+  void* gemm_arguments;  // split_gemm_argument_bytes(view.s) bytes, 128-byte aligned
+  void* gemm_workspace;  // CUTLASS's workspace: split_gemm_workspace_bytes (every kind, MXFP8's too)
   size_t gemm_workspace_bytes;
   const float* topk_weights;  // the home sums: forward [tokens, K] ...
   core::bf16_t* out;          // ... into out [tokens, H]
@@ -51,14 +51,15 @@ struct SplitDevice {
 
 enum class SplitRefusal : int32_t {
   none = 0,
-  unsupported_layer,  // core::split_supports or split_runs refuses it (biases, a width not a multiple of 8 (16 in
-                      // MXFP8), padding not of 128-row tiles in MXFP8, an MXFP8 backward)
+  unsupported_layer,  // core::split_supports or split_runs refuses it (biases, a width not a multiple of 8 (of 32
+                      // in MXFP8), padding not of 128-row tiles in MXFP8, an MXFP8 backward)
   no_gemm,            // this libmok has no grouped GEMM (built without CUTLASS's headers)
   gemm_refused,       // the grouped GEMM refused a launch (gemm_status says why), or before any (launch -1): the
-                      // device's architecture is not one this build carries (no_architecture)
+                      // device's architecture is not one this build carries, or MXFP8 off SM100 (no_architecture)
   cuda_error,         // a launch failed: error
-  bad_device,  // the SplitDevice itself: ctas < 1, no host peer table, no GEMM argument block, no staging, shared
-               // buffer, backward target (dx's first term, a weight gradient's sum or bf16 destination) where needed
+  bad_device,  // the SplitDevice itself: ctas < 1, no host peer table, no GEMM argument block, no staging (or too
+               // little in MXFP8), shared buffer, backward target (dx's first term, a weight gradient's sum or bf16
+               // destination) where needed
 };
 
 // Where an enqueued pass stopped: the launch (its index in the plan, step and GEMM kind) and why.
