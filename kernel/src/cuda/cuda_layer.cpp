@@ -209,17 +209,22 @@ mokStatus_t pass_failed(const char* func, const cuda::SplitFailure& f) {
     return fail(mokCudaError, "%s: the split pass's entry barrier: %s (%s)", func, cudaGetErrorString(f.error),
                 cudaGetErrorName(f.error));
   if (f.refusal == cuda::SplitRefusal::gemm_refused && f.launch < 0)
-    return fail(mokUnsupported, "%s: this libmok carries no grouped GEMM for the layer's device (built for %s)", func,
-                api::kCudaArchitectures);
+    return fail(mokUnsupported,
+                "%s: this libmok carries no grouped GEMM for the layer's device (built for %s), or none for its "
+                "precision there (MXFP8 runs on compute capability 10.x)",
+                func, api::kCudaArchitectures);
   if (f.refusal == cuda::SplitRefusal::cuda_error)
     return fail(mokCudaError, "%s: launch %lld of the split pass (%s): %s (%s)", func, static_cast<long long>(f.launch),
                 core::split_step_name(f.step), cudaGetErrorString(f.error), cudaGetErrorName(f.error));
   const char* why = f.refusal == cuda::SplitRefusal::gemm_refused
                         ? cuda::gemm_status_name(static_cast<cuda::GemmStatus>(f.gemm_status))
                         : cuda::split_refusal_name(f.refusal);
+  const char* no = f.missing ? ": no " : "";
+  const char* missing = f.missing ? f.missing : "";
+  if (f.launch < 0)  // refused before its first launch
+    return fail(mokInternalError, "%s: the split pass refused to start: %s%s%s", func, why, no, missing);
   return fail(mokInternalError, "%s: the split pass refused launch %lld (%s): %s%s%s", func,
-              static_cast<long long>(f.launch), core::split_step_name(f.step), why, f.missing ? ": no " : "",
-              f.missing ? f.missing : "");
+              static_cast<long long>(f.launch), core::split_step_name(f.step), why, no, missing);
 }
 
 class CudaLayer final : public LayerExecutor {

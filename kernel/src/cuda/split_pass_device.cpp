@@ -152,7 +152,8 @@ bool enqueue_split_pass(const SplitDevice& d, bool biases, SplitFailure* failure
   failure->missing = core::split_missing_buffer(d.view, call, d.targets, d.gradients, d.shared);
   // MXFP8's dispatch and SwiGLU quantise 32-row blocks in each CTA's staging.
   auto need = static_cast<int64_t>(core::max_value(core::mx_staging_values(s), core::mx_swiglu_staging_values(s)));
-  if (s.mxfp8 && (!d.staging || d.staging_values < need) && !failure->missing) failure->missing = "staging";
+  if (s.mxfp8 && (!d.staging || d.staging_values < need) && !failure->missing)
+    failure->missing = "staging (MXFP8's: mx_staging_values and mx_swiglu_staging_values per CTA)";
   bool group = s.world == 1 || (d.view.group && d.view.headers);
   if (d.ctas < 1 || !d.host_peers || !d.gemm_arguments || (d.staging_values > 0 && !d.staging) || failure->missing ||
       !group)
@@ -162,6 +163,7 @@ bool enqueue_split_pass(const SplitDevice& d, bool biases, SplitFailure* failure
   bool units = architecture != GemmArchitecture::none && gemm_architecture(d.architecture) == architecture;
   if (failure->refusal == SplitRefusal::none && (!units || (s.mxfp8 && architecture != GemmArchitecture::sm100))) {
     // not a device this build carries grouped GEMMs for, or MXFP8 off SM100 (no block-scaled MMA)
+    failure->refusal = SplitRefusal::gemm_refused;
     failure->gemm_status = static_cast<int>(GemmStatus::no_architecture);
   }
 #else
