@@ -16,7 +16,7 @@ from mok.quant import mxfp8_dequantize, mxfp8_quantize  # noqa: F401
 if _os.environ.get("MOK_NO_EXTENSION") != "1":
     # libmok's C ABI, and its CPU executor as backend="host". MOK_NO_EXTENSION=1 lets the pure-PyTorch parts run
     # from a source tree that has no built extension.
-    from mok import host  # noqa: F401
+    from mok import cuda, host  # noqa: F401
     from mok._lib import __version__, backends, libmok_version  # noqa: F401
 else:  # pragma: no cover - development only
     __version__ = "0+source"

@@ -28,14 +28,16 @@ class Backend:
     reason: str
 
 
-def _gpu_backend(executor: int, name: str) -> Backend:
+def gpu_backend(executor: int, name: str, device: int = 0) -> Backend:
+    """`executor` on CUDA device `device` as libmok sees it: mokExecutorCompiled, then the device, then
+    mokExecutorSupportsDevice (what creating a layer asks)."""
     if not _mok.executor_compiled(executor):  # libmok runs no layer with it: the reason is libmok's
-        return Backend(name, False, False, "cuda", _mok.executor_supports_device(executor, 0)[1])
-    status, detail, info = _mok.device_info(0)
+        return Backend(name, False, False, "cuda", _mok.executor_supports_device(executor, device)[1])
+    status, detail, info = _mok.device_info(device)
     if status != SUCCESS:
         return Backend(name, True, False, "cuda", f"no GPU: {detail or _mok.status_string(status)}")
-    status, detail, supported = _mok.executor_supports_device(executor, 0)
-    where = f"cuda:0 ({info['name']}, sm_{info['compute_capability'][0]}{info['compute_capability'][1]})"
+    status, detail, supported = _mok.executor_supports_device(executor, device)
+    where = f"cuda:{device} ({info['name']}, sm_{info['compute_capability'][0]}{info['compute_capability'][1]})"
     return Backend(name, True, bool(supported), where, "" if supported else detail)
 
 
@@ -45,7 +47,7 @@ def backends() -> list[Backend]:
 
     Never raises for a missing GPU or driver: that is reported as `available=False` with the reason.
     """
-    gpu = [_gpu_backend(e, _mok.executor_name(e)) for e in range(1, _mok.NUM_EXECUTORS)]
+    gpu = [gpu_backend(e, _mok.executor_name(e)) for e in range(1, _mok.NUM_EXECUTORS)]
     status, detail, supported = _mok.executor_supports_device(0, -1)
     host = Backend("host", _mok.executor_compiled(0), supported, "cpu", detail)
     reference = Backend("reference", True, True, "any", "")

@@ -71,17 +71,28 @@ def wait(work, timeout_s: float, what: str) -> None:
                            f"stuck): {e}") from e
 
 
+def exchange_device(group) -> torch.device:
+    """Where `group` can all_gather: the CPU, unless its only backend is NCCL (CUDA tensors only), then this
+    process's current GPU."""
+    if str(dist.get_backend(group)) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def gather_objects(value, group, world: int, timeout_s: float, what: str) -> list:
-    """Every rank's picklable `value`, rank order; two bounded all_gathers (sizes, then the padded bytes)."""
-    data = torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8)
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    wait(dist.all_gather(sizes, torch.tensor([data.numel()]), group=group, async_op=True), timeout_s, what)
-    longest = int(max(s.item() for s in sizes))
-    padded = torch.zeros(longest, dtype=torch.uint8)
+    """Every rank's picklable `value`, rank order; two bounded all_gathers (sizes, then the padded bytes), on the
+    device the group exchanges on (exchange_device)."""
+    device = exchange_device(group)
+    data = torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8).to(device)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    own = torch.tensor([data.numel()], device=device)
+    wait(dist.all_gather(sizes, own, group=group, async_op=True), timeout_s, what)
+    sizes = [int(s.item()) for s in sizes]
+    padded = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
     padded[:data.numel()] = data
-    parts = [torch.empty(longest, dtype=torch.uint8) for _ in range(world)]
+    parts = [torch.empty(max(sizes), dtype=torch.uint8, device=device) for _ in range(world)]
     wait(dist.all_gather(parts, padded, group=group, async_op=True), timeout_s, what)
-    return [pickle.loads(p[:int(s.item())].numpy().tobytes()) for p, s in zip(parts, sizes, strict=True)]
+    return [pickle.loads(p[:size].cpu().numpy().tobytes()) for p, size in zip(parts, sizes, strict=True)]
 
 
 @dataclass(frozen=True)

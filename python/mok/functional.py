@@ -185,19 +185,44 @@ def backends() -> list[str]:
     return [name for name, _ in sorted(_BACKENDS.items(), key=lambda kv: -kv[1][0])]
 
 
-def select_backend(backend: str | None, device: torch.device) -> Executor:
-    """The executor for `backend` (None: the best one that supports `device`)."""
+def select_backend(backend: str | None, device: torch.device, shape=None, backward: bool = False,
+                   fallback: bool = True) -> Executor:
+    """The executor for `backend` (None: the best one that supports `device` and, when `shape` (a
+    validate.LayerShape) is given, runs that layer: an executor's optional refusal(shape, backward, device) says why
+    not).
+    backward: the call keeps or recomputes a context for a backward. fallback=False: backend None means the best one
+    for `device` alone (the one build_schedule chose), and its refusal is raised like a named backend's."""
     if backend is None:
         for name in backends():
-            if _BACKENDS[name][1].supports(device):
-                return _BACKENDS[name][1]
-        raise RuntimeError(f"no registered backend supports device {device} (registered: {backends()})")
-    if not isinstance(backend, str) or backend not in _BACKENDS:
+            executor = _BACKENDS[name][1]
+            if executor.supports(device) and (not fallback or _refusal(executor, shape, backward, device) is None):
+                break
+        else:
+            raise RuntimeError(f"no registered backend supports device {device} (registered: {backends()})")
+    elif not isinstance(backend, str) or backend not in _BACKENDS:
         raise ValueError(f"backend must be None or one of {backends()}, got {backend!r}")
-    executor = _BACKENDS[backend][1]
-    if not executor.supports(device):
-        raise ValueError(f"backend {backend!r} does not support device {device}")
+    else:
+        executor = _BACKENDS[backend][1]
+        if not executor.supports(device):
+            raise ValueError(f"backend {backend!r} does not support device {device}")
+    reason = _refusal(executor, shape, backward, device)
+    if reason is not None:
+        raise ValueError(f"backend {executor.name!r} cannot run this layer: {reason}; backend='reference' runs it")
     return executor
+
+
+def _call_executor(backend, device, shape, backward: bool, schedule, workspace) -> Executor:
+    """A layer call's executor: `backend`'s; with backend None, the workspace's when one is given, the one chosen
+    by device alone when a schedule is (the one build_schedule chose: a schedule is its executor's object), and
+    otherwise the best that runs the layer. Each refuses the layer with its reason."""
+    if backend is None and isinstance(workspace, Workspace):
+        backend = workspace.key.backend
+    return select_backend(backend, device, shape, backward, fallback=schedule is None)
+
+
+def _refusal(executor, shape, backward: bool, device: torch.device) -> str | None:
+    refusal = getattr(executor, "refusal", None)
+    return None if refusal is None or shape is None else refusal(shape, backward, device)
 
 
 class _ReferenceExecutor:
@@ -507,7 +532,8 @@ def forward(x, topk_ids, topk_weights, routed, shared=None, *, group=None, confi
                                          need_context=need_context, **call.activation)
 
     call, (out, inner) = _run("forward", run, x, topk_ids, topk_weights, routed, shared, group, config, workspace,
-                              schedule, backend, swiglu_limit, None, activation, alpha, routing_scale)
+                              schedule, backend, swiglu_limit, None, activation, alpha, routing_scale,
+                              backward=need_context)
     return out, (call.context(inner, x, routed, shared) if need_context else None)
 
 
@@ -526,7 +552,7 @@ def recompute_forward_context(x, topk_ids, topk_weights, routed, shared=None, *,
                                                            **call.activation)
 
     call, inner = _run("forward", run, x, topk_ids, topk_weights, routed, shared, group, config, workspace,
-                       schedule, backend, swiglu_limit, y_slots, activation, alpha, routing_scale)
+                       schedule, backend, swiglu_limit, y_slots, activation, alpha, routing_scale, backward=True)
     return call.context(inner, x, routed, shared)
 
 
@@ -585,20 +611,21 @@ class _Call:
                               self.workspace)
 
 
-def _run(name, run, *args):
+def _run(name, run, *args, backward: bool):
     """_prepare, then run(call); a GroupResync (a peer could not enter the call) agrees again with that peer,
-    which raises its reason here too or rebuilds the workspace, and runs the call once more."""
-    call = _prepare(name, *args)
+    which raises its reason here too or rebuilds the workspace, and runs the call once more. backward: the call
+    keeps (or recomputes) a context for a backward, which the executor must be able to run."""
+    call = _prepare(name, *args, backward=backward)
     try:
         return call, run(call)
     except GroupResync as resync:
-        call = _prepare(name, *args, resync=resync)
+        call = _prepare(name, *args, resync=resync, backward=backward)
         return call, run(call)
 
 
 def _prepare(name, x, topk_ids, topk_weights, routed, shared, group, config, workspace, schedule, backend,
              swiglu_limit, y_slots=None, activation="swiglu", alpha=None, routing_scale="output",
-             resync: GroupResync | None = None) -> _Call:
+             resync: GroupResync | None = None, backward: bool = True) -> _Call:
     """Check this rank's arguments, then find the executor, workspace and schedule. The first call of a
     workspace (and a reference-executor call) agrees with the group in one bounded exchange; a host-executor
     call that fits its workspace has no torch.distributed call at all."""
@@ -610,10 +637,10 @@ def _prepare(name, x, topk_ids, topk_weights, routed, shared, group, config, wor
         shape = validate.check_layer_args(x, topk_ids, topk_weights, routed, shared, swiglu_limit, world,
                                           activation, alpha, routing_scale)
         validate.check_y_slots(y_slots, (*topk_ids.shape, shape.hidden), x.device)
-        executor = select_backend(backend, x.device)
         padding = (workspace.config if isinstance(workspace, Workspace) else config).expert_padding
         shape = shape._replace(expert_padding=padding)  # part of the layout every rank must agree on
         validate.check_mxfp8_padding(shape.mxfp8, padding)
+        executor = _call_executor(backend, x.device, shape, backward, schedule, workspace)
         _check_workspace(workspace, shape, executor, x, group)
         _check_schedule(schedule, x, shape)
         _check_rows(world, tokens, shape, padding)
@@ -625,7 +652,7 @@ def _prepare(name, x, topk_ids, topk_weights, routed, shared, group, config, wor
         # A rank with a bad value (an id out of range) still has to stop its peers' pass on the workspace they
         # are in: the one these shapes name.
         shape, executor = _guess(x, topk_ids, routed, shared, swiglu_limit, workspace, config, backend, activation,
-                                 alpha)
+                                 alpha, routing_scale, backward, schedule)
     if resync is not None and resync.error is not None:
         error = error or resync.error
     if executor is None or _per_call(executor) or world == 1:
@@ -677,16 +704,19 @@ def _steady_workspace(name, group, world, timeout, error, x, shape, config, exec
     return _implicit(group, x.device, shape, config, executor, world, most, nonce)
 
 
-def _guess(x, topk_ids, routed, shared, swiglu_limit, workspace, config, backend, activation, alpha):
-    """(shape, executor) of a call whose checks failed, as far as its arguments tell; (None, None) if they don't."""
+def _guess(x, topk_ids, routed, shared, swiglu_limit, workspace, config, backend, activation, alpha, routing_scale,
+           backward, schedule):
+    """(shape, executor) of a call whose checks failed, as far as its arguments tell (the executor its peers'
+    select_backend picks); (None, None) if they don't."""
     try:
         master = routed.master if isinstance(routed, RoutedExpertsMXFP8) else routed
         padding = (workspace.config if isinstance(workspace, Workspace) else config).expert_padding
         shape = validate.LayerShape(x.shape[1], topk_ids.shape[1], master.gate.shape[0], master.gate.shape[1],
                                     0 if shared is None else shared.gate.shape[0],
                                     isinstance(routed, RoutedExpertsMXFP8), validate.check_swiglu_limit(swiglu_limit),
-                                    padding, *validate.check_activation(activation, alpha))
-        return shape, select_backend(backend, x.device)
+                                    padding, *validate.check_activation(activation, alpha),
+                                    validate.check_routing_scale(routing_scale), bool(master.biases()))
+        return shape, _call_executor(backend, x.device, shape, backward, schedule, workspace)
     except Exception:  # noqa: BLE001 - a guess: the call's own error is what gets raised
         return None, None
 

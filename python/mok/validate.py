@@ -53,6 +53,7 @@ class LayerShape(NamedTuple):
     activation: str = "swiglu"  # "swiglu" or "swiglu_oai"
     alpha: float | None = None  # swiglu_oai's alpha; None with "swiglu"
     routing_scale: str = "output"  # "output" (w_k scales y_k) or "input" (Llama4: w_k scales the expert's input)
+    biases: bool = False  # the routed experts carry biases (gate_bias, up_bias or down_bias)
 
 
 def check_layer_args(x, topk_ids, topk_weights, routed, shared, swiglu_limit, world: int, activation="swiglu",
@@ -90,7 +91,12 @@ def check_layer_args(x, topk_ids, topk_weights, routed, shared, swiglu_limit, wo
     return LayerShape(hidden, topk, num_local, routed.intermediate_size,
                       0 if shared is None else shared.intermediate_size,
                       isinstance(routed, RoutedExpertsMXFP8), limit, activation=activation, alpha=alpha,
-                      routing_scale=routing_scale)
+                      routing_scale=routing_scale, biases=bool(_master(routed).biases()))
+
+
+def _master(routed):
+    """The bf16 experts: RoutedExperts itself, or RoutedExpertsMXFP8's masters."""
+    return routed.master if isinstance(routed, RoutedExpertsMXFP8) else routed
 
 
 def check_routing_limits(topk_ids: torch.Tensor, world: int) -> None:
@@ -107,9 +113,16 @@ def check_mxfp8_padding(mxfp8: bool, expert_padding: int) -> None:
                          f"start on tiles), got {expert_padding}")
 
 
+def reads_values(t: torch.Tensor) -> bool:
+    """Whether a check may read t's values on the host: not while the current stream of t's CUDA device is being
+    captured into a CUDA graph, where the read's synchronisation is an error. libmok's cuda executor checks the ids
+    on the device then (its schedule build records a bad one: the layer's next call raises it)."""
+    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
 def check_expert_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
-    """Every id is -1 (no route) or a global expert in [0, num_experts)."""
-    if topk_ids.numel() == 0:
+    """Every id is -1 (no route) or a global expert in [0, num_experts) (unless a graph is being captured)."""
+    if topk_ids.numel() == 0 or not reads_values(topk_ids):
         return
     low, high = int(topk_ids.min()), int(topk_ids.max())
     if low < -1 or high >= num_experts:
@@ -340,6 +353,8 @@ def _check_mxfp8_scales(q, name: str) -> None:
     if tuple(q.scales.shape) != expected:
         raise ValueError(f"{name} must have shape {expected} (the SM100 scale layout of [{rows}, {cols}] matrices, "
                          f"docs/mxfp8.md), got {tuple(q.scales.shape)}")
+    if not reads_values(q.scales):  # a graph being captured: checked by the eager calls before it
+        return
     pad = padding_offsets(rows, cols).to(q.scales.device)
     if pad.numel() and bool((q.scales[..., pad] == 255).any()):
         raise ValueError(f"{name} holds the NaN scale 255 at a padding byte (rows past {rows} or k blocks past "

@@ -366,11 +366,11 @@ def test_binding_names_a_config_int_that_does_not_fit():
 @needs_host
 def test_libmok_messages_name_the_python_argument():
     """What libmok still rejects on its own is reported under the Python name (the backstop behind validate)."""
-    from mok import _mok, host
+    from mok import _libmok_executor, _mok
 
     config = dict(world=1, rank=0, experts_per_rank=1, hidden=2**21, intermediate=1, top_k=1, max_tokens=1)
     with pytest.raises(ValueError, match=r"argument 'x.shape\[1\] \(hidden\)' \(2097152\) must be in \[1, 1048576\]"):
-        with host._python_names():
+        with _libmok_executor._python_names():
             _mok.layer_sizes(config)
 
 

@@ -1,0 +1,94 @@
+"""backend="cuda" on a GPU: mok.moe on CUDA tensors through libmok's cuda executor, held to the host executor's result
+on CPU copies of the same inputs. Skipped, with libmok's reason, where the cuda executor cannot run (no GPU, a build
+without it, a GPU whose grouped GEMMs the build lacks). Never run here: no machine of ours has a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mok
+from mok import functional
+from mok.cuda import CudaExecutor
+from mok.experts import RoutedExperts, SharedExpert
+
+if not torch.cuda.is_available():
+    pytest.skip(f"no CUDA device for PyTorch (torch {torch.__version__}, CUDA {torch.version.cuda or 'none'})",
+                allow_module_level=True)
+_usable, _reason = CudaExecutor().usable(torch.device("cuda", 0))
+if not _usable:
+    pytest.skip(f"libmok's cuda executor does not run on cuda:0: {_reason}", allow_module_level=True)
+
+# libmok's kSplitOrderTolerance (core/split_pass.hpp): the GPU's GEMMs sum in another order than the host's, which
+# moves a bf16 rounding by one unit where a sum lies that close to a boundary; a wrong row, operand or window is an
+# error of order one. Normwise: ||cuda - host|| / ||host||.
+TOLERANCE = 1.0 / 128
+T, E, K, H, INTER, I_SHARED = 96, 4, 2, 256, 128, 64  # widths multiples of 8 (TMA's 16-byte rows)
+
+
+def inputs(seed: int):
+    generator = torch.Generator().manual_seed(seed)
+
+    def bf16(*shape, fan_in=1):
+        return (torch.randn(*shape, generator=generator) / fan_in ** 0.5).to(torch.bfloat16)
+
+    ids = torch.randint(0, E, (T, K), generator=generator)
+    ids = torch.where(torch.rand(T, K, generator=generator) < 0.2, -1, ids)
+    weights = torch.rand(T, K, generator=generator) + 0.1
+    routed = [bf16(E, INTER, H, fan_in=H), bf16(E, INTER, H, fan_in=H), bf16(E, H, INTER, fan_in=INTER)]
+    shared = [bf16(I_SHARED, H, fan_in=H), bf16(I_SHARED, H, fan_in=H), bf16(H, I_SHARED, fan_in=I_SHARED)]
+    return [bf16(T, H), ids, weights, *routed, *shared, bf16(T, H)]
+
+
+def layer(tensors, device, backend):
+    """(out, every gradient) of mok.moe on `device` through `backend`, by autograd."""
+    x, ids, weights, *experts, dout = [t.to(device) for t in tensors]
+    leaves = [t.clone().requires_grad_(True) for t in (x, weights, *experts)]
+    routed, shared = RoutedExperts(*leaves[2:5]), SharedExpert(*leaves[5:8])
+    out = mok.moe(leaves[0], ids, leaves[1], routed, shared, backend=backend)
+    out.backward(dout)
+    return [out.detach().cpu().float()] + [leaf.grad.cpu().float() for leaf in leaves]
+
+
+def relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).norm() / want.norm())
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_moe_on_cuda_matches_the_host_executor(seed):
+    tensors = inputs(seed)
+    got, want = layer(tensors, "cuda", "cuda"), layer(tensors, "cpu", "host")
+    names = ["out", "x", "topk_weights", "gate", "up", "down", "shared_gate", "shared_up", "shared_down"]
+    errors = {name: relative(g, w) for name, g, w in zip(names, got, want, strict=True)}
+    assert all(error <= TOLERANCE for error in errors.values()), errors
+
+
+def test_moe_on_cuda_is_bitwise_repeatable():
+    tensors = inputs(4)
+    first, second = layer(tensors, "cuda", "cuda"), layer(tensors, "cuda", "cuda")
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+
+
+def test_cuda_is_the_default_on_cuda_tensors():
+    assert functional.select_backend(None, torch.device("cuda", 0)).name == "cuda"
+
+
+def test_moe_forward_replays_from_a_cuda_graph():
+    """After an eager call has made the workspace and its layer, the forward captures into a CUDA graph (no
+    allocation outside the graph's pool, no synchronisation, no host read of the ids) and a replay gives the eager
+    call's bits, for new inputs copied into the captured ones."""
+    tensors = [t.to("cuda") for t in inputs(5)]
+    x, ids, weights, *experts, _ = tensors
+    routed, shared = RoutedExperts(*experts[:3]), SharedExpert(*experts[3:])
+    with torch.no_grad():
+        mok.moe(x, ids, weights, routed, shared, backend="cuda")  # warm-up: workspace, layer, agreement
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = mok.moe(x, ids, weights, routed, shared, backend="cuda")
+        fresh = [t.to("cuda") for t in inputs(6)]
+        for static, new in zip((x, ids, weights), fresh[:3], strict=True):
+            static.copy_(new)
+        graph.replay()
+        eager = mok.moe(x, ids, weights, routed, shared, backend="cuda")
+    assert torch.equal(captured, eager)

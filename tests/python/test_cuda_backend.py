@@ -1,0 +1,196 @@
+"""backend="cuda" as far as a machine without a GPU can check it: how a call picks an executor that can run its layer
+(an executor's refusal, the fallback to the next one, a named backend's reason), what libmok's cuda executor refuses,
+the symmetric-memory addresses, and that it reports itself unusable here with libmok's reason. tests/gpu runs it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from backends import needs_host
+from test_expert_bias import biased_inputs
+from test_layer import I_SHARED, INTER, H, make_inputs
+
+import mok
+from mok import functional, validate
+
+pytestmark = needs_host
+
+
+def shape(hidden=64, intermediate=48, shared=0, mxfp8=False, padding=256, biases=False) -> validate.LayerShape:
+    return validate.LayerShape(hidden, 2, 4, intermediate, shared, mxfp8, None, padding, biases=biases)
+
+
+class Picky(functional._ReferenceExecutor):
+    """The reference executor, but refusing biased layers and backwards, as libmok's cuda executor refuses some
+    layers: a call that it cannot run must go to the next backend."""
+
+    name = "picky"
+
+    def __init__(self):
+        self.forwards = 0
+
+    def refusal(self, layer, backward, device):
+        if layer.biases:
+            return "no biases here"
+        return "no backward here" if backward else None
+
+    def forward(self, *args, **kwargs):
+        self.forwards += 1
+        return super().forward(*args, **kwargs)
+
+
+@pytest.fixture
+def picky():
+    executor = Picky()
+    functional.register_backend(executor, priority=100)
+    yield executor
+    functional.unregister_backend("picky")
+    functional.clear_workspaces()
+
+
+def test_select_backend_skips_an_executor_that_refuses_the_layer(picky):
+    cpu = torch.device("cpu")
+    assert functional.select_backend(None, cpu) is picky  # by device alone
+    assert functional.select_backend(None, cpu, shape(), backward=False) is picky
+    assert functional.select_backend(None, cpu, shape(biases=True)).name == "host"
+    assert functional.select_backend(None, cpu, shape(), backward=True).name == "host"
+    with pytest.raises(ValueError, match="backend 'picky' cannot run this layer: no biases here; backend='reference' "
+                                         "runs it"):
+        functional.select_backend("picky", cpu, shape(biases=True))
+    with pytest.raises(ValueError, match="backend 'picky' cannot run this layer: no backward here"):
+        functional.select_backend(None, cpu, shape(), backward=True, fallback=False)
+
+
+def test_a_call_runs_on_the_first_executor_that_runs_its_layer(picky):
+    x, ids, weights, routed, shared, _ = make_inputs(16, 4, 2)
+    functional.forward(x, ids, weights, routed, shared, need_context=False)
+    assert picky.forwards == 1  # an inference forward: picky runs it
+    functional.forward(x, ids, weights, routed, shared, need_context=True)
+    functional.recompute_forward_context(x, ids, weights, routed, shared)
+    assert picky.forwards == 1  # a context for a backward: the next backend
+    x, ids, weights, biased, shared, _ = biased_inputs(16, 4, 2)
+    out, _ = functional.forward(x, ids, weights, biased, shared, need_context=False)
+    assert picky.forwards == 1  # biases: the next backend
+    expected, _ = functional.forward(x, ids, weights, biased, shared, need_context=False, backend="host")
+    assert torch.equal(out, expected)
+    with pytest.raises(ValueError, match="backend 'picky' cannot run this layer: no biases here"):
+        functional.forward(x, ids, weights, biased, shared, need_context=False, backend="picky")
+
+
+def test_a_schedule_or_a_workspace_keeps_the_executor_that_made_it(picky):
+    """A schedule and a workspace are their executor's objects: a call given one runs there or raises that
+    executor's reason (not a mismatch of objects)."""
+    x, ids, weights, biased, shared, _ = biased_inputs(16, 4, 2)
+    schedule = functional.build_schedule(ids, 4)  # by device: picky
+    with pytest.raises(ValueError, match="backend 'picky' cannot run this layer: no biases here"):
+        functional.forward(x, ids, weights, biased, shared, schedule=schedule, need_context=False)
+    workspace = functional.create_workspace(max_tokens=16, hidden=H, topk=2, num_local_experts=4, intermediate=INTER,
+                                            shared_intermediate=I_SHARED)  # by device: picky
+    assert workspace.key.backend == "picky"
+    with pytest.raises(ValueError, match="backend 'picky' cannot run this layer: no biases here"):
+        functional.forward(x, ids, weights, biased, shared, workspace=workspace, need_context=False)
+    x, ids, weights, routed, shared, _ = make_inputs(16, 4, 2)
+    functional.forward(x, ids, weights, routed, shared, workspace=workspace, need_context=False)
+    assert picky.forwards == 1
+
+
+def test_the_shape_says_whether_the_routed_experts_carry_biases():
+    x, ids, weights, routed, shared, _ = biased_inputs(16, 4, 2)
+    assert validate.check_layer_args(x, ids, weights, routed, shared, None, 1).biases
+    x, ids, weights, routed, shared, _ = make_inputs(16, 4, 2)
+    assert not validate.check_layer_args(x, ids, weights, routed, shared, None, 1).biases
+
+
+def test_cuda_refuses_what_libmoks_cuda_executor_does_not_compute():
+    from mok.cuda import CudaExecutor
+
+    cuda, gpu = CudaExecutor(), torch.device("cuda", 0)
+    assert "adds no expert bias yet" in cuda.refusal(shape(biases=True), False, gpu)
+    assert "runs no MXFP8 backward yet" in cuda.refusal(shape(mxfp8=True), True, gpu)
+
+
+@pytest.mark.skipif(not mok._mok.executor_compiled(3), reason="libmok was built without its cuda executor "
+                    "(MOK_ENABLE_CUDA=OFF or no CUTLASS): its shape rules are not there to ask")
+def test_cuda_asks_libmok_for_its_shape_rules():
+    """The widths and the MXFP8 padding are libmok's rules (mokLayerGetSizes), asked without a GPU."""
+    from mok.cuda import CudaExecutor
+
+    cuda, gpu = CudaExecutor(), torch.device("cuda", 0)
+    for padding in (128, 256, 1024):  # any padding: the minibatch libmok asks about is one tile
+        assert cuda.refusal(shape(padding=padding), True, gpu) is None
+    assert "'x.shape[1] (hidden)' (60) must be a multiple of 8" in cuda.refusal(shape(hidden=60), True, gpu)
+    mx = shape(mxfp8=True, hidden=64, intermediate=64, padding=128)
+    if torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] != 10:
+        assert "MXFP8 on compute capability 10.x only" in cuda.refusal(mx, False, gpu)
+        return
+    assert cuda.refusal(mx, False, gpu) is None
+    assert "must be a multiple of 32" in cuda.refusal(shape(mxfp8=True, intermediate=48, padding=128), False, gpu)
+    assert "'MoKConfig.expert_padding' (32) must be a multiple of 128" in \
+        cuda.refusal(shape(mxfp8=True, hidden=64, intermediate=64, padding=32), False, gpu)
+
+
+def test_symmetric_bases_are_each_allocation_plus_the_own_offset():
+    from mok.cuda import symmetric_bases
+
+    allocations = [0x7000_0000, 0x9000_0000, 0x5000_0000]  # rank order, as a rendezvous gives them
+    assert symmetric_bases(allocations, 0x9000_0200, rank=1) == [0x7000_0200, 0x9000_0200, 0x5000_0200]
+    with pytest.raises(RuntimeError, match=r"rank\(s\) \[0, 1, 2\] a buffer not aligned to 256 bytes"):
+        symmetric_bases(allocations, 0x9000_0010, rank=1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with a GPU runs tests/gpu/test_cuda_backend_gpu.py")
+def test_without_a_gpu_cuda_is_not_chosen_and_says_why():
+    from mok.cuda import CudaExecutor
+
+    usable, reason = CudaExecutor().usable(torch.device("cuda", 0))
+    assert not usable and reason  # libmok's words: not compiled, or no GPU
+    assert [b.reason for b in mok.backends() if b.name == "cuda"] == [reason]  # as mok.backends() says
+    assert functional.select_backend(None, torch.device("cuda", 0)).name == "reference"
+    assert functional.select_backend(None, torch.device("cuda")).name == "reference"  # no index: the current one
+    with pytest.raises(ValueError, match="backend 'cuda' does not support device cuda:0"):
+        functional.select_backend("cuda", torch.device("cuda", 0))
+
+
+def test_value_checks_stand_aside_only_while_a_cuda_graph_is_captured(monkeypatch):
+    """The ids' range and the MXFP8 padding scales are read on the host, except on a CUDA device whose current stream
+    is being captured (a read would synchronise, which capture forbids)."""
+    cuda_tensor = SimpleNamespace(is_cuda=True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert validate.reads_values(cuda_tensor)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert not validate.reads_values(cuda_tensor)
+    assert validate.reads_values(torch.zeros(1))  # a CPU tensor is read whatever a GPU's stream does
+    with pytest.raises(ValueError, match=r"an expert id in \[0, 8\)"):
+        validate.check_expert_ids(torch.tensor([[8]]), 8)  # and its ids checked
+
+
+def test_a_group_exchanges_on_the_cpu_unless_it_has_only_nccl(monkeypatch):
+    """ep.gather_objects (the agreement's exchange) runs where the group's backend can: an NCCL-only group takes CUDA
+    tensors, the GPU of this process; a gloo group, or one with a CPU backend beside NCCL, the CPU."""
+    from mok import ep
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    for backend, device in (("gloo", "cpu"), ("cpu:gloo,cuda:nccl", "cpu"), ("nccl", "cuda:3")):
+        monkeypatch.setattr(ep.dist, "get_backend", lambda group, name=backend: name)
+        assert ep.exchange_device(None) == torch.device(device)
+
+
+def test_a_rank_whose_arguments_failed_guesses_what_its_peers_pick(picky):
+    """_guess (a rank with a bad value still stops its peers' pass on their workspace) derives the shape and the
+    executor as the peers' checks do: the biases, the backward and the routing scale included."""
+    x, ids, weights, biased, shared, _ = biased_inputs(16, 4, 2)
+    config = functional.MoKConfig()
+
+    def guess(routed, backward, routing_scale="output"):
+        return functional._guess(x, ids, routed, shared, None, None, config, None, "swiglu", None, routing_scale,
+                                 backward, None)
+
+    routed = make_inputs(16, 4, 2)[3]
+    assert guess(routed, False)[1] is picky
+    assert guess(routed, True)[1].name == "host"
+    shape, executor = guess(biased, False, "input")
+    assert executor.name == "host" and shape.biases and shape.routing_scale == "input"
+    peers = validate.check_layer_args(x, ids, weights, biased, shared, None, 1, routing_scale="input")
+    assert shape == peers._replace(expert_padding=config.expert_padding)
