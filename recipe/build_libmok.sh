@@ -3,6 +3,14 @@
 # libmok and libmok-dev outputs take their files from here.
 set -euxo pipefail
 
+# CUTLASS's headers from the recipe's wheel source (absent in the test-only host variant, which builds no CUDA).
+CUTLASS_WHEEL="$SRC_DIR/cutlass/nvidia_cutlass-4.2.0.0-py3-none-any.whl"
+if [[ -f "$CUTLASS_WHEEL" ]]; then
+  mkdir -p cutlass-wheel
+  (cd cutlass-wheel && cmake -E tar xf "$CUTLASS_WHEEL")
+  MOK_CUTLASS_INCLUDE_DIR="$PWD/cutlass-wheel/cutlass_library/source/include"
+fi
+
 # CMAKE_ARGS comes from the compiler packages' activation (it is unset without them).
 # shellcheck disable=SC2086
 cmake -S "$SRC_DIR" -B build-libmok -G Ninja ${CMAKE_ARGS:-} \
@@ -13,6 +21,7 @@ cmake -S "$SRC_DIR" -B build-libmok -G Ninja ${CMAKE_ARGS:-} \
   -DMOK_CUDA_ARCHITECTURES="$MOK_CUDA_ARCHITECTURES" \
   -DCMAKE_CUDA_ARCHITECTURES="$MOK_CUDA_ARCHITECTURES" \
   ${MOK_CCCL_INCLUDE_DIR:+-DMOK_CCCL_INCLUDE_DIR="$MOK_CCCL_INCLUDE_DIR"} \
+  ${MOK_CUTLASS_INCLUDE_DIR:+-DMOK_CUTLASS_INCLUDE_DIR="$MOK_CUTLASS_INCLUDE_DIR"} \
   -DMOK_BUILD_PYTHON=OFF \
   -DMOK_BUILD_TESTS=OFF
 cmake --build build-libmok --parallel "${CPU_COUNT:-2}"

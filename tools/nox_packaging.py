@@ -26,6 +26,7 @@ BUILD = ("scikit-build-core==0.11.6", "nanobind==2.9.2", "cmake==3.31.6", "ninja
 PYTEST = "pytest==8.4.2"
 TORCH = "torch==2.13.0"  # `import mok`, the mok package's test, imports torch
 DIFFOSCOPE = "diffoscope==332"
+CUTLASS = "nvidia-cutlass==4.2.0.0"  # the wheel recipe/recipe.yaml takes CUTLASS's headers from (its url and sha256)
 
 
 def _pytest(session: nox.Session, *files: str) -> None:
@@ -37,6 +38,11 @@ def conda(session: nox.Session) -> None:
     """The conda recipe, offline: render of every variant; host-toolchain build, tests, rebuild, install."""
     session.install(*RATTLER, *BUILD, PYTEST, TORCH)
     session.env.update(toolchain_env(ROOT))
+    # The wheel the real recipe pins, fetched as pip fetches it, for test_conda_recipe to hold the pin to.
+    wheels = Path(session.create_tmp()) / "cutlass"
+    session.run("python", "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(wheels), CUTLASS)
+    (wheel,) = wheels.glob("nvidia_cutlass-*.whl")
+    session.env["MOK_CUTLASS_WHEEL"] = str(wheel)
     _pytest(session, "test_conda_recipe.py", "test_conda_build.py")
 
 

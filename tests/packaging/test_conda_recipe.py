@@ -2,7 +2,11 @@
 carries the requirements, pins, run_exports and arch flags that conda-forge's CUDA conventions ask for.
 Rendering needs no channel; building the real recipe does (CI with network, see docs/packaging.md)."""
 
+import hashlib
+import os
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +93,25 @@ def test_mok_builds_against_libmok_dev_per_python(rendered):
 def test_mok_links_the_installed_libmok():
     script = (RECIPE_DIR / "build_mok.sh").read_text()
     assert "-Ccmake.define.MOK_USE_INSTALLED=ON" in script
+
+
+def test_cutlass_headers_come_from_the_pinned_wheel(tmp_path):
+    """The recipe's second source is nvidia-cutlass's wheel, kept whole: the same file pip fetches for the pin (its
+    sha256), which build_libmok.sh unpacks (cmake -E tar) into the header tree it names to CMake."""
+    recipe = rb.Stage0Recipe.from_file(RECIPE_DIR / "recipe.yaml").to_dict()
+    (cutlass,) = [s for s in recipe["source"] if "url" in s]
+    name = cutlass["file_name"]
+    (url,) = cutlass["url"] if isinstance(cutlass["url"], list) else [cutlass["url"]]
+    assert url.endswith("/" + name) and cutlass["target_directory"] == "cutlass"
+    script = (RECIPE_DIR / "build_libmok.sh").read_text()
+    assert f'CUTLASS_WHEEL="$SRC_DIR/cutlass/{name}"' in script
+    assert '-DMOK_CUTLASS_INCLUDE_DIR="$MOK_CUTLASS_INCLUDE_DIR"' in script
+    wheel = os.environ.get("MOK_CUTLASS_WHEEL")
+    if not wheel:
+        pytest.skip("MOK_CUTLASS_WHEEL unset: `nox -s conda` downloads the pinned wheel and names it")
+    assert Path(wheel).name == name
+    assert hashlib.sha256(Path(wheel).read_bytes()).hexdigest() == cutlass["sha256"]
+    subprocess.run(["cmake", "-E", "tar", "xf", wheel], cwd=tmp_path, check=True)
+    include = tmp_path / "cutlass_library" / "source" / "include"
+    assert (include / "cutlass" / "gemm" / "collective" / "collective_builder.hpp").is_file()
+    assert f'MOK_CUTLASS_INCLUDE_DIR="$PWD/cutlass-wheel/{include.relative_to(tmp_path)}"' in script

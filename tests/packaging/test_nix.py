@@ -5,6 +5,7 @@ evaluate with nixpkgs overridden by nix_fixture/ (exactly the attributes the fla
 Needs the real nixpkgs, so runs only in the internal CI with network (docs/packaging.md): fetching the
 pinned nixpkgs (which verifies flake.lock's narHash), `nix build .#libmok .#mok`, `nix flake check`."""
 
+import base64
 import json
 import re
 
@@ -20,7 +21,7 @@ CUDA_ARCHS = "100a;103a"
 # What the tests read from the evaluated packages, in one evaluation.
 SUMMARY = """pkgs: {
   libmok = {
-    inherit (pkgs.libmok) outputs cmakeFlags doCheck fixtureStdenv;
+    inherit (pkgs.libmok) outputs cmakeFlags doCheck fixtureStdenv preConfigure;
     inputs = map (d: d.name) (pkgs.libmok.nativeBuildInputs ++ pkgs.libmok.buildInputs);
     flags = pkgs.libmok.cudaPackages.flags;
     cuda = pkgs.libmok.cudaPackages.cudaMajorMinorVersion;
@@ -83,6 +84,20 @@ def test_libmok_derivation_shape(summary):
     assert "auto-add-driver-runpath-hook-fixture" in lib["inputs"]
     assert "cuda_nvcc-13.0-fixture" in lib["inputs"]
     assert summary["default"] == "libmok-0.5.0"
+
+
+def test_libmok_takes_cutlass_from_the_recipes_pinned_wheel(summary):
+    """The same wheel as the conda recipe (its url and sha256, as an SRI hash), unpacked before CMake and named to it:
+    without CUTLASS's headers libmok would carry no cuda executor."""
+    recipe = (REPO / "recipe" / "recipe.yaml").read_text()
+    url = re.search(r"- url: (\S+)", recipe).group(1)
+    sha256 = re.search(r"sha256: ([0-9a-f]{64})", recipe).group(1)
+    nix_file = (REPO / "nix" / "libmok.nix").read_text()
+    assert f'url = "{url}";' in nix_file
+    assert f'hash = "sha256-{base64.b64encode(bytes.fromhex(sha256)).decode()}";' in nix_file
+    script = summary["libmok"]["preConfigure"]
+    assert "cmake -E tar xf /nix/store/" in script and "fetchurl-fixture" in script
+    assert '-DMOK_CUTLASS_INCLUDE_DIR=$PWD/cutlass-wheel/cutlass_library/source/include' in script
 
 
 def test_mok_builds_against_libmok(summary):

@@ -79,6 +79,7 @@ let
     ninja = tool "ninja";
     pkg-config = tool "pkg-config";
     autoAddDriverRunpath = tool "auto-add-driver-runpath-hook";
+    fetchurl = { url, hash }: fake "fetchurl-fixture" { inherit url hash; };
     cudaPackages = throw "the fixture has no default CUDA package set: pick one (cudaPackages_13_0)";
     pythonPackagesExtensions = [ ];
     python3Packages = applyOverlays pythonBase self.pythonPackagesExtensions;
