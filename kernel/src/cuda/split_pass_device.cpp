@@ -114,28 +114,23 @@ GemmStatus split_gemm_workspace_bytes(const core::LayerShape& s, GemmArchitectur
                                       cudaError_t* error) {
   *bytes = 0;
   *error = cudaSuccess;
-  auto take = [&](GemmStatus st, size_t need) {
+  // One GEMM's need (a BF16 or an MXFP8 launch of `kind` over `shape`), the largest kept in *bytes.
+  auto take = [&](auto gemm, const core::LayerShape& shape, core::GroupedGemm kind, auto workspace_bytes) {
+    gemm.architecture = architecture;
+    gemm.shape = shape;
+    gemm.kind = kind;
+    size_t need = 0;
+    GemmStatus st = workspace_bytes(gemm, &need, error);
     *bytes = need > *bytes ? need : *bytes;
     return st;
   };
   for (int k = 0; k < static_cast<int>(core::GroupedGemm::count); ++k) {
     auto kind = static_cast<core::GroupedGemm>(k);
-    for (const core::LayerShape& shape : {s, core::shared_expert_shape(s)}) {
-      GroupedGemmBf16 g{};
-      g.architecture = architecture;
-      g.shape = shape;
-      g.kind = kind;
-      size_t need = 0;
-      if (GemmStatus st = take(grouped_gemm_bf16_workspace_bytes(g, &need, error), need); st != GemmStatus::ok)
+    for (const core::LayerShape& shape : {s, core::shared_expert_shape(s)})
+      if (GemmStatus st = take(GroupedGemmBf16{}, shape, kind, grouped_gemm_bf16_workspace_bytes); st != GemmStatus::ok)
         return st;
-    }
     if (!s.mxfp8 || !core::mx_forward_kind(kind)) continue;
-    GroupedGemmMxfp8 g{};
-    g.architecture = architecture;
-    g.shape = s;
-    g.kind = kind;
-    size_t need = 0;
-    if (GemmStatus st = take(grouped_gemm_mxfp8_workspace_bytes(g, &need, error), need); st != GemmStatus::ok)
+    if (GemmStatus st = take(GroupedGemmMxfp8{}, s, kind, grouped_gemm_mxfp8_workspace_bytes); st != GemmStatus::ok)
       return st;
   }
   return GemmStatus::ok;
