@@ -3,8 +3,13 @@
 # libmok and libmok-dev outputs take their files from here.
 set -euxo pipefail
 
-# CUTLASS's headers from the recipe's wheel source (absent in the test-only host variant, which builds no CUDA).
+# CUTLASS's headers from the recipe's wheel source: required with CUDA (without them libmok would carry no cuda
+# executor); absent in the test-only host variant, which builds no CUDA.
 CUTLASS_WHEEL="$SRC_DIR/cutlass/nvidia_cutlass-4.2.0.0-py3-none-any.whl"
+if [[ "${MOK_ENABLE_CUDA:-ON}" != "OFF" && ! -f "$CUTLASS_WHEEL" ]]; then
+  echo "build_libmok.sh: $CUTLASS_WHEEL is missing (the recipe's CUTLASS source)" >&2
+  exit 1
+fi
 if [[ -f "$CUTLASS_WHEEL" ]]; then
   mkdir -p cutlass-wheel
   (cd cutlass-wheel && cmake -E tar xf "$CUTLASS_WHEEL")

@@ -6,12 +6,14 @@
                     libmok installed in nixpkgs' split-output layout serves the C++ example
     nox -s repro    two release builds (libmok host-only and CUDA sm_100a, the wheel) are byte-identical
 
-All run offline. Nix comes from the system (apt-get install -y nix-bin); without it `nix` skips, saying so.
+All run offline, but for the conda session's download of the CUTLASS wheel the recipe names (from PyPI). Nix comes
+from the system (apt-get install -y nix-bin); without it `nix` skips, saying so.
 docs/packaging.md describes the checks and what only the internal CI (with network) runs.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nox
@@ -26,7 +28,6 @@ BUILD = ("scikit-build-core==0.11.6", "nanobind==2.9.2", "cmake==3.31.6", "ninja
 PYTEST = "pytest==8.4.2"
 TORCH = "torch==2.13.0"  # `import mok`, the mok package's test, imports torch
 DIFFOSCOPE = "diffoscope==332"
-CUTLASS = "nvidia-cutlass==4.2.0.0"  # the wheel recipe/recipe.yaml takes CUTLASS's headers from (its url and sha256)
 
 
 def _pytest(session: nox.Session, *files: str) -> None:
@@ -38,9 +39,11 @@ def conda(session: nox.Session) -> None:
     """The conda recipe, offline: render of every variant; host-toolchain build, tests, rebuild, install."""
     session.install(*RATTLER, *BUILD, PYTEST, TORCH)
     session.env.update(toolchain_env(ROOT))
-    # The wheel the real recipe pins, fetched as pip fetches it, for test_conda_recipe to hold the pin to.
+    # The CUTLASS wheel the real recipe names, fetched from its URL (the one download of this session), for
+    # test_conda_recipe to hold the recipe's sha256 and file name to.
+    url = re.search(r"- url: (\S+)", (ROOT / "recipe" / "recipe.yaml").read_text()).group(1)
     wheels = Path(session.create_tmp()) / "cutlass"
-    session.run("python", "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(wheels), CUTLASS)
+    session.run("python", "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(wheels), url)
     (wheel,) = wheels.glob("nvidia_cutlass-*.whl")
     session.env["MOK_CUTLASS_WHEEL"] = str(wheel)
     _pytest(session, "test_conda_recipe.py", "test_conda_build.py")

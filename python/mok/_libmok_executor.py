@@ -48,12 +48,14 @@ class _Layers:
                 layer.close()
             else:  # made before a fork: its threads live in the parent, so it is never destroyed here
                 _INHERITED.append((layer, self.memory[key]))
-        if self.idle is not None and self.layers:
-            self.idle()
-        self.layers.clear()
-        self.memory.clear()
-        self.latest.clear()
-        self.generation += 1
+        try:
+            if self.idle is not None and self.layers:
+                self.idle()
+        finally:
+            self.layers.clear()
+            self.memory.clear()
+            self.latest.clear()
+            self.generation += 1
 
 
 _INHERITED: list = []  # layers (and their memory) a forked process inherited and must not destroy
@@ -150,11 +152,13 @@ def _masters(routed, shared) -> dict[str, torch.Tensor]:
 
 
 class _guard:
-    """Around libmok's collective calls on `state`'s layer: a failure that finished the group closes the
-    workspace's layers (the next call creates new ones). On an executor whose calls do not agree first (resync), a
-    rejected call (this rank's ValueError, or a peer's: the error record's abort_rank names that peer) is a
-    GroupResync, since every rank is alive to agree on what to do; any other failure (a timeout, a dead peer:
-    abort_rank -1) warns and raises."""
+    """Around libmok's collective calls on `state`'s layer. On an executor whose calls do not agree first (resync:
+    the host executor), a failure that finished the group closes the workspace's layers (the next call creates new
+    ones), and a rejected call (this rank's ValueError, or a peer's: the error record's abort_rank names that peer) is
+    a GroupResync, since every rank is alive to agree on what to do; any other failure (a timeout, a dead peer:
+    abort_rank -1) warns and raises. On one whose calls agree first (the cuda executor, whose peers may see a
+    failure a call later) the failure is raised and the layers stay: the next call's agreement (failure()) makes
+    every rank raise it and close them together."""
 
     def __init__(self, state: _Layers, layer, executor: str, resync: bool):
         self.state, self.layer, self.executor, self.resync = state, layer, executor, resync
@@ -168,9 +172,9 @@ class _guard:
         record = self.layer.error()
         if record["status"] == 0:
             return False  # rejected locally (world 1): the layer is still usable
-        self.state.close()
-        if not self.resync:  # its calls agree with the group first: nobody waits to agree again
+        if not self.resync:  # its calls agree first: the next call's agreement closes every rank's layers together
             return False
+        self.state.close()
         if issubclass(kind, ValueError):
             raise functional.GroupResync(str(error), error) from error
         if record["abort_rank"] not in (-1, record["rank"]):  # a peer stopped the group on purpose
@@ -218,6 +222,20 @@ class LibmokExecutor:
 
     def close_workspace(self, workspace) -> None:
         workspace.buffers.close()
+
+    def failure(self, workspace) -> str | None:
+        """What this process's layers of `workspace` hold in libmok's error record (an earlier pass failed, or a peer
+        aborted the group), or None."""
+        state = workspace.buffers
+        for key, layer in state.layers.items():
+            if key[1] != os.getpid():
+                continue
+            record = layer.error()
+            if record["status"] != 0:
+                return (f"mok: an earlier pass of the {self.name} executor's group failed (rank {record['rank']}, "
+                        f"{record['task'] or 'the pass'}): {record['detail']}; every rank's layers are closed and the "
+                        f"next call makes new ones")
+        return None
 
     def create_workspace(self, key, config) -> _Layers:
         return _Layers(key, config)

@@ -34,20 +34,6 @@ def _aligned(nbytes: int, device: torch.device) -> tuple[torch.Tensor, int]:
     return memory, memory.data_ptr() + (-memory.data_ptr() % _ALIGN)
 
 
-def _peer_bases(nbytes: int, group, device: torch.device) -> tuple[list[int], tuple]:
-    """Every rank's peer buffer, in group rank order, and what keeps this rank's alive: a device buffer in a group of
-    one; symmetric memory (one collective rendezvous) otherwise."""
-    rank, world = ep.group_rank_and_size(group)
-    if world == 1:
-        memory, base = _aligned(nbytes, device)
-        return [base], (memory,)
-    from torch.distributed import _symmetric_memory as symmetric
-
-    memory = symmetric.empty(nbytes, dtype=torch.uint8, device=device)
-    handle = symmetric.rendezvous(memory, group)
-    return symmetric_bases(handle.buffer_ptrs, memory.data_ptr(), rank), (memory, handle)
-
-
 def symmetric_bases(allocations: list[int], own: int, rank: int) -> list[int]:
     """Every rank's buffer from the ranks' symmetric allocations (a rendezvous's buffer_ptrs, in rank order) and the
     own buffer's address: the same offset into each allocation (every rank allocated alike)."""
@@ -65,6 +51,35 @@ def _index(device: torch.device) -> int:
     if device.index is not None:
         return device.index
     return torch.cuda.current_device() if torch.cuda.is_available() else 0
+
+
+class _Steps:
+    """The steps of making a layer that each rank takes on its own: each one's outcome exchanged in a group (one
+    small exchange), so that a rank's failure is raised on every rank, naming it."""
+
+    def __init__(self, group, world: int, timeout_s: float):
+        self.group, self.world, self.timeout_s = group, world, timeout_s
+
+    def run(self, what: str, step, close=None):
+        """step()'s result, once every rank's step succeeded; else this rank's error, or a RuntimeError naming the
+        first rank that failed (`close` undoes this rank's result)."""
+        result, error = None, None
+        try:
+            result = step()
+        except Exception as failure:  # noqa: BLE001 - exchanged, then raised on every rank
+            error = failure
+        if self.world > 1:
+            texts = ep.gather_objects(None if error is None else f"{type(error).__name__}: {error}", self.group,
+                                      self.world, self.timeout_s, f"every rank to {what}")
+            failed = [(rank, text) for rank, text in enumerate(texts) if text is not None]
+            if failed and error is None:
+                if close is not None:
+                    close(result)
+                rank, text = failed[0]
+                raise RuntimeError(f"mok: rank {rank} could not {what}: {text}")
+        if error is not None:
+            raise error
+        return result
 
 
 class CudaExecutor(LibmokExecutor):
@@ -125,28 +140,40 @@ class CudaExecutor(LibmokExecutor):
 
     def _memory(self, workspace, state, cfg, group, device, name_parts):
         """The layer over symmetric peer memory and a device workspace, made on `device` (libmok's layer keeps the
-        device current at its creation). Every rank learns whether every rank made its layer: one failing alone
-        (its peer check, say) would otherwise leave the others' passes waiting for it."""
+        device current at its creation). Made in steps that every rank takes together: the buffers; in a group, an
+        exchange of whether every rank has them, the rendezvous, and the peers' addresses; the layer; and an
+        exchange of whether every rank made it. A rank that fails a step (out of memory, its peer check) is named on
+        every rank, instead of leaving its peers in the next collective."""
         peer_bytes, workspace_bytes = _mok.layer_sizes(cfg)
+        rank, world = cfg["rank"], cfg["world"]
+        step = _Steps(group, world, workspace.config.wait_timeout_s)
         with torch.cuda.device(device):
-            bases, peers = _peer_bases(peer_bytes, group, device)
-            memory, address = _aligned(workspace_bytes, device)
-            layer, error = None, None
-            try:
-                layer = _mok.Layer(cfg, bases, address, workspace_bytes)
-            except (ValueError, RuntimeError) as failure:
-                error = failure
-        if cfg["world"] > 1:
-            errors = ep.gather_objects(None if error is None else str(error), group, cfg["world"],
-                                       workspace.config.wait_timeout_s, "every rank to make its cuda layer")
-            failed = [(rank, text) for rank, text in enumerate(errors) if text is not None]
-            if failed and error is None:
-                layer.close()
-                rank, text = failed[0]
-                raise RuntimeError(f"mok: rank {rank} could not make its cuda layer: {text}")
-        if error is not None:
-            raise error
-        return layer, (memory, *peers)
+            memory, own = step.run("allocate its buffers", lambda: self._buffers(peer_bytes, workspace_bytes, world,
+                                                                                device))
+            if world == 1:
+                bases, keep = [own[0]], ()
+            else:
+                from torch.distributed import _symmetric_memory as symmetric
+
+                handle = symmetric.rendezvous(memory[1], group)  # collective: every rank has its buffer
+                keep = (handle,)
+                bases = step.run("address its peers", lambda: symmetric_bases(handle.buffer_ptrs, own[0], rank))
+            layer = step.run("make its cuda layer", lambda: _mok.Layer(cfg, bases, own[1], workspace_bytes),
+                             close=lambda made: made.close())
+        return layer, (*memory, *keep)
+
+    @staticmethod
+    def _buffers(peer_bytes: int, workspace_bytes: int, world: int, device: torch.device):
+        """(the workspace and peer tensors, (peer address, workspace address)): the peer buffer from symmetric
+        memory in a group, a plain device buffer alone."""
+        workspace, workspace_at = _aligned(workspace_bytes, device)
+        if world == 1:
+            peer, peer_at = _aligned(peer_bytes, device)
+            return (workspace, peer), (peer_at, workspace_at)
+        from torch.distributed import _symmetric_memory as symmetric
+
+        peer = symmetric.empty(peer_bytes, dtype=torch.uint8, device=device)
+        return (workspace, peer), (peer.data_ptr(), workspace_at)
 
     def _stream(self, device: torch.device) -> int:
         return torch.cuda.current_stream(device).cuda_stream

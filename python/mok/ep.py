@@ -72,11 +72,13 @@ def wait(work, timeout_s: float, what: str) -> None:
 
 
 def exchange_device(group) -> torch.device:
-    """Where `group` can all_gather: the CPU, unless its only backend is NCCL (CUDA tensors only), then this
-    process's current GPU."""
-    if str(dist.get_backend(group)) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    """Where `group` can all_gather: the CPU where one of its backends serves CPU tensors ("gloo", "cpu:gloo,..."),
+    else (NCCL alone: "nccl", "cuda:nccl") this process's current GPU, the one its ranks' tensors are on."""
+    backend = str(dist.get_backend(group))
+    devices = [part.split(":")[0] for part in backend.split(",") if ":" in part]
+    if ("cpu" in devices) if devices else backend != "nccl":
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def gather_objects(value, group, world: int, timeout_s: float, what: str) -> list:

@@ -452,6 +452,25 @@ def _agree(group, world: int, timeout_s: float, error: Exception | None, record:
     return [t for _, _, t, _ in records], records[0][3]
 
 
+def _agree_call(executor, workspace, group, world: int, timeout_s: float, error: Exception | None, record: dict,
+                tokens: int) -> tuple[list[int], str]:
+    """_agree for a call, with the health of the executor's state in `workspace`: an executor with failure(workspace)
+    (the cuda executor: an earlier pass failed, its error record says, seen by some ranks before others) makes every
+    rank raise that failure, and a call that raises on every rank here closes the workspace's executor state on every
+    rank, so that all make it anew at the next call together."""
+    failure = getattr(executor, "failure", None) if _per_call(executor) else None
+    if failure is None or workspace is None:
+        return _agree(group, world, timeout_s, error, record, tokens)
+    if error is None:
+        failed = failure(workspace)
+        error = None if failed is None else RuntimeError(failed)
+    try:
+        return _agree(group, world, timeout_s, error, record, tokens)
+    except Exception:
+        executor.close_workspace(workspace)
+        raise
+
+
 def _call_record(call: str, shape, executor, config, device) -> dict:
     return {"call": call, **shape._asdict(), "backend": executor.name, "config": config, "device": device.type}
 
@@ -575,7 +594,7 @@ def backward(ctx: ForwardContext, dout: torch.Tensor, *, main_grads: MainGrads |
         error = e
     timeout = ctx.workspace.config.wait_timeout_s if ctx.workspace is not None else MoKConfig().wait_timeout_s
     if _per_call(ctx.executor):
-        _agree(ctx.group, ctx.world, timeout, error, {"call": "backward"}, 0)
+        _agree_call(ctx.executor, ctx.workspace, ctx.group, ctx.world, timeout, error, {"call": "backward"}, 0)
     elif error is not None:
         _stop_peers(ctx.executor, ctx.workspace)
         _agree(ctx.group, ctx.world, timeout, error, {}, 0)
@@ -657,7 +676,9 @@ def _prepare(name, x, topk_ids, topk_weights, routed, shared, group, config, wor
         error = error or resync.error
     if executor is None or _per_call(executor) or world == 1:
         record = {} if error is not None else _call_record(name, shape, executor, config, x.device)
-        counts, nonce = _agree(group, world, timeout, error, record, tokens)
+        current = workspace if workspace is not None else \
+            _WORKSPACES.get(_implicit_key(group, x.device, shape, config, executor)) if executor is not None else None
+        counts, nonce = _agree_call(executor, current, group, world, timeout, error, record, tokens)
         _check_rows(world, max(counts), shape, shape.expert_padding)
         if workspace is not None and max(counts) > workspace.key.max_tokens:
             raise ValueError(f"workspace was made for max_tokens={workspace.key.max_tokens}, but a rank has "

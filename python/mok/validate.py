@@ -117,7 +117,10 @@ def reads_values(t: torch.Tensor) -> bool:
     """Whether a check may read t's values on the host: not while the current stream of t's CUDA device is being
     captured into a CUDA graph, where the read's synchronisation is an error. libmok's cuda executor checks the ids
     on the device then (its schedule build records a bad one: the layer's next call raises it)."""
-    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+    if not t.is_cuda:
+        return True
+    with torch.cuda.device(t.device):
+        return not torch.cuda.is_current_stream_capturing()
 
 
 def check_expert_ids(topk_ids: torch.Tensor, num_experts: int) -> None:

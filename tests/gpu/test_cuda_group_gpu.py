@@ -74,6 +74,9 @@ def _rank(rank: int, world: int, port: int, seed: int, results: str) -> None:
         want = _layer(rank, world, "cpu", "host", seed)
         torch.save({"got": got, "want": want}, os.path.join(results, f"rank{rank}.pt"))
     finally:
+        import mok
+
+        mok.clear_workspaces()  # every rank together, before the group goes (docs/gpu.md: closing a workspace)
         dist.destroy_process_group()
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from buildutil import ROOT, cccl_include_dir
 
 
@@ -88,3 +89,21 @@ def test_host_only_build_takes_cccl_from_the_wheel(tmp_path):
                         env_extra={**no_toolkit, "PYTHONPATH": str(tmp_path / "empty")}, ignore_extra=(toolkit,))
     out = missing.stdout + missing.stderr
     assert missing.returncode != 0 and "nvidia-cuda-cccl==13.0.85" in out and "MOK_CCCL_INCLUDE_DIR" in out, out
+
+
+def test_a_named_cutlass_dir_without_cutlass_fails_naming_it(tmp_path):
+    """A package build names CUTLASS's headers (recipe/build_libmok.sh, nix/libmok.nix): a wrong directory must stop
+    the configure, not leave libmok quietly without its grouped GEMMs (and so without the cuda executor)."""
+    nvcc = os.environ.get("CUDACXX") or shutil.which("nvcc")
+    if not nvcc:
+        pytest.skip("no nvcc (CUDACXX or PATH): the check runs in a CUDA configure")
+    empty = tmp_path / "no-cutlass"
+    empty.mkdir()
+    proc = subprocess.run(["cmake", "-S", str(ROOT), "-B", str(tmp_path / "b"), "-G", "Ninja", "-DMOK_ENABLE_CUDA=ON",
+                           f"-DCMAKE_CUDA_COMPILER={nvcc}", "-DMOK_CUDA_ARCHITECTURES=100a",
+                           f"-DMOK_CCCL_INCLUDE_DIR={cccl_include_dir()}", f"-DMOK_CUTLASS_INCLUDE_DIR={empty}"],
+                          capture_output=True, text=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    words = " ".join(out.split())  # CMake wraps its message's lines
+    assert f"MOK_CUTLASS_INCLUDE_DIR ({empty}) holds no CUTLASS 4.2 headers" in words, out

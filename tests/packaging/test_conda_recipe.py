@@ -96,8 +96,9 @@ def test_mok_links_the_installed_libmok():
 
 
 def test_cutlass_headers_come_from_the_pinned_wheel(tmp_path):
-    """The recipe's second source is nvidia-cutlass's wheel, kept whole: the same file pip fetches for the pin (its
-    sha256), which build_libmok.sh unpacks (cmake -E tar) into the header tree it names to CMake."""
+    """The recipe's second source is nvidia-cutlass's wheel, kept whole: what its URL serves (`nox -s conda` fetches
+    it) has the recipe's sha256 and name, the version the tests' CUTLASS pin in noxfile.py names, and unpacks (cmake
+    -E tar, as build_libmok.sh does) into the header tree the script names to CMake."""
     recipe = rb.Stage0Recipe.from_file(RECIPE_DIR / "recipe.yaml").to_dict()
     (cutlass,) = [s for s in recipe["source"] if "url" in s]
     name = cutlass["file_name"]
@@ -108,8 +109,10 @@ def test_cutlass_headers_come_from_the_pinned_wheel(tmp_path):
     assert '-DMOK_CUTLASS_INCLUDE_DIR="$MOK_CUTLASS_INCLUDE_DIR"' in script
     wheel = os.environ.get("MOK_CUTLASS_WHEEL")
     if not wheel:
-        pytest.skip("MOK_CUTLASS_WHEEL unset: `nox -s conda` downloads the pinned wheel and names it")
+        pytest.skip("MOK_CUTLASS_WHEEL unset: `nox -s conda` downloads the recipe's wheel and names it")
     assert Path(wheel).name == name
+    pin = re.search(r'CUTLASS = "nvidia-cutlass==([0-9.]+)"', (RECIPE_DIR.parent / "noxfile.py").read_text()).group(1)
+    assert name == f"nvidia_cutlass-{pin}-py3-none-any.whl"
     assert hashlib.sha256(Path(wheel).read_bytes()).hexdigest() == cutlass["sha256"]
     subprocess.run(["cmake", "-E", "tar", "xf", wheel], cwd=tmp_path, check=True)
     include = tmp_path / "cutlass_library" / "source" / "include"

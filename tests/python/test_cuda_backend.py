@@ -4,11 +4,13 @@ the symmetric-memory addresses, and that it reports itself unusable here with li
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
 import torch
 from backends import needs_host
+from dist_utils import run_group
 from test_expert_bias import biased_inputs
 from test_layer import I_SHARED, INTER, H, make_inputs
 
@@ -156,7 +158,7 @@ def test_without_a_gpu_cuda_is_not_chosen_and_says_why():
 def test_value_checks_stand_aside_only_while_a_cuda_graph_is_captured(monkeypatch):
     """The ids' range and the MXFP8 padding scales are read on the host, except on a CUDA device whose current stream
     is being captured (a read would synchronise, which capture forbids)."""
-    cuda_tensor = SimpleNamespace(is_cuda=True)
+    cuda_tensor = SimpleNamespace(is_cuda=True, device=-1)  # -1: torch.cuda.device leaves the current one
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     assert validate.reads_values(cuda_tensor)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
@@ -167,12 +169,14 @@ def test_value_checks_stand_aside_only_while_a_cuda_graph_is_captured(monkeypatc
 
 
 def test_a_group_exchanges_on_the_cpu_unless_it_has_only_nccl(monkeypatch):
-    """ep.gather_objects (the agreement's exchange) runs where the group's backend can: an NCCL-only group takes CUDA
-    tensors, the GPU of this process; a gloo group, or one with a CPU backend beside NCCL, the CPU."""
+    """ep.gather_objects (the agreement's exchange) runs where the group's backend can: an NCCL-only group ("nccl",
+    "cuda:nccl") takes CUDA tensors, the GPU of this process; a gloo group, or one with a CPU backend beside NCCL, the
+    CPU."""
     from mok import ep
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
-    for backend, device in (("gloo", "cpu"), ("cpu:gloo,cuda:nccl", "cpu"), ("nccl", "cuda:3")):
+    cases = (("gloo", "cpu"), ("cpu:gloo,cuda:nccl", "cpu"), ("nccl", "cuda:3"), ("cuda:nccl", "cuda:3"))
+    for backend, device in cases:
         monkeypatch.setattr(ep.dist, "get_backend", lambda group, name=backend: name)
         assert ep.exchange_device(None) == torch.device(device)
 
@@ -194,3 +198,76 @@ def test_a_rank_whose_arguments_failed_guesses_what_its_peers_pick(picky):
     assert executor.name == "host" and shape.biases and shape.routing_scale == "input"
     peers = validate.check_layer_args(x, ids, weights, biased, shared, None, 1, routing_scale="input")
     assert shape == peers._replace(expert_padding=config.expert_padding)
+
+
+class FakeLayer:
+    """A libmok layer as _libmok_executor sees it: its error record and close()."""
+
+    def __init__(self, status: int):
+        self.status, self.closed = status, False
+
+    def error(self):
+        return {"status": self.status, "rank": 1, "task": "combine", "task_index": 0, "wait": "", "pass": 3,
+                "detail": "rank 0 stopped", "abort_rank": -1}
+
+    def close(self):
+        self.closed = True
+
+
+def _state(layer):
+    from mok._libmok_executor import _Layers
+
+    state = _Layers(None, None)
+    state.layers[(None, os.getpid())] = layer
+    return state
+
+
+def test_a_failure_in_the_record_is_raised_at_the_next_agreement_and_closes_the_layers():
+    """The cuda executor's calls agree first; a failure one rank's record holds (seen a call before its peers see
+    it) is raised at the next call's agreement on every rank, and every rank closes its layers there, together."""
+    from mok._libmok_executor import _guard
+    from mok.cuda import CudaExecutor
+
+    failed = FakeLayer(5)
+    state = _state(failed)
+    with pytest.raises(RuntimeError, match="the pass"):  # the failing call raises, its layers stay
+        with _guard(state, failed, "cuda", resync=False):
+            raise RuntimeError("the pass")
+    assert not failed.closed and state.layers
+    workspace = SimpleNamespace(buffers=state)
+    with pytest.raises(RuntimeError, match=r"an earlier pass of the cuda executor's group failed \(rank 1, "
+                                           r"combine\): rank 0 stopped"):
+        functional._agree_call(CudaExecutor(), workspace, mok.LOCAL, 1, 1.0, None, {}, 0)
+    assert failed.closed and not state.layers
+    healthy = FakeLayer(0)
+    workspace = SimpleNamespace(buffers=_state(healthy))
+    assert functional._agree_call(CudaExecutor(), workspace, mok.LOCAL, 1, 1.0, None, {}, 7)[0] == [7]
+    assert not healthy.closed and workspace.buffers.layers
+
+
+def _steps(rank, world):
+    import torch.distributed as dist
+
+    from mok.cuda import _Steps
+
+    step, closed = _Steps(dist.group.WORLD, world, 30.0), []
+    assert step.run("agree", lambda: rank) == rank
+
+    def fails_on_rank_1():
+        if rank == 1:
+            raise ValueError("boom")
+        return "made"
+
+    try:
+        step.run("make a thing", fails_on_rank_1, close=closed.append)
+    except Exception as error:  # noqa: BLE001 - what each rank raised is the result
+        return type(error).__name__, str(error), closed
+    return None
+
+
+def test_a_step_that_fails_on_one_rank_is_raised_on_every_rank_naming_it():
+    """Making a cuda layer takes steps each rank takes alone (buffers, addresses, the layer): one failing on one rank
+    is raised on all, the others undoing theirs, instead of leaving them in the next collective."""
+    rank0, rank1 = run_group(2, _steps)
+    assert rank0 == ("RuntimeError", "mok: rank 1 could not make a thing: ValueError: boom", ["made"])
+    assert rank1 == ("ValueError", "boom", [])
