@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import math
 import uuid
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -185,39 +186,57 @@ def backends() -> list[str]:
     return [name for name, _ in sorted(_BACKENDS.items(), key=lambda kv: -kv[1][0])]
 
 
-def select_backend(backend: str | None, device: torch.device, shape=None, backward: bool = False,
-                   fallback: bool = True) -> Executor:
+def select_backend(backend: str | None, device: torch.device, shape=None, backward: bool = False) -> Executor:
     """The executor for `backend` (None: the best one that supports `device` and, when `shape` (a
     validate.LayerShape) is given, runs that layer: an executor's optional refusal(shape, backward, device) says why
-    not).
-    backward: the call keeps or recomputes a context for a backward. fallback=False: backend None means the best one
-    for `device` alone (the one build_schedule chose), and its refusal is raised like a named backend's."""
+    not). backward: the call keeps or recomputes a context for a backward."""
     if backend is None:
         for name in backends():
             executor = _BACKENDS[name][1]
-            if executor.supports(device) and (not fallback or _refusal(executor, shape, backward, device) is None):
-                break
-        else:
-            raise RuntimeError(f"no registered backend supports device {device} (registered: {backends()})")
-    elif not isinstance(backend, str) or backend not in _BACKENDS:
+            if executor.supports(device) and _refusal(executor, shape, backward, device) is None:
+                return executor
+        raise RuntimeError(f"no registered backend supports device {device} (registered: {backends()})")
+    if not isinstance(backend, str) or backend not in _BACKENDS:
         raise ValueError(f"backend must be None or one of {backends()}, got {backend!r}")
-    else:
-        executor = _BACKENDS[backend][1]
-        if not executor.supports(device):
-            raise ValueError(f"backend {backend!r} does not support device {device}")
+    executor = _BACKENDS[backend][1]
+    if not executor.supports(device):
+        raise ValueError(f"backend {backend!r} does not support device {device}")
     reason = _refusal(executor, shape, backward, device)
     if reason is not None:
         raise ValueError(f"backend {executor.name!r} cannot run this layer: {reason}; backend='reference' runs it")
     return executor
 
 
-def _call_executor(backend, device, shape, backward: bool, schedule, workspace) -> Executor:
-    """A layer call's executor: `backend`'s; with backend None, the workspace's when one is given, the one chosen
-    by device alone when a schedule is (the one build_schedule chose: a schedule is its executor's object), and
-    otherwise the best that runs the layer. Each refuses the layer with its reason."""
+def _call_executor(backend, device, shape, backward: bool, workspace) -> Executor:
+    """A layer call's executor: `backend`'s; with backend None, the workspace's when one is given, otherwise the
+    best that runs the layer. Each refuses the layer with its reason."""
     if backend is None and isinstance(workspace, Workspace):
         backend = workspace.key.backend
-    return select_backend(backend, device, shape, backward, fallback=schedule is None)
+    return select_backend(backend, device, shape, backward)
+
+
+# Which executor built each schedule build_schedule returned (by id, dropped with the schedule): a call whose
+# executor is another one rebuilds a schedule that only holds its ids, and refuses one that holds a plan.
+_SCHEDULE_OWNERS: dict[int, str] = {}
+
+
+def _owned(schedule, executor):
+    _SCHEDULE_OWNERS[id(schedule)] = executor.name
+    weakref.finalize(schedule, _SCHEDULE_OWNERS.pop, id(schedule), None)
+    return schedule
+
+
+def _schedule_for(executor, schedule):
+    """`schedule` for this call's executor: itself when that executor built it (or nobody knows), None (built again
+    by the call, from its ids) when another built a schedule of its ids alone (libmok's executors build theirs inside
+    the pass), else a ValueError naming both."""
+    owner = _SCHEDULE_OWNERS.get(id(schedule)) if schedule is not None else None
+    if owner is None or owner == executor.name:
+        return schedule
+    if getattr(schedule, "topk_ids", None) is not None:
+        return None
+    raise ValueError(f"schedule was built by backend {owner!r}, but this call runs on {executor.name!r} (it cannot "
+                     f"run this layer on {owner!r}, or was told to): build the schedule with backend={executor.name!r}")
 
 
 def _refusal(executor, shape, backward: bool, device: torch.device) -> str | None:
@@ -525,7 +544,7 @@ def build_schedule(topk_ids: torch.Tensor, num_local_experts: int, *, group=None
         _agree(group, world, timeout, error, {}, 0)
     elif error is not None:
         raise error  # a host schedule is local: libmok's forward is the collective step
-    return executor.build_schedule(topk_ids, num_local_experts, group, workspace)
+    return _owned(executor.build_schedule(topk_ids, num_local_experts, group, workspace), executor)
 
 
 def forward(x, topk_ids, topk_weights, routed, shared=None, *, group=None, config: MoKConfig | None = None,
@@ -659,9 +678,10 @@ def _prepare(name, x, topk_ids, topk_weights, routed, shared, group, config, wor
         padding = (workspace.config if isinstance(workspace, Workspace) else config).expert_padding
         shape = shape._replace(expert_padding=padding)  # part of the layout every rank must agree on
         validate.check_mxfp8_padding(shape.mxfp8, padding)
-        executor = _call_executor(backend, x.device, shape, backward, schedule, workspace)
+        executor = _call_executor(backend, x.device, shape, backward, workspace)
         _check_workspace(workspace, shape, executor, x, group)
         _check_schedule(schedule, x, shape)
+        schedule = _schedule_for(executor, schedule)
         _check_rows(world, tokens, shape, padding)
     except (TypeError, ValueError) as e:
         error = e
@@ -671,7 +691,7 @@ def _prepare(name, x, topk_ids, topk_weights, routed, shared, group, config, wor
         # A rank with a bad value (an id out of range) still has to stop its peers' pass on the workspace they
         # are in: the one these shapes name.
         shape, executor = _guess(x, topk_ids, routed, shared, swiglu_limit, workspace, config, backend, activation,
-                                 alpha, routing_scale, backward, schedule)
+                                 alpha, routing_scale, backward)
     if resync is not None and resync.error is not None:
         error = error or resync.error
     if executor is None or _per_call(executor) or world == 1:
@@ -726,7 +746,7 @@ def _steady_workspace(name, group, world, timeout, error, x, shape, config, exec
 
 
 def _guess(x, topk_ids, routed, shared, swiglu_limit, workspace, config, backend, activation, alpha, routing_scale,
-           backward, schedule):
+           backward):
     """(shape, executor) of a call whose checks failed, as far as its arguments tell (the executor its peers'
     select_backend picks); (None, None) if they don't."""
     try:
@@ -737,7 +757,7 @@ def _guess(x, topk_ids, routed, shared, swiglu_limit, workspace, config, backend
                                     isinstance(routed, RoutedExpertsMXFP8), validate.check_swiglu_limit(swiglu_limit),
                                     padding, *validate.check_activation(activation, alpha),
                                     validate.check_routing_scale(routing_scale), bool(master.biases()))
-        return shape, _call_executor(backend, x.device, shape, backward, schedule, workspace)
+        return shape, _call_executor(backend, x.device, shape, backward, workspace)
     except Exception:  # noqa: BLE001 - a guess: the call's own error is what gets raised
         return None, None
 

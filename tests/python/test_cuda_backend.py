@@ -62,7 +62,7 @@ def test_select_backend_skips_an_executor_that_refuses_the_layer(picky):
                                          "runs it"):
         functional.select_backend("picky", cpu, shape(biases=True))
     with pytest.raises(ValueError, match="backend 'picky' cannot run this layer: no backward here"):
-        functional.select_backend(None, cpu, shape(), backward=True, fallback=False)
+        functional.select_backend("picky", cpu, shape(), backward=True)
 
 
 def test_a_call_runs_on_the_first_executor_that_runs_its_layer(picky):
@@ -81,13 +81,11 @@ def test_a_call_runs_on_the_first_executor_that_runs_its_layer(picky):
         functional.forward(x, ids, weights, biased, shared, need_context=False, backend="picky")
 
 
-def test_a_schedule_or_a_workspace_keeps_the_executor_that_made_it(picky):
-    """A schedule and a workspace are their executor's objects: a call given one runs there or raises that
-    executor's reason (not a mismatch of objects)."""
+def test_a_workspace_keeps_its_executor_and_a_schedule_of_ids_follows_the_call(picky):
+    """A workspace is its executor's object: a call given one runs there or raises that executor's reason. A schedule
+    that holds only its ids (libmok's executors build theirs inside the pass) is built again for the executor the
+    call takes; one that holds a plan (the reference executor's) is refused naming both."""
     x, ids, weights, biased, shared, _ = biased_inputs(16, 4, 2)
-    schedule = functional.build_schedule(ids, 4)  # by device: picky
-    with pytest.raises(ValueError, match="backend 'picky' cannot run this layer: no biases here"):
-        functional.forward(x, ids, weights, biased, shared, schedule=schedule, need_context=False)
     workspace = functional.create_workspace(max_tokens=16, hidden=H, topk=2, num_local_experts=4, intermediate=INTER,
                                             shared_intermediate=I_SHARED)  # by device: picky
     assert workspace.key.backend == "picky"
@@ -96,6 +94,13 @@ def test_a_schedule_or_a_workspace_keeps_the_executor_that_made_it(picky):
     x, ids, weights, routed, shared, _ = make_inputs(16, 4, 2)
     functional.forward(x, ids, weights, routed, shared, workspace=workspace, need_context=False)
     assert picky.forwards == 1
+    ids_only = functional.build_schedule(ids, 4, backend="host")
+    out, _ = functional.forward(x, ids, weights, routed, shared, schedule=ids_only, need_context=False)
+    assert picky.forwards == 2  # picky runs it, from the same ids
+    assert torch.equal(out, functional.forward(x, ids, weights, routed, shared, need_context=False, backend="host")[0])
+    plan = functional.build_schedule(ids, 4)  # by device: picky, a reference executor (a plan)
+    with pytest.raises(ValueError, match="schedule was built by backend 'picky', but this call runs on 'host'"):
+        functional.forward(x, ids, weights, routed, shared, schedule=plan, need_context=True)
 
 
 def test_the_shape_says_whether_the_routed_experts_carry_biases():
@@ -189,7 +194,7 @@ def test_a_rank_whose_arguments_failed_guesses_what_its_peers_pick(picky):
 
     def guess(routed, backward, routing_scale="output"):
         return functional._guess(x, ids, routed, shared, None, None, config, None, "swiglu", None, routing_scale,
-                                 backward, None)
+                                 backward)
 
     routed = make_inputs(16, 4, 2)[3]
     assert guess(routed, False)[1] is picky
