@@ -490,6 +490,14 @@ def _agree_call(executor, workspace, group, world: int, timeout_s: float, error:
         raise
 
 
+def _held_workspace(workspace, group, x, shape, config, executor) -> Workspace | None:
+    """The workspace a call on `x` would run in, as far as it exists yet: the given one, or the cached implicit
+    one (None for arguments that name none)."""
+    if workspace is not None or executor is None or not isinstance(x, torch.Tensor):
+        return workspace if isinstance(workspace, Workspace) else None
+    return _WORKSPACES.get(_implicit_key(group, x.device, shape, config, executor))
+
+
 def _call_record(call: str, shape, executor, config, device) -> dict:
     return {"call": call, **shape._asdict(), "backend": executor.name, "config": config, "device": device.type}
 
@@ -696,9 +704,8 @@ def _prepare(name, x, topk_ids, topk_weights, routed, shared, group, config, wor
         error = error or resync.error
     if executor is None or _per_call(executor) or world == 1:
         record = {} if error is not None else _call_record(name, shape, executor, config, x.device)
-        current = workspace if workspace is not None else \
-            _WORKSPACES.get(_implicit_key(group, x.device, shape, config, executor)) if executor is not None else None
-        counts, nonce = _agree_call(executor, current, group, world, timeout, error, record, tokens)
+        held = _held_workspace(workspace, group, x, shape, config, executor)
+        counts, nonce = _agree_call(executor, held, group, world, timeout, error, record, tokens)
         _check_rows(world, max(counts), shape, shape.expert_padding)
         if workspace is not None and max(counts) > workspace.key.max_tokens:
             raise ValueError(f"workspace was made for max_tokens={workspace.key.max_tokens}, but a rank has "

@@ -236,7 +236,7 @@ def check_main_grads(main_grads, routed, shared) -> None:
     be written past its end."""
     if main_grads is None:
         return
-    master = routed.master if isinstance(routed, RoutedExpertsMXFP8) else routed
+    master = _master(routed)
     weights = {"gate": master.gate, "up": master.up, "down": master.down}
     for part in ("gate", "up", "down", "router"):
         weights[f"shared_{part}"] = None if shared is None else getattr(shared, part)
@@ -325,7 +325,7 @@ def _check_routed(routed, hidden: int, device) -> None:
         raise TypeError(f"routed must be a RoutedExperts or RoutedExpertsMXFP8, got {type(routed).__name__}")
     if routed.hidden_size != hidden:
         raise ValueError(f"routed experts' hidden size must equal x.shape[1] ({hidden}), got {routed.hidden_size}")
-    master = routed.master if isinstance(routed, RoutedExpertsMXFP8) else routed
+    master = _master(routed)
     _check_weights(master, "routed", device)
     if isinstance(routed, RoutedExpertsMXFP8):
         _check_mxfp8_forms(routed, device)

@@ -276,3 +276,13 @@ def test_a_step_that_fails_on_one_rank_is_raised_on_every_rank_naming_it():
     rank0, rank1 = run_group(2, _steps)
     assert rank0 == ("RuntimeError", "mok: rank 1 could not make a thing: ValueError: boom", ["made"])
     assert rank1 == ("ValueError", "boom", [])
+
+
+def test_a_workspace_of_the_wrong_type_is_named_with_a_per_call_executor_too(picky, monkeypatch):
+    """The agreement of an executor that reports failures (failure(workspace)) closes only a real workspace: a wrong
+    `workspace` argument is the TypeError that names it."""
+    monkeypatch.setattr(Picky, "failure", lambda self, workspace: None, raising=False)
+    monkeypatch.setattr(Picky, "close_workspace", lambda self, workspace: workspace.buffers.close(), raising=False)
+    x, ids, weights, routed, shared, _ = make_inputs(16, 4, 2)
+    with pytest.raises(TypeError, match="workspace must be a Workspace from create_workspace/get_workspace, got str"):
+        functional.forward(x, ids, weights, routed, shared, workspace="mine", need_context=False)
