@@ -42,7 +42,7 @@ def conda(session: nox.Session) -> None:
     # The CUTLASS wheel the real recipe names, fetched from its URL (the one download of this session), for
     # test_conda_recipe to hold the recipe's sha256 and file name to.
     url = re.search(r"- url: (\S+)", (ROOT / "recipe" / "recipe.yaml").read_text()).group(1)
-    wheels = Path(session.create_tmp()) / "cutlass"
+    wheels = Path(session.create_tmp()).resolve() / "cutlass"  # absolute: the test unpacks it elsewhere
     session.run("python", "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(wheels), url)
     (wheel,) = wheels.glob("nvidia_cutlass-*.whl")
     session.env["MOK_CUTLASS_WHEEL"] = str(wheel)

@@ -107,14 +107,14 @@ def test_cutlass_headers_come_from_the_pinned_wheel(tmp_path):
     script = (RECIPE_DIR / "build_libmok.sh").read_text()
     assert f'CUTLASS_WHEEL="$SRC_DIR/cutlass/{name}"' in script
     assert '-DMOK_CUTLASS_INCLUDE_DIR="$MOK_CUTLASS_INCLUDE_DIR"' in script
-    wheel = os.environ.get("MOK_CUTLASS_WHEEL")
-    if not wheel:
+    if not os.environ.get("MOK_CUTLASS_WHEEL"):
         pytest.skip("MOK_CUTLASS_WHEEL unset: `nox -s conda` downloads the recipe's wheel and names it")
+    wheel = Path(os.environ["MOK_CUTLASS_WHEEL"]).resolve()  # unpacked from another directory below
     assert Path(wheel).name == name
     pin = re.search(r'CUTLASS = "nvidia-cutlass==([0-9.]+)"', (RECIPE_DIR.parent / "noxfile.py").read_text()).group(1)
     assert name == f"nvidia_cutlass-{pin}-py3-none-any.whl"
     assert hashlib.sha256(Path(wheel).read_bytes()).hexdigest() == cutlass["sha256"]
-    subprocess.run(["cmake", "-E", "tar", "xf", wheel], cwd=tmp_path, check=True)
+    subprocess.run(["cmake", "-E", "tar", "xf", str(wheel)], cwd=tmp_path, check=True)
     include = tmp_path / "cutlass_library" / "source" / "include"
     assert (include / "cutlass" / "gemm" / "collective" / "collective_builder.hpp").is_file()
     assert f'MOK_CUTLASS_INCLUDE_DIR="$PWD/cutlass-wheel/{include.relative_to(tmp_path)}"' in script
