@@ -94,6 +94,13 @@ class _Context:
 _tokens = itertools.count()
 
 
+def aligned(nbytes: int, device: torch.device, alignment: int) -> tuple[torch.Tensor, int]:
+    """A buffer of at least `nbytes` on `device` and the address in it where its `alignment`-aligned part starts
+    (libmok's alignment for the memory it is given)."""
+    memory = torch.empty(nbytes + alignment, dtype=torch.uint8, device=device)
+    return memory, memory.data_ptr() + (-memory.data_ptr() % alignment)
+
+
 def _ring_rows(key, config, world: int) -> tuple[int, int]:
     """(minibatch, macrobatch): the config's, but the ring never larger than the most rows a rank can receive."""
     minibatch = config.minibatch_size

@@ -22,16 +22,10 @@ from __future__ import annotations
 import torch
 
 from mok import _lib, _mok, ep, functional
-from mok._libmok_executor import LibmokExecutor, _Layers, python_names
+from mok._libmok_executor import LibmokExecutor, _Layers, aligned, python_names
 
 _CUDA = 3  # mokExecutorCuda
 _ALIGN = 256  # libmok's device buffers: 256-byte aligned, as cudaMalloc gives them
-
-
-def _aligned(nbytes: int, device: torch.device) -> tuple[torch.Tensor, int]:
-    """A device buffer of at least `nbytes` and the address in it that starts the aligned part."""
-    memory = torch.empty(nbytes + _ALIGN, dtype=torch.uint8, device=device)
-    return memory, memory.data_ptr() + (-memory.data_ptr() % _ALIGN)
 
 
 def symmetric_bases(allocations: list[int], own: int, rank: int) -> list[int]:
@@ -117,8 +111,8 @@ class CudaExecutor(LibmokExecutor):
             return "libmok's cuda executor adds no expert bias yet (its grouped GEMMs take none)"
         if shape.mxfp8 and backward:
             return "libmok's cuda executor runs no MXFP8 backward yet (only the forward: need_context=False)"
-        if shape.mxfp8 and torch.cuda.is_available() and torch.cuda.get_device_capability(index)[0] != 10:
-            major, minor = torch.cuda.get_device_capability(index)
+        major, minor = torch.cuda.get_device_capability(index) if torch.cuda.is_available() else (10, 0)
+        if shape.mxfp8 and major != 10:
             return (f"libmok's cuda executor runs MXFP8 on compute capability 10.x only (a block-scaled MMA); cuda:"
                     f"{index} is {major}.{minor}")
         padding = shape.expert_padding  # a ring of one tile: libmok's minibatch rules hold for any padding
@@ -153,7 +147,7 @@ class CudaExecutor(LibmokExecutor):
             if world == 1:
                 bases, keep = [own[0]], ()
             else:
-                from torch.distributed import _symmetric_memory as symmetric
+                from torch.distributed import _symmetric_memory as symmetric  # only for a group: not at import
 
                 handle = symmetric.rendezvous(memory[1], group)  # collective: every rank has its buffer
                 keep = (handle,)
@@ -166,9 +160,9 @@ class CudaExecutor(LibmokExecutor):
     def _buffers(peer_bytes: int, workspace_bytes: int, world: int, device: torch.device):
         """(the workspace and peer tensors, (peer address, workspace address)): the peer buffer from symmetric
         memory in a group, a plain device buffer alone."""
-        workspace, workspace_at = _aligned(workspace_bytes, device)
+        workspace, workspace_at = aligned(workspace_bytes, device, _ALIGN)
         if world == 1:
-            peer, peer_at = _aligned(peer_bytes, device)
+            peer, peer_at = aligned(peer_bytes, device, _ALIGN)
             return (workspace, peer), (peer_at, workspace_at)
         from torch.distributed import _symmetric_memory as symmetric
 

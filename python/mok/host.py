@@ -14,7 +14,7 @@ import struct
 import torch
 
 from mok import _mok, functional, validate
-from mok._libmok_executor import LibmokExecutor, _Layers
+from mok._libmok_executor import LibmokExecutor, _Layers, aligned
 
 
 def _workers(config, world: int) -> dict:
@@ -78,9 +78,8 @@ class HostExecutor(LibmokExecutor):
     def _memory(self, workspace, state, cfg, group, device, name_parts):
         """The layer over POSIX shared memory libmok maps under an agreed name, and its workspace in this process."""
         _, workspace_bytes = _mok.layer_sizes(cfg)
-        memory = torch.empty(workspace_bytes + 64, dtype=torch.uint8)
-        offset = -memory.data_ptr() % 64  # libmok wants 64-byte alignment
-        layer = _mok.Layer(cfg, _shm_name(workspace, state, *name_parts), memory.data_ptr() + offset, workspace_bytes)
+        memory, address = aligned(workspace_bytes, torch.device("cpu"), 64)  # libmok wants 64-byte alignment
+        layer = _mok.Layer(cfg, _shm_name(workspace, state, *name_parts), address, workspace_bytes)
         return layer, memory
 
     def _stream(self, device: torch.device) -> int:
