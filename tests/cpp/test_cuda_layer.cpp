@@ -3,7 +3,8 @@
 // (shared memory, no GPU).
 // On a GPU (skipped here, saying so): the self-test's stages over the layer (a group of three ranks on one GPU and
 // one rank on every GPU against the host executor, the same bits across runs), host memory and expert biases
-// refused by name, and an MXFP8 layer's backward (or, off 10.x, the layer) refused by name.
+// refused by name, and an MXFP8 layer created on 10.x and 9.0 alike, its backward refusing host colwise weights by
+// name.
 #include <cuda_runtime_api.h>
 
 #include <cstring>
@@ -106,8 +107,8 @@ TEST(layers_it_does_not_run_are_refused_by_field_when_sized) {
   }
 }
 
-// An MXFP8 layer of 128-row tiles and whole 32-code blocks is one it runs (its forward; docs/gpu.md), sized with its
-// own buffers after core's MXFP8 layout: the staging where dispatch and SwiGLU quantise among them.
+// An MXFP8 layer of 128-row tiles and whole 32-code blocks is one it runs (docs/gpu.md), sized with its own buffers
+// after core's MXFP8 layout: the staging where dispatch and SwiGLU quantise, and the dequantised operands' scratch.
 TEST(an_mxfp8_layer_of_128_row_tiles_is_sized) {
   mokLayerConfig_t mx = cuda_config(), host = mx;
   mx.precision = mokPrecisionMXFP8, mx.hidden = 64, mx.intermediate = 32;
@@ -119,6 +120,12 @@ TEST(an_mxfp8_layer_of_128_row_tiles_is_sized) {
   CHECK(mokLayerGetSizes(&host, &on_host) == mokSuccess);
   mok::core::SplitLayout own = mok::core::split_layout(shape_of(mx), 64);
   CHECK(own.staging_values > 0);
+  mok::core::LayerShape s = shape_of(mx);
+  size_t a = mok::core::dequantised_a_values(s), b = mok::core::dequantised_b_values(s);
+  size_t weights = static_cast<size_t>(mx.experts_per_rank) * 64 * 32;  // B's largest: the experts' weights or a ring
+  CHECK_MSG(a == 256u * 64 && b == (weights > a ? weights : a) && own.dequantised_b >= own.dequantised_a + 2 * a &&
+                own.bytes >= own.dequantised_b + 2 * b,
+            "dequantised scratch of %zu and %zu values at %zu and %zu", a, b, own.dequantised_a, own.dequantised_b);
   CHECK_MSG(on_cuda.peer_bytes == on_host.peer_bytes && on_cuda.workspace_bytes >= on_host.workspace_bytes + own.bytes,
             "cuda %zu / %zu, host %zu / %zu, own %zu", on_cuda.workspace_bytes, on_cuda.peer_bytes,
             on_host.workspace_bytes, on_host.peer_bytes, own.bytes);
@@ -253,41 +260,37 @@ TEST(host_tensors_and_biases_are_refused_on_the_gpu) {
   mokLayerDestroy(layer);
 }
 
-// An MXFP8 layer: created on compute capability 10.x, where its backward is refused by name before anything is
-// enqueued (the split executor runs MXFP8's forward and recompute only); refused at creation elsewhere (sm_90a has no
-// block-scaled MMA).
-TEST(an_mxfp8_layer_is_created_on_10x_and_refuses_its_backward) {
-  if (!have_gpu("an_mxfp8_layer_is_created_on_10x_and_refuses_its_backward")) return;
+// An MXFP8 layer: created on compute capability 10.x and 9.0 alike (the forward's GEMMs block-scaled on 10.x, every
+// other over dequantised operands); a backward whose colwise weights are host memory is refused by name before
+// anything is enqueued.
+TEST(an_mxfp8_layer_is_created_and_refuses_host_colwise_weights) {
+  if (!have_gpu("an_mxfp8_layer_is_created_and_refuses_host_colwise_weights")) return;
   mokLayerConfig_t c = cuda_config();
   c.shared_intermediate = 0;
   c.precision = mokPrecisionMXFP8, c.hidden = 32, c.intermediate = 32;
   c.expert_padding = 128, c.minibatch = 128, c.macrobatch = 256;
   LayerMemory m(c);
-  int major = 0;
-  CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess);
   mokLayer_t layer = nullptr;
-  if (major != 10) {
-    expect(mokLayerCreate(&c, &m.memory, &layer), mokUnsupported, "config.precision", "MXFP8 off 10.x");
-    CHECK(layer == nullptr);
-    return;
-  }
   CHECK_MSG(mokLayerCreate(&c, &m.memory, &layer) == mokSuccess, "create: %s", mokGetLastError());
+  if (!layer) return;
   // Arguments the C ABI's checks pass (their bytes are never read): a schedule, every weight and gradient.
   size_t th = static_cast<size_t>(c.max_tokens) * c.hidden, eih = static_cast<size_t>(c.experts_per_rank) * 32 * 32;
   size_t routes = static_cast<size_t>(c.max_tokens) * c.top_k;
   DeviceBlock dout(th * 2), dx(th * 2), tw(routes * 4), dw(routes * 4), w(eih * 4);
+  std::vector<uint8_t> host(eih * 4);
   build_schedule(layer, c);
   const auto* bytes = static_cast<const uint8_t*>(w.p);
   mokLayerWeights_t weights = MOK_LAYER_WEIGHTS_INIT;
-  for (mokMxfp8Matrix_t* matrix : {&weights.gate_rowwise, &weights.gate_colwise, &weights.up_rowwise,
-                                   &weights.up_colwise, &weights.down_rowwise, &weights.down_colwise})
+  for (mokMxfp8Matrix_t* matrix :
+       {&weights.gate_rowwise, &weights.up_rowwise, &weights.down_rowwise, &weights.up_colwise, &weights.down_colwise})
     *matrix = mokMxfp8Matrix_t{bytes, bytes};
+  weights.gate_colwise = mokMxfp8Matrix_t{host.data(), bytes};
   mokLayerGrads_t grads = MOK_LAYER_GRADS_INIT;
   grads.dx = dx.p;
   grads.dtopk_weights = static_cast<float*>(dw.p);
   grads.dgate = grads.dup = grads.ddown = w.p;
-  expect(mokLayerBackward(layer, &weights, static_cast<float*>(tw.p), dout.p, &grads, nullptr), mokUnsupported,
-         "config.precision", "an MXFP8 backward");
+  expect(mokLayerBackward(layer, &weights, static_cast<float*>(tw.p), dout.p, &grads, nullptr), mokInvalidArgument,
+         "weights.gate_colwise.data", "a host colwise weight");
   CHECK(cudaDeviceSynchronize() == cudaSuccess);
   mokLayerDestroy(layer);
 }

@@ -97,7 +97,9 @@ struct HostSteps {
   int rank;
   ThreadBarrier& barrier_;
   SplitOutputs& o;
-  bool reverse;  // each GEMM's sum in reverse order: another order, as a GPU's tensor cores have their own
+  bool reverse;       // each GEMM's sum in reverse order: another order, as a GPU's tensor cores have their own
+  bool block_scaled;  // MXFP8: the forward's GEMMs block-scaled (SM100), else dequantised as on sm_90a
+  core::SplitDequantised dequantised;
   core::SplitShared shared;
   core::SplitGradients bf16_grads;
   std::vector<core::bf16_t> staging;
@@ -132,6 +134,20 @@ struct HostSteps {
   bool gradients(bool write) {
     core::GradientParts parts = core::split_gradient_parts(v.s, v.w.shared_router != nullptr, targets, bf16_grads);
     for (int64_t i = 0; i < core::gradient_items(parts); ++i) core::gradient_item(parts, i, write);
+    return true;
+  }
+  // The device's two kernels: the window's ring rows (every column), then the weights element by element.
+  bool dequantise(GroupedGemm kind, core::RowWindow w) {
+    CHECK_MSG(core::split_dequantises(v.s, kind, block_scaled),
+              "a dequantise step before GEMM kind %d, which reads "
+              "its operands as they are",
+              static_cast<int>(kind));
+    for (int64_t row = w.row0; row < w.row0 + w.rows; ++row) {
+      core::dequantise_ring_row(v, kind, false, row, 0, 1, dequantised.a);
+      if (core::is_wgrad(kind)) core::dequantise_ring_row(v, kind, true, row, 0, 1, dequantised.b);
+    }
+    for (int64_t i = 0; i < core::dequantise_weight_items(v.s, kind); ++i)
+      core::dequantise_weight_item(v, kind, i, dequantised.b);
     return true;
   }
   bool shared_rows(core::SplitStep step) {
@@ -210,8 +226,11 @@ struct HostSteps {
     return true;
   }
   bool gemm(GroupedGemm kind, core::RowWindow w) {
-    if (v.s.mxfp8) return grouped_mx(kind, w);
-    return grouped(kind, core::split_gemm_operands(v, kind, targets), v.s, v.sched, core::ring_periods(v.s), w);
+    bool dequantised_operands = core::split_dequantises(v.s, kind, block_scaled);
+    if (v.s.mxfp8 && !dequantised_operands) return grouped_mx(kind, w);
+    core::SplitGemmOperands ops = dequantised_operands ? core::split_dequantised_operands(v, kind, targets, dequantised)
+                                                       : core::split_gemm_operands(v, kind, targets);
+    return grouped(kind, ops, v.s, v.sched, core::ring_periods(v.s), w);
   }
   bool shared_gemm(GroupedGemm kind) {
     return grouped(kind, core::shared_gemm_operands(v, kind, shared, targets), core::shared_expert_shape(v.s),
@@ -243,18 +262,25 @@ struct HostSteps {
   }
 };
 
-// The view's row buffers filled with bf16 NaN (in MXFP8 mode x's codes and scales and h's scales with e4m3 and e8m0
-// NaN, all bits set: the bf16 rings of g, u and h hold h's codes): what the split pass reads there it must have
+// The view's row buffers filled with bf16 NaN (in MXFP8 mode x's and dy's codes and every scale with e4m3 and e8m0
+// NaN, all bits set: the bf16 rings of g, u and h hold their codes): what the split pass reads there it must have
 // written itself.
 void poison_rings(const core::PassView& v) {
   const core::LayerShape& s = v.s;
   int64_t ring = s.macrobatch, h = s.hidden, in = s.intermediate;
   std::vector<std::pair<core::bf16_t*, int64_t>> rings = {
       {v.ring_g, ring * in}, {v.ring_u, ring * in}, {v.ring_h, ring * in}, {v.ring_y, core::out_ring_rows(s) * h}};
-  if (s.mxfp8) {
-    std::fill(v.mx_x.rows, v.mx_x.rows + ring * h, uint8_t{0xff});
-    std::fill(v.mx_x.row_scales, v.mx_x.row_scales + core::mx_row_scale_bytes(s, s.hidden), uint8_t{0xff});
-    std::fill(v.mx_h.row_scales, v.mx_h.row_scales + core::mx_row_scale_bytes(s, s.intermediate), uint8_t{0xff});
+  if (s.mxfp8) {  // x's and dy's codes both ways, and every scale
+    for (const core::MxRing* mx : {&v.mx_x, &v.mx_dy}) {
+      std::fill(mx->rows, mx->rows + ring * h, uint8_t{0xff});
+      std::fill(mx->tokens, mx->tokens + ring * h, uint8_t{0xff});
+      std::fill(mx->row_scales, mx->row_scales + core::mx_row_scale_bytes(s, s.hidden), uint8_t{0xff});
+      std::fill(mx->token_scales, mx->token_scales + core::mx_token_scale_bytes(s, s.hidden), uint8_t{0xff});
+    }
+    for (const core::MxRing* mx : {&v.mx_g, &v.mx_u, &v.mx_h}) {
+      std::fill(mx->row_scales, mx->row_scales + core::mx_row_scale_bytes(s, s.intermediate), uint8_t{0xff});
+      std::fill(mx->token_scales, mx->token_scales + core::mx_token_scale_bytes(s, s.intermediate), uint8_t{0xff});
+    }
   } else {
     rings.insert(rings.end(), {{v.ring_x, ring * h}, {v.ring_dy, ring * h}});
   }
@@ -307,11 +333,11 @@ struct Group {
     v.w.gate = p.gate[r].data();
     v.w.up = p.up[r].data();
     v.w.down = p.down[r].data();
-    if (p.mxfp8) {  // the forward's: rowwise (the colwise ones are the backward's)
+    if (p.mxfp8) {  // the forward's rowwise forms, the backward's colwise ones
       const MxWeights& m = mx[static_cast<size_t>(r)];
-      v.w.gate_rowwise = core::MxWeight{m.data[0].data(), m.scales[0].data()};
-      v.w.up_rowwise = core::MxWeight{m.data[2].data(), m.scales[2].data()};
-      v.w.down_rowwise = core::MxWeight{m.data[4].data(), m.scales[4].data()};
+      core::MxWeight* forms[6] = {&v.w.gate_rowwise, &v.w.gate_colwise, &v.w.up_rowwise,
+                                  &v.w.up_colwise,   &v.w.down_rowwise, &v.w.down_colwise};
+      for (int i = 0; i < 6; ++i) *forms[i] = core::MxWeight{m.data[i].data(), m.scales[i].data()};
     }
     if (p.shared_inter > 0) {
       v.w.shared_gate = p.sgate[r].data();
@@ -326,7 +352,8 @@ struct Group {
 
   // The split pass of `kind` on every rank (each on its own thread); weight gradients added into main_grad
   // that starts at k.main_grad_start, or without k.accumulate bf16 of the pass's own fp32 sums (NaN before).
-  std::vector<SplitOutputs> split(PassKind kind, bool reverse = false) {
+  // block_scaled: in MXFP8 the forward's GEMMs block-scaled (SM100); false: dequantised, as on sm_90a.
+  std::vector<SplitOutputs> split(PassKind kind, bool reverse = false, bool block_scaled = true) {
     int W = p.world;
     std::vector<SplitOutputs> outputs(static_cast<size_t>(W));
     std::vector<core::PeerHeader*> headers;
@@ -361,11 +388,13 @@ struct Group {
         grads = core::SplitGradients{o.dgate.data(), o.dup.data(),    o.ddown.data(),   o.dsgate.data(),
                                      o.dsup.data(),  o.dsdown.data(), o.dsrouter.data()};
       }
-      HostSteps steps{v, targets, p, r, barrier, o, reverse, extras.buffers.shared, grads, {}, {}, {}};
+      HostSteps steps{
+          v,     targets, p,  r, barrier, o, reverse, block_scaled, extras.buffers.dequantised, extras.buffers.shared,
+          grads, {},      {}, {}};
       steps.staging.assign(std::max(core::mx_staging_values(v.s), core::mx_swiglu_staging_values(v.s)) + 1, 0);
       core::RowPeriods periods = core::ring_periods(v.s);
       bool gated = v.w.shared_router != nullptr;
-      core::SplitCall call{gated, !k.accumulate};
+      core::SplitCall call{gated, !k.accumulate, block_scaled};
       std::vector<core::SplitLaunch> launches(static_cast<size_t>(core::split_plan(v.s, kind, periods, call, nullptr)));
       CHECK(core::split_plan(v.s, kind, periods, call, launches.data()) == static_cast<int64_t>(launches.size()));
       int64_t ran = core::run_split_pass(launches.data(), static_cast<int64_t>(launches.size()), steps);
@@ -421,14 +450,14 @@ void check_bf16(const std::vector<uint16_t>& got, const std::vector<uint16_t>& w
 }
 
 // A backward without main_grad: bf16 weight gradients of the pass's own sums, which it zeroes first (NaN before).
-void check_bf16_gradients(const ref::Problem& p, Knobs k, bool one_window) {
+void check_bf16_gradients(const ref::Problem& p, Knobs k, bool one_window, bool block_scaled) {
   k.accumulate = false;
   Group bf16(p, k);
   Outputs host = bf16.host();
   for (int r = 0; r < p.world; ++r)
     CHECK_MSG(host.status[r] == mokSuccess, "host rank %d: %s", r, host.detail[r].c_str());
-  bf16.split(PassKind::forward);
-  std::vector<SplitOutputs> split = bf16.split(PassKind::backward);
+  bf16.split(PassKind::forward, false, block_scaled);
+  std::vector<SplitOutputs> split = bf16.split(PassKind::backward, false, block_scaled);
   for (int r = 0; r < p.world; ++r) {
     std::printf("  bf16-gradient backward rank %d\n", r);
     check_bits(split[r].dx, host.dx[r], "dx", r);
@@ -445,8 +474,9 @@ void check_bf16_gradients(const ref::Problem& p, Knobs k, bool one_window) {
 
 // The forward's y slots, and a recompute's (which rebuilds them alone: no shared expert, no home sums) over slots
 // NaN-filled first, each the host executor's forward's bitwise (mokLayerGetSlots).
-void check_recompute(Group& group, const Outputs& host) {
-  std::vector<SplitOutputs> forward = group.split(PassKind::forward), recompute = group.split(PassKind::recompute);
+void check_recompute(Group& group, const Outputs& host, bool block_scaled) {
+  std::vector<SplitOutputs> forward = group.split(PassKind::forward, false, block_scaled),
+                            recompute = group.split(PassKind::recompute, false, block_scaled);
   for (int r = 0; r < group.p.world; ++r) {
     check_bits(forward[r].slots, host.slots[r], "forward y slots", r);
     check_bits(recompute[r].slots, host.slots[r], "recompute y slots", r);
@@ -454,8 +484,9 @@ void check_recompute(Group& group, const Outputs& host) {
 }
 
 // One problem: the host's forward, the split forward over its memory; the host's forward and backward, then the
-// split forward, backward and (where the ring keeps every row) kept backward over theirs.
-void check_case(const Spec& spec, Knobs k, uint64_t seed) {
+// split forward, backward and (where the ring keeps every row) kept backward over theirs. In MXFP8 `block_scaled`
+// runs the forward's GEMMs block-scaled (SM100), else over dequantised operands (sm_90a).
+void check_case(const Spec& spec, Knobs k, uint64_t seed, bool block_scaled = true) {
   std::mt19937_64 rng(seed);
   ref::Problem p = make_problem(spec, rng);
   k.accumulate = true;  // the split pass adds weight gradients into fp32 main_grad (docs/gpu.md)
@@ -464,9 +495,9 @@ void check_case(const Spec& spec, Knobs k, uint64_t seed) {
   Outputs host = forward_only.host();
   for (int r = 0; r < p.world; ++r)
     CHECK_MSG(host.status[r] == mokSuccess, "host rank %d: %s", r, host.detail[r].c_str());
-  std::vector<SplitOutputs> split = forward_only.split(PassKind::forward);
+  std::vector<SplitOutputs> split = forward_only.split(PassKind::forward, false, block_scaled);
   for (int r = 0; r < p.world; ++r) check_bits(split[r].out, host.out[r], "forward out", r);
-  check_recompute(forward_only, host);
+  check_recompute(forward_only, host, block_scaled);
 
   k.backward = true;
   Group both(p, k);
@@ -484,9 +515,9 @@ void check_case(const Spec& spec, Knobs k, uint64_t seed) {
   double bound = one_window ? 0 : std::ldexp(1.0, -16);
   for (PassKind kind : {PassKind::backward, PassKind::backward_kept}) {
     if (kind == PassKind::backward_kept && !core::split_keeps_ring(s, core::ring_periods(s))) continue;
-    split = both.split(PassKind::forward);  // the ring holds the forward's x, g and u again
+    split = both.split(PassKind::forward, false, block_scaled);  // the ring holds the forward's x, g and u again
     for (int r = 0; r < p.world; ++r) check_bits(split[r].out, host.out[r], "forward out (again)", r);
-    split = both.split(kind);
+    split = both.split(kind, false, block_scaled);
     const char* name = kind == PassKind::backward ? "backward" : "kept backward";
     for (int r = 0; r < p.world; ++r) {
       std::printf("  %s rank %d\n", name, r);
@@ -503,7 +534,7 @@ void check_case(const Spec& spec, Knobs k, uint64_t seed) {
       if (p.gated) check_floats(split[r].main_srouter, host.main_srouter[r], "main_grad shared router", r);
     }
   }
-  check_bf16_gradients(p, k, one_window);
+  check_bf16_gradients(p, k, one_window, block_scaled);
 }
 
 template <class T>
@@ -577,43 +608,40 @@ TEST(split_pass_shared_expert) {
     }
 }
 
-// MXFP8 (core::split_runs: the forward and the recompute): dispatch quantises x into the ring's codes and row scales,
-// the block-scaled gate, up and down GEMMs read them through each group's own scale layout (grouped_mx_problem, as
-// CUTLASS is given it), SwiGLU writes h's codes into ring_h's bytes; out is the host executor's, bitwise. Tiles of 128
-// rows and whole 32-code blocks (split_supports); H of 3 blocks and I of 1, so each scale row's 4-block tile has
-// padding blocks, which the MMA reads; rings that turn and one that holds every row; a shared expert (bf16 in both
-// precisions).
-void check_mx_forward(const Spec& spec, int macrobatch, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  ref::Problem p = make_problem(spec, rng);
+// MXFP8: dispatch quantises x (and dy) into the ring's codes and scales; on SM100 the block-scaled gate, up and down
+// GEMMs read them through each group's own scale layout (grouped_mx_problem, as CUTLASS is given it), and every other
+// GEMM (the backward's; the forward's too with `block_scaled` false, as on sm_90a) is the BF16 one over the operands a
+// dequantise step wrote (split_dequantise.hpp); SwiGLU writes h's codes (and the backward's dg, du, h both ways) into
+// the bf16 rings' bytes. out, the y slots, dx and dw are the host executor's bitwise, the weight gradients as in BF16.
+// Tiles of 128 rows and whole 32-code blocks (split_supports); H of 3 blocks and I of 1, so each scale row's 4-block
+// tile has padding blocks, which the MMA reads; rings that turn and one that holds every row; a shared expert (bf16 in
+// both precisions).
+void check_mx_case(const Spec& spec, int macrobatch, uint64_t seed, bool block_scaled) {
   Knobs k;
   k.padding = 128;
   k.minibatch = 128;
   k.macrobatch = macrobatch;
-  k.backward = false;
-  Group group(p, k);
-  Outputs host = group.host();
-  for (int r = 0; r < p.world; ++r)
-    CHECK_MSG(host.status[r] == mokSuccess, "host rank %d: %s", r, host.detail[r].c_str());
-  core::LayerShape s = shape_of(config_for(p, k, 0));
-  CHECK_MSG(core::split_supports(s, false) && core::split_runs(s, PassKind::forward), "an MXFP8 layer refused");
-  std::vector<SplitOutputs> split = group.split(PassKind::forward);
-  for (int r = 0; r < p.world; ++r) check_bits(split[r].out, host.out[r], "MXFP8 forward out", r);
-  check_recompute(group, host);
+  std::mt19937_64 rng(seed);
+  core::LayerShape s = shape_of(config_for(make_problem(spec, rng), k, 0));
+  CHECK_MSG(core::split_supports(s, false), "an MXFP8 layer refused");
+  check_case(spec, k, seed, block_scaled);
 }
 
-TEST(split_pass_mxfp8_forward) {
-  for (int world : {1, 2, 3})
-    for (Routing routing : {Routing::uniform, Routing::one_expert, Routing::empty_experts, Routing::minus_one})
-      for (int macrobatch : {128, 512}) {
-        Spec spec = spec_of(world, routing);
-        spec.mxfp8 = true;
-        spec.hidden = 96;
-        spec.inter = 32;
-        std::printf("MXFP8 world %d routing %d macrobatch %d\n", world, static_cast<int>(routing), macrobatch);
-        check_mx_forward(spec, macrobatch,
-                         seed() + static_cast<uint64_t>(500 + world * 100 + macrobatch + static_cast<int>(routing)));
-      }
+TEST(split_pass_mxfp8) {
+  for (bool block_scaled : {true, false})
+    for (int world : {1, 2, 3})
+      for (Routing routing : {Routing::uniform, Routing::one_expert, Routing::empty_experts, Routing::minus_one})
+        for (int macrobatch : {128, 512}) {
+          Spec spec = spec_of(world, routing);
+          spec.mxfp8 = true;
+          spec.hidden = 96;
+          spec.inter = 32;
+          std::printf("MXFP8 %s world %d routing %d macrobatch %d\n", block_scaled ? "block-scaled" : "dequantised",
+                      world, static_cast<int>(routing), macrobatch);
+          check_mx_case(spec, macrobatch,
+                        seed() + static_cast<uint64_t>(500 + world * 100 + macrobatch + static_cast<int>(routing)),
+                        block_scaled);
+        }
   Spec spec = spec_of(2, Routing::uniform);
   spec.mxfp8 = true;
   spec.hidden = 64;
@@ -623,12 +651,14 @@ TEST(split_pass_mxfp8_forward) {
   spec.alpha = 1.702;
   spec.limit = 0.75;
   std::printf("MXFP8 with a gated shared expert, swiglu_oai\n");
-  check_mx_forward(spec, 128, seed() + 900);
+  check_mx_case(spec, 128, seed() + 900, true);
+  check_mx_case(spec, 128, seed() + 901, false);
 }
 
 // The layers the split pass computes (core::split_supports): no expert biases, every GEMM width (H, I, I_s) a multiple
 // of 8 (16-byte rows); in MXFP8 H and I whole 32-code blocks and expert_padding of 128-row tiles. Each rule broken
-// alone is refused. And the passes (core::split_runs): every one in BF16, MXFP8's forward and recompute only.
+// alone is refused. And which GEMMs read dequantised operands (core::split_dequantises): none in BF16; in MXFP8 all
+// but the forward's on SM100, all without block-scaled MMA.
 TEST(split_supports_layers_of_16_byte_rows_and_mxfp8_tiles) {
   core::LayerShape s{};
   s.hidden = 24, s.intermediate = 16, s.shared_intermediate = 40, s.expert_padding = 8;
@@ -658,9 +688,13 @@ TEST(split_supports_layers_of_16_byte_rows_and_mxfp8_tiles) {
     CHECK_MSG(!core::split_supports(mx, false), "MXFP8 expert_padding %d accepted", padding);
   }
   mx.expert_padding = 128;
-  for (PassKind kind : {PassKind::forward, PassKind::recompute, PassKind::backward, PassKind::backward_kept}) {
-    CHECK(core::split_runs(s, kind));
-    CHECK_MSG(core::split_runs(mx, kind) == !core::is_backward(kind), "MXFP8 pass %d", static_cast<int>(kind));
+  CHECK(core::split_supports(mx, false));
+  for (int g = 0; g < static_cast<int>(GroupedGemm::count); ++g) {
+    auto kind = static_cast<GroupedGemm>(g);
+    bool forward = kind == GroupedGemm::gate || kind == GroupedGemm::up || kind == GroupedGemm::down;
+    CHECK_MSG(!core::split_dequantises(s, kind, true) && !core::split_dequantises(s, kind, false), "BF16 kind %d", g);
+    CHECK_MSG(core::split_dequantises(mx, kind, true) == !forward, "MXFP8 kind %d on SM100", g);
+    CHECK_MSG(core::split_dequantises(mx, kind, false), "MXFP8 kind %d without block-scaled MMA", g);
   }
   s.shared_intermediate = 0;  // no shared expert
   CHECK(core::split_supports(s, false));
@@ -683,7 +717,7 @@ TEST(split_buffers_complete_refuses_each_buffer_a_pass_uses) {
           core::PassView v{};
           v.kind = kind;
           v.s.experts_per_rank = 2, v.s.hidden = 16, v.s.intermediate = 8, v.s.shared_intermediate = shared_inter;
-          core::SplitCall call{gated, bf16};
+          core::SplitCall call{gated, bf16, true};
           std::vector<char> memory(64);  // every pointer somewhere, none null
           char* any = memory.data();
           core::SplitTargets t{};
@@ -759,16 +793,20 @@ Knobs stage_knobs() {
 
 // The GPU's GEMMs sum in their own order: the pass with every GEMM summed in reverse stays within
 // core::kSplitOrderTolerance of the host's bytes (the bound the self-test's one_rank stage holds a GPU to), at that
-// stage's shape and in its two BF16 layers: gated with the weight gradients into fp32 main_grad, ungated with bf16
-// weight gradients.
-void check_reversed_order(bool gated, bool bf16_gradients) {
-  ref::Problem p = stage_problem(gated, false, seed() + 7 + gated);
+// stage's shape and in its three layers: gated with the weight gradients into fp32 main_grad, ungated with bf16
+// weight gradients, and the MXFP8 one (gated, main_grad; with `block_scaled` false every GEMM over dequantised
+// operands, as on sm_90a). In MXFP8 another order moves a bf16 g, u, dh or dg by a unit where it lies near a rounding
+// boundary, and a quantisation can carry that to an e4m3 unit (2^-4 relative) of one value, or to its block's scale
+// where the value is the block's largest; the results still stay within the bound.
+void check_reversed_order(bool gated, bool bf16_gradients, bool mxfp8 = false, bool block_scaled = true) {
+  ref::Problem p = stage_problem(gated, mxfp8, seed() + 7 + gated + 2 * mxfp8);
   Knobs k = stage_knobs();
   k.accumulate = !bf16_gradients;
   Group group(p, k);
   Outputs host = group.host();
   CHECK_MSG(host.status[0] == mokSuccess, "host: %s", host.detail[0].c_str());
-  std::vector<SplitOutputs> fwd = group.split(PassKind::forward, true), bwd = group.split(PassKind::backward, true);
+  std::vector<SplitOutputs> fwd = group.split(PassKind::forward, true, block_scaled),
+                            bwd = group.split(PassKind::backward, true, block_scaled);
   const SplitOutputs &f = fwd[0], &b = bwd[0];
   std::vector<std::pair<const char*, double>> errors = {
       {"out", normwise(f.out, host.out[0])}, {"dx", normwise(b.dx, host.dx[0])}, {"dw", normwise(b.dw, host.dw[0])}};
@@ -792,33 +830,19 @@ void check_reversed_order(bool gated, bool bf16_gradients) {
   }
   double largest = 0;
   for (auto [name, error] : errors) {
-    std::printf("  reversed sums (%s): %s %.3g\n", gated ? "gated, main_grad" : "ungated, bf16", name, error);
+    std::printf("  reversed sums (%s%s): %s %.3g\n", mxfp8 ? (block_scaled ? "MXFP8, " : "MXFP8 dequantised, ") : "",
+                gated ? "gated, main_grad" : "ungated, bf16", name, error);
     CHECK_MSG(error <= core::kSplitOrderTolerance, "%s: %g above %g", name, error, core::kSplitOrderTolerance);
     largest = std::max(largest, error);
   }
   CHECK_MSG(largest > 0, "the reversed order changed no result: this test would not see an order's effect");
 }
 
-// The MXFP8 forward likewise, at the self-test's shape with 128-row tiles: another order moves a bf16 g or u by a unit
-// where it lies near a rounding boundary, and h's quantisation can carry that to an e4m3 unit (2^-4 relative) of one
-// h value, or to its block's scale where the value is the block's largest; out still stays within the bound.
-double mx_reversed_order_error() {
-  ref::Problem p = stage_problem(true, true, seed() + 9);
-  Knobs k = stage_knobs();
-  k.backward = false;
-  Group group(p, k);
-  Outputs host = group.host();
-  CHECK_MSG(host.status[0] == mokSuccess, "host: %s", host.detail[0].c_str());
-  return normwise(group.split(PassKind::forward, true)[0].out, host.out[0]);
-}
-
 TEST(another_summation_order_stays_within_the_self_tests_bound) {
   check_reversed_order(true, false);
   check_reversed_order(false, true);
-  double mx = mx_reversed_order_error();
-  std::printf("  reversed sums (MXFP8 forward, gated): out %.3g\n", mx);
-  CHECK_MSG(mx <= core::kSplitOrderTolerance, "MXFP8 out: %g above %g", mx, core::kSplitOrderTolerance);
-  CHECK_MSG(mx > 0, "the reversed order changed no MXFP8 result: this test would not see an order's effect");
+  check_reversed_order(true, false, true, true);
+  check_reversed_order(true, false, true, false);
 }
 
 MOK_TEST_MAIN

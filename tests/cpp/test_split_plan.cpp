@@ -118,6 +118,9 @@ struct Sim {
   // A bf16-gradient backward: its sums zeroed before any weight-gradient product and written out after the last.
   bool bf16_gradients;
   int zeroed = 0, written = 0, wgrads = 0;
+  // MXFP8: a GEMM over dequantised operands (core::split_dequantises) right after its own dequantise step
+  bool block_scaled;
+  const core::SplitLaunch* dequantised = nullptr;
 
   Sim(const Case& cs, PassKind k, const core::SplitCall& call)
       : c(cs),
@@ -126,7 +129,8 @@ struct Sim {
         ring_holder(static_cast<size_t>(cs.periods.ring), -1),
         out_holder(static_cast<size_t>(cs.periods.out), -1),
         shared{core::is_backward(k), call.gated},
-        bf16_gradients(core::is_backward(k) && call.bf16_gradients) {}
+        bf16_gradients(core::is_backward(k) && call.bf16_gradients),
+        block_scaled(call.block_scaled) {}
 
   // A weight-gradient product goes into the sums: zeroed first (bf16), not yet written out.
   void into_sums(const char* what) {
@@ -235,6 +239,17 @@ struct Sim {
   void launch(const core::SplitLaunch& l) {
     CHECK_MSG(!barrier || l.step == SplitStep::home_sums, "%s after the closing barrier",
               core::split_step_name(l.step));
+    const core::SplitLaunch* before = dequantised;
+    dequantised = l.step == SplitStep::dequantise ? &l : nullptr;
+    bool routed_gemm = l.step == SplitStep::gemm && !l.shared;
+    bool follows = before && routed_gemm && before->gemm == l.gemm && before->window.row0 == l.window.row0 &&
+                   before->window.rows == l.window.rows;
+    CHECK_MSG(!before || follows, "a dequantise step followed by %s, not its own GEMM", core::split_step_name(l.step));
+    if (routed_gemm)
+      CHECK_MSG(core::split_dequantises(c.s, l.gemm, block_scaled) == follows, "gemm %d over [%lld, +%lld) %s",
+                static_cast<int>(l.gemm), static_cast<long long>(l.window.row0), static_cast<long long>(l.window.rows),
+                follows ? "after a dequantise step it does not read" : "without its dequantise step right before it");
+    if (l.step == SplitStep::dequantise) return;
     CHECK_MSG(!l.shared || l.step == SplitStep::gemm, "a %s launch marked shared", core::split_step_name(l.step));
     switch (l.step) {
       case SplitStep::shared_schedule:
@@ -348,7 +363,9 @@ void check_cases(uint64_t seed, int trials, bool skewed) {
     Case c;
     make_case(rng, c, skewed);
     c.s.shared_intermediate = mok_test::pick(rng, 0, 1) * 8;
-    core::SplitCall call{mok_test::pick(rng, 0, 1) == 1, mok_test::pick(rng, 0, 1) == 1};
+    core::SplitCall call{mok_test::pick(rng, 0, 1) == 1, mok_test::pick(rng, 0, 1) == 1,
+                         mok_test::pick(rng, 0, 1) == 1};
+    c.s.mxfp8 = mok_test::pick(rng, 0, 1);  // the plan's dequantise steps (the shape's other MXFP8 rules do not matter)
     int before = mok_test::failures().load();
     // A launch counts the schedule's rows from its segments (the host never reads them).
     CHECK_MSG(core::schedule_rows(c.s, c.sched) == c.sched.total_rows, "segments give %lld rows, the schedule %lld",

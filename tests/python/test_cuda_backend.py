@@ -115,7 +115,7 @@ def test_cuda_refuses_what_libmoks_cuda_executor_does_not_compute():
 
     cuda, gpu = CudaExecutor(), torch.device("cuda", 0)
     assert "adds no expert bias yet" in cuda.refusal(shape(biases=True), False, gpu)
-    assert "runs no MXFP8 backward yet" in cuda.refusal(shape(mxfp8=True), True, gpu)
+    assert "adds no expert bias yet" in cuda.refusal(shape(biases=True, mxfp8=True, padding=128), True, gpu)
 
 
 @pytest.mark.skipif(not mok._mok.executor_compiled(3), reason="libmok was built without its cuda executor "
@@ -129,10 +129,7 @@ def test_cuda_asks_libmok_for_its_shape_rules():
         assert cuda.refusal(shape(padding=padding), True, gpu) is None
     assert "'x.shape[1] (hidden)' (60) must be a multiple of 8" in cuda.refusal(shape(hidden=60), True, gpu)
     mx = shape(mxfp8=True, hidden=64, intermediate=64, padding=128)
-    if torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] != 10:
-        assert "MXFP8 on compute capability 10.x only" in cuda.refusal(mx, False, gpu)
-        return
-    assert cuda.refusal(mx, False, gpu) is None
+    assert cuda.refusal(mx, False, gpu) is None and cuda.refusal(mx, True, gpu) is None  # the backward too
     assert "must be a multiple of 32" in cuda.refusal(shape(mxfp8=True, intermediate=48, padding=128), False, gpu)
     assert "'MoKConfig.expert_padding' (32) must be a multiple of 128" in \
         cuda.refusal(shape(mxfp8=True, hidden=64, intermediate=64, padding=32), False, gpu)

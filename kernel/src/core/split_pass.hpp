@@ -4,9 +4,10 @@
 // which tiles a row step covers and the order of the steps are here, once. tests/cpp/test_split_pass runs the
 // whole pass with host steps over the host executor's memory and holds it to the host executor's bytes.
 //
-// The split executor computes with the stock grouped GEMMs of docs/gpu.md: no expert biases; BF16 operands, or in
-// MXFP8 mode the forward's block-scaled ones (split_supports and split_runs say which layers and passes it can run);
-// the shared expert's steps are split_shared.hpp's, bf16 in both modes.
+// The split executor computes with the stock grouped GEMMs of docs/gpu.md: no expert biases (split_supports says which
+// layers it computes); BF16 operands, or in MXFP8 mode the forward's block-scaled ones where the device has them and
+// every other GEMM over dequantised operands (split_dequantise.hpp); the shared expert's steps are split_shared.hpp's,
+// bf16 in both modes.
 #pragma once
 
 #include <cmath>
@@ -17,6 +18,7 @@
 #include "core/compute_tasks.hpp"
 #include "core/gemm.hpp"
 #include "core/grouped_mx_problems.hpp"
+#include "core/split_dequantise.hpp"
 #include "core/split_plan.hpp"
 
 namespace mok::core {
@@ -38,12 +40,6 @@ MOK_HD inline bool split_supports(const LayerShape& s, bool biases) {
   return widths && tiles && !biases;
 }
 
-// The passes it plans for such a layer: in MXFP8 mode the forward and the recompute (their GEMMs are
-// mx_forward_kind); the backward's block-scaled GEMMs are not written yet.
-MOK_HD inline bool split_runs(const LayerShape& s, PassKind kind) {
-  return !s.mxfp8 || !is_backward(kind);
-}
-
 // How far a split pass whose GEMMs sum in another order than core's (a GPU's tensor cores) may be from the host
 // executor's bytes: the normwise relative difference of out, dx, dw and each weight gradient (less what main_grad
 // held). The bf16 roundings are the same and at the same points. The fp32 sums differ in order (a different order
@@ -54,7 +50,8 @@ MOK_HD inline bool split_runs(const LayerShape& s, PassKind kind) {
 // the pass with every GEMM summed in reverse order against the host in the self-test's BF16 layers (a gated shared
 // expert into fp32 main_grad, an ungated one with bf16 gradients): at most 3.0e-4 over seeds 1 to 40 (dx; 2.8e-4 in
 // the bf16 layer), 4.8e-4 at most seen on another seed (out), 16x under this bound; and its MXFP8 forward (where a
-// g or u a unit off can move h's e4m3 code or its block's scale): out at most 1.3e-4 over seeds 1 to 16; which leaves
+// g or u a unit off can move h's e4m3 code or its block's scale): out at most 1.3e-4 over seeds 1 to 16, and its
+// backward (block-scaled or dequantised forward GEMMs alike) at most 2.3e-4 over seeds 1 to 16; which leaves
 // room for an adder that truncates (twice a rounding one's error). The self-test's one_rank stage holds the GPU's pass
 // to it; a wrong row, operand or window is an error of order one.
 constexpr double kSplitOrderTolerance = 1.0 / 128;
@@ -235,6 +232,16 @@ MOK_HD inline SplitMxOperands split_mx_gemm_operands(const PassView& v, GroupedG
   return {nullptr, 0, nullptr, nullptr, nullptr, nullptr};
 }
 
+// A GEMM over dequantised operands (split_dequantises): the BF16 kind's buffers with A and B read from the scratch the
+// dequantise step before it wrote (split_dequantise.hpp).
+MOK_HD inline SplitGemmOperands split_dequantised_operands(const PassView& v, GroupedGemm kind, const SplitTargets& t,
+                                                           const SplitDequantised& scratch) {
+  SplitGemmOperands o = split_gemm_operands(v, kind, t);
+  o.a = scratch.a;
+  o.b = scratch.b;
+  return o;
+}
+
 // One expert's problem as core's tile GEMM (gemm.hpp): A and B each K-major (depth contiguous) or MN-major, as
 // grouped_layout says; D at the problem's offset of `d`, bf16 for store_bf16, fp32 for accumulate_f32.
 MOK_HD inline Gemm problem_gemm(const GroupedProblem& p, const GroupedLayout& l, const bf16_t* a, const bf16_t* b,
@@ -254,7 +261,7 @@ MOK_HD inline Gemm problem_gemm(const GroupedProblem& p, const GroupedLayout& l,
 
 // ---- the pass ----
 
-// Runs launches [0, count) of a split plan in order: steps.dispatch(w), gemm(kind, w), swiglu(w),
+// Runs launches [0, count) of a split plan in order: steps.dispatch(w), dequantise(kind, w), gemm(kind, w), swiglu(w),
 // swiglu_backward(w), combine(w), gradients(write) (zero_gradients, write_gradients), barrier(), home_sums(),
 // and the shared expert's shared_gemm(kind) and shared_rows(step) (split_shared.hpp). A step returns false to stop the
 // pass (a failure the executor has recorded). Returns the index of the launch that stopped it, or count when all ran.
@@ -271,6 +278,7 @@ int64_t run_split_pass(const SplitLaunch* launches, int64_t count, Steps& steps)
       case SplitStep::combine: ok = steps.combine(l.window); break;
       case SplitStep::zero_gradients: ok = steps.gradients(false); break;
       case SplitStep::write_gradients: ok = steps.gradients(true); break;
+      case SplitStep::dequantise: ok = steps.dequantise(l.gemm, l.window); break;
       case SplitStep::barrier: ok = steps.barrier(); break;
       case SplitStep::home_sums: ok = steps.home_sums(); break;
       case SplitStep::shared_schedule:

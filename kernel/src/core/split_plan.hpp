@@ -18,6 +18,7 @@
 
 #include <cstdint>
 
+#include "core/grouped_mx_problems.hpp"
 #include "core/grouped_problems.hpp"
 #include "core/shape.hpp"
 #include "core/tasks.hpp"
@@ -34,6 +35,7 @@ enum class SplitStep : int32_t {
   home_sums,        // out, or dx and dw, summed in k order (home_sums.hpp)
   zero_gradients,   // a bf16-gradient backward: the weight gradients' fp32 sums set to 0 (split_pass.hpp)
   write_gradients,  // ... and written out as bf16 once every product is in
+  dequantise,       // MXFP8: the operands of the `gemm` that follows, as bf16 (split_dequantise.hpp)
   // The shared expert over this rank's tokens (split_shared.hpp); its GEMMs are gemm launches marked shared.
   shared_schedule,         // its one-expert schedule: this call's tokens
   shared_swiglu,           // h from g and u
@@ -55,6 +57,7 @@ MOK_HD inline const char* split_step_name(SplitStep step) {
     case SplitStep::home_sums: return "home_sums";
     case SplitStep::zero_gradients: return "zero_gradients";
     case SplitStep::write_gradients: return "write_gradients";
+    case SplitStep::dequantise: return "dequantise";
     case SplitStep::shared_schedule: return "shared_schedule";
     case SplitStep::shared_swiglu: return "shared_swiglu";
     case SplitStep::shared_swiglu_backward: return "shared_swiglu_backward";
@@ -78,16 +81,29 @@ MOK_HD inline bool split_keeps_ring(const LayerShape& s, const RowPeriods& p) {
   return max_recv_rows(s) <= p.ring;
 }
 
-// Appends to a caller's array, or only counts with a null one (the same walk sizes and fills it).
+// Whether `kind`'s GEMM in a pass of this layer reads dequantised operands (split_dequantise.hpp): in MXFP8 every kind
+// but the forward's block-scaled ones (mx_forward_kind), and those too where the device has no block-scaled MMA
+// (`block_scaled` false: sm_90a). The shared expert is bf16 in both precisions.
+MOK_HD inline bool split_dequantises(const LayerShape& s, GroupedGemm kind, bool block_scaled) {
+  return s.mxfp8 && (!block_scaled || !mx_forward_kind(kind));
+}
+
+// Appends to a caller's array, or only counts with a null one (the same walk sizes and fills it). A routed GEMM that
+// reads dequantised operands gets its dequantise step first.
 struct SplitPlanWriter {
   SplitLaunch* out;
   int64_t count;
+  LayerShape shape;
+  bool block_scaled;
   MOK_HD void add(SplitStep step, GroupedGemm gemm, RowWindow window, bool shared) {
     if (out) out[count] = SplitLaunch{step, gemm, window, shared};
     ++count;
   }
   MOK_HD void add(SplitStep step, RowWindow window) { add(step, GroupedGemm::count, window, false); }
-  MOK_HD void add(GroupedGemm gemm, RowWindow window) { add(SplitStep::gemm, gemm, window, false); }
+  MOK_HD void add(GroupedGemm gemm, RowWindow window) {
+    if (split_dequantises(shape, gemm, block_scaled)) add(SplitStep::dequantise, gemm, window, false);
+    add(SplitStep::gemm, gemm, window, false);
+  }
   MOK_HD void add(SplitStep step) { add(step, GroupedGemm::count, RowWindow{0, 0}, false); }
   MOK_HD void add_shared(GroupedGemm gemm) { add(SplitStep::gemm, gemm, RowWindow{0, 0}, true); }
 };
@@ -154,10 +170,12 @@ MOK_HD inline void add_shared_launches(SplitPlanWriter& plan, bool backward, boo
 }
 
 // What of a call the plan depends on besides the shape: whether the shared expert has a router
-// (weights.shared_router), and whether a backward writes bf16 weight gradients (no fp32 main_grad).
+// (weights.shared_router), whether a backward writes bf16 weight gradients (no fp32 main_grad), and in MXFP8 whether
+// the device has block-scaled MMA for the forward's GEMMs (split_dequantises).
 struct SplitCall {
   bool gated;
   bool bf16_gradients;
+  bool block_scaled;
 };
 
 // The launches of one pass of `kind`, in stream order, into `out` (null: count only); returns their number,
@@ -169,7 +187,7 @@ MOK_HD inline int64_t split_plan(const LayerShape& s, PassKind kind, const RowPe
   if (pad <= 0 || p.ring <= 0 || p.out <= 0 || p.ring % pad || p.out % pad) return -1;
   bool kept = kind == PassKind::backward_kept;
   if (kept && !split_keeps_ring(s, p)) return -1;
-  SplitPlanWriter plan{out, 0};
+  SplitPlanWriter plan{out, 0, s, call.block_scaled};
   bool bf16_gradients = is_backward(kind) && call.bf16_gradients;
   if (bf16_gradients) plan.add(SplitStep::zero_gradients);
   // The shared expert needs nothing from peers; recompute rebuilds only the routed experts' y slots.

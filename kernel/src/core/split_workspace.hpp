@@ -1,9 +1,10 @@
 // The split executor's own buffers, which a layer on it keeps in the caller's workspace after core's (local_layout):
 // dx's fp32 first term, the weight gradients' fp32 sums (a backward with bf16 gradients), the shared expert's
-// buffers, SwiGLU's sigmoid table, the row steps' staging, the device's tables of peer pointers, the group's state
-// (its barriers' formation and epoch, core/group_state.hpp) and the grouped GEMMs' argument block. Offsets only, from
-// the extras' first byte, so the same layout serves the device's workspace and a host test's block; mokLayerGetSizes
-// adds it to core's workspace for the cuda executor.
+// buffers, in MXFP8 the dequantised operands' scratch (split_dequantise.hpp), SwiGLU's sigmoid table, the row steps'
+// staging, the device's tables of peer pointers, the group's state (its barriers' formation and epoch,
+// core/group_state.hpp) and the grouped GEMMs' argument block. Offsets only, from the extras' first byte, so the same
+// layout serves the device's workspace and a host test's block; mokLayerGetSizes adds it to core's workspace for the
+// cuda executor.
 #pragma once
 
 #include <cstddef>
@@ -11,6 +12,7 @@
 
 #include "core/group_state.hpp"
 #include "core/protocol.hpp"
+#include "core/split_dequantise.hpp"
 #include "core/split_shared.hpp"
 
 namespace mok::core {
@@ -25,6 +27,8 @@ struct SplitLayout {
   size_t shared_dlogit;      // fp32 [shared_rows]
   size_t shared_dx_partial;  // fp32 [shared_rows, H]
   size_t shared_schedule;    // int32 [2]
+  size_t dequantised_a;      // MXFP8: bf16 [dequantised_a_values] (0 bytes in BF16)
+  size_t dequantised_b;      // MXFP8: bf16 [dequantised_b_values]
   size_t sigmoid_table;      // fp32 [kSigmoidTableSize]
   size_t staging;            // bf16 [ctas, staging_values]
   size_t peers;              // char* [world]: every rank's peer buffer
@@ -60,6 +64,8 @@ MOK_HD inline SplitLayout split_layout(const LayerShape& s, size_t gemm_argument
   l.shared_dlogit = c.take(rows * sizeof(float));
   l.shared_dx_partial = c.take(rows * h * sizeof(float));
   l.shared_schedule = c.take(2 * sizeof(int32_t));
+  l.dequantised_a = c.take(dequantised_a_values(s) * sizeof(bf16_t));
+  l.dequantised_b = c.take(dequantised_b_values(s) * sizeof(bf16_t));
   l.sigmoid_table = c.take(kSigmoidTableSize * sizeof(float));
   l.ctas = max_tiles(s) < 1024 ? max_tiles(s) : 1024;
   l.staging_values = s.mxfp8 ? static_cast<int64_t>(max_value(mx_staging_values(s), mx_swiglu_staging_values(s))) : 0;
@@ -77,8 +83,9 @@ MOK_HD inline SplitLayout split_layout(const LayerShape& s, size_t gemm_argument
 // The split executor's buffers at `extras` (laid out by split_layout), as its pass takes them.
 struct SplitBuffers {
   float* dx_partial;
-  float* sums[kGradientSums];  // in SplitTargets' order
-  SplitShared shared;          // all null without a shared expert
+  float* sums[kGradientSums];    // in SplitTargets' order
+  SplitShared shared;            // all null without a shared expert
+  SplitDequantised dequantised;  // all null in BF16
   float* sigmoid_table;
   bf16_t* staging;
   char** peers;
@@ -109,6 +116,9 @@ MOK_HD inline SplitBuffers split_buffers_at(const LayerShape& s, const SplitLayo
                            reinterpret_cast<float*>(extras + l.shared_dx_partial),
                            reinterpret_cast<int32_t*>(extras + l.shared_schedule)};
   }
+  if (s.mxfp8)
+    b.dequantised = SplitDequantised{reinterpret_cast<bf16_t*>(extras + l.dequantised_a),
+                                     reinterpret_cast<bf16_t*>(extras + l.dequantised_b)};
   b.sigmoid_table = reinterpret_cast<float*>(extras + l.sigmoid_table);
   b.staging = l.staging_values > 0 ? reinterpret_cast<bf16_t*>(extras + l.staging) : nullptr;
   b.peers = reinterpret_cast<char**>(extras + l.peers);

@@ -14,8 +14,9 @@
 // the schedule build, a pass's entry barrier after its staging and its closing barrier before the home sums. The
 // peers' buffers are the caller's device pointers (one process's GPUs with peer access, CUDA IPC, symmetric memory).
 //
-// What it runs: BF16 on compute capability 10.x or 9.0 as built; MXFP8's forward and recompute on 10.x (its backward
-// is not written); no expert biases (the GEMMs take none); H, I and I_s multiples of 8 (H and I of 32 in MXFP8).
+// What it runs: BF16 and MXFP8 on compute capability 10.x or 9.0 as built (MXFP8's forward block-scaled on 10.x, every
+// other MXFP8 GEMM over dequantised operands: core/split_dequantise.hpp); no expert biases (the GEMMs take none); H, I
+// and I_s multiples of 8 (H and I of 32 in MXFP8).
 // Nothing of it has run on a GPU (docs/gpu.md).
 #include <cuda_runtime_api.h>
 
@@ -209,10 +210,8 @@ mokStatus_t pass_failed(const char* func, const cuda::SplitFailure& f) {
     return fail(mokCudaError, "%s: the split pass's entry barrier: %s (%s)", func, cudaGetErrorString(f.error),
                 cudaGetErrorName(f.error));
   if (f.refusal == cuda::SplitRefusal::gemm_refused && f.launch < 0)
-    return fail(mokUnsupported,
-                "%s: this libmok carries no grouped GEMM for the layer's device (built for %s), or none for its "
-                "precision there (MXFP8 runs on compute capability 10.x)",
-                func, api::kCudaArchitectures);
+    return fail(mokUnsupported, "%s: this libmok carries no grouped GEMM for the layer's device (built for %s)", func,
+                api::kCudaArchitectures);
   if (f.refusal == cuda::SplitRefusal::cuda_error)
     return fail(mokCudaError, "%s: launch %lld of the split pass (%s): %s (%s)", func, static_cast<long long>(f.launch),
                 core::split_step_name(f.step), cudaGetErrorString(f.error), cudaGetErrorName(f.error));
@@ -303,7 +302,7 @@ class CudaLayer final : public LayerExecutor {
     return mokSuccess;
   }
 
-  // The device's GemmArchitecture, once: the units every pass runs (MXFP8's only on SM100).
+  // The device's GemmArchitecture, once: the units every pass runs (MXFP8's block-scaled forward only on SM100).
   mokStatus_t read_architecture(const char* func) {
     cudaError_t e = cudaSuccess;
     architecture_ = cuda::current_gemm_architecture(&e);
@@ -311,11 +310,6 @@ class CudaLayer final : public LayerExecutor {
     if (architecture_ == cuda::GemmArchitecture::none)
       return fail(mokUnsupported, "%s: this libmok carries no grouped GEMM for device %d (built for %s)", func, device_,
                   api::kCudaArchitectures);
-    if (s_.mxfp8 && architecture_ != cuda::GemmArchitecture::sm100)
-      return fail(mokUnsupported,
-                  "%s: argument 'config.precision' (mokPrecisionMXFP8) with mokExecutorCuda needs compute capability "
-                  "10.x (sm_100a, sm_103a: the block-scaled tcgen05 MMA); device %d is %s, where only BF16 runs",
-                  func, device_, cuda::gemm_architecture_name(architecture_));
     return mokSuccess;
   }
 
@@ -385,12 +379,6 @@ class CudaLayer final : public LayerExecutor {
                        const mokLayerGrads_t& grads, void* stream) override {
     const char* func = "mokLayerBackward";
     OnDevice on(device_);
-    if (s_.mxfp8)
-      return refused(fail(mokUnsupported,
-                          "%s: argument 'config.precision' (mokPrecisionMXFP8): mokExecutorCuda runs the forward and "
-                          "the recompute of an MXFP8 layer; its backward (block-scaled dgrad and wgrad GEMMs) is not "
-                          "written yet",
-                          func));
     if (mokStatus_t s = refuse_order(func, core::CallKind::backward); s != mokSuccess) return refused(s);
     if (mokStatus_t s = check_weights_here(weights, func); s != mokSuccess) return refused(s);
     if (mokStatus_t s = check_grads_here(grads, func); s != mokSuccess) return refused(s);
@@ -516,6 +504,7 @@ class CudaLayer final : public LayerExecutor {
     d.shared = buffers_.shared;
     d.staging = buffers_.staging;
     d.staging_values = layout_.staging_values;
+    d.dequantised = buffers_.dequantised;
     d.ctas = static_cast<int>(layout_.ctas);
     d.architecture = static_cast<int>(architecture_);
     d.gemm_arguments = buffers_.gemm_arguments;
@@ -591,7 +580,7 @@ class CudaLayer final : public LayerExecutor {
 
   // The weights the pass reads, on the device; expert biases refused (its GEMMs add none). In MXFP8 the forward's
   // rowwise codes and scales, which its block-scaled GEMMs load with TMA (mokMxfp8Quantize writes host memory: the
-  // caller copies them over); the colwise ones are the backward's, which this executor does not run.
+  // caller copies them over), and the backward's colwise ones, which only the dequantise steps read.
   mokStatus_t check_weights_here(const mokLayerWeights_t& w, const char* func) const {
     const char* no_bias = "its grouped GEMMs add no expert bias yet";
     const size_t gemm = kGemmOperandAlign;
@@ -601,7 +590,13 @@ class CudaLayer final : public LayerExecutor {
                                          {w.up_rowwise.data, "weights.up_rowwise.data", gemm},
                                          {w.up_rowwise.scales, "weights.up_rowwise.scales", gemm},
                                          {w.down_rowwise.data, "weights.down_rowwise.data", gemm},
-                                         {w.down_rowwise.scales, "weights.down_rowwise.scales", gemm}},
+                                         {w.down_rowwise.scales, "weights.down_rowwise.scales", gemm},
+                                         {w.gate_colwise.data, "weights.gate_colwise.data"},
+                                         {w.gate_colwise.scales, "weights.gate_colwise.scales"},
+                                         {w.up_colwise.data, "weights.up_colwise.data"},
+                                         {w.up_colwise.scales, "weights.up_colwise.scales"},
+                                         {w.down_colwise.data, "weights.down_colwise.data"},
+                                         {w.down_colwise.scales, "weights.down_colwise.scales"}},
                                         device_, func);
           s != mokSuccess)
         return s;

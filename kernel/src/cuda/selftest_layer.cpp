@@ -185,7 +185,7 @@ mokStatus_t run_host_rank(const mokLayerConfig_t& c, void* const* bases, const I
   if (s == mokSuccess && (call = "mokLayerForward"))
     s = mokLayerForward(layer, &weights, in.x.data(), in.topk_weights.data(), r->out.data(), nullptr);
   if (s == mokSuccess && (call = "mokLayerGetSlots")) s = mokLayerGetSlots(layer, r->slots.data(), nullptr);
-  if (s == mokSuccess && !mxfp8(c) && (call = "mokLayerBackward"))  // MXFP8: the cuda executor's forward only
+  if (s == mokSuccess && (call = "mokLayerBackward"))
     s = mokLayerBackward(layer, &weights, in.topk_weights.data(), in.dout.data(), &grads, nullptr);
   mokStatus_t result = s == mokSuccess ? mokSuccess : layer_failed(text, "host", call);
   for (int i = 0; bf16_gradients && i < kGradients; ++i) r->gradients[i] = as_floats(bf16[i]);
@@ -244,8 +244,7 @@ struct DeviceLayer {
   void *workspace = nullptr, *peer = nullptr, *ids = nullptr, *topk_weights = nullptr, *x = nullptr, *dout = nullptr;
   void *out = nullptr, *slots = nullptr, *dx = nullptr, *dw = nullptr;
   void *weights[kGradients] = {}, *gradients[kGradients] = {};
-  void* mx[12] = {};     // MXFP8: Inputs::mx on the device, as weights_at takes it
-  bool backward = true;  // the run has a backward (not in MXFP8)
+  void* mx[12] = {};  // MXFP8: Inputs::mx on the device, as weights_at takes it
   size_t workspace_bytes = 0;
   mokLayer_t layer = nullptr;
   cudaEvent_t marks[4] = {};  // before the forward, after it, before the backward, after it
@@ -285,7 +284,6 @@ mokStatus_t allocate(const mokLayerConfig_t& c, const Inputs& in, DeviceLayer* d
     if (e == cudaSuccess) e = upload(b, in.mx.codes[i], &d->mx[i]);
     if (e == cudaSuccess) e = upload(b, in.mx.scales[i], &d->mx[6 + i]);
   }
-  d->backward = !mxfp8(c);
   if (e != cudaSuccess) return cuda_failed(text, "setting up the layer's device memory", e);
   d->workspace_bytes = sizes.workspace_bytes;
   return mokSuccess;
@@ -336,7 +334,6 @@ mokStatus_t enqueue(const mokLayerConfig_t& c, bool bf16_gradients, const Inputs
         return layer_failed(text, "cuda", "mokLayerGetSlots");
       return mokSuccess;
     case Call::backward:
-      if (!d->backward) return mokSuccess;
       cudaEventRecord(d->marks[2], stream);
       if (mokLayerBackward(d->layer, &weights, topk_weights, d->dout, &grads, stream) != mokSuccess)
         return layer_failed(text, "cuda", "mokLayerBackward");
@@ -370,7 +367,7 @@ mokStatus_t finish(const SelftestSetup& setup, DeviceLayer* d, bool check, Text*
 // The forward's and the backward's times, from the events around them.
 mokStatus_t times(const DeviceLayer& d, Results* r, Text* text) {
   cudaError_t e = cudaEventElapsedTime(&r->forward_ms, d.marks[0], d.marks[1]);
-  if (e == cudaSuccess && d.backward) e = cudaEventElapsedTime(&r->backward_ms, d.marks[2], d.marks[3]);
+  if (e == cudaSuccess) e = cudaEventElapsedTime(&r->backward_ms, d.marks[2], d.marks[3]);
   return e == cudaSuccess ? mokSuccess : cuda_failed(text, "reading the passes' times", e);
 }
 
@@ -462,11 +459,10 @@ bool within(const char* name, const std::vector<T>& got, const std::vector<T>& w
 }
 
 // Each result within core::kSplitOrderTolerance of the host executor's, normwise (`forward`: out and the y slots).
-bool near_host(const Results& got, const Results& host, bool bf16_gradients, bool forward, Text* text) {
+bool near_host(const Results& got, const Results& host, bool bf16_gradients, Text* text) {
   const char* names[kGradients] = {"dW_gate",      "dW_up",          "dW_down",         "dW_shared_gate",
                                    "dW_shared_up", "dW_shared_down", "dW_shared_router"};
   bool ok = within("out", got.out, host.out, 0, text) & within("y slots", got.slots, host.slots, 0, text);
-  if (forward) return ok;
   ok &= within("dx", got.dx, host.dx, 0, text) & within("dw", got.dw, host.dw, 0, text);
   double start = bf16_gradients ? 0.0 : kMainGradStart;  // main_grad's start is no part of the gradient
   for (int i = 0; i < kGradients; ++i) ok &= within(names[i], got.gradients[i], host.gradients[i], start, text);
@@ -487,21 +483,18 @@ bool same_bits(const Results& a, const Results& b) {
 namespace {
 
 // The group's layer on setup.device against the host executor's group, rank by rank, with fp32 main_grad and with
-// bf16 weight gradients (in MXFP8: the forward and the y slots). `in`: a rank's inputs each.
+// bf16 weight gradients. `in`: a rank's inputs each.
 mokStatus_t check_group(const SelftestSetup& setup, const mokLayerConfig_t& c, const std::vector<Inputs>& in,
                         Text* text) {
   for (bool bf16_gradients : {false, true}) {
-    if (mxfp8(c) && bf16_gradients) break;
     std::vector<Results> host;
     if (mokStatus_t s = run_host(c, in, bf16_gradients, &host, text); s != mokSuccess) return s;
     std::vector<std::vector<Results> > runs;
     if (mokStatus_t s = run_cuda(setup, c, in, bf16_gradients, 1, true, &runs, text); s != mokSuccess) return s;
     for (size_t q = 0; q < in.size(); ++q)
-      if (!near_host(runs[q][0], host[q], bf16_gradients, mxfp8(c), text)) {
-        text->add("rank %zu of %zu is wrong (%s)", q, in.size(),
-                  mxfp8(c)         ? "MXFP8 forward"
-                  : bf16_gradients ? "bf16 weight gradients"
-                                   : "fp32 main_grad");
+      if (!near_host(runs[q][0], host[q], bf16_gradients, text)) {
+        text->add("rank %zu of %zu is wrong (%s%s)", q, in.size(), mxfp8(c) ? "MXFP8, " : "",
+                  bf16_gradients ? "bf16 weight gradients" : "fp32 main_grad");
         return mokInternalError;
       }
   }
@@ -552,7 +545,7 @@ mokStatus_t selftest_every_gpu(const SelftestSetup& setup, Text* text) {
   std::vector<Inputs> in = draw_group(c, setup.seed, true), mx_in = draw_group(mx, setup.seed, true);
   text->add(
       "seed %llu, the cuda executor's layer against the host executor's on each GPU (fp32 main_grad and bf16 "
-      "weight gradients; on 10.x the MXFP8 forward too): ",
+      "weight gradients, BF16 and MXFP8): ",
       static_cast<unsigned long long>(setup.seed));
   int ran = 0;
   for (int device = 0; device < count; ++device) {
@@ -566,14 +559,13 @@ mokStatus_t selftest_every_gpu(const SelftestSetup& setup, Text* text) {
       text->add("device %d: %s", device, why.text);
       return s;
     }
-    bool block_scaled = gemm_architecture(cc_major) == GemmArchitecture::sm100;  // MXFP8 runs on 10.x only
     mokStatus_t s = check_group(on, c, in, text);
-    if (s == mokSuccess && block_scaled) s = check_group(on, mx, mx_in, text);
+    if (s == mokSuccess) s = check_group(on, mx, mx_in, text);
     if (s != mokSuccess) {
       text->add(" on device %d", device);
       return s;
     }
-    text->add("device %d within the bound%s; ", device, block_scaled ? " (BF16 and the MXFP8 forward)" : "");
+    text->add("device %d within the bound; ", device);
     ++ran;
   }
   if (ran > 0) return mokSuccess;

@@ -4,7 +4,8 @@
 // schedule's segments on the device. Nothing here waits for the GPU.
 //
 // What runs today: the row steps (split_steps.cu, core's bodies), the BF16 grouped GEMMs and the MXFP8 forward's
-// block-scaled ones (grouped_gemm.hpp, in a build with CUTLASS), the shared expert (its GEMMs through the same
+// block-scaled ones (grouped_gemm.hpp, in a build with CUTLASS), every other MXFP8 GEMM as a BF16 one over operands a
+// dequantise step wrote (core/split_dequantise.hpp), the shared expert (its GEMMs through the same
 // launcher, its row steps from core/split_shared.hpp) and the home sums; in a group of several ranks the closing
 // barrier is a kernel of one thread (core::stream_barrier over the peers' headers), and for one rank the stream's
 // order. Nothing here has run on a GPU.
@@ -36,7 +37,8 @@ struct SplitDevice {
   core::SplitShared shared;        // with a shared expert: its buffers (core/split_shared.hpp), else all null
   core::bf16_t* staging;           // staging_values bf16 per CTA of a row step (MXFP8's dispatch and SwiGLU)
   int64_t staging_values;
-  int ctas;              // CTAs of a row step: each takes the window's tiles grid-stride
+  core::SplitDequantised dequantised;  // MXFP8: the dequantised operands' scratch (all null in BF16)
+  int ctas;                            // CTAs of a row step: each takes the window's tiles grid-stride
   int architecture;      // the GemmArchitecture (grouped_gemm.hpp) of the layer's device, read once at its creation
   void* gemm_arguments;  // split_gemm_argument_bytes(view.s) bytes, 128-byte aligned
   void* gemm_workspace;  // CUTLASS's workspace: split_gemm_workspace_bytes (every kind, MXFP8's too)
@@ -51,15 +53,15 @@ struct SplitDevice {
 
 enum class SplitRefusal : int32_t {
   none = 0,
-  unsupported_layer,  // core::split_supports or split_runs refuses it (biases, a width not a multiple of 8 (of 32
-                      // in MXFP8), padding not of 128-row tiles in MXFP8, an MXFP8 backward)
+  unsupported_layer,  // core::split_supports refuses it (biases, a width not a multiple of 8 (of 32 in MXFP8),
+                      // padding not of 128-row tiles in MXFP8)
   no_gemm,            // this libmok has no grouped GEMM (built without CUTLASS's headers)
   gemm_refused,       // the grouped GEMM refused a launch (gemm_status says why), or before any (launch -1): the
-                      // device's architecture is not one this build carries, or MXFP8 off SM100 (no_architecture)
+                      // device's architecture is not one this build carries (no_architecture)
   cuda_error,         // a launch failed: error
   bad_device,  // the SplitDevice itself: ctas < 1, no host peer table, no GEMM argument block, no staging (or too
-               // little in MXFP8), shared buffer, backward target (dx's first term, a weight gradient's sum or bf16
-               // destination) where needed
+               // little in MXFP8), no dequantised scratch in MXFP8, shared buffer, backward target (dx's first term, a
+               // weight gradient's sum or bf16 destination) where needed
 };
 
 // Where an enqueued pass stopped: the launch (its index in the plan, step and GEMM kind) and why.
@@ -98,6 +100,7 @@ cudaError_t launch_combine(const SplitDevice& d, const core::RowWindow& window);
 cudaError_t launch_home_sums(const SplitDevice& d);
 cudaError_t launch_shared_rows(const SplitDevice& d, core::SplitStep step);
 cudaError_t launch_gradients(const SplitDevice& d, bool write);
+cudaError_t launch_dequantise(const SplitDevice& d, core::GroupedGemm kind, const core::RowWindow& window);
 
 // The cuda executor's kernels outside a pass's row steps (layer_steps.cu): mokLayerBuildSchedule's (the caller's ids
 // staged and the schedule built between the group's two schedule barriers, in one CTA), mokLayerGetSlots' (a thread

@@ -10,6 +10,12 @@
 namespace mok::cuda {
 namespace {
 
+// Whether the device has block-scaled MMA for an MXFP8 forward's GEMMs (core::split_dequantises): GemmArchitecture's
+// sm100, compute capability 10.x.
+bool block_scaled(const SplitDevice& d) {
+  return d.architecture == 10;
+}
+
 // Each step of the plan as kernel launches on the stream; the first that cannot be enqueued is told in `failure`.
 struct DeviceSteps {
   const SplitDevice& d;
@@ -27,12 +33,16 @@ struct DeviceSteps {
   bool combine(core::RowWindow w) { return launched(launch_combine(d, w)); }
   bool shared_rows(core::SplitStep step) { return launched(launch_shared_rows(d, step)); }
   bool gradients(bool write) { return launched(launch_gradients(d, write)); }
+  bool dequantise(core::GroupedGemm kind, core::RowWindow w) { return launched(launch_dequantise(d, kind, w)); }
   bool barrier() { return launched(launch_group_barrier(d.view, core::WaitId::closing_barrier, d.stream)); }
   bool home_sums() { return launched(launch_home_sums(d)); }
   bool gemm(core::GroupedGemm kind, core::RowWindow w) {
-    if (d.view.s.mxfp8) return grouped_mx(kind, w);
-    return grouped(kind, core::split_gemm_operands(d.view, kind, d.targets), d.view.s, d.view.sched,
-                   core::ring_periods(d.view.s), w);
+    const core::LayerShape& s = d.view.s;
+    bool dequantised = core::split_dequantises(s, kind, block_scaled(d));
+    if (s.mxfp8 && !dequantised) return grouped_mx(kind, w);
+    core::SplitGemmOperands o = dequantised ? core::split_dequantised_operands(d.view, kind, d.targets, d.dequantised)
+                                            : core::split_gemm_operands(d.view, kind, d.targets);
+    return grouped(kind, o, s, d.view.sched, core::ring_periods(s), w);
   }
   bool shared_gemm(core::GroupedGemm kind) {
     const core::LayerShape& s = d.view.s;
@@ -52,7 +62,7 @@ struct DeviceSteps {
     cudaError_t e = cudaSuccess;
     return gemm_launched(grouped_gemm_bf16(g, d.gemm_workspace, d.gemm_workspace_bytes, d.stream, &e), e);
   }
-  // One block-scaled grouped GEMM of an MXFP8 forward (split_runs plans no other pass in MXFP8 mode).
+  // One block-scaled grouped GEMM of an MXFP8 forward on SM100 (every other MXFP8 GEMM reads dequantised operands).
   bool grouped_mx(core::GroupedGemm kind, core::RowWindow w) {
     core::SplitMxOperands o = core::split_mx_gemm_operands(d.view, kind);
     GroupedGemmMxfp8 g{d.view.s,
@@ -140,15 +150,16 @@ GemmStatus split_gemm_workspace_bytes(const core::LayerShape& s, GemmArchitectur
 bool enqueue_split_pass(const SplitDevice& d, bool biases, SplitFailure* failure) {
   *failure = SplitFailure{};
   const core::LayerShape& s = d.view.s;
-  if (!core::split_supports(s, biases) || !core::split_runs(s, d.view.kind))
-    failure->refusal = SplitRefusal::unsupported_layer;
-  core::SplitCall call{d.view.w.shared_router != nullptr,
-                       core::is_backward(d.view.kind) && d.gradients.gate != nullptr};
+  if (!core::split_supports(s, biases)) failure->refusal = SplitRefusal::unsupported_layer;
+  core::SplitCall call{d.view.w.shared_router != nullptr, core::is_backward(d.view.kind) && d.gradients.gate != nullptr,
+                       block_scaled(d)};
   failure->missing = core::split_missing_buffer(d.view, call, d.targets, d.gradients, d.shared);
   // MXFP8's dispatch and SwiGLU quantise 32-row blocks in each CTA's staging.
   auto need = static_cast<int64_t>(core::max_value(core::mx_staging_values(s), core::mx_swiglu_staging_values(s)));
   if (s.mxfp8 && (!d.staging || d.staging_values < need) && !failure->missing)
     failure->missing = "staging (MXFP8's: mx_staging_values and mx_swiglu_staging_values per CTA)";
+  if (s.mxfp8 && (!d.dequantised.a || !d.dequantised.b) && !failure->missing)
+    failure->missing = "dequantised (MXFP8's scratch: dequantised_a_values and dequantised_b_values bf16)";
   bool group = s.world == 1 || (d.view.group && d.view.headers);
   if (d.ctas < 1 || !d.host_peers || !d.gemm_arguments || (d.staging_values > 0 && !d.staging) || failure->missing ||
       !group)
@@ -156,8 +167,7 @@ bool enqueue_split_pass(const SplitDevice& d, bool biases, SplitFailure* failure
 #if MOK_WITH_GROUPED_GEMM
   auto architecture = static_cast<GemmArchitecture>(d.architecture);
   bool units = architecture != GemmArchitecture::none && gemm_architecture(d.architecture) == architecture;
-  if (failure->refusal == SplitRefusal::none && (!units || (s.mxfp8 && architecture != GemmArchitecture::sm100))) {
-    // not a device this build carries grouped GEMMs for, or MXFP8 off SM100 (no block-scaled MMA)
+  if (failure->refusal == SplitRefusal::none && !units) {  // not a device this build carries grouped GEMMs for
     failure->refusal = SplitRefusal::gemm_refused;
     failure->gemm_status = static_cast<int>(GemmStatus::no_architecture);
   }

@@ -10,6 +10,7 @@
 // work over the CTA. Enqueued by enqueue_split_pass (split_pass_device.cpp).
 #include "core/comm_tasks.hpp"
 #include "core/home_sums.hpp"
+#include "core/split_dequantise.hpp"
 #include "core/split_pass.hpp"
 #include "core/split_shared.hpp"
 #include "cuda/split_device.hpp"
@@ -95,11 +96,31 @@ __global__ void gradient_items(core::GradientParts parts, int64_t items, bool wr
   if (i < items) core::gradient_item(parts, i, write);
 }
 
+// MXFP8: the window's rows of A (and of a weight gradient's B) dequantised into their ring rows of the scratch, a CTA
+// per row at a time (grid-stride), its threads across the row's columns (core/split_dequantise.hpp).
+__global__ void dequantise_rows(core::PassView view, core::GroupedGemm kind, core::RowWindow window,
+                                core::SplitDequantised scratch) {
+  core::PassView v = on_device(view);
+  for (int64_t r = blockIdx.x; r < window.rows; r += gridDim.x) {
+    core::dequantise_ring_row(v, kind, false, window.row0 + r, threadIdx.x, blockDim.x, scratch.a);
+    if (core::is_wgrad(kind))
+      core::dequantise_ring_row(v, kind, true, window.row0 + r, threadIdx.x, blockDim.x, scratch.b);
+  }
+}
+
+// ... and the experts' weights of the kind's B into scratch.b, a thread per element (grid-stride).
+__global__ void dequantise_weights(core::PassView view, core::GroupedGemm kind, int64_t items, core::bf16_t* scratch) {
+  int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < items; i += stride)
+    core::dequantise_weight_item(view, kind, i, scratch);
+}
+
 // ---- launchers: one thread per CTA runs a tile's body (each_tile), so a row step's CTAs are small ----
 
 namespace split_detail {
 constexpr int kRowStepThreads = 32;
-constexpr int kItemThreads = 128;  // a thread per item: the home sums, the shared rows, the bf16 gradients
+constexpr int kItemThreads = 128;            // a thread per item: the home sums, the shared rows, the bf16 gradients
+constexpr int64_t kMaxItemBlocks = 1 << 16;  // a grid-stride item kernel's CTAs at most (dequantise_weights)
 
 // CTAs of kItemThreads for `items` threads.
 int64_t item_blocks(int64_t items) {
@@ -154,6 +175,17 @@ cudaError_t launch_gradients(const SplitDevice& d, bool write) {
   int64_t blocks = item_blocks(items);  // at most 2^31 - 1: a grid's x extent
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   gradient_items<<<static_cast<unsigned>(blocks), kItemThreads, 0, d.stream>>>(parts, items, write);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_dequantise(const SplitDevice& d, core::GroupedGemm kind, const core::RowWindow& window) {
+  if (window.rows > 0) dequantise_rows<<<d.ctas, kItemThreads, 0, d.stream>>>(d.view, kind, window, d.dequantised);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  int64_t items = core::dequantise_weight_items(d.view.s, kind);
+  if (items == 0) return cudaSuccess;
+  int64_t blocks = item_blocks(items) < kMaxItemBlocks ? item_blocks(items) : kMaxItemBlocks;
+  dequantise_weights<<<static_cast<unsigned>(blocks), kItemThreads, 0, d.stream>>>(d.view, kind, items,
+                                                                                   d.dequantised.b);
   return cudaGetLastError();
 }
 
