@@ -12,8 +12,8 @@ Since a call returns before its pass has run, a rank that cannot enter a call ca
 the host executor's does (stop_group makes a blocked call return): every call agrees with the group first
 (agrees_per_call), as the reference executor's do.
 
-It runs what libmok's cuda executor runs: BF16 and MXFP8 (forward and backward) on compute capability 10.x and 9.0, no
-expert biases, and the shapes mokLayerGetSizes accepts. With backend=None a layer it cannot run goes to
+It runs what libmok's cuda executor runs: BF16 and MXFP8 (forward and backward, expert biases too) on compute
+capability 10.x and 9.0, the shapes mokLayerGetSizes accepts. With backend=None a layer it cannot run goes to
 the next backend ("reference"); backend="cuda" raises the reason instead.
 """
 
@@ -98,18 +98,16 @@ class CudaExecutor(LibmokExecutor):
         return self._backends[index].available, self._backends[index].reason
 
     def refusal(self, shape, backward: bool, device: torch.device) -> str | None:
-        """Why libmok's cuda executor cannot run a layer of `shape` (validate.LayerShape) on `device`, or None: what
-        it does not compute yet, then libmok's own shape rules (mokLayerGetSizes). backward: the call keeps a
-        context for a backward (or recomputes one); this executor runs every pass of the layers it accepts, so its
-        answer is the same either way. device: any device mok.backends() reports the executor usable on."""
+        """Why libmok's cuda executor cannot run a layer of `shape` (validate.LayerShape) on `device`, or None:
+        libmok's own shape rules (mokLayerGetSizes). backward: the call keeps a context for a backward (or recomputes
+        one); this executor runs every pass of the layers it accepts, so its answer is the same either way. device:
+        any device mok.backends() reports the executor usable on."""
         key = (shape, _index(device))
         if key not in self._refusals:
             self._refusals[key] = self._refuse(shape)
         return self._refusals[key]
 
     def _refuse(self, shape) -> str | None:
-        if shape.biases:
-            return "libmok's cuda executor adds no expert bias yet (its grouped GEMMs take none)"
         padding = shape.expert_padding  # a ring of one tile: libmok's minibatch rules hold for any padding
         config = dict(world=1, rank=0, experts_per_rank=shape.num_local_experts, hidden=shape.hidden,
                       intermediate=shape.intermediate, top_k=shape.topk, max_tokens=1,

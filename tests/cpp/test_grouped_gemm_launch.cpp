@@ -94,6 +94,16 @@ TEST(valid_launch_reaches_cuda) {
     CHECK_MSG(s == GemmStatus::cuda_error && error != cudaSuccess, "kind %d workspace: %s", kind,
               mok::cuda::gemm_status_name(s));
   }
+  // The forward's kinds take an fp32 D in place of the bf16 one (a layer with expert biases: the forward_f32 unit).
+  for (GroupedGemm kind : {GroupedGemm::gate, GroupedGemm::up, GroupedGemm::down}) {
+    GroupedGemmBf16 g = valid(rng, kind);
+    g.d = nullptr;
+    g.d_fp32 = address<float>(rng);
+    cudaError_t error = cudaSuccess;
+    GemmStatus s = mok::cuda::grouped_gemm_bf16(g, nullptr, size_t{1} << 30, nullptr, &error);
+    CHECK_MSG(s == GemmStatus::cuda_error && error != cudaSuccess, "kind %d with an fp32 D: %s", static_cast<int>(kind),
+              mok::cuda::gemm_status_name(s));
+  }
 }
 
 TEST(an_architecture_the_build_lacks_is_no_architecture) {

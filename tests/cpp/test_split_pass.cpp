@@ -20,6 +20,7 @@
 
 #include "core/comm_tasks.hpp"
 #include "core/home_sums.hpp"
+#include "core/split_bias.hpp"
 #include "core/split_pass.hpp"
 #include "core/split_shared.hpp"
 #include "core/split_workspace.hpp"
@@ -70,6 +71,8 @@ struct SplitOutputs {
   std::vector<uint16_t> out, dx, slots;
   std::vector<float> dw, main_gate, main_up, main_down, main_sgate, main_sup, main_sdown, main_srouter;
   std::vector<uint16_t> dgate, dup, ddown, dsgate, dsup, dsdown, dsrouter;  // bf16 gradients (no main_grad)
+  std::vector<uint16_t> dbgate, dbup, dbdown;                               // bias gradients: bf16 ...
+  std::vector<float> main_bgate, main_bup, main_bdown;                      // ... or added into fp32
 };
 
 // The split executor's own buffers (core/split_workspace.hpp: dx's fp32 first term, the weight gradients' sums, the
@@ -132,13 +135,14 @@ struct HostSteps {
     return true;
   }
   bool gradients(bool write) {
-    core::GradientParts parts = core::split_gradient_parts(v.s, v.w.shared_router != nullptr, targets, bf16_grads);
+    core::GradientParts parts =
+        core::split_gradient_parts(v.s, v.w.shared_router != nullptr, bf16_grads.gate != nullptr, targets, bf16_grads);
     for (int64_t i = 0; i < core::gradient_items(parts); ++i) core::gradient_item(parts, i, write);
     return true;
   }
   // The device's two kernels: the window's ring rows (every column), then the weights element by element.
   bool dequantise(GroupedGemm kind, core::RowWindow w) {
-    CHECK_MSG(core::split_dequantises(v.s, kind, block_scaled),
+    CHECK_MSG(core::split_dequantises(v.s, kind, block_scaled, core::split_bias(v.w, kind) != nullptr),
               "a dequantise step before GEMM kind %d, which reads "
               "its operands as they are",
               static_cast<int>(kind));
@@ -148,6 +152,18 @@ struct HostSteps {
     }
     for (int64_t i = 0; i < core::dequantise_weight_items(v.s, kind); ++i)
       core::dequantise_weight_item(v, kind, i, dequantised.b);
+    return true;
+  }
+  // The device's kernels: a row at a time across its columns; a column of each bias gradient at a time.
+  bool add_bias(GroupedGemm kind, core::RowWindow w) {
+    CHECK_MSG(core::split_bias(v.w, kind), "an add_bias step after GEMM kind %d, which has no bias",
+              static_cast<int>(kind));
+    for (int64_t row = w.row0; row < w.row0 + w.rows; ++row) core::add_bias_row(v, targets, kind, row, 0, 1);
+    return true;
+  }
+  bool bias_gradients(core::RowWindow w) {
+    for (int64_t i = 0; i < core::bias_gradient_items(v.s, bf16_grads); ++i)
+      core::bias_gradient_item(v, targets, bf16_grads, w, i);
     return true;
   }
   bool shared_rows(core::SplitStep step) {
@@ -226,11 +242,11 @@ struct HostSteps {
     return true;
   }
   bool gemm(GroupedGemm kind, core::RowWindow w) {
-    bool dequantised_operands = core::split_dequantises(v.s, kind, block_scaled);
+    bool biased = core::split_bias(v.w, kind) != nullptr;
+    bool dequantised_operands = core::split_dequantises(v.s, kind, block_scaled, biased);
     if (v.s.mxfp8 && !dequantised_operands) return grouped_mx(kind, w);
-    core::SplitGemmOperands ops = dequantised_operands ? core::split_dequantised_operands(v, kind, targets, dequantised)
-                                                       : core::split_gemm_operands(v, kind, targets);
-    return grouped(kind, ops, v.s, v.sched, core::ring_periods(v.s), w);
+    return grouped(kind, core::split_step_operands(v, kind, targets, dequantised, dequantised_operands, biased), v.s,
+                   v.sched, core::ring_periods(v.s), w);
   }
   bool shared_gemm(GroupedGemm kind) {
     return grouped(kind, core::shared_gemm_operands(v, kind, shared, targets), core::shared_expert_shape(v.s),
@@ -333,6 +349,11 @@ struct Group {
     v.w.gate = p.gate[r].data();
     v.w.up = p.up[r].data();
     v.w.down = p.down[r].data();
+    if (!p.bgate.empty()) {
+      v.w.gate_bias = p.bgate[r].data();
+      v.w.up_bias = p.bup[r].data();
+      v.w.down_bias = p.bdown[r].data();
+    }
     if (p.mxfp8) {  // the forward's rowwise forms, the backward's colwise ones
       const MxWeights& m = mx[static_cast<size_t>(r)];
       core::MxWeight* forms[6] = {&v.w.gate_rowwise, &v.w.gate_colwise, &v.w.up_rowwise,
@@ -385,8 +406,22 @@ struct Group {
         for (auto* g : {&o.dgate, &o.dup, &o.ddown}) g->assign(eih, 0xffff);
         for (auto* g : {&o.dsgate, &o.dsup, &o.dsdown}) g->assign(sih, 0xffff);
         o.dsrouter.assign(o.main_srouter.size(), 0xffff);
-        grads = core::SplitGradients{o.dgate.data(), o.dup.data(),    o.ddown.data(),   o.dsgate.data(),
-                                     o.dsup.data(),  o.dsdown.data(), o.dsrouter.data()};
+        grads = core::SplitGradients{
+            o.dgate.data(),    o.dup.data(), o.ddown.data(), o.dsgate.data(), o.dsup.data(), o.dsdown.data(),
+            o.dsrouter.data(), nullptr,      nullptr,        nullptr,         false};
+      }
+      if (!p.bgate.empty() && core::is_backward(kind)) {  // as the host's: bf16, or added into fp32 from its start
+        size_t ei = static_cast<size_t>(p.experts) * p.inter, eh = static_cast<size_t>(p.experts) * p.hidden;
+        if (k.accumulate) {
+          o.main_bgate.assign(ei, k.main_grad_start), o.main_bup.assign(ei, k.main_grad_start);
+          o.main_bdown.assign(eh, k.main_grad_start);
+          grads.gate_bias = o.main_bgate.data(), grads.up_bias = o.main_bup.data(),
+          grads.down_bias = o.main_bdown.data();
+        } else {
+          o.dbgate.assign(ei, 0xffff), o.dbup.assign(ei, 0xffff), o.dbdown.assign(eh, 0xffff);
+          grads.gate_bias = o.dbgate.data(), grads.up_bias = o.dbup.data(), grads.down_bias = o.dbdown.data();
+        }
+        grads.bias_accumulate = k.accumulate;
       }
       HostSteps steps{
           v,     targets, p,  r, barrier, o, reverse, block_scaled, extras.buffers.dequantised, extras.buffers.shared,
@@ -394,7 +429,9 @@ struct Group {
       steps.staging.assign(std::max(core::mx_staging_values(v.s), core::mx_swiglu_staging_values(v.s)) + 1, 0);
       core::RowPeriods periods = core::ring_periods(v.s);
       bool gated = v.w.shared_router != nullptr;
-      core::SplitCall call{gated, !k.accumulate, block_scaled};
+      core::SplitCall call = core::split_call(v, grads, block_scaled);
+      CHECK_MSG(call.gated == gated && call.bf16_gradients == (core::is_backward(kind) && !k.accumulate),
+                "split_call misreads the call");
       std::vector<core::SplitLaunch> launches(static_cast<size_t>(core::split_plan(v.s, kind, periods, call, nullptr)));
       CHECK(core::split_plan(v.s, kind, periods, call, launches.data()) == static_cast<int64_t>(launches.size()));
       int64_t ran = core::run_split_pass(launches.data(), static_cast<int64_t>(launches.size()), steps);
@@ -464,6 +501,11 @@ void check_bf16_gradients(const ref::Problem& p, Knobs k, bool one_window, bool 
     check_bf16(split[r].dgate, host.dgate[r], "dgate", r, one_window);
     check_bf16(split[r].dup, host.dup[r], "dup", r, one_window);
     check_bf16(split[r].ddown, host.ddown[r], "ddown", r, one_window);
+    if (!p.bgate.empty()) {  // one sum per expert from 0, rows in canonical order window after window: the host's
+      check_bits(split[r].dbgate, host.dbgate[r], "dgate_bias", r);
+      check_bits(split[r].dbup, host.dbup[r], "dup_bias", r);
+      check_bits(split[r].dbdown, host.dbdown[r], "ddown_bias", r);
+    }
     if (p.shared_inter == 0) continue;
     check_bits(split[r].dsgate, host.dsgate[r], "dshared_gate", r);
     check_bits(split[r].dsup, host.dsup[r], "dshared_up", r);
@@ -526,6 +568,11 @@ void check_case(const Spec& spec, Knobs k, uint64_t seed, bool block_scaled = tr
       check_floats(split[r].main_gate, host.main_gate[r], "main_grad gate", r, bound, k.main_grad_start);
       check_floats(split[r].main_up, host.main_up[r], "main_grad up", r, bound, k.main_grad_start);
       check_floats(split[r].main_down, host.main_down[r], "main_grad down", r, bound, k.main_grad_start);
+      if (!p.bgate.empty()) {  // the whole pass's sum added once, as the host adds it
+        check_floats(split[r].main_bgate, host.main_bgate[r], "main_grad gate bias", r);
+        check_floats(split[r].main_bup, host.main_bup[r], "main_grad up bias", r);
+        check_floats(split[r].main_bdown, host.main_bdown[r], "main_grad down bias", r);
+      }
       if (p.shared_inter == 0) continue;
       // The shared expert's: one window of every token, one sum from 0 in token order, as the host's: bitwise.
       check_floats(split[r].main_sgate, host.main_sgate[r], "main_grad shared gate", r);
@@ -623,7 +670,7 @@ void check_mx_case(const Spec& spec, int macrobatch, uint64_t seed, bool block_s
   k.macrobatch = macrobatch;
   std::mt19937_64 rng(seed);
   core::LayerShape s = shape_of(config_for(make_problem(spec, rng), k, 0));
-  CHECK_MSG(core::split_supports(s, false), "an MXFP8 layer refused");
+  CHECK_MSG(core::split_supports(s), "an MXFP8 layer refused");
   check_case(spec, k, seed, block_scaled);
 }
 
@@ -655,49 +702,87 @@ TEST(split_pass_mxfp8) {
   check_mx_case(spec, 128, seed() + 901, false);
 }
 
-// The layers the split pass computes (core::split_supports): no expert biases, every GEMM width (H, I, I_s) a multiple
-// of 8 (16-byte rows); in MXFP8 H and I whole 32-code blocks and expert_padding of 128-row tiles. Each rule broken
-// alone is refused. And which GEMMs read dequantised operands (core::split_dequantises): none in BF16; in MXFP8 all
-// but the forward's on SM100, all without block-scaled MMA.
+// Expert biases (gpt-oss): gate, up and down write their fp32 products and the add_bias steps add each row's expert's
+// bias before the one rounding; the backward sums each bias gradient down the expert's rows in canonical order, window
+// after window (bias_gradients), zeroed first and written last: out, dx, dw and the bias gradients the host
+// executor's bitwise, bf16 or added into fp32; in BF16 and MXFP8 (block-scaled or not: a biased forward GEMM always
+// reads dequantised operands, the block-scaled unit writing bf16), rings that turn and that hold every row, with
+// swiglu_oai's clamp.
+TEST(split_pass_expert_biases) {
+  for (int world : {1, 3})
+    for (int macrobatch : {16, 256}) {
+      Spec spec = spec_of(world, Routing::uniform);
+      spec.bias = true;
+      Knobs k;
+      k.padding = 8;
+      k.minibatch = 8;
+      k.macrobatch = macrobatch;
+      std::printf("biases world %d macrobatch %d\n", world, macrobatch);
+      check_case(spec, k, seed() + static_cast<uint64_t>(1200 + world * 10 + macrobatch));
+    }
+  // Many rows per expert (hundreds, in 8-row tiles over 64-row windows): fp32 sums long enough that their order shows.
+  Spec many = spec_of(1, Routing::uniform);
+  many.bias = true, many.experts = 2, many.max_tokens = 200;
+  Knobs windows;
+  windows.padding = 8, windows.minibatch = 8, windows.macrobatch = 64;
+  std::printf("biases over many rows\n");
+  check_case(many, windows, seed() + 1250);
+  Spec oai = spec_of(2, Routing::empty_experts);
+  oai.bias = true, oai.alpha = 1.702, oai.limit = 0.75;
+  std::printf("biases with swiglu_oai\n");
+  check_case(oai, Knobs{}, seed() + 1300);
+  for (bool block_scaled : {true, false})
+    for (int macrobatch : {128, 512}) {
+      Spec spec = spec_of(2, Routing::uniform);
+      spec.mxfp8 = true, spec.bias = true, spec.hidden = 96, spec.inter = 32;
+      std::printf("MXFP8 %s biases macrobatch %d\n", block_scaled ? "block-scaled" : "dequantised", macrobatch);
+      check_mx_case(spec, macrobatch, seed() + static_cast<uint64_t>(1400 + macrobatch + block_scaled), block_scaled);
+    }
+}
+
+// The layers the split pass computes (core::split_supports): every GEMM width (H, I, I_s) a multiple of 8 (16-byte
+// rows); in MXFP8 H and I whole 32-code blocks and expert_padding of 128-row tiles. Each rule broken alone is refused.
+// And which GEMMs read dequantised operands (core::split_dequantises): none in BF16; in MXFP8 all but the forward's
+// on SM100 without a bias, all without block-scaled MMA.
 TEST(split_supports_layers_of_16_byte_rows_and_mxfp8_tiles) {
   core::LayerShape s{};
   s.hidden = 24, s.intermediate = 16, s.shared_intermediate = 40, s.expert_padding = 8;
-  CHECK(core::split_supports(s, false));
-  CHECK_MSG(!core::split_supports(s, true), "expert biases accepted");
+  CHECK(core::split_supports(s));
   for (int* width : {&s.hidden, &s.intermediate, &s.shared_intermediate}) {
     *width += 4;  // 8 bytes off a 16-byte row
-    CHECK_MSG(!core::split_supports(s, false), "H %d, I %d, I_s %d accepted", s.hidden, s.intermediate,
-              s.shared_intermediate);
+    CHECK_MSG(!core::split_supports(s), "H %d, I %d, I_s %d accepted", s.hidden, s.intermediate, s.shared_intermediate);
     *width -= 4;
   }
   core::LayerShape mx = s;
   mx.mxfp8 = 1;
   mx.hidden = 64, mx.intermediate = 32, mx.expert_padding = 256;
-  CHECK(core::split_supports(mx, false));
-  CHECK_MSG(!core::split_supports(mx, true), "MXFP8 with expert biases accepted");
+  CHECK(core::split_supports(mx));
   for (int* width : {&mx.hidden, &mx.intermediate})
     for (int off : {8, 16}) {  // 16-byte rows, but not whole 32-code blocks
       *width += off;
-      CHECK_MSG(!core::split_supports(mx, false), "MXFP8 H %d, I %d accepted", mx.hidden, mx.intermediate);
+      CHECK_MSG(!core::split_supports(mx), "MXFP8 H %d, I %d accepted", mx.hidden, mx.intermediate);
       *width -= off;
     }
   mx.shared_intermediate = 8;  // the shared expert is bf16 in both precisions
-  CHECK(core::split_supports(mx, false));
+  CHECK(core::split_supports(mx));
   for (int padding : {32, 64, 96, 160, 384 - 32}) {
     mx.expert_padding = padding;
-    CHECK_MSG(!core::split_supports(mx, false), "MXFP8 expert_padding %d accepted", padding);
+    CHECK_MSG(!core::split_supports(mx), "MXFP8 expert_padding %d accepted", padding);
   }
   mx.expert_padding = 128;
-  CHECK(core::split_supports(mx, false));
+  CHECK(core::split_supports(mx));
   for (int g = 0; g < static_cast<int>(GroupedGemm::count); ++g) {
     auto kind = static_cast<GroupedGemm>(g);
     bool forward = kind == GroupedGemm::gate || kind == GroupedGemm::up || kind == GroupedGemm::down;
-    CHECK_MSG(!core::split_dequantises(s, kind, true) && !core::split_dequantises(s, kind, false), "BF16 kind %d", g);
-    CHECK_MSG(core::split_dequantises(mx, kind, true) == !forward, "MXFP8 kind %d on SM100", g);
-    CHECK_MSG(core::split_dequantises(mx, kind, false), "MXFP8 kind %d without block-scaled MMA", g);
+    for (bool biased : {false, true}) {
+      CHECK_MSG(!core::split_dequantises(s, kind, true, biased) && !core::split_dequantises(s, kind, false, biased),
+                "BF16 kind %d", g);
+      CHECK_MSG(core::split_dequantises(mx, kind, true, biased) == (!forward || biased), "MXFP8 kind %d on SM100", g);
+      CHECK_MSG(core::split_dequantises(mx, kind, false, biased), "MXFP8 kind %d without block-scaled MMA", g);
+    }
   }
   s.shared_intermediate = 0;  // no shared expert
-  CHECK(core::split_supports(s, false));
+  CHECK(core::split_supports(s));
 }
 
 // What an executor must hold (core::split_buffers_complete, enqueue_split_pass's bad_device): from buffers that hold
@@ -712,20 +797,26 @@ TEST(split_buffers_complete_refuses_each_buffer_a_pass_uses) {
   for (PassKind kind : {PassKind::forward, PassKind::backward})
     for (int shared_inter : {0, 8})
       for (bool gated : {false, true})
-        for (bool bf16 : {false, true}) {
+        for (int variant = 0; variant < 4; ++variant) {
+          bool bf16 = variant & 1, biased = variant & 2;  // biased: every expert bias, and its gradient in a backward
           if (gated && shared_inter == 0) continue;
           core::PassView v{};
           v.kind = kind;
           v.s.experts_per_rank = 2, v.s.hidden = 16, v.s.intermediate = 8, v.s.shared_intermediate = shared_inter;
-          core::SplitCall call{gated, bf16, true};
+          bool backward = core::is_backward(kind), shared = shared_inter > 0;
+          core::SplitCall call{gated, bf16, true, static_cast<uint8_t>(biased ? 7 : 0), biased && backward};
           std::vector<char> memory(64);  // every pointer somewhere, none null
           char* any = memory.data();
           core::SplitTargets t{};
           core::SplitGradients g{};
+          if (biased) g.gate_bias = g.up_bias = g.down_bias = any;
           core::SplitShared sh{};
-          bool backward = core::is_backward(kind), shared = shared_inter > 0;
           std::vector<Slot> slots = {
-              {"dx_partial", reinterpret_cast<void**>(&t.dx_partial), backward},
+              {"dx_partial", reinterpret_cast<void**>(&t.dx_partial), backward || biased},
+              {"biased", reinterpret_cast<void**>(&t.biased), biased},
+              {"bias_gate", reinterpret_cast<void**>(&t.bias_gate), backward && biased},
+              {"bias_up", reinterpret_cast<void**>(&t.bias_up), backward && biased},
+              {"bias_down", reinterpret_cast<void**>(&t.bias_down), backward && biased},
               {"wgrad_gate", reinterpret_cast<void**>(&t.wgrad_gate), backward},
               {"wgrad_up", reinterpret_cast<void**>(&t.wgrad_up), backward},
               {"wgrad_down", reinterpret_cast<void**>(&t.wgrad_down), backward},
@@ -754,8 +845,8 @@ TEST(split_buffers_complete_refuses_each_buffer_a_pass_uses) {
           for (Slot& slot : slots) {
             *slot.at = nullptr;
             CHECK_MSG(core::split_buffers_complete(v, call, t, g, sh) == !slot.used,
-                      "%s null: %s (kind %d, I_s %d, gated %d, bf16 gradients %d)", slot.name,
-                      slot.used ? "accepted" : "refused", static_cast<int>(kind), shared_inter, gated, bf16);
+                      "%s null: %s (kind %d, I_s %d, gated %d, bf16 gradients %d, biases %d)", slot.name,
+                      slot.used ? "accepted" : "refused", static_cast<int>(kind), shared_inter, gated, bf16, biased);
             const char* missing = core::split_missing_buffer(v, call, t, g, sh);
             CHECK_MSG(slot.used ? missing && std::strcmp(missing, slot.name) == 0 : missing == nullptr,
                       "%s null: named '%s'", slot.name, missing ? missing : "(none)");
@@ -766,7 +857,7 @@ TEST(split_buffers_complete_refuses_each_buffer_a_pass_uses) {
 
 // The self-test's one_rank stage's problem: one rank, four experts (one with no rows, one hot), H 512, I 256, a shared
 // expert of I_s 384, 300 tokens; and its knobs: 128-row tiles, a 256-row ring.
-ref::Problem stage_problem(bool gated, bool mxfp8, uint64_t draw) {
+ref::Problem stage_problem(bool gated, bool mxfp8, uint64_t draw, bool bias = false) {
   std::mt19937_64 rng(draw);
   Spec spec = spec_of(1, Routing::uniform);
   spec.experts = 4;
@@ -777,6 +868,7 @@ ref::Problem stage_problem(bool gated, bool mxfp8, uint64_t draw) {
   spec.max_tokens = 300;
   spec.ragged = false;
   spec.mxfp8 = mxfp8;
+  spec.bias = bias;
   ref::Problem p = make_problem(spec, rng);
   for (auto& ids : p.ids)
     for (auto& id : ids) id = std::array<int64_t, 8>{0, 0, 0, 0, 1, 1, 3, -1}[rng() % 8];
@@ -798,8 +890,9 @@ Knobs stage_knobs() {
 // operands, as on sm_90a). In MXFP8 another order moves a bf16 g, u, dh or dg by a unit where it lies near a rounding
 // boundary, and a quantisation can carry that to an e4m3 unit (2^-4 relative) of one value, or to its block's scale
 // where the value is the block's largest; the results still stay within the bound.
-void check_reversed_order(bool gated, bool bf16_gradients, bool mxfp8 = false, bool block_scaled = true) {
-  ref::Problem p = stage_problem(gated, mxfp8, seed() + 7 + gated + 2 * mxfp8);
+void check_reversed_order(bool gated, bool bf16_gradients, bool mxfp8 = false, bool block_scaled = true,
+                          bool bias = false) {
+  ref::Problem p = stage_problem(gated, mxfp8, seed() + 7 + gated + 2 * mxfp8 + 4 * bias, bias);
   Knobs k = stage_knobs();
   k.accumulate = !bf16_gradients;
   Group group(p, k);
@@ -827,11 +920,15 @@ void check_reversed_order(bool gated, bool bf16_gradients, bool mxfp8 = false, b
                                  {"dW_shared_up", normwise(b.main_sup, host.main_sup[0], start)},
                                  {"dW_shared_down", normwise(b.main_sdown, host.main_sdown[0], start)}});
     if (gated) errors.push_back({"dW_shared_router", normwise(b.main_srouter, host.main_srouter[0], start)});
+    if (bias)
+      errors.insert(errors.end(), {{"db_gate", normwise(b.main_bgate, host.main_bgate[0], start)},
+                                   {"db_up", normwise(b.main_bup, host.main_bup[0], start)},
+                                   {"db_down", normwise(b.main_bdown, host.main_bdown[0], start)}});
   }
   double largest = 0;
   for (auto [name, error] : errors) {
-    std::printf("  reversed sums (%s%s): %s %.3g\n", mxfp8 ? (block_scaled ? "MXFP8, " : "MXFP8 dequantised, ") : "",
-                gated ? "gated, main_grad" : "ungated, bf16", name, error);
+    std::printf("  reversed sums (%s%s%s): %s %.3g\n", mxfp8 ? (block_scaled ? "MXFP8, " : "MXFP8 dequantised, ") : "",
+                bias ? "biases, " : "", gated ? "gated" : "ungated", name, error);
     CHECK_MSG(error <= core::kSplitOrderTolerance, "%s: %g above %g", name, error, core::kSplitOrderTolerance);
     largest = std::max(largest, error);
   }
@@ -843,6 +940,7 @@ TEST(another_summation_order_stays_within_the_self_tests_bound) {
   check_reversed_order(false, true);
   check_reversed_order(true, false, true, true);
   check_reversed_order(true, false, true, false);
+  check_reversed_order(false, false, false, true, true);  // the self-test's biased layer
 }
 
 MOK_TEST_MAIN

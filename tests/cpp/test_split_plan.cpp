@@ -38,6 +38,7 @@ enum Produced : uint32_t {
   kWDown = 2048,
   kWGate = 4096,
   kWUp = 8192,
+  kBias = 16384,  // the row's dy, dg, du added to the bias gradients' sums
 };
 
 struct Row {
@@ -116,7 +117,9 @@ struct Sim {
   bool barrier = false, sums = false;
   SharedSim shared;
   // A bf16-gradient backward: its sums zeroed before any weight-gradient product and written out after the last.
-  bool bf16_gradients;
+  bool bf16_gradients, bias_gradients, own_sums;  // own_sums: the executor's sums, zeroed first and written last
+  uint8_t biases;
+  const core::SplitLaunch* unbiased = nullptr;  // a GEMM with a bias, waiting for its add_bias step
   int zeroed = 0, written = 0, wgrads = 0;
   // MXFP8: a GEMM over dequantised operands (core::split_dequantises) right after its own dequantise step
   bool block_scaled;
@@ -130,20 +133,24 @@ struct Sim {
         out_holder(static_cast<size_t>(cs.periods.out), -1),
         shared{core::is_backward(k), call.gated},
         bf16_gradients(core::is_backward(k) && call.bf16_gradients),
+        bias_gradients(core::is_backward(k) && call.bias_gradients),
+        own_sums(bf16_gradients || bias_gradients),
+        biases(call.biases),
         block_scaled(call.block_scaled) {}
 
-  // A weight-gradient product goes into the sums: zeroed first (bf16), not yet written out.
+  // A gradient's product goes into the sums: zeroed first (the executor's own), not yet written out.
   void into_sums(const char* what) {
     ++wgrads;
-    CHECK_MSG(!bf16_gradients || (zeroed == 1 && written == 0), "%s with the sums zeroed %d times, written %d", what,
-              zeroed, written);
+    CHECK_MSG(!own_sums || (zeroed == 1 && written == 0), "%s with the sums zeroed %d times, written %d", what, zeroed,
+              written);
   }
+  // What a backward's routed row must have before it leaves the ring, and at the pass's end.
+  uint32_t backward_done() const { return kWDown | kWGate | kWUp | (bias_gradients ? kBias : 0u); }
 
   // Every weight gradient's products are in: each routed row's three and the shared expert's.
   bool all_wgrads_in() const {
     for (int64_t r = 0; r < c.sched.total_rows; ++r)
-      if (routed(r) && (rows[static_cast<size_t>(r)].has & (kWDown | kWGate | kWUp)) != (kWDown | kWGate | kWUp))
-        return false;
+      if (routed(r) && (rows[static_cast<size_t>(r)].has & backward_done()) != backward_done()) return false;
     uint32_t shared_wgrads = kSWDown | kSWGate | kSWUp | (shared.gated ? static_cast<uint32_t>(kSRouter) : 0u);
     return c.s.shared_intermediate == 0 || (shared.has & shared_wgrads) == shared_wgrads;
   }
@@ -154,7 +161,7 @@ struct Sim {
   bool finished_in_ring(int64_t r) const {
     const Row& row = rows[static_cast<size_t>(r)];
     if (!core::is_backward(kind)) return (row.has & kOutDone) != 0;
-    return (row.has & (kWDown | kWGate | kWUp | kOutDone)) == (kWDown | kWGate | kWUp | kOutDone);
+    return (row.has & (backward_done() | kOutDone)) == (backward_done() | kOutDone);
   }
 
   void need(int64_t r, uint32_t bits, const char* what) {
@@ -231,6 +238,7 @@ struct Sim {
       case SplitStep::dispatch: dispatch(r); break;
       case SplitStep::swiglu: need(r, kG | kU, "swiglu"), give(r, kH, "h"); break;
       case SplitStep::swiglu_backward: need(r, kDh | kG | kU, "swiglu_backward"), give(r, kDg | kDu | kH, "dg"); break;
+      case SplitStep::bias_gradients: need(r, kDy | kDg | kDu, "bias_gradients"), give(r, kBias, "bias sums"); break;
       case SplitStep::combine: combine(r); break;
       default: CHECK_MSG(false, "step %s is not a row step", core::split_step_name(step)); break;
     }
@@ -246,10 +254,26 @@ struct Sim {
                    before->window.rows == l.window.rows;
     CHECK_MSG(!before || follows, "a dequantise step followed by %s, not its own GEMM", core::split_step_name(l.step));
     if (routed_gemm)
-      CHECK_MSG(core::split_dequantises(c.s, l.gemm, block_scaled) == follows, "gemm %d over [%lld, +%lld) %s",
-                static_cast<int>(l.gemm), static_cast<long long>(l.window.row0), static_cast<long long>(l.window.rows),
-                follows ? "after a dequantise step it does not read" : "without its dequantise step right before it");
+      CHECK_MSG(
+          core::split_dequantises(c.s, l.gemm, block_scaled, (biases & core::split_bias_bit(l.gemm)) != 0) == follows,
+          "gemm %d over [%lld, +%lld) %s", static_cast<int>(l.gemm), static_cast<long long>(l.window.row0),
+          static_cast<long long>(l.window.rows),
+          follows ? "after a dequantise step it does not read" : "without its dequantise step right before it");
     if (l.step == SplitStep::dequantise) return;
+    // A GEMM with a bias is followed at once by its add_bias step, and an add_bias step follows only such a GEMM.
+    const core::SplitLaunch* pending = unbiased;
+    unbiased = routed_gemm && (biases & core::split_bias_bit(l.gemm)) ? &l : nullptr;
+    bool adds = l.step == SplitStep::add_bias;
+    CHECK_MSG(!pending || (adds && pending->gemm == l.gemm && pending->window.row0 == l.window.row0 &&
+                           pending->window.rows == l.window.rows),
+              "GEMM %d with a bias followed by %s, not its add_bias step",
+              pending ? static_cast<int>(pending->gemm) : -1, core::split_step_name(l.step));
+    CHECK_MSG(!adds || pending, "an add_bias step after a GEMM without a bias");
+    if (adds) return;
+    if (l.step == SplitStep::bias_gradients) {
+      CHECK_MSG(bias_gradients, "a bias_gradients step without bias gradients");
+      into_sums("a bias gradient");
+    }
     CHECK_MSG(!l.shared || l.step == SplitStep::gemm, "a %s launch marked shared", core::split_step_name(l.step));
     switch (l.step) {
       case SplitStep::shared_schedule:
@@ -262,17 +286,17 @@ struct Sim {
         shared.row_step(l.step);
         return;
       case SplitStep::zero_gradients:
-        CHECK_MSG(bf16_gradients && zeroed == 0 && wgrads == 0, "zero_gradients %s",
-                  bf16_gradients ? "twice or after a weight gradient" : "without bf16 gradients");
+        CHECK_MSG(own_sums && zeroed == 0 && wgrads == 0, "zero_gradients %s",
+                  own_sums ? "twice or after a gradient's product" : "without the executor's own sums");
         ++zeroed;
         return;
       case SplitStep::write_gradients:
-        CHECK_MSG(bf16_gradients && zeroed == 1 && written == 0 && all_wgrads_in(),
-                  "write_gradients before every product is in, twice, or without bf16 gradients");
+        CHECK_MSG(own_sums && zeroed == 1 && written == 0 && all_wgrads_in(),
+                  "write_gradients before every product is in, twice, or without the executor's own sums");
         ++written;
         return;
       case SplitStep::barrier:
-        CHECK_MSG(written == (bf16_gradients ? 1 : 0), "the barrier with the gradients written %d times", written);
+        CHECK_MSG(written == (own_sums ? 1 : 0), "the barrier with the gradients written %d times", written);
         for (int64_t r = 0; r < c.sched.total_rows; ++r)
           if (routed(r))
             CHECK_MSG(rows[static_cast<size_t>(r)].combines == 1, "barrier before row %lld is home",
@@ -307,7 +331,7 @@ struct Sim {
   }
 
   void finish() {
-    uint32_t all = core::is_backward(kind) ? kWDown | kWGate | kWUp | kCombined : kCombined;
+    uint32_t all = core::is_backward(kind) ? backward_done() | kCombined : kCombined;
     for (int64_t r = 0; r < c.sched.total_rows; ++r) {
       if (!routed(r)) continue;
       const Row& row = rows[static_cast<size_t>(r)];
@@ -363,8 +387,8 @@ void check_cases(uint64_t seed, int trials, bool skewed) {
     Case c;
     make_case(rng, c, skewed);
     c.s.shared_intermediate = mok_test::pick(rng, 0, 1) * 8;
-    core::SplitCall call{mok_test::pick(rng, 0, 1) == 1, mok_test::pick(rng, 0, 1) == 1,
-                         mok_test::pick(rng, 0, 1) == 1};
+    core::SplitCall call{mok_test::pick(rng, 0, 1) == 1, mok_test::pick(rng, 0, 1) == 1, mok_test::pick(rng, 0, 1) == 1,
+                         static_cast<uint8_t>(mok_test::pick(rng, 0, 7)), mok_test::pick(rng, 0, 1) == 1};
     c.s.mxfp8 = mok_test::pick(rng, 0, 1);  // the plan's dequantise steps (the shape's other MXFP8 rules do not matter)
     int before = mok_test::failures().load();
     // A launch counts the schedule's rows from its segments (the host never reads them).

@@ -205,7 +205,7 @@ def test_grouped_gemms_for_every_target(libmok, cuda_bin, tmp_path):
     # The glob finds the units docs/gpu.md names (a renamed unit must not drop out of the check silently).
     names = {u.name for u in GEMM_UNITS}
     for arch in ("sm100", "sm90"):
-        units = {f"grouped_gemm_bf16{k}_{arch}.cu" for k in ("", "_dgrad", "_dgrad_partial", "_wgrad")}
+        units = {f"grouped_gemm_bf16{k}_{arch}.cu" for k in ("", "_forward_f32", "_dgrad", "_dgrad_partial", "_wgrad")}
         assert units <= names, names
     assert "grouped_gemm_mxfp8_sm100.cu" in names, names
     check_grouped_gemm(libmok, cuda_bin, tmp_path)

@@ -110,14 +110,6 @@ def test_the_shape_says_whether_the_routed_experts_carry_biases():
     assert not validate.check_layer_args(x, ids, weights, routed, shared, None, 1).biases
 
 
-def test_cuda_refuses_what_libmoks_cuda_executor_does_not_compute():
-    from mok.cuda import CudaExecutor
-
-    cuda, gpu = CudaExecutor(), torch.device("cuda", 0)
-    assert "adds no expert bias yet" in cuda.refusal(shape(biases=True), False, gpu)
-    assert "adds no expert bias yet" in cuda.refusal(shape(biases=True, mxfp8=True, padding=128), True, gpu)
-
-
 @pytest.mark.skipif(not mok._mok.executor_compiled(3), reason="libmok was built without its cuda executor "
                     "(MOK_ENABLE_CUDA=OFF or no CUTLASS): its shape rules are not there to ask")
 def test_cuda_asks_libmok_for_its_shape_rules():
@@ -130,6 +122,8 @@ def test_cuda_asks_libmok_for_its_shape_rules():
     assert "'x.shape[1] (hidden)' (60) must be a multiple of 8" in cuda.refusal(shape(hidden=60), True, gpu)
     mx = shape(mxfp8=True, hidden=64, intermediate=64, padding=128)
     assert cuda.refusal(mx, False, gpu) is None and cuda.refusal(mx, True, gpu) is None  # the backward too
+    for layer in (shape(biases=True), shape(biases=True, mxfp8=True, hidden=64, intermediate=64, padding=128)):
+        assert cuda.refusal(layer, True, gpu) is None  # expert biases: their own steps add them
     assert "must be a multiple of 32" in cuda.refusal(shape(mxfp8=True, intermediate=48, padding=128), False, gpu)
     assert "'MoKConfig.expert_padding' (32) must be a multiple of 128" in \
         cuda.refusal(shape(mxfp8=True, hidden=64, intermediate=64, padding=32), False, gpu)

@@ -67,8 +67,8 @@ typedef enum {
   mokExecutorSm100 = 1,    /* Blackwell sm_100a / sm_103a persistent kernel (later) */
   mokExecutorPortable = 2, /* any sm_80+ GPU (later) */
   mokExecutorCuda = 3,     /* the split executor: a pass as a sequence of kernels on the caller's stream, a group of
-                              BF16 ranks on sm_100a / sm_103a, or sm_90a, and MXFP8's forward and recompute on
-                              sm_100a / sm_103a (docs/gpu.md, "The cuda executor"); never run on a GPU yet */
+                              BF16 or MXFP8 ranks, expert biases or not, on sm_100a / sm_103a or sm_90a
+                              (docs/gpu.md, "The cuda executor"); never run on a GPU yet */
   mokNumExecutors = 4
 } mokExecutor_t;
 

@@ -5,10 +5,11 @@
 // reads the bf16 ring and weights (grouped_problems.hpp), and the BF16 grouped GEMM reads those.
 //
 // Exact: every value quantised from a bf16 value is a bf16 value (an e4m3 step at least as fine as bf16's at that
-// magnitude leaves the bf16 value itself; a coarser one lies on bf16's grid; 448 times the scale stays below bf16's
-// largest), and so is every code of a weight quantised from bf16 (mokMxfp8Quantize); products of bf16 values are exact
-// in fp32. So the GEMM is docs/semantics.md's MXFP8 GEMM, summed in the tensor cores' order. Only a caller's own
-// weight form whose values fall below 2^-126 off bf16's subnormal grid would be rounded.
+// magnitude leaves the bf16 value itself; a coarser one lies on bf16's grid; a block within 2^-4 of bf16's largest can
+// round up to 2^128, infinity in fp32 and bf16 alike), and so is every code of a weight quantised from bf16
+// (mokMxfp8Quantize); products of bf16 values are exact in fp32. So the GEMM is docs/semantics.md's MXFP8 GEMM, summed
+// in the tensor cores' order. A weight form of values below 2^-126 off bf16's subnormal grid (quantised from tiny fp32
+// weights, or written by hand) would be rounded (docs/gpu.md).
 #pragma once
 
 #include <cstddef>

@@ -4,10 +4,10 @@
 // which tiles a row step covers and the order of the steps are here, once. tests/cpp/test_split_pass runs the
 // whole pass with host steps over the host executor's memory and holds it to the host executor's bytes.
 //
-// The split executor computes with the stock grouped GEMMs of docs/gpu.md: no expert biases (split_supports says which
-// layers it computes); BF16 operands, or in MXFP8 mode the forward's block-scaled ones where the device has them and
-// every other GEMM over dequantised operands (split_dequantise.hpp); the shared expert's steps are split_shared.hpp's,
-// bf16 in both modes.
+// The split executor computes with the stock grouped GEMMs of docs/gpu.md (split_supports says which layers): BF16
+// operands, or in MXFP8 mode the forward's block-scaled ones where the device has them and every other GEMM over
+// dequantised operands (split_dequantise.hpp); expert biases in their own steps (split_bias.hpp); the shared expert's
+// steps are split_shared.hpp's, bf16 in both modes.
 #pragma once
 
 #include <cmath>
@@ -30,14 +30,14 @@ MOK_HD inline int split_width_multiple(const LayerShape& s) {
   return s.mxfp8 ? kMxBlock : 8;
 }
 
-// Whether the split pass computes this layer: the widths above, no expert biases (the grouped GEMMs take none), and in
-// MXFP8 every group of a block-scaled GEMM starting a 128-row scale tile (mx_tiles_whole: expert_padding a multiple
-// of 128, so the ring, the output ring and every window are too).
-MOK_HD inline bool split_supports(const LayerShape& s, bool biases) {
+// Whether the split pass computes this layer: the widths above, and in MXFP8 every group of a block-scaled GEMM
+// starting a 128-row scale tile (mx_tiles_whole: expert_padding a multiple of 128, so the ring, the output ring and
+// every window are too).
+MOK_HD inline bool split_supports(const LayerShape& s) {
   int m = split_width_multiple(s);
   bool widths = s.hidden % m == 0 && s.intermediate % m == 0 && s.shared_intermediate % 8 == 0;
   bool tiles = !s.mxfp8 || s.expert_padding % kMxScaleRowTile == 0;
-  return widths && tiles && !biases;
+  return widths && tiles;
 }
 
 // How far a split pass whose GEMMs sum in another order than core's (a GPU's tensor cores) may be from the host
@@ -99,52 +99,68 @@ MOK_HD inline TileInfo split_tile(const PassView& v, TaskKind kind, int64_t tile
 // ---- the grouped GEMMs: every kind's operands in the view's buffers ----
 
 // The split executor's own fp32 buffers, beside the view's: dx's first term (dgrad_x_gate's product, read by
-// dgrad_x_up as its source), [out ring rows, H]; and the weight gradients' sums [E, I, H], [E, I, H], [E, H, I],
+// dgrad_x_up as its source), [out ring rows, H]; the weight gradients' sums [E, I, H], [E, I, H], [E, H, I],
 // the shared expert's [I_s, H], [I_s, H], [H, I_s] and its router's [H] (the caller's fp32 main_grad in an
-// accumulating backward).
+// accumulating backward); with expert biases (split_bias.hpp) gate's and up's fp32 products before their bias,
+// ring-shaped [macrobatch, I] (down's go to dx_partial), and the bias gradients' sums [E, I], [E, I], [E, H].
 struct SplitTargets {
   float* dx_partial;
   float *wgrad_gate, *wgrad_up, *wgrad_down;
   float *wgrad_shared_gate, *wgrad_shared_up, *wgrad_shared_down, *wgrad_shared_router;
+  float* biased;
+  float *bias_gate, *bias_up, *bias_down;
 };
 
-// ---- a backward's bf16 weight gradients ----
+// ---- a backward's bf16 weight gradients, and the bias gradients ----
 
 // Without main_grad (accumulate off) each weight gradient is bf16 of an fp32 sum over the whole pass, as the host
 // executor writes it: the targets are then the split executor's own sums, zeroed before the first weight-gradient
 // GEMM (the plan's zero_gradients) and written out as bf16 once every product is in (write_gradients). The caller's
-// bf16 gradients: the routed experts' [E, I, H], [E, I, H], [E, H, I], the shared expert's and its router's.
+// bf16 gradients: the routed experts' [E, I, H], [E, I, H], [E, H, I], the shared expert's and its router's. The bias
+// gradients [E, I], [E, I], [E, H] (each optional: null, none) always go through the executor's own sums, and are
+// written as bf16 or added into the caller's fp32 (bias_accumulate), as the host executor writes them.
 struct SplitGradients {
   bf16_t *gate, *up, *down;
   bf16_t *shared_gate, *shared_up, *shared_down, *shared_router;
+  void *gate_bias, *up_bias, *down_bias;
+  bool bias_accumulate;
 };
 
-// One sum and its bf16 destination.
+// One sum and its destination: bf16, or fp32 it is added into (accumulate).
 struct GradientPart {
   float* sums;
-  bf16_t* grad;
+  void* grad;
   int64_t n;
+  bool accumulate;
 };
 
-// The layer's parts: the routed experts', the shared expert's with one, its router's when gated.
+// The layer's parts: with bf16 weight gradients the routed experts', the shared expert's with one, its router's when
+// gated; then each bias gradient given.
 struct GradientParts {
-  GradientPart part[7];
+  GradientPart part[10];
   int count;
 };
 
-MOK_HD inline GradientParts split_gradient_parts(const LayerShape& s, bool gated, const SplitTargets& t,
-                                                 const SplitGradients& g) {
+MOK_HD inline GradientParts split_gradient_parts(const LayerShape& s, bool gated, bool bf16_gradients,
+                                                 const SplitTargets& t, const SplitGradients& g) {
   int64_t routed = static_cast<int64_t>(s.experts_per_rank) * s.hidden * s.intermediate;
   int64_t shared = static_cast<int64_t>(s.shared_intermediate) * s.hidden;
+  int64_t ei = static_cast<int64_t>(s.experts_per_rank) * s.intermediate, eh = ei / s.intermediate * s.hidden;
   GradientParts p{};
-  p.part[p.count++] = GradientPart{t.wgrad_gate, g.gate, routed};
-  p.part[p.count++] = GradientPart{t.wgrad_up, g.up, routed};
-  p.part[p.count++] = GradientPart{t.wgrad_down, g.down, routed};
-  if (shared == 0) return p;
-  p.part[p.count++] = GradientPart{t.wgrad_shared_gate, g.shared_gate, shared};
-  p.part[p.count++] = GradientPart{t.wgrad_shared_up, g.shared_up, shared};
-  p.part[p.count++] = GradientPart{t.wgrad_shared_down, g.shared_down, shared};
-  if (gated) p.part[p.count++] = GradientPart{t.wgrad_shared_router, g.shared_router, s.hidden};
+  if (bf16_gradients) {
+    p.part[p.count++] = GradientPart{t.wgrad_gate, g.gate, routed, false};
+    p.part[p.count++] = GradientPart{t.wgrad_up, g.up, routed, false};
+    p.part[p.count++] = GradientPart{t.wgrad_down, g.down, routed, false};
+    if (shared > 0) {
+      p.part[p.count++] = GradientPart{t.wgrad_shared_gate, g.shared_gate, shared, false};
+      p.part[p.count++] = GradientPart{t.wgrad_shared_up, g.shared_up, shared, false};
+      p.part[p.count++] = GradientPart{t.wgrad_shared_down, g.shared_down, shared, false};
+      if (gated) p.part[p.count++] = GradientPart{t.wgrad_shared_router, g.shared_router, s.hidden, false};
+    }
+  }
+  if (g.gate_bias) p.part[p.count++] = GradientPart{t.bias_gate, g.gate_bias, ei, g.bias_accumulate};
+  if (g.up_bias) p.part[p.count++] = GradientPart{t.bias_up, g.up_bias, ei, g.bias_accumulate};
+  if (g.down_bias) p.part[p.count++] = GradientPart{t.bias_down, g.down_bias, eh, g.bias_accumulate};
   return p;
 }
 
@@ -155,15 +171,18 @@ MOK_HD inline int64_t gradient_items(const GradientParts& p) {
   return n;
 }
 
-// Item i: its sum zeroed, or written out as bf16.
+// Item i: its sum zeroed, or written out (as bf16, or added into the caller's fp32).
 MOK_HD inline void gradient_item(const GradientParts& p, int64_t i, bool write) {
   int at = 0;
   while (at < p.count && i >= p.part[at].n) i -= p.part[at++].n;
   if (at == p.count) return;
-  if (write)
-    p.part[at].grad[i] = float_to_bf16(p.part[at].sums[i]);
+  const GradientPart& part = p.part[at];
+  if (!write)
+    part.sums[i] = 0.0f;
+  else if (part.accumulate)
+    static_cast<float*>(part.grad)[i] = add_rn(static_cast<float*>(part.grad)[i], part.sums[i]);
   else
-    p.part[at].sums[i] = 0.0f;
+    static_cast<bf16_t*>(part.grad)[i] = float_to_bf16(part.sums[i]);
 }
 
 // What D receives from the GEMM's product P = A B^T over the window's rows of each expert.
@@ -232,13 +251,22 @@ MOK_HD inline SplitMxOperands split_mx_gemm_operands(const PassView& v, GroupedG
   return {nullptr, 0, nullptr, nullptr, nullptr, nullptr};
 }
 
-// A GEMM over dequantised operands (split_dequantises): the BF16 kind's buffers with A and B read from the scratch the
-// dequantise step before it wrote (split_dequantise.hpp).
-MOK_HD inline SplitGemmOperands split_dequantised_operands(const PassView& v, GroupedGemm kind, const SplitTargets& t,
-                                                           const SplitDequantised& scratch) {
+// A BF16 grouped GEMM's buffers as a pass runs it: the kind's (split_gemm_operands); `dequantised` (split_dequantises),
+// A and B from the scratch the dequantise step before it wrote (split_dequantise.hpp); `biased` (a forward GEMM whose
+// bias the add_bias step after it adds, split_bias.hpp), its fp32 product into SplitTargets::biased (gate, up) or
+// dx_partial (down).
+MOK_HD inline SplitGemmOperands split_step_operands(const PassView& v, GroupedGemm kind, const SplitTargets& t,
+                                                    const SplitDequantised& scratch, bool dequantised, bool biased) {
   SplitGemmOperands o = split_gemm_operands(v, kind, t);
-  o.a = scratch.a;
-  o.b = scratch.b;
+  if (dequantised) {
+    o.a = scratch.a;
+    o.b = scratch.b;
+  }
+  if (biased) {
+    o.d = nullptr;
+    o.d_fp32 = kind == GroupedGemm::down ? t.dx_partial : t.biased;
+    o.result = SplitResult::store_f32;
+  }
   return o;
 }
 
@@ -261,7 +289,8 @@ MOK_HD inline Gemm problem_gemm(const GroupedProblem& p, const GroupedLayout& l,
 
 // ---- the pass ----
 
-// Runs launches [0, count) of a split plan in order: steps.dispatch(w), dequantise(kind, w), gemm(kind, w), swiglu(w),
+// Runs launches [0, count) of a split plan in order: steps.dispatch(w), dequantise(kind, w), gemm(kind, w),
+// add_bias(kind, w), bias_gradients(w), swiglu(w),
 // swiglu_backward(w), combine(w), gradients(write) (zero_gradients, write_gradients), barrier(), home_sums(),
 // and the shared expert's shared_gemm(kind) and shared_rows(step) (split_shared.hpp). A step returns false to stop the
 // pass (a failure the executor has recorded). Returns the index of the launch that stopped it, or count when all ran.
@@ -279,6 +308,8 @@ int64_t run_split_pass(const SplitLaunch* launches, int64_t count, Steps& steps)
       case SplitStep::zero_gradients: ok = steps.gradients(false); break;
       case SplitStep::write_gradients: ok = steps.gradients(true); break;
       case SplitStep::dequantise: ok = steps.dequantise(l.gemm, l.window); break;
+      case SplitStep::add_bias: ok = steps.add_bias(l.gemm, l.window); break;
+      case SplitStep::bias_gradients: ok = steps.bias_gradients(l.window); break;
       case SplitStep::barrier: ok = steps.barrier(); break;
       case SplitStep::home_sums: ok = steps.home_sums(); break;
       case SplitStep::shared_schedule:

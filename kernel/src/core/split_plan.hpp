@@ -33,9 +33,11 @@ enum class SplitStep : int32_t {
   combine,          // push the window's finished rows (y, or dx in backward) into their home ranks' slots
   barrier,          // the group's closing barrier: every peer has written this rank's slots
   home_sums,        // out, or dx and dw, summed in k order (home_sums.hpp)
-  zero_gradients,   // a bf16-gradient backward: the weight gradients' fp32 sums set to 0 (split_pass.hpp)
-  write_gradients,  // ... and written out as bf16 once every product is in
+  zero_gradients,   // a backward with bf16 weight gradients or a bias gradient: the executor's own fp32 sums set to 0
+  write_gradients,  // ... and written out once every product is in (split_pass.hpp, split_gradient_parts)
   dequantise,       // MXFP8: the operands of the `gemm` that follows, as bf16 (split_dequantise.hpp)
+  add_bias,         // an expert bias added to the `gemm` before it (gate, up, down), rounded to bf16 (split_bias.hpp)
+  bias_gradients,   // the window's rows added to the bias gradients' sums (split_bias.hpp)
   // The shared expert over this rank's tokens (split_shared.hpp); its GEMMs are gemm launches marked shared.
   shared_schedule,         // its one-expert schedule: this call's tokens
   shared_swiglu,           // h from g and u
@@ -58,6 +60,8 @@ MOK_HD inline const char* split_step_name(SplitStep step) {
     case SplitStep::zero_gradients: return "zero_gradients";
     case SplitStep::write_gradients: return "write_gradients";
     case SplitStep::dequantise: return "dequantise";
+    case SplitStep::add_bias: return "add_bias";
+    case SplitStep::bias_gradients: return "bias_gradients";
     case SplitStep::shared_schedule: return "shared_schedule";
     case SplitStep::shared_swiglu: return "shared_swiglu";
     case SplitStep::shared_swiglu_backward: return "shared_swiglu_backward";
@@ -81,28 +85,37 @@ MOK_HD inline bool split_keeps_ring(const LayerShape& s, const RowPeriods& p) {
   return max_recv_rows(s) <= p.ring;
 }
 
+// A forward GEMM's bit in SplitCall::biases (gate 1, up 2, down 4; 0 for any other kind).
+MOK_HD inline uint8_t split_bias_bit(GroupedGemm kind) {
+  return mx_forward_kind(kind) ? static_cast<uint8_t>(1u << static_cast<int>(kind)) : 0;
+}
+
 // Whether `kind`'s GEMM in a pass of this layer reads dequantised operands (split_dequantise.hpp): in MXFP8 every kind
 // but the forward's block-scaled ones (mx_forward_kind), and those too where the device has no block-scaled MMA
-// (`block_scaled` false: sm_90a). The shared expert is bf16 in both precisions.
-MOK_HD inline bool split_dequantises(const LayerShape& s, GroupedGemm kind, bool block_scaled) {
-  return s.mxfp8 && (!block_scaled || !mx_forward_kind(kind));
+// (`block_scaled` false: sm_90a) or where an expert bias needs the fp32 product (`biased`: the block-scaled unit
+// writes bf16). The shared expert is bf16 in both precisions.
+MOK_HD inline bool split_dequantises(const LayerShape& s, GroupedGemm kind, bool block_scaled, bool biased) {
+  return s.mxfp8 && (!block_scaled || !mx_forward_kind(kind) || biased);
 }
 
 // Appends to a caller's array, or only counts with a null one (the same walk sizes and fills it). A routed GEMM that
-// reads dequantised operands gets its dequantise step first.
+// reads dequantised operands gets its dequantise step first, one with an expert bias its add_bias step after.
 struct SplitPlanWriter {
   SplitLaunch* out;
   int64_t count;
   LayerShape shape;
   bool block_scaled;
+  uint8_t biases;
   MOK_HD void add(SplitStep step, GroupedGemm gemm, RowWindow window, bool shared) {
     if (out) out[count] = SplitLaunch{step, gemm, window, shared};
     ++count;
   }
   MOK_HD void add(SplitStep step, RowWindow window) { add(step, GroupedGemm::count, window, false); }
   MOK_HD void add(GroupedGemm gemm, RowWindow window) {
-    if (split_dequantises(shape, gemm, block_scaled)) add(SplitStep::dequantise, gemm, window, false);
+    bool biased = (biases & split_bias_bit(gemm)) != 0;
+    if (split_dequantises(shape, gemm, block_scaled, biased)) add(SplitStep::dequantise, gemm, window, false);
     add(SplitStep::gemm, gemm, window, false);
+    if (biased) add(SplitStep::add_bias, gemm, window, false);
   }
   MOK_HD void add(SplitStep step) { add(step, GroupedGemm::count, RowWindow{0, 0}, false); }
   MOK_HD void add_shared(GroupedGemm gemm) { add(SplitStep::gemm, gemm, RowWindow{0, 0}, true); }
@@ -131,7 +144,8 @@ MOK_HD inline void add_forward_window(SplitPlanWriter& plan, const RowPeriods& p
   add_out_windows(plan, p, w, GroupedGemm::down, GroupedGemm::count);
 }
 
-MOK_HD inline void add_backward_window(SplitPlanWriter& plan, const RowPeriods& p, const RowWindow& w, bool kept) {
+MOK_HD inline void add_backward_window(SplitPlanWriter& plan, const RowPeriods& p, const RowWindow& w, bool kept,
+                                       bool bias_gradients) {
   plan.add(SplitStep::dispatch, w);
   if (!kept) {
     plan.add(GroupedGemm::gate, w);
@@ -139,6 +153,7 @@ MOK_HD inline void add_backward_window(SplitPlanWriter& plan, const RowPeriods& 
   }
   plan.add(GroupedGemm::dgrad_h, w);
   plan.add(SplitStep::swiglu_backward, w);
+  if (bias_gradients) plan.add(SplitStep::bias_gradients, w);
   plan.add(GroupedGemm::wgrad_down, w);
   plan.add(GroupedGemm::wgrad_gate, w);
   plan.add(GroupedGemm::wgrad_up, w);
@@ -170,12 +185,15 @@ MOK_HD inline void add_shared_launches(SplitPlanWriter& plan, bool backward, boo
 }
 
 // What of a call the plan depends on besides the shape: whether the shared expert has a router
-// (weights.shared_router), whether a backward writes bf16 weight gradients (no fp32 main_grad), and in MXFP8 whether
-// the device has block-scaled MMA for the forward's GEMMs (split_dequantises).
+// (weights.shared_router), whether a backward writes bf16 weight gradients (no fp32 main_grad), in MXFP8 whether
+// the device has block-scaled MMA for the forward's GEMMs (split_dequantises), which forward GEMMs add an expert bias
+// (split_bias_bit's), and whether a backward writes a bias gradient.
 struct SplitCall {
   bool gated;
   bool bf16_gradients;
   bool block_scaled;
+  uint8_t biases;
+  bool bias_gradients;
 };
 
 // The launches of one pass of `kind`, in stream order, into `out` (null: count only); returns their number,
@@ -187,9 +205,10 @@ MOK_HD inline int64_t split_plan(const LayerShape& s, PassKind kind, const RowPe
   if (pad <= 0 || p.ring <= 0 || p.out <= 0 || p.ring % pad || p.out % pad) return -1;
   bool kept = kind == PassKind::backward_kept;
   if (kept && !split_keeps_ring(s, p)) return -1;
-  SplitPlanWriter plan{out, 0, s, call.block_scaled};
-  bool bf16_gradients = is_backward(kind) && call.bf16_gradients;
-  if (bf16_gradients) plan.add(SplitStep::zero_gradients);
+  SplitPlanWriter plan{out, 0, s, call.block_scaled, call.biases};
+  bool bias_gradients = is_backward(kind) && call.bias_gradients;
+  bool own_sums = (is_backward(kind) && call.bf16_gradients) || bias_gradients;  // zeroed first, written last
+  if (own_sums) plan.add(SplitStep::zero_gradients);
   // The shared expert needs nothing from peers; recompute rebuilds only the routed experts' y slots.
   if (s.shared_intermediate > 0 && kind != PassKind::recompute)
     add_shared_launches(plan, is_backward(kind), call.gated);
@@ -197,11 +216,11 @@ MOK_HD inline int64_t split_plan(const LayerShape& s, PassKind kind, const RowPe
   for (int64_t row0 = 0; row0 < rows; row0 += p.ring) {
     RowWindow w{row0, rows - row0 < p.ring ? rows - row0 : p.ring};
     if (is_backward(kind))
-      add_backward_window(plan, p, w, kept);
+      add_backward_window(plan, p, w, kept, bias_gradients);
     else
       add_forward_window(plan, p, w);
   }
-  if (bf16_gradients) plan.add(SplitStep::write_gradients);
+  if (own_sums) plan.add(SplitStep::write_gradients);
   plan.add(SplitStep::barrier);
   if (kind != PassKind::recompute) plan.add(SplitStep::home_sums);
   return plan.count;

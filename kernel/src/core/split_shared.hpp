@@ -132,12 +132,15 @@ MOK_HD inline void shared_router_gradient_element(const PassView& v, const Split
 
 // Whether the executor's buffers hold everything the pass of v.kind uses: with a shared expert its buffers (the
 // gated one's scaled dout and dlogit too), and in a backward dx's first term, each weight gradient's sum and, with
-// bf16 gradients, its destination. A null one the pass would write through is refused before any launch.
+// bf16 gradients, its destination; with expert biases their fp32 products' buffers, and each bias gradient's sum. A
+// null one the pass would write through is refused before any launch.
 // The first buffer the pass would use that is null, by its field's name ("shared.dh", "wgrad_up",
 // "gradients.shared_router", ...); nullptr when there is none.
 MOK_HD inline const char* split_missing_buffer(const PassView& v, const SplitCall& call, const SplitTargets& t,
                                                const SplitGradients& g, const SplitShared& sh) {
   bool backward = is_backward(v.kind), shared = v.s.shared_intermediate > 0, gated = shared && call.gated;
+  bool gate_up_biased = (call.biases & (split_bias_bit(GroupedGemm::gate) | split_bias_bit(GroupedGemm::up))) != 0;
+  bool down_biased = (call.biases & split_bias_bit(GroupedGemm::down)) != 0;
   const struct {
     const void* at;
     const char* name;
@@ -150,7 +153,11 @@ MOK_HD inline const char* split_missing_buffer(const PassView& v, const SplitCal
                  {sh.dx_partial, "shared.dx_partial", shared && backward},
                  {sh.scaled, "shared.scaled", gated && backward},
                  {sh.dlogit, "shared.dlogit", gated && backward},
-                 {t.dx_partial, "dx_partial", backward}};
+                 {t.dx_partial, "dx_partial", backward || down_biased},
+                 {t.biased, "biased", gate_up_biased},
+                 {t.bias_gate, "bias_gate", backward && g.gate_bias},
+                 {t.bias_up, "bias_up", backward && g.up_bias},
+                 {t.bias_down, "bias_down", backward && g.down_bias}};
   for (const auto& b : buffers)
     if (b.used && !b.at) return b.name;
   // The weight gradients' parts in SplitTargets' order: the routed experts', the shared expert's, its router's.
@@ -159,7 +166,9 @@ MOK_HD inline const char* split_missing_buffer(const PassView& v, const SplitCal
   const char* grads[] = {"gradients.gate",         "gradients.up",        "gradients.down",
                          "gradients.shared_gate",  "gradients.shared_up", "gradients.shared_down",
                          "gradients.shared_router"};
-  GradientParts parts = split_gradient_parts(v.s, call.gated, t, g);
+  SplitGradients weights = g;  // the weight gradients' parts alone, their sums needed with main_grad too
+  weights.gate_bias = weights.up_bias = weights.down_bias = nullptr;
+  GradientParts parts = split_gradient_parts(v.s, call.gated, true, t, weights);
   for (int i = 0; backward && i < parts.count; ++i) {
     if (!parts.part[i].sums) return sums[i];
     if (call.bf16_gradients && !parts.part[i].grad) return grads[i];

@@ -1,6 +1,7 @@
 // The split executor's own buffers, which a layer on it keeps in the caller's workspace after core's (local_layout):
 // dx's fp32 first term, the weight gradients' fp32 sums (a backward with bf16 gradients), the shared expert's
-// buffers, in MXFP8 the dequantised operands' scratch (split_dequantise.hpp), SwiGLU's sigmoid table, the row steps'
+// buffers, in MXFP8 the dequantised operands' scratch (split_dequantise.hpp), the expert biases' fp32 products and
+// gradient sums (split_bias.hpp), SwiGLU's sigmoid table, the row steps'
 // staging, the device's tables of peer pointers, the group's state (its barriers' formation and epoch,
 // core/group_state.hpp) and the grouped GEMMs' argument block. Offsets only, from the extras' first byte, so the same
 // layout serves the device's workspace and a host test's block; mokLayerGetSizes adds it to core's workspace for the
@@ -29,6 +30,8 @@ struct SplitLayout {
   size_t shared_schedule;    // int32 [2]
   size_t dequantised_a;      // MXFP8: bf16 [dequantised_a_values] (0 bytes in BF16)
   size_t dequantised_b;      // MXFP8: bf16 [dequantised_b_values]
+  size_t biased;             // fp32 [macrobatch, I]: gate's or up's product before its bias
+  size_t bias_sums;          // fp32 [E, I], [E, I], [E, H]: the bias gradients' sums
   size_t sigmoid_table;      // fp32 [kSigmoidTableSize]
   size_t staging;            // bf16 [ctas, staging_values]
   size_t peers;              // char* [world]: every rank's peer buffer
@@ -66,6 +69,9 @@ MOK_HD inline SplitLayout split_layout(const LayerShape& s, size_t gemm_argument
   l.shared_schedule = c.take(2 * sizeof(int32_t));
   l.dequantised_a = c.take(dequantised_a_values(s) * sizeof(bf16_t));
   l.dequantised_b = c.take(dequantised_b_values(s) * sizeof(bf16_t));
+  l.biased = c.take(static_cast<size_t>(s.macrobatch) * static_cast<size_t>(s.intermediate) * sizeof(float));
+  l.bias_sums =
+      c.take(static_cast<size_t>(s.experts_per_rank) * (2 * static_cast<size_t>(s.intermediate) + h) * sizeof(float));
   l.sigmoid_table = c.take(kSigmoidTableSize * sizeof(float));
   l.ctas = max_tiles(s) < 1024 ? max_tiles(s) : 1024;
   l.staging_values = s.mxfp8 ? static_cast<int64_t>(max_value(mx_staging_values(s), mx_swiglu_staging_values(s))) : 0;
@@ -86,6 +92,8 @@ struct SplitBuffers {
   float* sums[kGradientSums];    // in SplitTargets' order
   SplitShared shared;            // all null without a shared expert
   SplitDequantised dequantised;  // all null in BF16
+  float* biased;
+  float* bias_sums[3];  // gate's, up's, down's
   float* sigmoid_table;
   bf16_t* staging;
   char** peers;
@@ -119,6 +127,10 @@ MOK_HD inline SplitBuffers split_buffers_at(const LayerShape& s, const SplitLayo
   if (s.mxfp8)
     b.dequantised = SplitDequantised{reinterpret_cast<bf16_t*>(extras + l.dequantised_a),
                                      reinterpret_cast<bf16_t*>(extras + l.dequantised_b)};
+  b.biased = reinterpret_cast<float*>(extras + l.biased);
+  float* bias = reinterpret_cast<float*>(extras + l.bias_sums);
+  int64_t ei = static_cast<int64_t>(s.experts_per_rank) * s.intermediate;
+  b.bias_sums[0] = bias, b.bias_sums[1] = bias + ei, b.bias_sums[2] = bias + 2 * ei;
   b.sigmoid_table = reinterpret_cast<float*>(extras + l.sigmoid_table);
   b.staging = l.staging_values > 0 ? reinterpret_cast<bf16_t*>(extras + l.staging) : nullptr;
   b.peers = reinterpret_cast<char**>(extras + l.peers);
@@ -133,7 +145,8 @@ MOK_HD inline SplitBuffers split_buffers_at(const LayerShape& s, const SplitLayo
 // The weight gradients' fp32 targets: the caller's main_grad, or (bf16 gradients) the split executor's own sums.
 MOK_HD inline SplitTargets split_targets(const SplitBuffers& b, float* const* main_grad, bool bf16_gradients) {
   float* const* t = bf16_gradients ? b.sums : main_grad;
-  return SplitTargets{b.dx_partial, t[0], t[1], t[2], t[3], t[4], t[5], t[6]};
+  return SplitTargets{b.dx_partial, t[0], t[1],     t[2],           t[3],           t[4],
+                      t[5],         t[6], b.biased, b.bias_sums[0], b.bias_sums[1], b.bias_sums[2]};
 }
 
 // Where the extras start in a workspace of the split executor: after core's, on the argument block's alignment.

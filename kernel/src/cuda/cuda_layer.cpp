@@ -15,8 +15,8 @@
 // peers' buffers are the caller's device pointers (one process's GPUs with peer access, CUDA IPC, symmetric memory).
 //
 // What it runs: BF16 and MXFP8 on compute capability 10.x or 9.0 as built (MXFP8's forward block-scaled on 10.x, every
-// other MXFP8 GEMM over dequantised operands: core/split_dequantise.hpp); no expert biases (the GEMMs take none); H, I
-// and I_s multiples of 8 (H and I of 32 in MXFP8).
+// other MXFP8 GEMM over dequantised operands: core/split_dequantise.hpp); expert biases in their own steps
+// (core/split_bias.hpp); H, I and I_s multiples of 8 (H and I of 32 in MXFP8).
 // Nothing of it has run on a GPU (docs/gpu.md).
 #include <cuda_runtime_api.h>
 
@@ -67,7 +67,7 @@ mokStatus_t check_shape(const core::LayerShape& s, const char* func) {
                 "%s: argument 'config.expert_padding' (%d) must be a multiple of %d with mokExecutorCuda and MXFP8 "
                 "precision: every expert's rows start a %d-row tile of the block-scaled GEMM's scales",
                 func, s.expert_padding, core::kMxScaleRowTile, core::kMxScaleRowTile);
-  return core::split_supports(s, false) ? mokSuccess : fail(mokInternalError, "%s: split_supports refused", func);
+  return core::split_supports(s) ? mokSuccess : fail(mokInternalError, "%s: split_supports refused", func);
 }
 
 const char* memory_kind(cudaMemoryType type) {
@@ -399,11 +399,19 @@ class CudaLayer final : public LayerExecutor {
     bool bf16_gradients = grads.accumulate == 0;
     d.targets = core::split_targets(buffers_, main_grad, bf16_gradients);
     if (bf16_gradients)
-      d.gradients =
-          core::SplitGradients{static_cast<bf16_t*>(grads.dgate),         static_cast<bf16_t*>(grads.dup),
-                               static_cast<bf16_t*>(grads.ddown),         static_cast<bf16_t*>(grads.dshared_gate),
-                               static_cast<bf16_t*>(grads.dshared_up),    static_cast<bf16_t*>(grads.dshared_down),
-                               static_cast<bf16_t*>(grads.dshared_router)};
+      d.gradients = core::SplitGradients{static_cast<bf16_t*>(grads.dgate),
+                                         static_cast<bf16_t*>(grads.dup),
+                                         static_cast<bf16_t*>(grads.ddown),
+                                         static_cast<bf16_t*>(grads.dshared_gate),
+                                         static_cast<bf16_t*>(grads.dshared_up),
+                                         static_cast<bf16_t*>(grads.dshared_down),
+                                         static_cast<bf16_t*>(grads.dshared_router),
+                                         nullptr,
+                                         nullptr,
+                                         nullptr,
+                                         false};
+    d.gradients.gate_bias = grads.dgate_bias, d.gradients.up_bias = grads.dup_bias;
+    d.gradients.down_bias = grads.ddown_bias, d.gradients.bias_accumulate = !bf16_gradients;
     d.dout = args.dout;
     d.dx = static_cast<bf16_t*>(grads.dx);
     d.dw = grads.dtopk_weights;
@@ -501,6 +509,7 @@ class CudaLayer final : public LayerExecutor {
     d.host_peers = peers_.data();
     d.view.w = host::weights_in_place(weights);
     d.targets.dx_partial = buffers_.dx_partial;
+    d.targets.biased = buffers_.biased;
     d.shared = buffers_.shared;
     d.staging = buffers_.staging;
     d.staging_values = layout_.staging_values;
@@ -538,7 +547,7 @@ class CudaLayer final : public LayerExecutor {
   // the layer's memory half-written: recorded, so that mokLayerGetError says so and every later call is refused.
   mokStatus_t enqueue(const cuda::SplitDevice& d, const char* func) {
     cuda::SplitFailure f;
-    if (cuda::enqueue_split_pass(d, false, &f)) return mokSuccess;
+    if (cuda::enqueue_split_pass(d, &f)) return mokSuccess;
     mokStatus_t s = pass_failed(func, f);
     record_cut_short(mokGetLastError());
     return s;
@@ -578,11 +587,10 @@ class CudaLayer final : public LayerExecutor {
     return order == core::Refusal::none ? mokSuccess : fail(mokInvalidUsage, "%s: %s", func, core::order_rule(order));
   }
 
-  // The weights the pass reads, on the device; expert biases refused (its GEMMs add none). In MXFP8 the forward's
+  // The weights the pass reads, on the device (the expert biases too: their own steps add them). In MXFP8 the forward's
   // rowwise codes and scales, which its block-scaled GEMMs load with TMA (mokMxfp8Quantize writes host memory: the
   // caller copies them over), and the backward's colwise ones, which only the dequantise steps read.
   mokStatus_t check_weights_here(const mokLayerWeights_t& w, const char* func) const {
-    const char* no_bias = "its grouped GEMMs add no expert bias yet";
     const size_t gemm = kGemmOperandAlign;
     if (s_.mxfp8)
       if (mokStatus_t s = check_tensors({{w.gate_rowwise.data, "weights.gate_rowwise.data", gemm},
@@ -600,9 +608,9 @@ class CudaLayer final : public LayerExecutor {
                                         device_, func);
           s != mokSuccess)
         return s;
-    return check_tensors({{w.gate_bias, "weights.gate_bias", 1, no_bias},
-                          {w.up_bias, "weights.up_bias", 1, no_bias},
-                          {w.down_bias, "weights.down_bias", 1, no_bias},
+    return check_tensors({{w.gate_bias, "weights.gate_bias"},
+                          {w.up_bias, "weights.up_bias"},
+                          {w.down_bias, "weights.down_bias"},
                           {w.gate, "weights.gate", gemm},
                           {w.up, "weights.up", gemm},
                           {w.down, "weights.down", gemm},
@@ -615,11 +623,10 @@ class CudaLayer final : public LayerExecutor {
 
   // fp32 main_grad is the weight-gradient GEMMs' C and D; bf16 gradients are written by a thread per element.
   mokStatus_t check_grads_here(const mokLayerGrads_t& g, const char* func) const {
-    const char* no_bias = "it computes no bias gradient yet";
     const size_t sums = g.accumulate ? kGemmOperandAlign : 1;
-    return check_tensors({{g.dgate_bias, "grads.dgate_bias", 1, no_bias},
-                          {g.dup_bias, "grads.dup_bias", 1, no_bias},
-                          {g.ddown_bias, "grads.ddown_bias", 1, no_bias},
+    return check_tensors({{g.dgate_bias, "grads.dgate_bias"},
+                          {g.dup_bias, "grads.dup_bias"},
+                          {g.ddown_bias, "grads.ddown_bias"},
                           {g.dx, "grads.dx"},
                           {g.dtopk_weights, "grads.dtopk_weights"},
                           {g.dgate, "grads.dgate", sums},

@@ -15,9 +15,10 @@
 namespace mok::cuda {
 namespace grouped_gemm_launcher {  // named: nvcc names an anonymous one after the file's absolute path
 
-// The four BF16 instantiations of one architecture.
+// The five BF16 instantiations of one architecture.
 struct Family {
   const GroupedGemmInstance& (*forward)();
+  const GroupedGemmInstance& (*forward_f32)();
   const GroupedGemmInstance& (*dgrad)();
   const GroupedGemmInstance& (*dgrad_partial)();
   const GroupedGemmInstance& (*wgrad)();
@@ -25,13 +26,13 @@ struct Family {
 
 const Family* family(GemmArchitecture architecture) {
 #if MOK_WITH_SM100_GEMM
-  static const Family sm100{&grouped_gemm_sm100_forward, &grouped_gemm_sm100_dgrad, &grouped_gemm_sm100_dgrad_partial,
-                            &grouped_gemm_sm100_wgrad};
+  static const Family sm100{&grouped_gemm_sm100_forward, &grouped_gemm_sm100_forward_f32, &grouped_gemm_sm100_dgrad,
+                            &grouped_gemm_sm100_dgrad_partial, &grouped_gemm_sm100_wgrad};
   if (architecture == GemmArchitecture::sm100) return &sm100;
 #endif
 #if MOK_WITH_SM90_GEMM
-  static const Family sm90{&grouped_gemm_sm90_forward, &grouped_gemm_sm90_dgrad, &grouped_gemm_sm90_dgrad_partial,
-                           &grouped_gemm_sm90_wgrad};
+  static const Family sm90{&grouped_gemm_sm90_forward, &grouped_gemm_sm90_forward_f32, &grouped_gemm_sm90_dgrad,
+                           &grouped_gemm_sm90_dgrad_partial, &grouped_gemm_sm90_wgrad};
   if (architecture == GemmArchitecture::sm90) return &sm90;
 #endif
   (void)architecture;
@@ -59,9 +60,10 @@ GemmStatus route(const GroupedGemmBf16& g, Route* r, bool operands = true) {
   switch (g.kind) {
     case GroupedGemm::gate:
     case GroupedGemm::up:
-    case GroupedGemm::down:
-      ok = uses_exactly(g, true, false, false);
-      *r = Route{units->forward, {g.a, g.b, g.d, nullptr, 0.0f}};
+    case GroupedGemm::down:  // bf16 D, or (an expert bias to add before the rounding) fp32 D
+      ok = uses_exactly(g, true, false, false) || uses_exactly(g, false, true, false);
+      *r = g.d_fp32 ? Route{units->forward_f32, {g.a, g.b, g.d_fp32, nullptr, 0.0f}}
+                    : Route{units->forward, {g.a, g.b, g.d, nullptr, 0.0f}};
       break;
     case GroupedGemm::dgrad_h:
       ok = uses_exactly(g, true, false, false);
@@ -131,7 +133,7 @@ size_t grouped_gemm_bf16_argument_bytes(int groups) {
   size_t bytes = 0;
   for (GemmArchitecture a : {GemmArchitecture::sm100, GemmArchitecture::sm90})
     if (const Family* f = family(a))
-      for (auto instance : {f->forward, f->dgrad, f->dgrad_partial, f->wgrad})
+      for (auto instance : {f->forward, f->forward_f32, f->dgrad, f->dgrad_partial, f->wgrad})
         bytes = std::max(bytes, instance().argument_bytes(groups));
   return bytes;
 }

@@ -43,6 +43,7 @@ const char* gemm_status_name(GemmStatus status);
 // kind reads and writes; C and D share the offsets and leading dim of the kind's C/D). Pointers are device
 // memory. Which pointers a kind uses (every other must be null, else bad_operands):
 //   gate, up, down, dgrad_h:  a, b, d (bf16 D = A B^T)
+//   gate, up, down:           or a, b, d_fp32 (fp32 D = A B^T: a layer with expert biases adds them, then rounds)
 //   dgrad_x_gate:             a, b, d_fp32: the partial dx, fp32 [out rows, H], D = dg W_gate
 //   dgrad_x_up:               a, b, c_fp32 (dgrad_x_gate's partial), d (bf16 dx): D = bf16(du W_up + C)
 //   wgrad_down, _gate, _up:   a, b, d_fp32: main_grad [E_local, ...] fp32, read as C and written as D:

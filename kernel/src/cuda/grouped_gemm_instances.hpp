@@ -31,6 +31,8 @@ struct GroupedGemmInstance {
 
 // A K-major, B K-major, bf16 D, no source: gate, up, down (grouped_gemm_bf16_sm100.cu).
 const GroupedGemmInstance& grouped_gemm_sm100_forward();
+// A K-major, B K-major, fp32 D, no source: gate, up, down with an expert bias (grouped_gemm_bf16_forward_f32_sm100.cu).
+const GroupedGemmInstance& grouped_gemm_sm100_forward_f32();
 // A K-major, B N-major, bf16 D, optional fp32 source C: dgrad_h, dgrad_x_up (grouped_gemm_bf16_dgrad_sm100.cu).
 const GroupedGemmInstance& grouped_gemm_sm100_dgrad();
 // A K-major, B N-major, fp32 D, no source: dgrad_x_gate's partial dx (grouped_gemm_bf16_dgrad_partial_sm100.cu).
@@ -38,8 +40,9 @@ const GroupedGemmInstance& grouped_gemm_sm100_dgrad_partial();
 // A M-major, B N-major, fp32 D = C + A B^T: wgrad_down, wgrad_gate, wgrad_up (grouped_gemm_bf16_wgrad_sm100.cu).
 const GroupedGemmInstance& grouped_gemm_sm100_wgrad();
 
-// The same four kinds of instantiation on SM90 (grouped_gemm_bf16*_sm90.cu).
+// The same five kinds of instantiation on SM90 (grouped_gemm_bf16*_sm90.cu).
 const GroupedGemmInstance& grouped_gemm_sm90_forward();
+const GroupedGemmInstance& grouped_gemm_sm90_forward_f32();
 const GroupedGemmInstance& grouped_gemm_sm90_dgrad();
 const GroupedGemmInstance& grouped_gemm_sm90_dgrad_partial();
 const GroupedGemmInstance& grouped_gemm_sm90_wgrad();

@@ -50,25 +50,32 @@ struct Variant {
   bool gated;           // the shared expert scaled by its router (Qwen2-MoE)
   bool bf16_gradients;  // bf16 weight gradients (the split pass's own fp32 sums), else added into fp32 main_grad
   bool mxfp8;           // MXFP8 precision
+  bool biases;          // expert biases (gpt-oss's gate, up and down) and their gradients
   const char* name;
 };
-constexpr Variant kVariants[] = {{true, false, false, "gated shared expert, fp32 main_grad"},
-                                 {false, true, false, "ungated shared expert, bf16 weight gradients"},
-                                 {true, false, true, "MXFP8, gated shared expert, fp32 main_grad"}};
+constexpr Variant kVariants[] = {{true, false, false, false, "gated shared expert, fp32 main_grad"},
+                                 {false, true, false, false, "ungated shared expert, bf16 weight gradients"},
+                                 {true, false, true, false, "MXFP8, gated shared expert, fp32 main_grad"},
+                                 {false, false, false, true, "expert biases, ungated shared expert, fp32 main_grad"}};
 
-// The weight gradients, in core::SplitTargets' order: the routed experts', the shared expert's, its router's.
-constexpr int kGradients = 7;
+// The weight gradients, in core::SplitTargets' order: the routed experts', the shared expert's, its router's; then
+// the expert biases' gradients.
+constexpr int kGradients = 10;
 constexpr const char* kGradientNames[kGradients] = {
-    "dW_gate", "dW_up", "dW_down", "dW_shared_gate", "dW_shared_up", "dW_shared_down", "dW_shared_router"};
+    "dW_gate",          "dW_up",   "dW_down", "dW_shared_gate", "dW_shared_up", "dW_shared_down",
+    "dW_shared_router", "db_gate", "db_up",   "db_down"};
+constexpr int kBiasGradients = 7;  // the first of the bias gradients
 
 size_t gradient_values(const core::LayerShape& s, int i) {
   if (i < 3) return static_cast<size_t>(s.experts_per_rank) * s.hidden * s.intermediate;
-  return i < 6 ? static_cast<size_t>(s.shared_intermediate) * s.hidden : static_cast<size_t>(s.hidden);
+  if (i < 6) return static_cast<size_t>(s.shared_intermediate) * s.hidden;
+  if (i < kBiasGradients) return static_cast<size_t>(s.hidden);
+  return static_cast<size_t>(s.experts_per_rank) * (i < kBiasGradients + 2 ? s.intermediate : s.hidden);
 }
 
-// Gradient i is one the layer has (the router's only when gated).
+// Gradient i is one the layer has (the router's only when gated, the biases' only with biases).
 bool has_gradient(const Variant& variant, int i) {
-  return i < 6 || variant.gated;
+  return i < 6 || (i == 6 && variant.gated) || (i >= kBiasGradients && variant.biases);
 }
 
 // One rank, four experts (one hot, one with no rows), a ring of 256 rows that the ~1100 worst-case rows turn
@@ -98,7 +105,8 @@ struct Inputs {
   std::vector<float> topk_weights;
   std::vector<bf16_t> x, dout, gate, up, down;
   std::vector<bf16_t> shared_gate, shared_up, shared_down, shared_router;
-  MxWeights mx;  // gate, up and down quantised
+  std::vector<bf16_t> bias[3];  // gate's, up's [E, I] and down's [E, H]
+  MxWeights mx;                 // gate, up and down quantised
 };
 
 Inputs draw(const core::LayerShape& s, std::mt19937_64& rng) {
@@ -118,6 +126,9 @@ Inputs draw(const core::LayerShape& s, std::mt19937_64& rng) {
   in.shared_up = random_bf16(sih, by_h, rng);
   in.shared_down = random_bf16(sih, 1.0f / std::sqrt(static_cast<float>(s.shared_intermediate)), rng);
   in.shared_router = random_bf16(static_cast<size_t>(s.hidden), by_h, rng);
+  // Of the order of the GEMMs' outputs (about 0.3 for g and u, 0.05 for y), so each moves every output visibly.
+  for (int i = 0; i < 3; ++i)
+    in.bias[i] = random_bf16(gradient_values(s, kBiasGradients + i), i < 2 ? 0.5f : 0.1f, rng);
   return in;
 }
 
@@ -158,6 +169,7 @@ mokLayerWeights_t weights_of(const Inputs& in, const Variant& variant) {
   w.shared_up = in.shared_up.data();
   w.shared_down = in.shared_down.data();
   w.shared_router = variant.gated ? in.shared_router.data() : nullptr;
+  if (variant.biases) w.gate_bias = in.bias[0].data(), w.up_bias = in.bias[1].data(), w.down_bias = in.bias[2].data();
   return w;
 }
 
@@ -198,6 +210,7 @@ mokStatus_t run_host(const mokLayerConfig_t& c, const core::LayerShape& s, const
   g.dtopk_weights = run->backward.dw.data();
   g.dgate = into[0], g.dup = into[1], g.ddown = into[2];
   g.dshared_gate = into[3], g.dshared_up = into[4], g.dshared_down = into[5], g.dshared_router = into[6];
+  g.dgate_bias = into[7], g.dup_bias = into[8], g.ddown_bias = into[9];
   g.accumulate = variant.bf16_gradients ? 0 : 1;
   auto keep = [&](std::vector<char>* local, std::vector<char>* shared) {
     local->assign(static_cast<char*>(workspace.p), static_cast<char*>(workspace.p) + run->sizes.workspace_bytes);
@@ -230,6 +243,7 @@ struct Device {
   uint8_t* mx_codes[6] = {};   // MXFP8: gate, up and down, each rowwise then colwise (MxWeights' order) ...
   uint8_t* mx_scales[6] = {};  // ... and their scales
   bf16_t *shared_gate = nullptr, *shared_up = nullptr, *shared_down = nullptr, *shared_router = nullptr;
+  bf16_t* bias[3] = {};
   float* sigmoid_table = nullptr;
 };
 
@@ -291,6 +305,9 @@ mokStatus_t set_up(const core::LayerShape& s, const Inputs& in, const mokLayerSi
   if (e == cudaSuccess) e = upload(b, in.shared_up, &d->shared_up);
   if (e == cudaSuccess) e = upload(b, in.shared_down, &d->shared_down);
   if (e == cudaSuccess) e = upload(b, in.shared_router, &d->shared_router);
+  for (int i = 0; i < 3; ++i)
+    if (e == cudaSuccess) e = upload(b, in.bias[i], &d->bias[i]);
+  if (e == cudaSuccess) e = allocate(b, static_cast<size_t>(s.macrobatch) * s.intermediate, &sd.targets.biased);
   if (e == cudaSuccess) e = upload(b, table, &d->sigmoid_table);
   if (e == cudaSuccess) e = upload(b, in.topk_weights, const_cast<float**>(&sd.topk_weights));
   if (e == cudaSuccess) e = upload(b, in.dout, const_cast<bf16_t**>(&sd.dout));
@@ -322,7 +339,8 @@ mokStatus_t set_up(const core::LayerShape& s, const Inputs& in, const mokLayerSi
   return mokSuccess;
 }
 
-// The variant's weight-gradient targets: fp32 main_grad, or the pass's own sums and the bf16 gradients it writes.
+// The variant's weight-gradient targets: fp32 main_grad, or the pass's own sums and the bf16 gradients it writes; the
+// bias gradients' sums are always the pass's own, written as bf16 or added into fp32.
 void aim_gradients(const Variant& variant, Device* d) {
   float* const* t = variant.bf16_gradients ? d->sums : d->main_grad;
   core::SplitTargets& targets = d->split.targets;
@@ -330,8 +348,17 @@ void aim_gradients(const Variant& variant, Device* d) {
   targets.wgrad_shared_gate = t[3], targets.wgrad_shared_up = t[4], targets.wgrad_shared_down = t[5];
   targets.wgrad_shared_router = t[6];
   bf16_t* const* g = d->bf16_gradients;
-  d->split.gradients =
-      variant.bf16_gradients ? core::SplitGradients{g[0], g[1], g[2], g[3], g[4], g[5], g[6]} : core::SplitGradients{};
+  d->split.gradients = core::SplitGradients{};
+  if (variant.bf16_gradients)
+    d->split.gradients =
+        core::SplitGradients{g[0], g[1], g[2], g[3], g[4], g[5], g[6], nullptr, nullptr, nullptr, false};
+  targets.bias_gate = d->sums[kBiasGradients], targets.bias_up = d->sums[kBiasGradients + 1];
+  targets.bias_down = d->sums[kBiasGradients + 2];
+  void* const* bias = variant.bf16_gradients ? reinterpret_cast<void* const*>(d->bf16_gradients + kBiasGradients)
+                                             : reinterpret_cast<void* const*>(d->main_grad + kBiasGradients);
+  core::SplitGradients& gradients = d->split.gradients;
+  if (variant.biases) gradients.gate_bias = bias[0], gradients.up_bias = bias[1], gradients.down_bias = bias[2];
+  gradients.bias_accumulate = !variant.bf16_gradients;
 }
 
 // The pass's view over the device's copy of the host's memory; its rings, home slots, dx's fp32 partial, the shared
@@ -355,6 +382,7 @@ mokStatus_t prepare(const core::LayerShape& s, const Variant& variant, PassKind 
   v.w.shared_up = d->shared_up;
   v.w.shared_down = d->shared_down;
   v.w.shared_router = variant.gated ? d->shared_router : nullptr;
+  if (variant.biases) v.w.gate_bias = d->bias[0], v.w.up_bias = d->bias[1], v.w.down_bias = d->bias[2];
   v.sigmoid_table = d->sigmoid_table;
   d->split.view = v;
   d->host_peers[0] = d->peer;
@@ -402,10 +430,13 @@ mokStatus_t prepare(const core::LayerShape& s, const Variant& variant, PassKind 
   } else {  // empty in MXFP8
     fills.insert(fills.end(), {{v.ring_x, ring * h * 2}, {v.ring_dy, ring * h * 2}});
   }
-  for (int i = 0; variant.bf16_gradients && i < kGradients; ++i) {
-    fills.push_back({d->sums[i], gradient_values(s, i) * sizeof(float)});
-    fills.push_back({d->bf16_gradients[i], gradient_values(s, i) * 2});
+  for (int i = 0; i < kGradients; ++i) {  // the bias gradients' sums are the pass's own in either case
+    if (variant.bf16_gradients || i >= kBiasGradients)
+      fills.push_back({d->sums[i], gradient_values(s, i) * sizeof(float)});
+    if (variant.bf16_gradients) fills.push_back({d->bf16_gradients[i], gradient_values(s, i) * 2});
   }
+  if (variant.biases)
+    fills.push_back({d->split.targets.biased, static_cast<size_t>(s.macrobatch) * in * sizeof(float)});
   // main_grad's start, as large as the largest of the weight gradients it stands for.
   std::vector<float> start(std::max(gradient_values(s, 0), gradient_values(s, 3)), kMainGradStart);
   cudaStream_t stream = d->buffers.stream;
@@ -437,7 +468,7 @@ mokStatus_t wait_stream(const SelftestSetup& setup, Device* d, const char* name,
 
 mokStatus_t run_pass(const SelftestSetup& setup, Device* d, const char* name, Text* text) {
   SplitFailure f;
-  bool enqueued = enqueue_split_pass(d->split, false, &f);
+  bool enqueued = enqueue_split_pass(d->split, &f);
   // The launches enqueued before a refusal still run: wait for them too.
   if (mokStatus_t st = wait_stream(setup, d, name, text); st != mokSuccess || enqueued) {
     if (st != mokSuccess) return st;

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/split_bias.hpp"
 #include "core/split_pass.hpp"
 #include "core/split_shared.hpp"
 
@@ -33,9 +34,10 @@ struct SplitDevice {
   // dx's fp32 first term [out ring rows, H]; the weight gradients' fp32 sums: the caller's main_grad, or with bf16
   // gradients this executor's own (zeroed and written out by the pass)
   core::SplitTargets targets;
-  core::SplitGradients gradients;  // a backward's bf16 weight gradients (the caller's), or all null with main_grad
-  core::SplitShared shared;        // with a shared expert: its buffers (core/split_shared.hpp), else all null
-  core::bf16_t* staging;           // staging_values bf16 per CTA of a row step (MXFP8's dispatch and SwiGLU)
+  core::SplitGradients gradients;  // a backward's bf16 weight gradients (the caller's; all null with main_grad) and
+                                   // bias gradients
+  core::SplitShared shared;  // with a shared expert: its buffers (core/split_shared.hpp), else all null
+  core::bf16_t* staging;     // staging_values bf16 per CTA of a row step (MXFP8's dispatch and SwiGLU)
   int64_t staging_values;
   core::SplitDequantised dequantised;  // MXFP8: the dequantised operands' scratch (all null in BF16)
   int ctas;                            // CTAs of a row step: each takes the window's tiles grid-stride
@@ -53,8 +55,8 @@ struct SplitDevice {
 
 enum class SplitRefusal : int32_t {
   none = 0,
-  unsupported_layer,  // core::split_supports refuses it (biases, a width not a multiple of 8 (of 32 in MXFP8),
-                      // padding not of 128-row tiles in MXFP8)
+  unsupported_layer,  // core::split_supports refuses it (a width not a multiple of 8 (of 32 in MXFP8), padding not
+                      // of 128-row tiles in MXFP8)
   no_gemm,            // this libmok has no grouped GEMM (built without CUTLASS's headers)
   gemm_refused,       // the grouped GEMM refused a launch (gemm_status says why), or before any (launch -1): the
                       // device's architecture is not one this build carries (no_architecture)
@@ -88,9 +90,8 @@ GemmStatus split_gemm_workspace_bytes(const core::LayerShape& s, GemmArchitectur
 
 // Enqueues the pass of d.view.kind on d.stream: in a group the entry barrier (the caller has staged the call's
 // inputs), then the plan's launches in order; returns false at the first launch that could not be enqueued (what
-// was enqueued before it still runs; launch -1: the entry barrier). `biases`: the caller's layer has expert
-// biases (split_supports).
-bool enqueue_split_pass(const SplitDevice& d, bool biases, SplitFailure* failure);
+// was enqueued before it still runs; launch -1: the entry barrier).
+bool enqueue_split_pass(const SplitDevice& d, SplitFailure* failure);
 
 // The row steps and the home sums (split_steps.cu): enqueued on d.stream, never waited for; the launch's error.
 cudaError_t launch_dispatch(const SplitDevice& d, const core::RowWindow& window);
@@ -101,6 +102,8 @@ cudaError_t launch_home_sums(const SplitDevice& d);
 cudaError_t launch_shared_rows(const SplitDevice& d, core::SplitStep step);
 cudaError_t launch_gradients(const SplitDevice& d, bool write);
 cudaError_t launch_dequantise(const SplitDevice& d, core::GroupedGemm kind, const core::RowWindow& window);
+cudaError_t launch_add_bias(const SplitDevice& d, core::GroupedGemm kind, const core::RowWindow& window);
+cudaError_t launch_bias_gradients(const SplitDevice& d, const core::RowWindow& window);
 
 // The cuda executor's kernels outside a pass's row steps (layer_steps.cu): mokLayerBuildSchedule's (the caller's ids
 // staged and the schedule built between the group's two schedule barriers, in one CTA), mokLayerGetSlots' (a thread

@@ -34,15 +34,17 @@ struct DeviceSteps {
   bool shared_rows(core::SplitStep step) { return launched(launch_shared_rows(d, step)); }
   bool gradients(bool write) { return launched(launch_gradients(d, write)); }
   bool dequantise(core::GroupedGemm kind, core::RowWindow w) { return launched(launch_dequantise(d, kind, w)); }
+  bool add_bias(core::GroupedGemm kind, core::RowWindow w) { return launched(launch_add_bias(d, kind, w)); }
+  bool bias_gradients(core::RowWindow w) { return launched(launch_bias_gradients(d, w)); }
   bool barrier() { return launched(launch_group_barrier(d.view, core::WaitId::closing_barrier, d.stream)); }
   bool home_sums() { return launched(launch_home_sums(d)); }
   bool gemm(core::GroupedGemm kind, core::RowWindow w) {
     const core::LayerShape& s = d.view.s;
-    bool dequantised = core::split_dequantises(s, kind, block_scaled(d));
+    bool biased = core::split_bias(d.view.w, kind) != nullptr;
+    bool dequantised = core::split_dequantises(s, kind, block_scaled(d), biased);
     if (s.mxfp8 && !dequantised) return grouped_mx(kind, w);
-    core::SplitGemmOperands o = dequantised ? core::split_dequantised_operands(d.view, kind, d.targets, d.dequantised)
-                                            : core::split_gemm_operands(d.view, kind, d.targets);
-    return grouped(kind, o, s, d.view.sched, core::ring_periods(s), w);
+    return grouped(kind, core::split_step_operands(d.view, kind, d.targets, d.dequantised, dequantised, biased), s,
+                   d.view.sched, core::ring_periods(s), w);
   }
   bool shared_gemm(core::GroupedGemm kind) {
     const core::LayerShape& s = d.view.s;
@@ -116,7 +118,7 @@ const char* split_refusal_name(SplitRefusal refusal) {
 #if MOK_WITH_GROUPED_GEMM
 size_t split_gemm_argument_bytes(const core::LayerShape& s) {
   size_t bf16 = grouped_gemm_bf16_argument_bytes(s.experts_per_rank);
-  size_t mx = s.mxfp8 ? grouped_gemm_mxfp8_argument_bytes(s.experts_per_rank) : 0;
+  size_t mx = s.mxfp8 ? grouped_gemm_mxfp8_argument_bytes(s.experts_per_rank) : 0;  // 0 without the SM100 unit
   return bf16 > mx ? bf16 : mx;
 }
 
@@ -134,12 +136,19 @@ GemmStatus split_gemm_workspace_bytes(const core::LayerShape& s, GemmArchitectur
     *bytes = need > *bytes ? need : *bytes;
     return st;
   };
+  // A forward kind's fp32-product unit (an expert bias) is picked by a set d_fp32, which the query never reads.
+  static float any_fp32;
   for (int k = 0; k < static_cast<int>(core::GroupedGemm::count); ++k) {
     auto kind = static_cast<core::GroupedGemm>(k);
     for (const core::LayerShape& shape : {s, core::shared_expert_shape(s)})
       if (GemmStatus st = take(GroupedGemmBf16{}, shape, kind, grouped_gemm_bf16_workspace_bytes); st != GemmStatus::ok)
         return st;
-    if (!s.mxfp8 || !core::mx_forward_kind(kind)) continue;
+    if (!core::mx_forward_kind(kind)) continue;
+    GroupedGemmBf16 biased{};
+    biased.d_fp32 = &any_fp32;
+    if (GemmStatus st = take(biased, s, kind, grouped_gemm_bf16_workspace_bytes); st != GemmStatus::ok) return st;
+    // The block-scaled unit only where the device has it: on SM90 every MXFP8 GEMM is a BF16 one (dequantised).
+    if (!s.mxfp8 || architecture != GemmArchitecture::sm100) continue;
     if (GemmStatus st = take(GroupedGemmMxfp8{}, s, kind, grouped_gemm_mxfp8_workspace_bytes); st != GemmStatus::ok)
       return st;
   }
@@ -147,12 +156,11 @@ GemmStatus split_gemm_workspace_bytes(const core::LayerShape& s, GemmArchitectur
 }
 #endif
 
-bool enqueue_split_pass(const SplitDevice& d, bool biases, SplitFailure* failure) {
+bool enqueue_split_pass(const SplitDevice& d, SplitFailure* failure) {
   *failure = SplitFailure{};
   const core::LayerShape& s = d.view.s;
-  if (!core::split_supports(s, biases)) failure->refusal = SplitRefusal::unsupported_layer;
-  core::SplitCall call{d.view.w.shared_router != nullptr, core::is_backward(d.view.kind) && d.gradients.gate != nullptr,
-                       block_scaled(d)};
+  if (!core::split_supports(s)) failure->refusal = SplitRefusal::unsupported_layer;
+  core::SplitCall call = core::split_call(d.view, d.gradients, block_scaled(d));
   failure->missing = core::split_missing_buffer(d.view, call, d.targets, d.gradients, d.shared);
   // MXFP8's dispatch and SwiGLU quantise 32-row blocks in each CTA's staging.
   auto need = static_cast<int64_t>(core::max_value(core::mx_staging_values(s), core::mx_swiglu_staging_values(s)));

@@ -10,6 +10,7 @@
 // work over the CTA. Enqueued by enqueue_split_pass (split_pass_device.cpp).
 #include "core/comm_tasks.hpp"
 #include "core/home_sums.hpp"
+#include "core/split_bias.hpp"
 #include "core/split_dequantise.hpp"
 #include "core/split_pass.hpp"
 #include "core/split_shared.hpp"
@@ -115,6 +116,23 @@ __global__ void dequantise_weights(core::PassView view, core::GroupedGemm kind, 
     core::dequantise_weight_item(view, kind, i, scratch);
 }
 
+// An expert bias added to the window's rows of the GEMM `kind` before it and rounded (core/split_bias.hpp), a CTA per
+// row at a time (grid-stride), its threads across the row's columns.
+__global__ void add_bias_rows(core::PassView view, core::SplitTargets targets, core::GroupedGemm kind,
+                              core::RowWindow window) {
+  core::PassView v = on_device(view);
+  for (int64_t r = blockIdx.x; r < window.rows; r += gridDim.x)
+    core::add_bias_row(v, targets, kind, window.row0 + r, threadIdx.x, blockDim.x);
+}
+
+// The window's rows added to the bias gradients' sums, a thread per column of each.
+__global__ void bias_gradient_columns(core::PassView view, core::SplitTargets targets, core::SplitGradients gradients,
+                                      core::RowWindow window, int64_t items) {
+  int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  core::PassView v = on_device(view);
+  if (i < items) core::bias_gradient_item(v, targets, gradients, window, i);
+}
+
 // ---- launchers: one thread per CTA runs a tile's body (each_tile), so a row step's CTAs are small ----
 
 namespace split_detail {
@@ -168,8 +186,8 @@ cudaError_t launch_shared_rows(const SplitDevice& d, core::SplitStep step) {
 }
 
 cudaError_t launch_gradients(const SplitDevice& d, bool write) {
-  core::GradientParts parts =
-      core::split_gradient_parts(d.view.s, d.view.w.shared_router != nullptr, d.targets, d.gradients);
+  core::GradientParts parts = core::split_gradient_parts(d.view.s, d.view.w.shared_router != nullptr,
+                                                         d.gradients.gate != nullptr, d.targets, d.gradients);
   int64_t items = core::gradient_items(parts);
   if (items == 0) return cudaSuccess;
   int64_t blocks = item_blocks(items);  // at most 2^31 - 1: a grid's x extent
@@ -186,6 +204,20 @@ cudaError_t launch_dequantise(const SplitDevice& d, core::GroupedGemm kind, cons
   int64_t blocks = item_blocks(items) < kMaxItemBlocks ? item_blocks(items) : kMaxItemBlocks;
   dequantise_weights<<<static_cast<unsigned>(blocks), kItemThreads, 0, d.stream>>>(d.view, kind, items,
                                                                                    d.dequantised.b);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add_bias(const SplitDevice& d, core::GroupedGemm kind, const core::RowWindow& window) {
+  if (window.rows == 0) return cudaSuccess;
+  add_bias_rows<<<d.ctas, kItemThreads, 0, d.stream>>>(d.view, d.targets, kind, window);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_bias_gradients(const SplitDevice& d, const core::RowWindow& window) {
+  int64_t items = core::bias_gradient_items(d.view.s, d.gradients);
+  if (items == 0 || window.rows == 0) return cudaSuccess;
+  bias_gradient_columns<<<static_cast<unsigned>(item_blocks(items)), kItemThreads, 0, d.stream>>>(
+      d.view, d.targets, d.gradients, window, items);
   return cudaGetLastError();
 }
 
