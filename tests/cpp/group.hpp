@@ -34,6 +34,7 @@ struct Spec {
   double limit = 0;
   double alpha = 0;          // 0: swiglu; > 0: swiglu_oai with this alpha
   bool bias = false;         // routed-expert biases (gate, up, down)
+  int bias_mask = 7;         // with `bias`, which of them (gate 1, up 2, down 4): each is optional on its own
   bool gated = false;        // the shared expert gated by weights.shared_router (needs shared_inter > 0)
   bool input_scale = false;  // mokRoutingScaleInput (Llama4): the routing weights scale the experts' inputs
 };
@@ -101,6 +102,8 @@ inline ref::Problem make_problem(const Spec& s, std::mt19937_64& rng) {
     p.bgate.push_back(random_bf16(static_cast<size_t>(s.experts) * s.inter, 0.5, rng));
     p.bup.push_back(random_bf16(static_cast<size_t>(s.experts) * s.inter, 0.5, rng));
     p.bdown.push_back(random_bf16(static_cast<size_t>(s.experts) * s.hidden, 0.1, rng));
+    for (int i = 0; i < 3; ++i)  // drawn all the same, so a mask changes no other draw
+      if (!(s.bias_mask & (1 << i))) (i == 0 ? p.bgate : i == 1 ? p.bup : p.bdown).back().clear();
   }
   return p;
 }
@@ -260,10 +263,10 @@ inline mokLayerWeights_t bf16_weights(const ref::Problem& p, int r) {
     w.shared_down = p.sdown[r].data();
     if (p.gated) w.shared_router = p.srouter[r].data();
   }
-  if (!p.bgate.empty()) {
-    w.gate_bias = p.bgate[r].data();
-    w.up_bias = p.bup[r].data();
-    w.down_bias = p.bdown[r].data();
+  if (!p.bgate.empty()) {  // a bias the mask left out is empty: none
+    w.gate_bias = p.bgate[r].empty() ? nullptr : p.bgate[r].data();
+    w.up_bias = p.bup[r].empty() ? nullptr : p.bup[r].data();
+    w.down_bias = p.bdown[r].empty() ? nullptr : p.bdown[r].data();
   }
   return w;
 }
@@ -382,17 +385,19 @@ inline void run_rank(const ref::Problem& p, const Knobs& k, int r, void* const* 
       }
     }
     if (!p.bgate.empty()) {  // the bias gradients as the weight gradients: bf16, or fp32 added into
+      // (each only for a bias the mask kept: a gradient is required exactly where its bias is given)
       size_t ei = static_cast<size_t>(p.experts) * p.inter, eh = static_cast<size_t>(p.experts) * H;
-      if (k.accumulate) {
-        o.main_bgate[r].assign(ei, k.main_grad_start);
-        o.main_bup[r].assign(ei, k.main_grad_start);
-        o.main_bdown[r].assign(eh, k.main_grad_start);
-        g.dgate_bias = o.main_bgate[r].data(), g.dup_bias = o.main_bup[r].data(), g.ddown_bias = o.main_bdown[r].data();
-      } else {
-        o.dbgate[r].assign(ei, 0);
-        o.dbup[r].assign(ei, 0);
-        o.dbdown[r].assign(eh, 0);
-        g.dgate_bias = o.dbgate[r].data(), g.dup_bias = o.dbup[r].data(), g.ddown_bias = o.dbdown[r].data();
+      bool has[3] = {!p.bgate[r].empty(), !p.bup[r].empty(), !p.bdown[r].empty()};
+      size_t sizes[3] = {ei, ei, eh};
+      void** into[3] = {&g.dgate_bias, &g.dup_bias, &g.ddown_bias};
+      std::vector<float>* main[3] = {&o.main_bgate[r], &o.main_bup[r], &o.main_bdown[r]};
+      std::vector<uint16_t>* bf16[3] = {&o.dbgate[r], &o.dbup[r], &o.dbdown[r]};
+      for (int i = 0; i < 3; ++i) {
+        if (!has[i]) continue;
+        if (k.accumulate)
+          main[i]->assign(sizes[i], k.main_grad_start), *into[i] = main[i]->data();
+        else
+          bf16[i]->assign(sizes[i], 0), *into[i] = bf16[i]->data();
       }
     }
     auto t1 = std::chrono::steady_clock::now();

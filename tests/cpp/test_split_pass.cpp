@@ -349,10 +349,10 @@ struct Group {
     v.w.gate = p.gate[r].data();
     v.w.up = p.up[r].data();
     v.w.down = p.down[r].data();
-    if (!p.bgate.empty()) {
-      v.w.gate_bias = p.bgate[r].data();
-      v.w.up_bias = p.bup[r].data();
-      v.w.down_bias = p.bdown[r].data();
+    if (!p.bgate.empty()) {  // each as the host executor's run takes it: an empty one is none
+      v.w.gate_bias = p.bgate[r].empty() ? nullptr : p.bgate[r].data();
+      v.w.up_bias = p.bup[r].empty() ? nullptr : p.bup[r].data();
+      v.w.down_bias = p.bdown[r].empty() ? nullptr : p.bdown[r].data();
     }
     if (p.mxfp8) {  // the forward's rowwise forms, the backward's colwise ones
       const MxWeights& m = mx[static_cast<size_t>(r)];
@@ -412,14 +412,17 @@ struct Group {
       }
       if (!p.bgate.empty() && core::is_backward(kind)) {  // as the host's: bf16, or added into fp32 from its start
         size_t ei = static_cast<size_t>(p.experts) * p.inter, eh = static_cast<size_t>(p.experts) * p.hidden;
-        if (k.accumulate) {
-          o.main_bgate.assign(ei, k.main_grad_start), o.main_bup.assign(ei, k.main_grad_start);
-          o.main_bdown.assign(eh, k.main_grad_start);
-          grads.gate_bias = o.main_bgate.data(), grads.up_bias = o.main_bup.data(),
-          grads.down_bias = o.main_bdown.data();
-        } else {
-          o.dbgate.assign(ei, 0xffff), o.dbup.assign(ei, 0xffff), o.dbdown.assign(eh, 0xffff);
-          grads.gate_bias = o.dbgate.data(), grads.up_bias = o.dbup.data(), grads.down_bias = o.dbdown.data();
+        bool has[3] = {v.w.gate_bias != nullptr, v.w.up_bias != nullptr, v.w.down_bias != nullptr};
+        size_t sizes[3] = {ei, ei, eh};
+        void** into[3] = {&grads.gate_bias, &grads.up_bias, &grads.down_bias};
+        std::vector<float>* main[3] = {&o.main_bgate, &o.main_bup, &o.main_bdown};
+        std::vector<uint16_t>* bf16[3] = {&o.dbgate, &o.dbup, &o.dbdown};
+        for (int i = 0; i < 3; ++i) {  // only a bias given has a gradient
+          if (!has[i]) continue;
+          if (k.accumulate)
+            main[i]->assign(sizes[i], k.main_grad_start), *into[i] = main[i]->data();
+          else
+            bf16[i]->assign(sizes[i], 0xffff), *into[i] = bf16[i]->data();
         }
         grads.bias_accumulate = k.accumulate;
       }
@@ -731,6 +734,12 @@ TEST(split_pass_expert_biases) {
   oai.bias = true, oai.alpha = 1.702, oai.limit = 0.75;
   std::printf("biases with swiglu_oai\n");
   check_case(oai, Knobs{}, seed() + 1300);
+  for (int mask : {1, 2, 4, 5, 6}) {  // each bias on its own, and pairs: only those given, and only their gradients
+    Spec some = spec_of(2, Routing::uniform);
+    some.bias = true, some.bias_mask = mask;
+    std::printf("biases %d of gate 1, up 2, down 4\n", mask);
+    check_case(some, Knobs{}, seed() + static_cast<uint64_t>(1350 + mask));
+  }
   for (bool block_scaled : {true, false})
     for (int macrobatch : {128, 512}) {
       Spec spec = spec_of(2, Routing::uniform);
@@ -797,26 +806,30 @@ TEST(split_buffers_complete_refuses_each_buffer_a_pass_uses) {
   for (PassKind kind : {PassKind::forward, PassKind::backward})
     for (int shared_inter : {0, 8})
       for (bool gated : {false, true})
-        for (int variant = 0; variant < 4; ++variant) {
-          bool bf16 = variant & 1, biased = variant & 2;  // biased: every expert bias, and its gradient in a backward
+        for (int variant = 0; variant < 10; ++variant) {
+          // the biases given (gate 1, up 2, down 4), each with its gradient in a backward
+          bool bf16 = variant & 1;
+          int mask = std::array<int, 5>{0, 1, 2, 4, 7}[variant / 2];
+          bool gate_up = mask & 3, down = mask & 4;
           if (gated && shared_inter == 0) continue;
           core::PassView v{};
           v.kind = kind;
           v.s.experts_per_rank = 2, v.s.hidden = 16, v.s.intermediate = 8, v.s.shared_intermediate = shared_inter;
           bool backward = core::is_backward(kind), shared = shared_inter > 0;
-          core::SplitCall call{gated, bf16, true, static_cast<uint8_t>(biased ? 7 : 0), biased && backward};
+          core::SplitCall call{gated, bf16, true, static_cast<uint8_t>(mask), mask != 0 && backward};
           std::vector<char> memory(64);  // every pointer somewhere, none null
           char* any = memory.data();
           core::SplitTargets t{};
           core::SplitGradients g{};
-          if (biased) g.gate_bias = g.up_bias = g.down_bias = any;
+          g.gate_bias = mask & 1 ? any : nullptr, g.up_bias = mask & 2 ? any : nullptr;
+          g.down_bias = mask & 4 ? any : nullptr;
           core::SplitShared sh{};
           std::vector<Slot> slots = {
-              {"dx_partial", reinterpret_cast<void**>(&t.dx_partial), backward || biased},
-              {"biased", reinterpret_cast<void**>(&t.biased), biased},
-              {"bias_gate", reinterpret_cast<void**>(&t.bias_gate), backward && biased},
-              {"bias_up", reinterpret_cast<void**>(&t.bias_up), backward && biased},
-              {"bias_down", reinterpret_cast<void**>(&t.bias_down), backward && biased},
+              {"dx_partial", reinterpret_cast<void**>(&t.dx_partial), backward || down},
+              {"biased", reinterpret_cast<void**>(&t.biased), gate_up},
+              {"bias_gate", reinterpret_cast<void**>(&t.bias_gate), backward && (mask & 1)},
+              {"bias_up", reinterpret_cast<void**>(&t.bias_up), backward && (mask & 2)},
+              {"bias_down", reinterpret_cast<void**>(&t.bias_down), backward && down},
               {"wgrad_gate", reinterpret_cast<void**>(&t.wgrad_gate), backward},
               {"wgrad_up", reinterpret_cast<void**>(&t.wgrad_up), backward},
               {"wgrad_down", reinterpret_cast<void**>(&t.wgrad_down), backward},
@@ -846,7 +859,7 @@ TEST(split_buffers_complete_refuses_each_buffer_a_pass_uses) {
             *slot.at = nullptr;
             CHECK_MSG(core::split_buffers_complete(v, call, t, g, sh) == !slot.used,
                       "%s null: %s (kind %d, I_s %d, gated %d, bf16 gradients %d, biases %d)", slot.name,
-                      slot.used ? "accepted" : "refused", static_cast<int>(kind), shared_inter, gated, bf16, biased);
+                      slot.used ? "accepted" : "refused", static_cast<int>(kind), shared_inter, gated, bf16, mask);
             const char* missing = core::split_missing_buffer(v, call, t, g, sh);
             CHECK_MSG(slot.used ? missing && std::strcmp(missing, slot.name) == 0 : missing == nullptr,
                       "%s null: named '%s'", slot.name, missing ? missing : "(none)");

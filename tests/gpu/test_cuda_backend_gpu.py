@@ -40,11 +40,20 @@ def inputs(seed: int):
     return [bf16(T, H), ids, weights, *routed, *shared, bf16(T, H)]
 
 
-def layer(tensors, device, backend):
-    """(out, every gradient) of mok.moe on `device` through `backend`, by autograd."""
+def expert_biases(seed: int):
+    """gpt-oss's gate, up and down biases, of the order of the GEMMs' outputs (so each moves every output visibly)."""
+    generator = torch.Generator().manual_seed(1000 + seed)
+    return [(torch.randn(*shape, generator=generator) * scale).to(torch.bfloat16)
+            for shape, scale in (((E, INTER), 0.5), ((E, INTER), 0.5), ((E, H), 0.1))]
+
+
+def layer(tensors, device, backend, mxfp8=False, biases=()):
+    """(out, every gradient) of mok.moe on `device` through `backend`, by autograd; in MXFP8 the routed experts
+    quantised from the bf16 leaves (their gradients are the bf16 weights'), with `biases` the routed experts'."""
     x, ids, weights, *experts, dout = [t.to(device) for t in tensors]
-    leaves = [t.clone().requires_grad_(True) for t in (x, weights, *experts)]
-    routed, shared = RoutedExperts(*leaves[2:5]), SharedExpert(*leaves[5:8])
+    leaves = [t.clone().requires_grad_(True) for t in (x, weights, *experts, *[b.to(device) for b in biases])]
+    routed = RoutedExperts(*leaves[2:5], **dict(zip(("gate_bias", "up_bias", "down_bias"), leaves[8:], strict=False)))
+    routed, shared = routed.to_mxfp8() if mxfp8 else routed, SharedExpert(*leaves[5:8])
     out = mok.moe(leaves[0], ids, leaves[1], routed, shared, backend=backend)
     out.backward(dout)
     return [out.detach().cpu().float()] + [leaf.grad.cpu().float() for leaf in leaves]
@@ -59,6 +68,20 @@ def test_moe_on_cuda_matches_the_host_executor(seed):
     tensors = inputs(seed)
     got, want = layer(tensors, "cuda", "cuda"), layer(tensors, "cpu", "host")
     names = ["out", "x", "topk_weights", "gate", "up", "down", "shared_gate", "shared_up", "shared_down"]
+    errors = {name: relative(g, w) for name, g, w in zip(names, got, want, strict=True)}
+    assert all(error <= TOLERANCE for error in errors.values()), errors
+
+
+@pytest.mark.parametrize("mxfp8, biased", [(True, False), (False, True), (True, True)],
+                         ids=["mxfp8", "expert biases", "mxfp8 with expert biases"])
+def test_variants_on_cuda_match_the_host_executor(mxfp8, biased):
+    """MXFP8 (the forward's GEMMs block-scaled on 10.x, every other GEMM over dequantised operands) and gpt-oss's
+    expert biases, forward and backward through autograd, against the host executor."""
+    tensors, biases = inputs(7), expert_biases(7) if biased else []
+    got = layer(tensors, "cuda", "cuda", mxfp8, biases)
+    want = layer(tensors, "cpu", "host", mxfp8, biases)
+    names = ["out", "x", "topk_weights", "gate", "up", "down", "shared_gate", "shared_up", "shared_down"]
+    names += ["gate_bias", "up_bias", "down_bias"] if biased else []
     errors = {name: relative(g, w) for name, g, w in zip(names, got, want, strict=True)}
     assert all(error <= TOLERANCE for error in errors.values()), errors
 

@@ -51,6 +51,10 @@ def test_device_kernels_and_their_resources(libmok, cuda_bin):
         "combine_window",
         "shared_rows",
         "gradient_items",
+        "dequantise_rows",  # MXFP8's operands for the BF16 GEMMs (core/split_dequantise.hpp)
+        "dequantise_weights",
+        "add_bias_rows",  # expert biases (core/split_bias.hpp)
+        "bias_gradient_columns",
         "home_sums_forward",
         "home_sums_backward",
         "rank_schedule",  # the cuda executor's schedule build, slot copy, barrier and leaving (cuda/layer_steps.cu)

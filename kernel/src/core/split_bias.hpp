@@ -61,23 +61,30 @@ MOK_HD inline void add_bias_row(const PassView& v, const SplitTargets& t, Groupe
   for (int col = col0; col < width; col += step) out[col] = float_to_bf16(add_rn(sum[col], bf16_to_float(bias[col])));
 }
 
-// Items of a bias_gradients step: a column of each bias gradient given (gate's I, up's I, down's H).
+// Items of a bias_gradients step: each local expert's columns of each bias gradient given (gate's I, up's I, down's H).
 MOK_HD inline int64_t bias_gradient_items(const LayerShape& s, const SplitGradients& g) {
-  return (g.gate_bias ? s.intermediate : 0) + (g.up_bias ? s.intermediate : 0) + (g.down_bias ? s.hidden : 0);
+  int64_t columns =
+      (g.gate_bias ? s.intermediate : 0) + (g.up_bias ? s.intermediate : 0) + (g.down_bias ? s.hidden : 0);
+  return columns * s.experts_per_rank;
 }
 
-// Item i of the bias_gradients step over window w: one column of one bias gradient, summed down the window's rows tile
-// by tile (each tile's rows in order, into its expert's sum): the rows of an expert in canonical order, window after
-// window, so the sum is the host's.
+// Item i of the bias_gradients step over window w: one expert's sum of one column of one bias gradient, continued down
+// the expert's rows in the window, tile by tile and each tile's rows in order: the expert's rows in canonical order,
+// window after window, so the sum is the host's.
 MOK_HD inline void bias_gradient_item(const PassView& v, const SplitTargets& t, const SplitGradients& g,
                                       const RowWindow& w, int64_t i) {
   int h = v.s.hidden, in = v.s.intermediate;
+  int64_t columns = bias_gradient_items(v.s, g) / v.s.experts_per_rank;
+  int expert = static_cast<int>(i / columns);
+  i %= columns;
   int matrix = 1;  // add_tile's numbering: 0 down (dy), 1 gate (dg), 2 up (du)
   if (!g.gate_bias || i >= in) {
     i -= g.gate_bias ? in : 0;
     matrix = g.up_bias && i < in ? 2 : 0;
     i -= matrix == 0 && g.up_bias ? in : 0;
   }
+  ExpertRows rows = window_rows(v.sched, expert, w);
+  if (rows.rows == 0) return;
   int width = matrix == 0 ? h : in;
   float* sums = matrix == 0 ? t.bias_down : (matrix == 1 ? t.bias_gate : t.bias_up);
   // Each ring by name: a member picked at run time would take the view's address, and the device would stack it.
@@ -88,13 +95,14 @@ MOK_HD inline void bias_gradient_item(const PassView& v, const SplitTargets& t, 
       default: return ring_columns(v, v.ring_u, v.mx_u, row0, in);
     }
   };
-  SplitTiles tiles = split_window_tiles(v, w);
-  for (int64_t tile = tiles.first; tile < tiles.end; ++tile) {
-    int expert = tile_expert(v.s, v.sched, tile), rows = tile_rows(v.s, v.sched, tile, expert);
-    Operand a = column(tile * v.s.expert_padding);
-    float& sum = sums[static_cast<int64_t>(expert) * width + i];
-    for (int k = 0; k < rows; ++k) sum = add_rn(sum, stored_value(a, i, k));  // add_columns' order, one column
+  int64_t pad = v.s.expert_padding, at = static_cast<int64_t>(expert) * width + i;
+  float sum = sums[at];  // in a register over the window's rows, as add_columns keeps its sum
+  for (int64_t tile = rows.first / pad; tile * pad < rows.first + rows.rows; ++tile) {
+    Operand a = column(tile * pad);
+    int n = tile_rows(v.s, v.sched, tile, expert);
+    for (int k = 0; k < n; ++k) sum = add_rn(sum, stored_value(a, i, k));
   }
+  sums[at] = sum;
 }
 
 }  // namespace mok::core

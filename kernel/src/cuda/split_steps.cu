@@ -125,7 +125,7 @@ __global__ void add_bias_rows(core::PassView view, core::SplitTargets targets, c
     core::add_bias_row(v, targets, kind, window.row0 + r, threadIdx.x, blockDim.x);
 }
 
-// The window's rows added to the bias gradients' sums, a thread per column of each.
+// The window's rows added to the bias gradients' sums, a thread per expert and column of each.
 __global__ void bias_gradient_columns(core::PassView view, core::SplitTargets targets, core::SplitGradients gradients,
                                       core::RowWindow window, int64_t items) {
   int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
