@@ -36,8 +36,8 @@ struct SplitDevice {
   core::SplitTargets targets;
   core::SplitGradients gradients;  // a backward's bf16 weight gradients (the caller's; all null with main_grad) and
                                    // bias gradients
-  core::SplitShared shared;  // with a shared expert: its buffers (core/split_shared.hpp), else all null
-  core::bf16_t* staging;     // staging_values bf16 per CTA of a row step (MXFP8's dispatch and SwiGLU)
+  core::SplitShared shared;        // with a shared expert: its buffers (core/split_shared.hpp), else all null
+  core::bf16_t* staging;           // staging_values bf16 per CTA of a row step (MXFP8's dispatch and SwiGLU)
   int64_t staging_values;
   core::SplitDequantised dequantised;  // MXFP8: the dequantised operands' scratch (all null in BF16)
   int ctas;                            // CTAs of a row step: each takes the window's tiles grid-stride
