@@ -349,6 +349,9 @@ class LibmokExecutor:
             key += (routing_scale,)
         if key in state.layers:
             return state.layers[key]
+        if validate.capturing_on(workspace.key.device):
+            raise ValueError("a call captured into a CUDA graph runs on a libmok layer an eager call made before the "
+                             "capture (making one allocates and, in a group, exchanges): make one eager call first")
         shape, config = state.key, state.config
         minibatch, macrobatch = _ring_rows(shape, config, world)
         cfg = dict(world=world, rank=rank, experts_per_rank=shape.num_local_experts, hidden=shape.hidden,

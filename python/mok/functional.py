@@ -490,6 +490,31 @@ def _agree_call(executor, workspace, group, world: int, timeout_s: float, error:
         raise
 
 
+def _captured_call(executor, workspace, error: Exception | None) -> None:
+    """A call while its stream is being captured into a CUDA graph agrees with no peer: a replay repeats no host
+    exchange (and an NCCL one would be captured). So this rank's own error, and a failure its executor's record holds
+    (left for the next eager call's agreement to close every rank's layers together), are raised here alone. Every
+    rank captures the same calls; a rank whose capture raised is at no barrier of its peers' replays, which fail when
+    their wait runs out (config.wait_timeout_s)."""
+    if error is not None:
+        raise error
+    failure = getattr(executor, "failure", None)
+    failed = failure(workspace) if failure is not None and workspace is not None else None
+    if failed is not None:
+        raise RuntimeError(failed)
+
+
+def _captured_workspace(group, x, shape, config, executor, workspace, tokens: int, error: Exception | None):
+    """The workspace of a call captured into a CUDA graph (_captured_call): one an eager call of this layer has
+    made and agreed on, holding this rank's tokens; a capture neither allocates nor exchanges."""
+    held = None if error is not None else _held_workspace(workspace, group, x, shape, config, executor)
+    if error is None and (held is None or held.key.max_tokens < tokens):
+        error = ValueError(f"a call captured into a CUDA graph runs in the workspace an eager call of the same "
+                           f"layer made (at least {tokens} tokens) before the capture: make one eager call first")
+    _captured_call(executor, held, error)
+    return held
+
+
 def _held_workspace(workspace, group, x, shape, config, executor) -> Workspace | None:
     """The workspace a call on `x` would run in, as far as it exists yet: the given one, or the cached implicit
     one (None for arguments that name none)."""
@@ -548,7 +573,9 @@ def build_schedule(topk_ids: torch.Tensor, num_local_experts: int, *, group=None
     except (TypeError, ValueError) as e:
         error = e
     timeout = (workspace.config if isinstance(workspace, Workspace) else MoKConfig()).wait_timeout_s
-    if executor is None or _per_call(executor):
+    if validate.capturing(topk_ids):
+        _captured_call(executor, None, error)
+    elif executor is None or _per_call(executor):
         _agree(group, world, timeout, error, {}, 0)
     elif error is not None:
         raise error  # a host schedule is local: libmok's forward is the collective step
@@ -620,7 +647,9 @@ def backward(ctx: ForwardContext, dout: torch.Tensor, *, main_grads: MainGrads |
     except (TypeError, ValueError) as e:
         error = e
     timeout = ctx.workspace.config.wait_timeout_s if ctx.workspace is not None else MoKConfig().wait_timeout_s
-    if _per_call(ctx.executor):
+    if validate.capturing(dout):
+        _captured_call(ctx.executor, ctx.workspace, error)
+    elif _per_call(ctx.executor):
         _agree_call(ctx.executor, ctx.workspace, ctx.group, ctx.world, timeout, error, {"call": "backward"}, 0)
     elif error is not None:
         _stop_peers(ctx.executor, ctx.workspace)
@@ -702,7 +731,9 @@ def _prepare(name, x, topk_ids, topk_weights, routed, shared, group, config, wor
                                  alpha, routing_scale, backward)
     if resync is not None and resync.error is not None:
         error = error or resync.error
-    if executor is None or _per_call(executor) or world == 1:
+    if validate.capturing(x):
+        workspace = _captured_workspace(group, x, shape, config, executor, workspace, tokens, error)
+    elif executor is None or _per_call(executor) or world == 1:
         record = {} if error is not None else _call_record(name, shape, executor, config, x.device)
         held = _held_workspace(workspace, group, x, shape, config, executor)
         counts, nonce = _agree_call(executor, held, group, world, timeout, error, record, tokens)

@@ -113,14 +113,26 @@ def check_mxfp8_padding(mxfp8: bool, expert_padding: int) -> None:
                          f"start on tiles), got {expert_padding}")
 
 
+def capturing(t) -> bool:
+    """Whether t is a CUDA tensor whose device's current stream is being captured into a CUDA graph."""
+    return getattr(t, "is_cuda", False) and _stream_capturing(t.device)
+
+
+def capturing_on(device: torch.device) -> bool:
+    """Whether `device` is a CUDA device whose current stream is being captured into a CUDA graph."""
+    return device.type == "cuda" and _stream_capturing(device)
+
+
+def _stream_capturing(device) -> bool:
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
+
+
 def reads_values(t: torch.Tensor) -> bool:
     """Whether a check may read t's values on the host: not while the current stream of t's CUDA device is being
     captured into a CUDA graph, where the read's synchronisation is an error. libmok's cuda executor checks the ids
     on the device then (its schedule build records a bad one: the layer's next call raises it)."""
-    if not t.is_cuda:
-        return True
-    with torch.cuda.device(t.device):
-        return not torch.cuda.is_current_stream_capturing()
+    return not capturing(t)
 
 
 def check_expert_ids(topk_ids: torch.Tensor, num_experts: int) -> None:

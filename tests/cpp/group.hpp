@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -252,6 +253,32 @@ void each_rank(int world, F f) {
 
 // One rank's calls: schedule, forward, (recompute), backward; outputs and status into o[rank].
 // Rank r's bf16 weights as the C ABI takes them (the shared expert's when it has one).
+// Rank r's expert biases (gate, up, down) as a layer takes them: null for one the problem's mask left out, or for
+// all in a problem without biases.
+inline std::array<const uint16_t*, 3> problem_biases(const ref::Problem& p, int r) {
+  if (p.bgate.empty()) return {};
+  auto given = [r](const std::vector<std::vector<uint16_t>>& b) { return b[r].empty() ? nullptr : b[r].data(); };
+  return {given(p.bgate), given(p.bup), given(p.bdown)};
+}
+
+// Where rank r's bias gradients go (into[i]: the call's pointer), each only for a bias given (a gradient is required
+// exactly where its bias is): added into fp32 `main` from `start` when accumulating, else bf16 `bf16`, NaN until
+// written.
+inline void bias_gradient_buffers(const ref::Problem& p, int r, bool accumulate, float start,
+                                  std::vector<float>* const main[3], std::vector<uint16_t>* const bf16[3],
+                                  void** const into[3]) {
+  std::array<const uint16_t*, 3> given = problem_biases(p, r);
+  size_t ei = static_cast<size_t>(p.experts) * p.inter, eh = static_cast<size_t>(p.experts) * p.hidden;
+  size_t sizes[3] = {ei, ei, eh};
+  for (int i = 0; i < 3; ++i) {
+    if (!given[i]) continue;
+    if (accumulate)
+      main[i]->assign(sizes[i], start), *into[i] = main[i]->data();
+    else
+      bf16[i]->assign(sizes[i], 0xffff), *into[i] = bf16[i]->data();
+  }
+}
+
 inline mokLayerWeights_t bf16_weights(const ref::Problem& p, int r) {
   mokLayerWeights_t w = MOK_LAYER_WEIGHTS_INIT;
   w.gate = p.gate[r].data();
@@ -263,11 +290,8 @@ inline mokLayerWeights_t bf16_weights(const ref::Problem& p, int r) {
     w.shared_down = p.sdown[r].data();
     if (p.gated) w.shared_router = p.srouter[r].data();
   }
-  if (!p.bgate.empty()) {  // a bias the mask left out is empty: none
-    w.gate_bias = p.bgate[r].empty() ? nullptr : p.bgate[r].data();
-    w.up_bias = p.bup[r].empty() ? nullptr : p.bup[r].data();
-    w.down_bias = p.bdown[r].empty() ? nullptr : p.bdown[r].data();
-  }
+  std::array<const uint16_t*, 3> biases = problem_biases(p, r);
+  w.gate_bias = biases[0], w.up_bias = biases[1], w.down_bias = biases[2];
   return w;
 }
 
@@ -384,22 +408,10 @@ inline void run_rank(const ref::Problem& p, const Knobs& k, int r, void* const* 
         g.dshared_router = o.dsrouter[r].data();
       }
     }
-    if (!p.bgate.empty()) {  // the bias gradients as the weight gradients: bf16, or fp32 added into
-      // (each only for a bias the mask kept: a gradient is required exactly where its bias is given)
-      size_t ei = static_cast<size_t>(p.experts) * p.inter, eh = static_cast<size_t>(p.experts) * H;
-      bool has[3] = {!p.bgate[r].empty(), !p.bup[r].empty(), !p.bdown[r].empty()};
-      size_t sizes[3] = {ei, ei, eh};
-      void** into[3] = {&g.dgate_bias, &g.dup_bias, &g.ddown_bias};
-      std::vector<float>* main[3] = {&o.main_bgate[r], &o.main_bup[r], &o.main_bdown[r]};
-      std::vector<uint16_t>* bf16[3] = {&o.dbgate[r], &o.dbup[r], &o.dbdown[r]};
-      for (int i = 0; i < 3; ++i) {
-        if (!has[i]) continue;
-        if (k.accumulate)
-          main[i]->assign(sizes[i], k.main_grad_start), *into[i] = main[i]->data();
-        else
-          bf16[i]->assign(sizes[i], 0), *into[i] = bf16[i]->data();
-      }
-    }
+    std::vector<float>* main[3] = {&o.main_bgate[r], &o.main_bup[r], &o.main_bdown[r]};
+    std::vector<uint16_t>* bf16[3] = {&o.dbgate[r], &o.dbup[r], &o.dbdown[r]};
+    void** into[3] = {&g.dgate_bias, &g.dup_bias, &g.ddown_bias};
+    bias_gradient_buffers(p, r, k.accumulate, k.main_grad_start, main, bf16, into);
     auto t1 = std::chrono::steady_clock::now();
     step(mokLayerBackward(layer, &w, p.topk_weights[r].data(), p.dout[r].data(), &g, nullptr));
     o.backward_ms[r] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();

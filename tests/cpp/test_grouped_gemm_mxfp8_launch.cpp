@@ -1,4 +1,4 @@
-// The MXFP8 forward's grouped-GEMM launcher (kernel/src/cuda/grouped_gemm.hpp, grouped_gemm_mxfp8) refuses what it
+// The block-scaled grouped-GEMM launcher (kernel/src/cuda/grouped_gemm.hpp, grouped_gemm_mxfp8) refuses what it
 // cannot run with a status, before any CUDA call: an architecture other than SM100, a kind it does not serve, a
 // pointer missing or off TMA's 16 bytes, A's row stride short of K or off 16 codes, a window that does not fit, a group
 // that would start inside a 128-row scale tile (expert_padding, the ring's period or the window's first row off the
@@ -25,7 +25,8 @@ using mok_test::pick;
 
 namespace {
 
-constexpr GroupedGemm kForward[] = {GroupedGemm::gate, GroupedGemm::up, GroupedGemm::down};
+// The kinds it serves (core::mx_block_scaled_kind): the forward's and dgrad_h.
+constexpr GroupedGemm kScaled[] = {GroupedGemm::gate, GroupedGemm::up, GroupedGemm::down, GroupedGemm::dgrad_h};
 
 // A launch every check passes: H and I whole 32-code blocks, tiles of 128 rows, a window in one turn from a tile.
 GroupedGemmMxfp8 valid(std::mt19937_64& rng, GroupedGemm kind) {
@@ -54,7 +55,7 @@ GemmStatus launch(const GroupedGemmMxfp8& g) {
 }
 
 GroupedGemm random_kind(std::mt19937_64& rng) {
-  return kForward[pick(rng, 0, 2)];
+  return kScaled[pick(rng, 0, 3)];
 }
 
 void expect(GemmStatus got, GemmStatus want, const char* what, int which) {
@@ -68,7 +69,7 @@ TEST(valid_launch_reaches_cuda) {
     return;
   }
   std::mt19937_64 rng(mok_test::seed());
-  for (GroupedGemm kind : kForward) {
+  for (GroupedGemm kind : kScaled) {
     GroupedGemmMxfp8 g = valid(rng, kind);
     cudaError_t error = cudaSuccess;
     GemmStatus s = mok::cuda::grouped_gemm_mxfp8(g, nullptr, size_t{1} << 30, nullptr, &error);
@@ -83,9 +84,9 @@ TEST(valid_launch_reaches_cuda) {
 }
 
 // The backward's kinds are the BF16 launch's (or another unit's), and kinds out of range are no kind.
-TEST(kinds_other_than_the_forward_are_bad_kind) {
+TEST(kinds_other_than_the_block_scaled_are_bad_kind) {
   std::mt19937_64 rng(mok_test::seed() + 1);
-  for (int bad = static_cast<int>(GroupedGemm::dgrad_h); bad <= static_cast<int>(GroupedGemm::count) + 1; ++bad) {
+  for (int bad = static_cast<int>(GroupedGemm::dgrad_x_gate); bad <= static_cast<int>(GroupedGemm::count) + 1; ++bad) {
     GroupedGemmMxfp8 g = valid(rng, random_kind(rng));
     g.kind = static_cast<GroupedGemm>(bad);
     expect(launch(g), GemmStatus::bad_kind, "kind", bad);
@@ -114,7 +115,7 @@ TEST(architectures_other_than_sm100_are_no_architecture) {
 
 TEST(missing_pointers_are_bad_operands) {
   std::mt19937_64 rng(mok_test::seed() + 2);
-  for (GroupedGemm kind : kForward)
+  for (GroupedGemm kind : kScaled)
     for (int field = 0; field < 5; ++field) {
       GroupedGemmMxfp8 g = valid(rng, kind);
       switch (field) {
@@ -132,7 +133,7 @@ TEST(missing_pointers_are_bad_operands) {
 // block, the argument block off 128 bytes.
 TEST(unaligned_pointers_strides_and_depths_cannot_implement) {
   std::mt19937_64 rng(mok_test::seed() + 3);
-  for (GroupedGemm kind : kForward)
+  for (GroupedGemm kind : kScaled)
     for (int field = 0; field < 9; ++field) {
       GroupedGemmMxfp8 g = valid(rng, kind);
       int off = pick(rng, 1, 15);
@@ -155,7 +156,7 @@ TEST(unaligned_pointers_strides_and_depths_cannot_implement) {
 // from a tile. And the window must fit one turn, as in the BF16 launch.
 TEST(groups_off_a_scale_tile_and_windows_that_do_not_fit_cannot_implement) {
   std::mt19937_64 rng(mok_test::seed() + 4);
-  for (GroupedGemm kind : kForward)
+  for (GroupedGemm kind : kScaled)
     for (int bad = 0; bad < 5; ++bad) {
       GroupedGemmMxfp8 g = valid(rng, kind);
       switch (bad) {

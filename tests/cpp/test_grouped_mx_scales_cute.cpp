@@ -1,10 +1,10 @@
-// core/grouped_mx_problems.hpp against CUTLASS 4.2 itself: the MXFP8 forward's fill kernel
+// core/grouped_mx_problems.hpp against CUTLASS 4.2 itself: the block-scaled GEMMs' fill kernel
 // (kernel/src/cuda/grouped_gemm_mxfp8_sm100.cuh) gives each expert's group a scale pointer from core
 // (a_scales, b_scales) and a layout from CuTe (Sm1xxBlockScaledConfig<32>::tile_atom_to_shape_SFA / SFB of
 // the group's (M, N, K)). Here, on the host, for random ragged schedules and windows, every scale byte a
 // group reads through pointer + layout(m, k) must be core's MxScaleLayout offset of what the group means:
 //   A: ring row (first ring row + m), k block k / 32, in the ring's [period, K] row scales;
-//   B: expert e's matrix, row n, k block k / 32, in the weights' scales.
+//   B: expert e's matrix, row n, k block k / 32, in the weights' scales (rowwise; dgrad_h: down's colwise form).
 // Rows m up to the group's padded rows are checked too: the MMA reads whole 128-row tiles, and those must
 // still be the ring's rows that follow (their products are never stored). Built only when the CUTLASS
 // headers are found, like test_sf_layout_cute.
@@ -58,7 +58,7 @@ Case make_case(std::mt19937_64& rng) {
   return c;
 }
 
-// The K-major row stride of A in codes: H for x; 2 I for h, which keeps its codes in its bf16 ring's bytes.
+// The K-major row stride of A in codes: H for x and dy; 2 I for h, which keeps its codes in its bf16 ring's bytes.
 int64_t a_stride(const Case& c, GroupedGemm kind) {
   return kind == GroupedGemm::down ? 2 * static_cast<int64_t>(c.s.intermediate) : c.s.hidden;
 }
@@ -104,7 +104,7 @@ void check_group(std::mt19937_64& rng, const Case& c, GroupedGemm kind, const co
 
 // Every turn-long window the executor runs, and a random tile-aligned one inside a turn.
 void check_case(std::mt19937_64& rng, const Case& c) {
-  for (GroupedGemm kind : {GroupedGemm::gate, GroupedGemm::up, GroupedGemm::down}) {
+  for (GroupedGemm kind : {GroupedGemm::gate, GroupedGemm::up, GroupedGemm::down, GroupedGemm::dgrad_h}) {
     std::vector<core::RowWindow> windows;
     for (int64_t row0 = 0; row0 < c.total; row0 += core::rows_in_turn(kind, c.periods, row0))
       windows.push_back(core::RowWindow{row0, core::rows_in_turn(kind, c.periods, row0)});
@@ -155,6 +155,24 @@ TEST(tiles_whole_needs_every_start_on_a_tile) {
   s.expert_padding = 96;
   CHECK(!core::mx_tiles_whole(s, p, core::RowWindow{0, 100}));
   CHECK(core::mx_forward_kind(GroupedGemm::down) && !core::mx_forward_kind(GroupedGemm::dgrad_h));
+}
+
+// The block-scaled kinds and their layouts: dgrad_h reads down's colwise form, [I, H] K-major (weight_columns), where
+// the BF16 kind reads down [H, I] N-major; every other kind's layout is the BF16 kind's.
+TEST(block_scaled_kinds_read_both_operands_along_k) {
+  core::LayerShape s{};
+  s.hidden = 96, s.intermediate = 64;
+  for (int k = 0; k < static_cast<int>(GroupedGemm::count); ++k) {
+    auto kind = static_cast<GroupedGemm>(k);
+    bool block_scaled = core::mx_forward_kind(kind) || kind == GroupedGemm::dgrad_h;
+    CHECK_MSG(core::mx_block_scaled_kind(kind) == block_scaled, "kind %d", k);
+    if (!block_scaled) continue;
+    core::GroupedLayout mx = core::grouped_mx_layout(s, kind), bf16 = core::grouped_layout(s, kind);
+    CHECK_MSG(mx.a_k_major && mx.b_k_major && mx.lda == mx.ldb && mx.ldc == bf16.ldc, "kind %d", k);
+    CHECK_MSG(kind == GroupedGemm::dgrad_h || (mx.ldb == bf16.ldb && bf16.b_k_major), "kind %d", k);
+  }
+  core::GroupedLayout dgrad_h = core::grouped_mx_layout(s, GroupedGemm::dgrad_h);
+  CHECK(dgrad_h.lda == 96 && dgrad_h.ldb == 96 && dgrad_h.ldc == 64);
 }
 
 }  // namespace

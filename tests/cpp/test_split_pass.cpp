@@ -101,7 +101,7 @@ struct HostSteps {
   ThreadBarrier& barrier_;
   SplitOutputs& o;
   bool reverse;       // each GEMM's sum in reverse order: another order, as a GPU's tensor cores have their own
-  bool block_scaled;  // MXFP8: the forward's GEMMs block-scaled (SM100), else dequantised as on sm_90a
+  bool block_scaled;  // MXFP8: the block-scaled kinds block-scaled (SM100), else dequantised as on sm_90a
   core::SplitDequantised dequantised;
   core::SplitShared shared;
   core::SplitGradients bf16_grads;
@@ -211,17 +211,18 @@ struct HostSteps {
           sum = core::add_rn(sum, core::mul_rn(core::stored_value(part.a, i, k), core::stored_value(part.b, j, k)));
       }
   }
-  // The block-scaled GEMM of an MXFP8 forward as the GPU's launcher is given it (grouped_mx_problem): each expert's
-  // A from its first ring row's codes and scales, read through the group's own scale layout of M rows, as CUTLASS
-  // reads it; B the expert's rowwise weight and its scales.
+  // A block-scaled GEMM as the GPU's launcher is given it (grouped_mx_problem): each expert's A from its first ring
+  // row's codes and scales, read through the group's own scale layout of M rows, as CUTLASS reads it; B the expert's
+  // weight quantised along K (rowwise; dgrad_h: down's colwise form) and its scales.
   bool grouped_mx(GroupedGemm kind, core::RowWindow w) {
     core::SplitMxOperands o = core::split_mx_gemm_operands(v, kind);
     core::RowPeriods periods = core::ring_periods(v.s);
-    CHECK_MSG(
-        core::mx_forward_kind(kind) && core::window_fits(kind, periods, w) && core::mx_tiles_whole(v.s, periods, w),
-        "an MXFP8 GEMM (kind %d, rows %lld + %lld) the GPU's launcher would refuse", static_cast<int>(kind),
-        static_cast<long long>(w.row0), static_cast<long long>(w.rows));
-    int64_t ldc = core::grouped_layout(v.s, kind).ldc;
+    CHECK_MSG(core::mx_block_scaled_kind(kind) && core::window_fits(kind, periods, w) &&
+                  core::mx_tiles_whole(v.s, periods, w),
+              "an MXFP8 GEMM (kind %d, rows %lld + %lld) the GPU's launcher would refuse", static_cast<int>(kind),
+              static_cast<long long>(w.row0), static_cast<long long>(w.rows));
+    core::GroupedLayout l = core::grouped_mx_layout(v.s, kind);  // as the device's fill gives CUTLASS the strides
+    CHECK_MSG(l.a_k_major && l.b_k_major, "block-scaled kind %d with an operand not K-major", static_cast<int>(kind));
     for (int e = 0; e < v.s.experts_per_rank; ++e) {
       core::GroupedMxProblem q = core::grouped_mx_problem(v.s, v.sched, kind, periods, w, o.a_stride, e);
       const core::GroupedProblem& pr = q.p;
@@ -231,22 +232,20 @@ struct HostSteps {
       g.cols = pr.n;
       g.parts[0] = core::GemmPart{
           core::e4m3_operand(o.a + pr.a, q.lda, o.a_scales + q.a_scales, core::MxScaleLayout::of(pr.m, pr.k)),
-          core::e4m3_operand(o.b + pr.b, pr.k, o.b_scales + q.b_scales, core::MxScaleLayout::of(pr.n, pr.k)), pr.k};
+          core::e4m3_operand(o.b + pr.b, l.ldb, o.b_scales + q.b_scales, core::MxScaleLayout::of(pr.n, pr.k)), pr.k};
       g.num_parts = 1;
       product.assign(static_cast<size_t>(pr.m) * pr.n, 0.0f);
       multiply(g);
       for (int i = 0; i < pr.m; ++i)
         for (int j = 0; j < pr.n; ++j)
-          o.d[pr.c + i * ldc + j] = core::float_to_bf16(product[static_cast<size_t>(i) * pr.n + j]);
+          o.d[pr.c + i * l.ldc + j] = core::float_to_bf16(product[static_cast<size_t>(i) * pr.n + j]);
     }
     return true;
   }
   bool gemm(GroupedGemm kind, core::RowWindow w) {
-    bool biased = core::split_bias(v.w, kind) != nullptr;
-    bool dequantised_operands = core::split_dequantises(v.s, kind, block_scaled, biased);
-    if (v.s.mxfp8 && !dequantised_operands) return grouped_mx(kind, w);
-    return grouped(kind, core::split_step_operands(v, kind, targets, dequantised, dequantised_operands, biased), v.s,
-                   v.sched, core::ring_periods(v.s), w);
+    core::SplitRoutedGemm g = core::split_routed_gemm(v, kind, targets, dequantised, block_scaled);
+    if (g.block_scaled) return grouped_mx(kind, w);
+    return grouped(kind, g.bf16, v.s, v.sched, core::ring_periods(v.s), w);
   }
   bool shared_gemm(GroupedGemm kind) {
     return grouped(kind, core::shared_gemm_operands(v, kind, shared, targets), core::shared_expert_shape(v.s),
@@ -349,11 +348,8 @@ struct Group {
     v.w.gate = p.gate[r].data();
     v.w.up = p.up[r].data();
     v.w.down = p.down[r].data();
-    if (!p.bgate.empty()) {  // each as the host executor's run takes it: an empty one is none
-      v.w.gate_bias = p.bgate[r].empty() ? nullptr : p.bgate[r].data();
-      v.w.up_bias = p.bup[r].empty() ? nullptr : p.bup[r].data();
-      v.w.down_bias = p.bdown[r].empty() ? nullptr : p.bdown[r].data();
-    }
+    std::array<const uint16_t*, 3> biases = problem_biases(p, r);  // as the host executor's run takes them
+    v.w.gate_bias = biases[0], v.w.up_bias = biases[1], v.w.down_bias = biases[2];
     if (p.mxfp8) {  // the forward's rowwise forms, the backward's colwise ones
       const MxWeights& m = mx[static_cast<size_t>(r)];
       core::MxWeight* forms[6] = {&v.w.gate_rowwise, &v.w.gate_colwise, &v.w.up_rowwise,
@@ -373,7 +369,7 @@ struct Group {
 
   // The split pass of `kind` on every rank (each on its own thread); weight gradients added into main_grad
   // that starts at k.main_grad_start, or without k.accumulate bf16 of the pass's own fp32 sums (NaN before).
-  // block_scaled: in MXFP8 the forward's GEMMs block-scaled (SM100); false: dequantised, as on sm_90a.
+  // block_scaled: in MXFP8 the block-scaled kinds so (SM100); false: dequantised, as on sm_90a.
   std::vector<SplitOutputs> split(PassKind kind, bool reverse = false, bool block_scaled = true) {
     int W = p.world;
     std::vector<SplitOutputs> outputs(static_cast<size_t>(W));
@@ -410,20 +406,11 @@ struct Group {
             o.dgate.data(),    o.dup.data(), o.ddown.data(), o.dsgate.data(), o.dsup.data(), o.dsdown.data(),
             o.dsrouter.data(), nullptr,      nullptr,        nullptr,         false};
       }
-      if (!p.bgate.empty() && core::is_backward(kind)) {  // as the host's: bf16, or added into fp32 from its start
-        size_t ei = static_cast<size_t>(p.experts) * p.inter, eh = static_cast<size_t>(p.experts) * p.hidden;
-        bool has[3] = {v.w.gate_bias != nullptr, v.w.up_bias != nullptr, v.w.down_bias != nullptr};
-        size_t sizes[3] = {ei, ei, eh};
-        void** into[3] = {&grads.gate_bias, &grads.up_bias, &grads.down_bias};
+      if (core::is_backward(kind)) {  // as the host's: bf16, or added into fp32 from its start
         std::vector<float>* main[3] = {&o.main_bgate, &o.main_bup, &o.main_bdown};
         std::vector<uint16_t>* bf16[3] = {&o.dbgate, &o.dbup, &o.dbdown};
-        for (int i = 0; i < 3; ++i) {  // only a bias given has a gradient
-          if (!has[i]) continue;
-          if (k.accumulate)
-            main[i]->assign(sizes[i], k.main_grad_start), *into[i] = main[i]->data();
-          else
-            bf16[i]->assign(sizes[i], 0xffff), *into[i] = bf16[i]->data();
-        }
+        void** into[3] = {&grads.gate_bias, &grads.up_bias, &grads.down_bias};
+        bias_gradient_buffers(p, r, k.accumulate, k.main_grad_start, main, bf16, into);
         grads.bias_accumulate = k.accumulate;
       }
       HostSteps steps{
@@ -530,7 +517,7 @@ void check_recompute(Group& group, const Outputs& host, bool block_scaled) {
 
 // One problem: the host's forward, the split forward over its memory; the host's forward and backward, then the
 // split forward, backward and (where the ring keeps every row) kept backward over theirs. In MXFP8 `block_scaled`
-// runs the forward's GEMMs block-scaled (SM100), else over dequantised operands (sm_90a).
+// runs the block-scaled kinds so (SM100: the forward's, dgrad_h), else over dequantised operands (sm_90a).
 void check_case(const Spec& spec, Knobs k, uint64_t seed, bool block_scaled = true) {
   std::mt19937_64 rng(seed);
   ref::Problem p = make_problem(spec, rng);
@@ -658,14 +645,14 @@ TEST(split_pass_shared_expert) {
     }
 }
 
-// MXFP8: dispatch quantises x (and dy) into the ring's codes and scales; on SM100 the block-scaled gate, up and down
-// GEMMs read them through each group's own scale layout (grouped_mx_problem, as CUTLASS is given it), and every other
-// GEMM (the backward's; the forward's too with `block_scaled` false, as on sm_90a) is the BF16 one over the operands a
-// dequantise step wrote (split_dequantise.hpp); SwiGLU writes h's codes (and the backward's dg, du, h both ways) into
-// the bf16 rings' bytes. out, the y slots, dx and dw are the host executor's bitwise, the weight gradients as in BF16.
-// Tiles of 128 rows and whole 32-code blocks (split_supports); H of 3 blocks and I of 1, so each scale row's 4-block
-// tile has padding blocks, which the MMA reads; rings that turn and one that holds every row; a shared expert (bf16 in
-// both precisions).
+// MXFP8: dispatch quantises x (and dy) into the ring's codes and scales; on SM100 the block-scaled gate, up, down and
+// dgrad_h GEMMs read them through each group's own scale layout (grouped_mx_problem, as CUTLASS is given it), and
+// every other GEMM (the backward's others; all of them with `block_scaled` false, as on sm_90a) is the BF16 one over
+// the operands a dequantise step wrote (split_dequantise.hpp); SwiGLU writes h's codes (and the backward's dg, du, h
+// both ways) into the bf16 rings' bytes. out, the y slots, dx and dw are the host executor's bitwise, the weight
+// gradients as in BF16. Tiles of 128 rows and whole 32-code blocks (split_supports); H of 3 blocks and I of 1, so each
+// scale row's 4-block tile has padding blocks, which the MMA reads; rings that turn and one that holds every row; a
+// shared expert (bf16 in both precisions).
 void check_mx_case(const Spec& spec, int macrobatch, uint64_t seed, bool block_scaled) {
   Knobs k;
   k.padding = 128;
@@ -782,11 +769,12 @@ TEST(split_supports_layers_of_16_byte_rows_and_mxfp8_tiles) {
   CHECK(core::split_supports(mx));
   for (int g = 0; g < static_cast<int>(GroupedGemm::count); ++g) {
     auto kind = static_cast<GroupedGemm>(g);
-    bool forward = kind == GroupedGemm::gate || kind == GroupedGemm::up || kind == GroupedGemm::down;
+    bool scaled = kind == GroupedGemm::gate || kind == GroupedGemm::up || kind == GroupedGemm::down ||
+                  kind == GroupedGemm::dgrad_h;
     for (bool biased : {false, true}) {
       CHECK_MSG(!core::split_dequantises(s, kind, true, biased) && !core::split_dequantises(s, kind, false, biased),
                 "BF16 kind %d", g);
-      CHECK_MSG(core::split_dequantises(mx, kind, true, biased) == (!forward || biased), "MXFP8 kind %d on SM100", g);
+      CHECK_MSG(core::split_dequantises(mx, kind, true, biased) == (!scaled || biased), "MXFP8 kind %d on SM100", g);
       CHECK_MSG(core::split_dequantises(mx, kind, false, biased), "MXFP8 kind %d without block-scaled MMA", g);
     }
   }

@@ -10,7 +10,7 @@ import torch
 import mok
 from mok import functional
 from mok.cuda import CudaExecutor
-from mok.experts import RoutedExperts, SharedExpert
+from mok.experts import BIAS_NAMES, RoutedExperts, SharedExpert
 
 if not torch.cuda.is_available():
     pytest.skip(f"no CUDA device for PyTorch (torch {torch.__version__}, CUDA {torch.version.cuda or 'none'})",
@@ -24,6 +24,8 @@ if not _usable:
 # error of order one. Normwise: ||cuda - host|| / ||host||.
 TOLERANCE = 1.0 / 128
 T, E, K, H, INTER, I_SHARED = 96, 4, 2, 256, 128, 64  # widths multiples of 8 (TMA's 16-byte rows)
+NAMES = ["out", "x", "topk_weights", "gate", "up", "down", "shared_gate", "shared_up", "shared_down"]
+MAIN_GRADS = [*NAMES[3:], *BIAS_NAMES]  # the fp32 buffers of main_grad_backward, in MainGrads' order
 
 
 def inputs(seed: int):
@@ -59,6 +61,35 @@ def layer(tensors, device, backend, mxfp8=False, biases=()):
     return [out.detach().cpu().float()] + [leaf.grad.cpu().float() for leaf in leaves]
 
 
+def recomputed(tensors, other, device, backend, mxfp8=False):
+    """(out, every gradient) with activation recompute through mok.functional: an inference forward
+    (need_context=False), a forward of `other` (the same shapes: the same workspace and layer, so a recompute that
+    left the layer as it was would give `other`'s gradients), then recompute_forward_context and backward."""
+    def arguments(values):
+        x, ids, weights, *experts, dout = [t.to(device) for t in values]
+        routed = RoutedExperts(*experts[:3])
+        return (x, ids, weights, routed.to_mxfp8() if mxfp8 else routed, SharedExpert(*experts[3:])), dout
+
+    (call, dout), (between, _) = arguments(tensors), arguments(other)
+    out, _ = functional.forward(*call, backend=backend, need_context=False)
+    functional.forward(*between, backend=backend, need_context=False)
+    grads = functional.backward(functional.recompute_forward_context(*call, backend=backend), dout)
+    return [out.cpu().float()] + [g.cpu().float() for g in grads[:8]]
+
+
+def main_grad_backward(tensors, biases, start, device, backend, mxfp8=False):
+    """(dx, the routing weights' gradient, every final fp32 main_grad buffer) of a backward into copies of `start`
+    (MainGrads' order: the routed, shared and bias buffers), after a forward that keeps its context."""
+    x, ids, weights, *experts, dout = [t.to(device) for t in tensors]
+    routed = RoutedExperts(*experts[:3], **dict(zip(BIAS_NAMES, [b.to(device) for b in biases], strict=True)))
+    routed = routed.to_mxfp8() if mxfp8 else routed
+    _, ctx = functional.forward(x, ids, weights, routed, SharedExpert(*experts[3:]), backend=backend)
+    main = functional.MainGrads(*[buffer.to(device, copy=True) for buffer in start])
+    grads = functional.backward(ctx, dout, main_grads=main)
+    assert all(getattr(grads, name) is None for name in MAIN_GRADS), "a weight's gradient not added into its buffer"
+    return [grads.x.cpu().float(), grads.topk_weights.cpu().float()] + [getattr(main, n).cpu() for n in MAIN_GRADS]
+
+
 def relative(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).norm() / want.norm())
 
@@ -67,22 +98,48 @@ def relative(got: torch.Tensor, want: torch.Tensor) -> float:
 def test_moe_on_cuda_matches_the_host_executor(seed):
     tensors = inputs(seed)
     got, want = layer(tensors, "cuda", "cuda"), layer(tensors, "cpu", "host")
-    names = ["out", "x", "topk_weights", "gate", "up", "down", "shared_gate", "shared_up", "shared_down"]
-    errors = {name: relative(g, w) for name, g, w in zip(names, got, want, strict=True)}
+    errors = {name: relative(g, w) for name, g, w in zip(NAMES, got, want, strict=True)}
     assert all(error <= TOLERANCE for error in errors.values()), errors
 
 
 @pytest.mark.parametrize("mxfp8, biased", [(True, False), (False, True), (True, True)],
                          ids=["mxfp8", "expert biases", "mxfp8 with expert biases"])
 def test_variants_on_cuda_match_the_host_executor(mxfp8, biased):
-    """MXFP8 (the forward's GEMMs block-scaled on 10.x, every other GEMM over dequantised operands) and gpt-oss's
-    expert biases, forward and backward through autograd, against the host executor."""
+    """MXFP8 (the forward's GEMMs and dgrad_h block-scaled on 10.x, every other GEMM over dequantised operands) and
+    gpt-oss's expert biases, forward and backward through autograd, against the host executor."""
     tensors, biases = inputs(7), expert_biases(7) if biased else []
     got = layer(tensors, "cuda", "cuda", mxfp8, biases)
     want = layer(tensors, "cpu", "host", mxfp8, biases)
-    names = ["out", "x", "topk_weights", "gate", "up", "down", "shared_gate", "shared_up", "shared_down"]
-    names += ["gate_bias", "up_bias", "down_bias"] if biased else []
+    names = NAMES + (list(BIAS_NAMES) if biased else [])
     errors = {name: relative(g, w) for name, g, w in zip(names, got, want, strict=True)}
+    assert all(error <= TOLERANCE for error in errors.values()), errors
+
+
+@pytest.mark.parametrize("mxfp8", [False, True], ids=["bf16", "mxfp8"])
+def test_recompute_on_cuda_matches_the_host_executor(mxfp8):
+    """Activation recompute (mokLayerRecompute) on CUDA, with another forward run in the same layer between the
+    forward and the recompute, against the host executor's forward and backward on a kept context."""
+    tensors = inputs(8)
+    got = recomputed(tensors, inputs(9), "cuda", "cuda", mxfp8)
+    want = layer(tensors, "cpu", "host", mxfp8)
+    errors = {name: relative(g, w) for name, g, w in zip(NAMES, got, want, strict=True)}
+    assert all(error <= TOLERANCE for error in errors.values()), errors
+
+
+@pytest.mark.parametrize("mxfp8", [False, True], ids=["bf16 with expert biases", "mxfp8 with expert biases"])
+def test_main_grads_on_cuda_match_the_host_executor(mxfp8):
+    """Weight and bias gradients added in fp32 into the caller's main_grad buffers, which start from random values:
+    a gradient written over its buffer is an error of the start's size (0.08 to 0.33 of the gradient's norm here),
+    one added twice an error of one. The final buffers are compared, each side less the start, so that the norm is
+    the gradient's."""
+    tensors, biases = inputs(10), expert_biases(10)
+    generator = torch.Generator().manual_seed(11)
+    start = [torch.randn(t.shape, generator=generator) for t in (*tensors[3:9], *biases)]
+    got = main_grad_backward(tensors, biases, start, "cuda", "cuda", mxfp8)
+    want = main_grad_backward(tensors, biases, start, "cpu", "host", mxfp8)
+    starts = [0, 0, *start]  # dx and the routing weights' gradient are not accumulated
+    errors = {name: relative(g - s, w - s)
+              for name, g, w, s in zip(["x", "topk_weights", *MAIN_GRADS], got, want, starts, strict=True)}
     assert all(error <= TOLERANCE for error in errors.values()), errors
 
 

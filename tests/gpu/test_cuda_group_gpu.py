@@ -63,16 +63,51 @@ def _layer(rank: int, world: int, device: str, backend: str, seed: int) -> list[
     return [out.detach().cpu().float()] + [leaf.grad.cpu().float() for leaf in leaves]
 
 
-def _rank(rank: int, world: int, port: int, seed: int, results: str) -> None:
+def _compared(rank: int, world: int, seed: int) -> dict:
+    return {"got": _layer(rank, world, f"cuda:{rank}", "cuda", seed), "want": _layer(rank, world, "cpu", "host", seed)}
+
+
+def _replayed(rank: int, world: int, seed: int) -> dict:
+    """This rank's forward captured into a CUDA graph after an eager call (every rank captures together; the group's
+    per-call agreement stands aside), replayed on new inputs copied into the captured ones, and an eager call on
+    those inputs."""
+    import torch.distributed as dist
+
+    import mok
+    from mok.experts import RoutedExperts, SharedExpert
+
+    tokens, experts = slice(rank * TOKENS, (rank + 1) * TOKENS), slice(rank * EXPERTS_PER_RANK,
+                                                                       (rank + 1) * EXPERTS_PER_RANK)
+    x, ids, weights, routed, shared, _ = _problem(world, seed)
+    x, ids, weights = (t[tokens].to(f"cuda:{rank}") for t in (x, ids, weights))
+    routed = RoutedExperts(*(w[experts].to(f"cuda:{rank}") for w in routed))
+    shared = SharedExpert(*(w.to(f"cuda:{rank}") for w in shared))
+
+    def forward():
+        return mok.moe(x, ids, weights, routed, shared, group=dist.group.WORLD, backend="cuda")
+
+    with torch.no_grad():
+        first = forward()  # warm-up: the workspace, its layer and the group's agreement
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = forward()
+        fresh = _problem(world, seed + 100)  # new routes too: each replay builds the schedule on the device
+        for static, new in zip((x, ids, weights), fresh[:3], strict=True):
+            static.copy_(new[tokens])
+        graph.replay()
+        eager = forward()
+    return {"same": torch.equal(captured, eager), "moved": not torch.equal(captured, first)}
+
+
+def _rank(rank: int, world: int, port: int, seed: int, results: str, work) -> None:
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     dist.init_process_group("cpu:gloo,cuda:nccl", rank=rank, world_size=world)
     try:
-        got = _layer(rank, world, f"cuda:{rank}", "cuda", seed)
-        want = _layer(rank, world, "cpu", "host", seed)
-        torch.save({"got": got, "want": want}, os.path.join(results, f"rank{rank}.pt"))
+        torch.save(work(rank, world, seed), os.path.join(results, f"rank{rank}.pt"))
     finally:
         import mok
 
@@ -89,9 +124,21 @@ def _free_port() -> int:
 @pytest.mark.parametrize("seed", [1, 2])
 def test_a_group_of_gpus_matches_the_host_executor(seed, tmp_path):
     world = torch.cuda.device_count()
-    torch.multiprocessing.spawn(_rank, args=(world, _free_port(), seed, str(tmp_path)), nprocs=world, join=True)
+    torch.multiprocessing.spawn(_rank, args=(world, _free_port(), seed, str(tmp_path), _compared), nprocs=world,
+                                join=True)
     for rank in range(world):
         saved = torch.load(tmp_path / f"rank{rank}.pt")
         errors = {name: float((g - w).norm() / w.norm())
                   for name, g, w in zip(NAMES, saved["got"], saved["want"], strict=True)}
         assert all(error <= TOLERANCE for error in errors.values()), (rank, errors)
+
+
+def test_a_group_of_gpus_replays_its_forward_from_a_cuda_graph(tmp_path):
+    """A forward captured on every rank of the group replays with the eager call's bits for new inputs: the barriers'
+    epochs and the group's state live in the workspace, and the captured calls exchange nothing on the host."""
+    world = torch.cuda.device_count()
+    torch.multiprocessing.spawn(_rank, args=(world, _free_port(), 3, str(tmp_path), _replayed), nprocs=world,
+                                join=True)
+    for rank in range(world):
+        saved = torch.load(tmp_path / f"rank{rank}.pt")
+        assert saved["same"] and saved["moved"], (rank, saved)

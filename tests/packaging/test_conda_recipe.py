@@ -2,6 +2,7 @@
 carries the requirements, pins, run_exports and arch flags that conda-forge's CUDA conventions ask for.
 Rendering needs no channel; building the real recipe does (CI with network, see docs/packaging.md)."""
 
+import base64
 import hashlib
 import os
 import re
@@ -118,3 +119,39 @@ def test_cutlass_headers_come_from_the_pinned_wheel(tmp_path):
     include = tmp_path / "cutlass_library" / "source" / "include"
     assert (include / "cutlass" / "gemm" / "collective" / "collective_builder.hpp").is_file()
     assert f'MOK_CUTLASS_INCLUDE_DIR="$PWD/cutlass-wheel/{include.relative_to(tmp_path)}"' in script
+
+
+def test_the_wheel_build_fetches_the_recipes_cutlass_wheel(tmp_path):
+    """The pip wheel's build (MOK_FETCH_CUTLASS, on in pyproject.toml) downloads the very wheel the recipe and the Nix
+    flake pin, checks its sha256, and unpacks its header tree; a file of another sha256 is refused by name and not
+    kept. Served here from the conda session's download (a file:// URL): the session makes no second download."""
+    recipe = rb.Stage0Recipe.from_file(RECIPE_DIR / "recipe.yaml").to_dict()
+    (cutlass,) = [s for s in recipe["source"] if "url" in s]
+    (url,) = cutlass["url"] if isinstance(cutlass["url"], list) else [cutlass["url"]]
+    root = RECIPE_DIR.parent
+    script = root / "cmake" / "MokFetchCutlass.cmake"
+    pins = dict(re.findall(r'set\(MOK_CUTLASS_WHEEL_(URL|SHA256)\s+"([^"]+)"\)', script.read_text()))
+    assert pins == {"URL": url, "SHA256": cutlass["sha256"]}
+    nix = (root / "nix" / "libmok.nix").read_text()
+    sri = "sha256-" + base64.b64encode(bytes.fromhex(cutlass["sha256"])).decode()
+    assert f'url = "{url}";' in nix and f'hash = "{sri}";' in nix
+    assert 'MOK_FETCH_CUTLASS = { env = "MOK_FETCH_CUTLASS", default = "ON" }' in \
+        (root / "python" / "pyproject.toml").read_text()
+    if not os.environ.get("MOK_CUTLASS_WHEEL"):
+        pytest.skip("MOK_CUTLASS_WHEEL unset: `nox -s conda` downloads the recipe's wheel and names it")
+    wheel = Path(os.environ["MOK_CUTLASS_WHEEL"]).resolve()
+
+    def fetch(source: Path, into: Path):
+        return subprocess.run(["cmake", f"-DMOK_CUTLASS_FETCH_DIR={into}", f"-DMOK_CUTLASS_URL={source.as_uri()}",
+                               "-P", str(script)], capture_output=True, text=True)
+
+    done = fetch(wheel, tmp_path / "good")
+    include = tmp_path / "good" / "cutlass_library" / "source" / "include"
+    assert done.returncode == 0 and done.stderr.strip() == str(include), done.stderr
+    assert (include / "cutlass" / "gemm" / "collective" / "collective_builder.hpp").is_file()
+    assert not list((tmp_path / "good").glob("*.whl"))  # only the headers are kept
+    other = tmp_path / "other.whl"
+    other.write_bytes(wheel.read_bytes()[:-1])
+    refused = fetch(other, tmp_path / "bad")
+    assert refused.returncode != 0 and "not the pinned " + cutlass["sha256"][:16] in refused.stderr.replace("\n  ", " ")
+    assert not (tmp_path / "bad" / "cutlass_library").exists() and not list((tmp_path / "bad").glob("*.whl"))

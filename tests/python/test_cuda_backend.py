@@ -277,3 +277,66 @@ def test_a_workspace_of_the_wrong_type_is_named_with_a_per_call_executor_too(pic
     x, ids, weights, routed, shared, _ = make_inputs(16, 4, 2)
     with pytest.raises(TypeError, match="workspace must be a Workspace from create_workspace/get_workspace, got str"):
         functional.forward(x, ids, weights, routed, shared, workspace="mine", need_context=False)
+
+
+def _captured_calls(rank, world):
+    """A forward eager, then the same forward as if its stream were being captured into a CUDA graph; then captured
+    calls that would need a workspace no eager call made. Returns (captured == eager, the agreements the captured
+    calls made, their errors)."""
+    from dist_utils import ep_group
+
+    from mok import ep
+
+    torch.manual_seed(rank)
+    x, ids, weights, routed, shared, _ = make_inputs(16, 4, 2)
+
+    def forward(tokens=16, config=None):
+        return functional.forward(x[:tokens], ids[:tokens], weights[:tokens], routed, shared, group=ep_group(),
+                                  config=config, backend="reference", need_context=False)[0]
+
+    eager = forward()
+    agreements, gather = [], ep.gather_objects
+    ep.gather_objects = lambda *args: (agreements.append(args[-1]), gather(*args))[1]
+    validate.capturing = lambda tensor: True
+    captured = forward()
+    errors = []
+    for config in (functional.MoKConfig(expert_padding=64), functional.MoKConfig(wait_timeout_s=61.0)):
+        try:
+            forward(config=config)
+        except ValueError as error:
+            errors.append(str(error))
+    return torch.equal(captured, eager), agreements, errors
+
+
+def test_a_call_captured_in_a_cuda_graph_agrees_with_no_peer_and_needs_an_eager_call_first():
+    """A replay repeats no host exchange (and an NCCL one would be captured), so a group's calls being captured skip
+    the per-call agreement and run in the workspace an eager call made; a call whose workspace no eager call made is
+    refused by name instead of allocating and exchanging inside the capture."""
+    for same, agreements, errors in run_group(2, _captured_calls):
+        assert same and agreements == []
+        assert len(errors) == 2 and all("make one eager call first" in error for error in errors), errors
+
+
+def test_a_captured_call_raises_its_own_error_and_its_record_alone():
+    """While capturing, a rank's own bad argument and a failure its executor's record holds are raised on that rank
+    without an exchange (the next eager call's agreement closes every rank's layers together)."""
+    from mok.cuda import CudaExecutor
+
+    with pytest.raises(ValueError, match="mine"):
+        functional._captured_call(CudaExecutor(), None, ValueError("mine"))
+    failed = FakeLayer(5)
+    workspace = SimpleNamespace(buffers=_state(failed))
+    with pytest.raises(RuntimeError, match=r"an earlier pass of the cuda executor's group failed"):
+        functional._captured_call(CudaExecutor(), workspace, None)
+    assert not failed.closed and workspace.buffers.layers  # left for the next eager call's agreement
+    functional._captured_call(CudaExecutor(), SimpleNamespace(buffers=_state(FakeLayer(0))), None)
+
+
+def test_a_libmok_layer_is_not_made_while_a_cuda_graph_is_captured(monkeypatch):
+    """Making a libmok layer allocates (and in a group exchanges): inside a capture it is refused by name."""
+    x, ids, weights, routed, shared, _ = make_inputs(16, 4, 2)
+    workspace = functional.create_workspace(max_tokens=16, hidden=H, topk=2, num_local_experts=4, intermediate=INTER,
+                                           shared_intermediate=I_SHARED, backend="host")
+    monkeypatch.setattr(validate, "capturing_on", lambda device: True)
+    with pytest.raises(ValueError, match="runs on a libmok layer an eager call made"):
+        functional.forward(x, ids, weights, routed, shared, workspace=workspace, backend="host", need_context=False)

@@ -113,4 +113,12 @@ MOK_HD inline int tile_rows(const LayerShape& shape, const Schedule& s, int64_t 
   return static_cast<int>(left < shape.expert_padding ? left : shape.expert_padding);
 }
 
+// The local expert of schedule row `row`, or -1 for a padding row or one past the schedule's end (in no problem).
+MOK_HD inline int routed_row_expert(const LayerShape& shape, const Schedule& s, int64_t row) {
+  if (row >= s.total_rows) return -1;
+  int64_t tile = row / shape.expert_padding;
+  int e = tile_expert(shape, s, tile);
+  return row - tile * shape.expert_padding < tile_rows(shape, s, tile, e) ? e : -1;
+}
+
 }  // namespace mok::core

@@ -17,17 +17,6 @@
 
 namespace mok::core {
 
-// The bias the forward GEMM `kind` adds, [E, N]: gate's and up's [E, I], down's [E, H]; null for another kind or
-// without one.
-MOK_HD inline const bf16_t* split_bias(const LayerWeights& w, GroupedGemm kind) {
-  switch (kind) {
-    case GroupedGemm::gate: return w.gate_bias;
-    case GroupedGemm::up: return w.up_bias;
-    case GroupedGemm::down: return w.down_bias;
-    default: return nullptr;
-  }
-}
-
 // The layer's biases as the plan takes them (SplitCall::biases).
 MOK_HD inline uint8_t split_bias_mask(const LayerWeights& w) {
   uint8_t mask = 0;
@@ -48,10 +37,8 @@ MOK_HD inline SplitCall split_call(const PassView& v, const SplitGradients& g, b
 // problem: left alone.
 MOK_HD inline void add_bias_row(const PassView& v, const SplitTargets& t, GroupedGemm kind, int64_t row, int col0,
                                 int step) {
-  if (row >= v.sched.total_rows) return;
-  int64_t tile = row / v.s.expert_padding;
-  int expert = tile_expert(v.s, v.sched, tile);
-  if (row - tile * v.s.expert_padding >= tile_rows(v.s, v.sched, tile, expert)) return;
+  int expert = routed_row_expert(v.s, v.sched, row);
+  if (expert < 0) return;
   bool down = kind == GroupedGemm::down;
   int width = down ? v.s.hidden : v.s.intermediate;
   const float* sum =

@@ -84,9 +84,8 @@ MOK_HD inline Operand dequantise_weight(const PassView& v, GroupedGemm kind, int
 // problem: left alone.
 MOK_HD inline void dequantise_ring_row(const PassView& v, GroupedGemm kind, bool b, int64_t row, int col0, int step,
                                        bf16_t* scratch) {
-  if (row >= v.sched.total_rows) return;
-  int64_t pad = v.s.expert_padding, tile = row / pad, row0 = tile * pad;
-  if (row - row0 >= tile_rows(v.s, v.sched, tile, tile_expert(v.s, v.sched, tile))) return;
+  if (routed_row_expert(v.s, v.sched, row) < 0) return;
+  int64_t row0 = row - row % v.s.expert_padding;
   GroupedLayout l = grouped_layout(v.s, kind);
   int width = static_cast<int>(b ? l.ldb : l.lda);
   Operand o = b ? dequantise_ring_b(v, kind, row0) : dequantise_ring_a(v, kind, row0);

@@ -225,9 +225,10 @@ MOK_HD inline SplitGemmOperands split_gemm_operands(const PassView& v, GroupedGe
   return {nullptr, nullptr, nullptr, nullptr, nullptr, SplitResult::store_bf16};
 }
 
-// An MXFP8 forward GEMM's buffers (gate, up, down: mx_forward_kind; grouped_mx_problems.hpp): A the ring's rowwise
-// e4m3 codes, a_stride apart, and their row scales (x for gate and up; h for down, in ring_h's bytes, where SwiGLU
-// wrote them); B the experts' weights quantised rowwise; D bf16, as the BF16 kind's.
+// A block-scaled GEMM's buffers (mx_block_scaled_kind; grouped_mx_problems.hpp): A the ring's rowwise e4m3 codes,
+// a_stride apart, and their row scales (x for gate and up; h for down, in ring_h's bytes, where SwiGLU wrote them; dy
+// for dgrad_h); B the experts' weights quantised along K (rowwise; down's colwise form for dgrad_h); D bf16, as the
+// BF16 kind's.
 struct SplitMxOperands {
   const uint8_t* a;
   int64_t a_stride;
@@ -246,17 +247,38 @@ MOK_HD inline SplitMxOperands split_mx_gemm_operands(const PassView& v, GroupedG
       return {v.mx_x.rows, v.mx_x.stride, v.mx_x.row_scales, w.up_rowwise.data, w.up_rowwise.scales, v.ring_u};
     case GroupedGemm::down:
       return {v.mx_h.rows, v.mx_h.stride, v.mx_h.row_scales, w.down_rowwise.data, w.down_rowwise.scales, v.ring_y};
+    case GroupedGemm::dgrad_h:
+      return {v.mx_dy.rows, v.mx_dy.stride, v.mx_dy.row_scales, w.down_colwise.data, w.down_colwise.scales, v.ring_h};
     default: break;
   }
   return {nullptr, 0, nullptr, nullptr, nullptr, nullptr};
 }
 
-// A BF16 grouped GEMM's buffers as a pass runs it: the kind's (split_gemm_operands); `dequantised` (split_dequantises),
-// A and B from the scratch the dequantise step before it wrote (split_dequantise.hpp); `biased` (a forward GEMM whose
-// bias the add_bias step after it adds, split_bias.hpp), its fp32 product into SplitTargets::biased (gate, up) or
-// dx_partial (down).
-MOK_HD inline SplitGemmOperands split_step_operands(const PassView& v, GroupedGemm kind, const SplitTargets& t,
-                                                    const SplitDequantised& scratch, bool dequantised, bool biased) {
+// The bias the forward GEMM `kind` adds, [E, N]: gate's and up's [E, I], down's [E, H]; null for another kind or
+// without one.
+MOK_HD inline const bf16_t* split_bias(const LayerWeights& w, GroupedGemm kind) {
+  switch (kind) {
+    case GroupedGemm::gate: return w.gate_bias;
+    case GroupedGemm::up: return w.up_bias;
+    case GroupedGemm::down: return w.down_bias;
+    default: return nullptr;
+  }
+}
+
+// How a pass runs routed GEMM `kind`: MXFP8's block-scaled grouped GEMM over split_mx_gemm_operands (`block_scaled`:
+// the device has block-scaled MMA; mx_block_scaled_kind, without an expert bias), else the BF16 one over `bf16`: the
+// kind's buffers (split_gemm_operands); where split_dequantises, A and B from the scratch the dequantise step before it
+// wrote (split_dequantise.hpp); with a bias (split_bias.hpp), the fp32 product for the add_bias step after it, into
+// SplitTargets::biased (gate, up) or dx_partial (down).
+struct SplitRoutedGemm {
+  bool block_scaled;
+  SplitGemmOperands bf16;
+};
+MOK_HD inline SplitRoutedGemm split_routed_gemm(const PassView& v, GroupedGemm kind, const SplitTargets& t,
+                                                const SplitDequantised& scratch, bool block_scaled) {
+  bool biased = split_bias(v.w, kind) != nullptr;
+  bool dequantised = split_dequantises(v.s, kind, block_scaled, biased);
+  if (v.s.mxfp8 && !dequantised) return SplitRoutedGemm{true, SplitGemmOperands{}};
   SplitGemmOperands o = split_gemm_operands(v, kind, t);
   if (dequantised) {
     o.a = scratch.a;
@@ -267,7 +289,7 @@ MOK_HD inline SplitGemmOperands split_step_operands(const PassView& v, GroupedGe
     o.d_fp32 = kind == GroupedGemm::down ? t.dx_partial : t.biased;
     o.result = SplitResult::store_f32;
   }
-  return o;
+  return SplitRoutedGemm{false, o};
 }
 
 // One expert's problem as core's tile GEMM (gemm.hpp): A and B each K-major (depth contiguous) or MN-major, as

@@ -91,11 +91,11 @@ MOK_HD inline uint8_t split_bias_bit(GroupedGemm kind) {
 }
 
 // Whether `kind`'s GEMM in a pass of this layer reads dequantised operands (split_dequantise.hpp): in MXFP8 every kind
-// but the forward's block-scaled ones (mx_forward_kind), and those too where the device has no block-scaled MMA
-// (`block_scaled` false: sm_90a) or where an expert bias needs the fp32 product (`biased`: the block-scaled unit
-// writes bf16). The shared expert is bf16 in both precisions.
+// but the block-scaled ones (mx_block_scaled_kind: the forward's, dgrad_h), and those too where the device has no
+// block-scaled MMA (`block_scaled` false: sm_90a) or where an expert bias needs the fp32 product (`biased`: the
+// block-scaled unit writes bf16). The shared expert is bf16 in both precisions.
 MOK_HD inline bool split_dequantises(const LayerShape& s, GroupedGemm kind, bool block_scaled, bool biased) {
-  return s.mxfp8 && (!block_scaled || !mx_forward_kind(kind) || biased);
+  return s.mxfp8 && (!block_scaled || !mx_block_scaled_kind(kind) || biased);
 }
 
 // Appends to a caller's array, or only counts with a null one (the same walk sizes and fills it). A routed GEMM that

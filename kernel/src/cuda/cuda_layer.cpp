@@ -14,8 +14,8 @@
 // the schedule build, a pass's entry barrier after its staging and its closing barrier before the home sums. The
 // peers' buffers are the caller's device pointers (one process's GPUs with peer access, CUDA IPC, symmetric memory).
 //
-// What it runs: BF16 and MXFP8 on compute capability 10.x or 9.0 as built (MXFP8's forward block-scaled on 10.x, every
-// other MXFP8 GEMM over dequantised operands: core/split_dequantise.hpp); expert biases in their own steps
+// What it runs: BF16 and MXFP8 on compute capability 10.x or 9.0 as built (MXFP8's forward and dgrad_h block-scaled on
+// 10.x, every other MXFP8 GEMM over dequantised operands: core/split_dequantise.hpp); expert biases in their own steps
 // (core/split_bias.hpp); H, I and I_s multiples of 8 (H and I of 32 in MXFP8).
 // Nothing of it has run on a GPU (docs/gpu.md).
 #include <cuda_runtime_api.h>

@@ -151,8 +151,8 @@ GemmStatus grouped_gemm_bf16(const GroupedGemmBf16& g, void* workspace, size_t w
   return s == GemmStatus::ok ? r.instance().launch(g, r.operands, workspace, workspace_bytes, stream, error) : s;
 }
 
-// One SM100 instantiation serves every MXFP8 kind (gate, up, down); it checks the kind itself. Other architectures,
-// and a build without the SM100 units, have none.
+// One SM100 instantiation serves every block-scaled kind (gate, up, down, dgrad_h); it checks the kind itself. Other
+// architectures, and a build without the SM100 units, have none.
 namespace grouped_gemm_launcher {
 const GroupedGemmMxInstance* mx_instance(GemmArchitecture architecture) {
 #if MOK_WITH_SM100_GEMM
@@ -169,7 +169,7 @@ size_t grouped_gemm_mxfp8_argument_bytes(int groups) {
 }
 
 GemmStatus grouped_gemm_mxfp8_workspace_bytes(const GroupedGemmMxfp8& g, size_t* bytes, cudaError_t* error) {
-  if (!core::mx_forward_kind(g.kind)) return GemmStatus::bad_kind;
+  if (!core::mx_block_scaled_kind(g.kind)) return GemmStatus::bad_kind;
   const GroupedGemmMxInstance* instance = mx_instance(g.architecture);
   return instance ? instance->workspace_bytes(g, bytes, error) : GemmStatus::no_architecture;
 }

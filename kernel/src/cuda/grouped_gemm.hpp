@@ -93,13 +93,13 @@ GemmStatus grouped_gemm_bf16(const GroupedGemmBf16& gemm, void* workspace, size_
 struct GroupedGemmMxfp8 {
   core::LayerShape shape;
   core::Schedule schedule;  // its `experts` array in device memory
-  core::GroupedGemm kind;   // gate, up or down
+  core::GroupedGemm kind;   // gate, up, down or dgrad_h (mx_block_scaled_kind)
   core::RowPeriods periods;
   core::RowWindow window;
   const uint8_t* a;  // e4m3 codes
-  int64_t a_stride;  // codes from one ring row to the next: H for x, 2 I for h (in ring_h's bytes)
+  int64_t a_stride;  // codes from one ring row to the next: H for x and dy, 2 I for h (in ring_h's bytes)
   const uint8_t* a_scales;
-  const uint8_t* b;  // e4m3 codes [E_local, N, K]
+  const uint8_t* b;  // e4m3 codes [E_local, N, K] (rowwise; dgrad_h: down's colwise form)
   const uint8_t* b_scales;
   core::bf16_t* d;
   void* arguments;  // device, grouped_gemm_mxfp8_argument_bytes(shape.experts_per_rank) bytes, 128-byte aligned

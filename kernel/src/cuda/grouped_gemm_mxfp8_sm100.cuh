@@ -91,7 +91,7 @@ __global__ void fill_mx_arguments(GroupedGemmMxfp8 g, MxArrays arrays) {
   int e = blockIdx.x * blockDim.x + threadIdx.x;
   if (e >= g.shape.experts_per_rank) return;
   core::GroupedMxProblem q = core::grouped_mx_problem(g.shape, g.schedule, g.kind, g.periods, g.window, g.a_stride, e);
-  core::GroupedLayout l = core::grouped_layout(g.shape, g.kind);
+  core::GroupedLayout l = core::grouped_mx_layout(g.shape, g.kind);
   l.lda = q.lda;
   put_group<G>(arrays.base, mx_operands(g), e, q.p, l);
   arrays.sfa[e] = reinterpret_cast<const G::ElementSF*>(g.a_scales + q.a_scales);
@@ -105,11 +105,11 @@ __global__ void fill_mx_arguments(GroupedGemmMxfp8 g, MxArrays arrays) {
 // and at least K, the shape's and window's checks, and every group starting a scale row tile.
 inline GemmStatus check_mx(const GroupedGemmMxfp8& g) {
   using G = GroupedGemmMx;
-  if (!core::mx_forward_kind(g.kind)) return GemmStatus::bad_kind;  // out of range included
+  if (!core::mx_block_scaled_kind(g.kind)) return GemmStatus::bad_kind;  // out of range included
   if (!g.a || !g.a_scales || !g.b || !g.b_scales || !g.d) return GemmStatus::bad_operands;
   if (!aligned(g.a) || !aligned(g.a_scales) || !aligned(g.b) || !aligned(g.b_scales) || !aligned(g.d))
     return GemmStatus::cannot_implement;
-  int64_t k = core::grouped_layout(g.shape, g.kind).lda;  // the kind's K: H for gate and up, I for down
+  int64_t k = core::grouped_mx_layout(g.shape, g.kind).lda;  // the kind's K: H for gate, up and dgrad_h, I for down
   if (g.a_stride < k || g.a_stride % G::kAlignment) return GemmStatus::cannot_implement;
   if (!core::mx_tiles_whole(g.shape, g.periods, g.window)) return GemmStatus::cannot_implement;
   return check_shape(g.shape, g.kind, g.periods, g.window, core::kMxBlock, g.arguments);

@@ -48,7 +48,9 @@ namespace {
 
 using core::bf16_t;
 
-constexpr int kGradients = 7;  // the routed experts' three, the shared expert's three, its router's
+// The routed experts' three, the shared expert's three, its router's; then, from kBiases, the expert biases' three.
+constexpr int kGradients = 10;
+constexpr int kBiases = 7;
 constexpr float kMainGradStart = 0.5f;
 
 // `world` ranks of four experts each (one hot, one never routed to), a gated shared expert wider than I, a ring the
@@ -77,7 +79,9 @@ bool mxfp8(const mokLayerConfig_t& c) {
 
 size_t values(const mokLayerConfig_t& c, int gradient) {
   if (gradient < 3) return static_cast<size_t>(c.experts_per_rank) * c.intermediate * c.hidden;
-  return gradient < 6 ? static_cast<size_t>(c.shared_intermediate) * c.hidden : static_cast<size_t>(c.hidden);
+  if (gradient < 6) return static_cast<size_t>(c.shared_intermediate) * c.hidden;
+  if (gradient < kBiases) return static_cast<size_t>(c.hidden);
+  return static_cast<size_t>(c.experts_per_rank) * (gradient < kBiases + 2 ? c.intermediate : c.hidden);
 }
 
 // A rank's inputs, host copies. Skewed: ids to a rank's expert 0 half the time, 1 and 3 less, 2 never, -1 else, the
@@ -86,11 +90,16 @@ struct Inputs {
   int tokens = 0;
   std::vector<int32_t> ids;
   std::vector<float> topk_weights;
-  std::vector<bf16_t> x, dout, weights[kGradients];  // weights in the gradients' order
+  std::vector<bf16_t> x, dout, weights[kGradients];  // weights in the gradients' order; no biases: theirs empty
   MxWeights mx;                                      // MXFP8: gate, up and down quantised
 };
 
-Inputs draw(const mokLayerConfig_t& c, uint64_t seed, bool skewed, int tokens) {
+// Gradient i is one the layer has: the biases' only where they were drawn.
+bool present(const Inputs& in, int i) {
+  return i < kBiases || !in.weights[i].empty();
+}
+
+Inputs draw(const mokLayerConfig_t& c, uint64_t seed, bool skewed, int tokens, bool biased) {
   std::mt19937_64 rng(seed);
   Inputs in;
   in.tokens = tokens;
@@ -107,9 +116,12 @@ Inputs draw(const mokLayerConfig_t& c, uint64_t seed, bool skewed, int tokens) {
   in.x = random_bf16(th, 1.0f, rng);
   in.dout = random_bf16(th, 1.0f, rng);
   float by_h = 1.0f / std::sqrt(static_cast<float>(c.hidden));
-  for (int i = 0; i < kGradients; ++i) in.weights[i] = random_bf16(values(c, i), by_h, rng);
+  for (int i = 0; i < kBiases; ++i) in.weights[i] = random_bf16(values(c, i), by_h, rng);
   const std::vector<bf16_t>* routed[3] = {&in.weights[0], &in.weights[1], &in.weights[2]};
   if (mxfp8(c)) in.mx = quantize_weights(c.experts_per_rank, c.hidden, c.intermediate, routed);
+  // gpt-oss's gate, up and down biases, of the order of the GEMMs' outputs (so each moves every output visibly).
+  for (int i = kBiases; biased && i < kGradients; ++i)
+    in.weights[i] = random_bf16(values(c, i), i < kBiases + 2 ? 0.5f : 0.1f, rng);
   return in;
 }
 
@@ -120,7 +132,8 @@ struct Results {
   float forward_ms = 0, backward_ms = 0;
 };
 
-// The bf16 weights `w`; in MXFP8 the routed experts' from `mx` instead: MxWeights' codes at [0, 6), scales at [6, 12).
+// The bf16 weights `w` (the biases' NULL where there are none); in MXFP8 the routed experts' from `mx` instead:
+// MxWeights' codes at [0, 6), scales at [6, 12).
 mokLayerWeights_t weights_at(const mokLayerConfig_t& c, void* const* w, void* const* mx) {
   mokLayerWeights_t weights = MOK_LAYER_WEIGHTS_INIT;
   weights.gate = w[0], weights.up = w[1], weights.down = w[2];
@@ -134,10 +147,12 @@ mokLayerWeights_t weights_at(const mokLayerConfig_t& c, void* const* w, void* co
   if (c.shared_intermediate > 0) {
     weights.shared_gate = w[3], weights.shared_up = w[4], weights.shared_down = w[5], weights.shared_router = w[6];
   }
+  weights.gate_bias = w[kBiases], weights.up_bias = w[kBiases + 1], weights.down_bias = w[kBiases + 2];
   return weights;
 }
 
-// The weight gradients added into fp32 main_grad, or (bf16_gradients) written as bf16.
+// The weight and bias gradients (NULL where there are no biases) added into fp32 main_grad, or (bf16_gradients)
+// written as bf16.
 mokLayerGrads_t grads_at(const mokLayerConfig_t& c, void* dx, float* dw, void* const* g, bool bf16_gradients) {
   mokLayerGrads_t grads = MOK_LAYER_GRADS_INIT;
   grads.dx = dx, grads.dtopk_weights = dw, grads.accumulate = bf16_gradients ? 0 : 1;
@@ -145,6 +160,7 @@ mokLayerGrads_t grads_at(const mokLayerConfig_t& c, void* dx, float* dw, void* c
   if (c.shared_intermediate > 0) {
     grads.dshared_gate = g[3], grads.dshared_up = g[4], grads.dshared_down = g[5], grads.dshared_router = g[6];
   }
+  grads.dgate_bias = g[kBiases], grads.dup_bias = g[kBiases + 1], grads.ddown_bias = g[kBiases + 2];
   return grads;
 }
 
@@ -167,9 +183,10 @@ mokStatus_t run_host_rank(const mokLayerConfig_t& c, void* const* bases, const I
   if (mokLayerCreate(&c, &m, &layer) != mokSuccess) return layer_failed(text, "host", "mokLayerCreate");
   size_t th = in.x.size();
   r->out.resize(th), r->slots.resize(th * c.top_k), r->dx.resize(th), r->dw.resize(in.topk_weights.size());
-  void *w[kGradients], *g[kGradients];
+  void *w[kGradients] = {}, *g[kGradients] = {};
   std::vector<bf16_t> bf16[kGradients];
   for (int i = 0; i < kGradients; ++i) {
+    if (!present(in, i)) continue;
     w[i] = const_cast<bf16_t*>(in.weights[i].data());
     r->gradients[i].assign(values(c, i), kMainGradStart);
     bf16[i].resize(values(c, i));
@@ -243,7 +260,7 @@ struct DeviceLayer {
   DeviceBuffers b;
   void *workspace = nullptr, *peer = nullptr, *ids = nullptr, *topk_weights = nullptr, *x = nullptr, *dout = nullptr;
   void *out = nullptr, *slots = nullptr, *dx = nullptr, *dw = nullptr;
-  void *weights[kGradients] = {}, *gradients[kGradients] = {};
+  void *weights[kGradients] = {}, *gradients[kGradients] = {};  // the biases' and theirs NULL where there are none
   void* mx[12] = {};  // MXFP8: Inputs::mx on the device, as weights_at takes it
   size_t workspace_bytes = 0;
   mokLayer_t layer = nullptr;
@@ -276,7 +293,7 @@ mokStatus_t allocate(const mokLayerConfig_t& c, const Inputs& in, DeviceLayer* d
   if (e == cudaSuccess) e = b.alloc(th * c.top_k * sizeof(bf16_t), &d->slots);
   if (e == cudaSuccess) e = b.alloc(th * sizeof(bf16_t), &d->dx);
   if (e == cudaSuccess) e = b.alloc(in.topk_weights.size() * sizeof(float), &d->dw);
-  for (int i = 0; i < kGradients; ++i) {
+  for (int i = 0; i < kGradients && present(in, i); ++i) {
     if (e == cudaSuccess) e = upload(b, in.weights[i], &d->weights[i]);
     if (e == cudaSuccess) e = upload(b, std::vector<float>(values(c, i), kMainGradStart), &d->gradients[i]);
   }
@@ -315,7 +332,8 @@ mokStatus_t enqueue(const mokLayerConfig_t& c, bool bf16_gradients, const Inputs
       // Every output NaN (all bits set) first: what the layer does not write cannot match the host or an earlier run.
       std::vector<std::pair<void*, size_t> > fills = {
           {d->out, th * 2}, {d->slots, th * c.top_k * 2}, {d->dx, th * 2}, {d->dw, routes * 4}};
-      for (int i = 0; bf16_gradients && i < kGradients; ++i) fills.push_back({d->gradients[i], values(c, i) * 2});
+      for (int i = 0; bf16_gradients && i < kGradients && present(in, i); ++i)
+        fills.push_back({d->gradients[i], values(c, i) * 2});
       for (const auto& [at, bytes] : fills)
         if (cudaError_t e = cudaMemsetAsync(at, 0xff, bytes, stream); e != cudaSuccess)
           return cuda_failed(text, "filling the outputs with NaN", e);
@@ -377,7 +395,7 @@ mokStatus_t collect(const mokLayerConfig_t& c, bool bf16_gradients, const Device
   if (e == cudaSuccess) e = download(d.slots, th * c.top_k, &r->slots);
   if (e == cudaSuccess) e = download(d.dx, th, &r->dx);
   if (e == cudaSuccess) e = download(d.dw, routes, &r->dw);
-  for (int i = 0; i < kGradients && e == cudaSuccess; ++i) {
+  for (int i = 0; i < kGradients && d.gradients[i] && e == cudaSuccess; ++i) {
     if (!bf16_gradients) {
       e = download(d.gradients[i], values(c, i), &r->gradients[i]);
       continue;
@@ -413,7 +431,7 @@ mokStatus_t run_cuda(const SelftestSetup& setup, mokLayerConfig_t c, const std::
   std::vector<float> start(std::max(values(c, 0), values(c, 3)), kMainGradStart);  // the largest main_grad's
   for (int run = 0; run < runs; ++run) {
     for (DeviceLayer& d : ranks)
-      for (int i = 0; !bf16_gradients && i < kGradients; ++i)  // main_grad back to its start (a pass adds into it)
+      for (int i = 0; !bf16_gradients && i < kGradients && d.gradients[i]; ++i)  // main_grad back to its start
         if (cudaError_t e =
                 cudaMemcpyAsync(d.gradients[i], start.data(), values(c, i) * 4, cudaMemcpyHostToDevice, d.b.stream);
             e != cudaSuccess)
@@ -458,20 +476,23 @@ bool within(const char* name, const std::vector<T>& got, const std::vector<T>& w
   return false;
 }
 
-// Each result within core::kSplitOrderTolerance of the host executor's, normwise (`forward`: out and the y slots).
-bool near_host(const Results& got, const Results& host, bool bf16_gradients, Text* text) {
-  const char* names[kGradients] = {"dW_gate",      "dW_up",          "dW_down",         "dW_shared_gate",
-                                   "dW_shared_up", "dW_shared_down", "dW_shared_router"};
+// Each result within core::kSplitOrderTolerance of the host executor's, normwise: out, the y slots, dx, dw and every
+// gradient of the layer of `in`.
+bool near_host(const Inputs& in, const Results& got, const Results& host, bool bf16_gradients, Text* text) {
+  const char* names[kGradients] = {"dW_gate",      "dW_up",          "dW_down",          "dW_shared_gate",
+                                   "dW_shared_up", "dW_shared_down", "dW_shared_router", "db_gate",
+                                   "db_up",        "db_down"};
   bool ok = within("out", got.out, host.out, 0, text) & within("y slots", got.slots, host.slots, 0, text);
   ok &= within("dx", got.dx, host.dx, 0, text) & within("dw", got.dw, host.dw, 0, text);
   double start = bf16_gradients ? 0.0 : kMainGradStart;  // main_grad's start is no part of the gradient
-  for (int i = 0; i < kGradients; ++i) ok &= within(names[i], got.gradients[i], host.gradients[i], start, text);
+  for (int i = 0; i < kGradients && present(in, i); ++i)
+    ok &= within(names[i], got.gradients[i], host.gradients[i], start, text);
   return ok;
 }
 
 bool same_bits(const Results& a, const Results& b) {
-  auto same = [](const auto& x, const auto& y) {
-    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0;
+  auto same = [](const auto& x, const auto& y) {  // (a gradient the layer has not: empty on both)
+    return x.size() == y.size() && (x.empty() || std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0);
   };
   bool all = same(a.out, b.out) && same(a.slots, b.slots) && same(a.dx, b.dx) && same(a.dw, b.dw);
   for (int i = 0; i < kGradients; ++i) all = all && same(a.gradients[i], b.gradients[i]);
@@ -492,8 +513,9 @@ mokStatus_t check_group(const SelftestSetup& setup, const mokLayerConfig_t& c, c
     std::vector<std::vector<Results> > runs;
     if (mokStatus_t s = run_cuda(setup, c, in, bf16_gradients, 1, true, &runs, text); s != mokSuccess) return s;
     for (size_t q = 0; q < in.size(); ++q)
-      if (!near_host(runs[q][0], host[q], bf16_gradients, text)) {
-        text->add("rank %zu of %zu is wrong (%s%s)", q, in.size(), mxfp8(c) ? "MXFP8, " : "",
+      if (!near_host(in[q], runs[q][0], host[q], bf16_gradients, text)) {
+        text->add("rank %zu of %zu is wrong (%s%s%s)", q, in.size(), mxfp8(c) ? "MXFP8, " : "",
+                  present(in[q], kBiases) ? "expert biases, " : "",
                   bf16_gradients ? "bf16 weight gradients" : "fp32 main_grad");
         return mokInternalError;
       }
@@ -501,11 +523,13 @@ mokStatus_t check_group(const SelftestSetup& setup, const mokLayerConfig_t& c, c
   return mokSuccess;
 }
 
-// Rank q's inputs from the seed: a token count of its own (the first rank max_tokens).
-std::vector<Inputs> draw_group(const mokLayerConfig_t& c, uint64_t seed, bool skewed) {
+// Rank q's inputs from the seed: a token count of its own (the first rank max_tokens); expert biases or not.
+std::vector<Inputs> draw_group(const mokLayerConfig_t& c, uint64_t seed, bool skewed, bool biased = false) {
   std::vector<Inputs> in;
-  for (int q = 0; q < c.world; ++q)
-    in.push_back(draw(c, seed + static_cast<uint64_t>(q), skewed, c.max_tokens - q * (c.max_tokens / (2 * c.world))));
+  for (int q = 0; q < c.world; ++q) {
+    int tokens = c.max_tokens - q * (c.max_tokens / (2 * c.world));
+    in.push_back(draw(c, seed + static_cast<uint64_t>(q), skewed, tokens, biased));
+  }
   return in;
 }
 
@@ -542,10 +566,10 @@ mokStatus_t selftest_every_gpu(const SelftestSetup& setup, Text* text) {
   }
   mokLayerConfig_t c = layer_config(setup.timeout_ms), mx = c;
   mx.precision = mokPrecisionMXFP8;
-  std::vector<Inputs> in = draw_group(c, setup.seed, true), mx_in = draw_group(mx, setup.seed, true);
+  std::vector<Inputs> in = draw_group(c, setup.seed, true), mx_in = draw_group(mx, setup.seed, true, true);
   text->add(
       "seed %llu, the cuda executor's layer against the host executor's on each GPU (fp32 main_grad and bf16 "
-      "weight gradients, BF16 and MXFP8): ",
+      "weight gradients, BF16 and MXFP8 with expert biases): ",
       static_cast<unsigned long long>(setup.seed));
   int ran = 0;
   for (int device = 0; device < count; ++device) {

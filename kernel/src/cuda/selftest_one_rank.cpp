@@ -5,10 +5,11 @@
 // pass over them, each pass twice. So the stage checks the pass (dispatch, the grouped GEMMs, SwiGLU, combine,
 // the shared expert, the home sums, a ring that turns within the pass, both kinds of weight gradient), not the
 // schedule build or the staging, which the cuda executor's layer does on the device (the every_gpu and virtual_ranks
-// stages). It runs three layers of one shape: a gated shared expert with the weight gradients added into fp32
-// main_grad, an ungated one with bf16 weight gradients, and an MXFP8 one with a gated shared expert and fp32 main_grad
-// (dispatch quantising x and dy, SwiGLU quantising h, dg and du; the forward's GEMMs block-scaled on compute capability
-// 10.x, every other GEMM over dequantised operands).
+// stages). It runs four layers of one shape: a gated shared expert with the weight gradients added into fp32
+// main_grad, an ungated one with bf16 weight gradients, one with expert biases and their gradients into fp32
+// main_grad, and an MXFP8 one with a gated shared expert and fp32 main_grad (dispatch quantising x and dy, SwiGLU
+// quantising h, dg and du; the forward's GEMMs and dgrad_h block-scaled on compute capability 10.x, every other GEMM
+// over dequantised operands).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>

@@ -10,7 +10,7 @@
 namespace mok::cuda {
 namespace {
 
-// Whether the device has block-scaled MMA for an MXFP8 forward's GEMMs (core::split_dequantises): GemmArchitecture's
+// Whether the device has block-scaled MMA for MXFP8's block-scaled kinds (core::split_dequantises): GemmArchitecture's
 // sm100, compute capability 10.x.
 bool block_scaled(const SplitDevice& d) {
   return d.architecture == 10;
@@ -39,12 +39,9 @@ struct DeviceSteps {
   bool barrier() { return launched(launch_group_barrier(d.view, core::WaitId::closing_barrier, d.stream)); }
   bool home_sums() { return launched(launch_home_sums(d)); }
   bool gemm(core::GroupedGemm kind, core::RowWindow w) {
-    const core::LayerShape& s = d.view.s;
-    bool biased = core::split_bias(d.view.w, kind) != nullptr;
-    bool dequantised = core::split_dequantises(s, kind, block_scaled(d), biased);
-    if (s.mxfp8 && !dequantised) return grouped_mx(kind, w);
-    return grouped(kind, core::split_step_operands(d.view, kind, d.targets, d.dequantised, dequantised, biased), s,
-                   d.view.sched, core::ring_periods(s), w);
+    core::SplitRoutedGemm g = core::split_routed_gemm(d.view, kind, d.targets, d.dequantised, block_scaled(d));
+    if (g.block_scaled) return grouped_mx(kind, w);
+    return grouped(kind, g.bf16, d.view.s, d.view.sched, core::ring_periods(d.view.s), w);
   }
   bool shared_gemm(core::GroupedGemm kind) {
     const core::LayerShape& s = d.view.s;
@@ -64,7 +61,8 @@ struct DeviceSteps {
     cudaError_t e = cudaSuccess;
     return gemm_launched(grouped_gemm_bf16(g, d.gemm_workspace, d.gemm_workspace_bytes, d.stream, &e), e);
   }
-  // One block-scaled grouped GEMM of an MXFP8 forward on SM100 (every other MXFP8 GEMM reads dequantised operands).
+  // One block-scaled grouped GEMM on SM100 (core::mx_block_scaled_kind; every other MXFP8 GEMM reads dequantised
+  // operands).
   bool grouped_mx(core::GroupedGemm kind, core::RowWindow w) {
     core::SplitMxOperands o = core::split_mx_gemm_operands(d.view, kind);
     GroupedGemmMxfp8 g{d.view.s,
@@ -143,12 +141,12 @@ GemmStatus split_gemm_workspace_bytes(const core::LayerShape& s, GemmArchitectur
     for (const core::LayerShape& shape : {s, core::shared_expert_shape(s)})
       if (GemmStatus st = take(GroupedGemmBf16{}, shape, kind, grouped_gemm_bf16_workspace_bytes); st != GemmStatus::ok)
         return st;
-    if (!core::mx_forward_kind(kind)) continue;
     GroupedGemmBf16 biased{};
     biased.d_fp32 = &any_fp32;
-    if (GemmStatus st = take(biased, s, kind, grouped_gemm_bf16_workspace_bytes); st != GemmStatus::ok) return st;
+    if (core::mx_forward_kind(kind))
+      if (GemmStatus st = take(biased, s, kind, grouped_gemm_bf16_workspace_bytes); st != GemmStatus::ok) return st;
     // The block-scaled unit only where the device has it: on SM90 every MXFP8 GEMM is a BF16 one (dequantised).
-    if (!s.mxfp8 || architecture != GemmArchitecture::sm100) continue;
+    if (!s.mxfp8 || architecture != GemmArchitecture::sm100 || !core::mx_block_scaled_kind(kind)) continue;
     if (GemmStatus st = take(GroupedGemmMxfp8{}, s, kind, grouped_gemm_mxfp8_workspace_bytes); st != GemmStatus::ok)
       return st;
   }
