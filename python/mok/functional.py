@@ -647,7 +647,7 @@ def backward(ctx: ForwardContext, dout: torch.Tensor, *, main_grads: MainGrads |
     except (TypeError, ValueError) as e:
         error = e
     timeout = ctx.workspace.config.wait_timeout_s if ctx.workspace is not None else MoKConfig().wait_timeout_s
-    if validate.capturing(dout):
+    if validate.capturing_on(ctx.device):
         _captured_call(ctx.executor, ctx.workspace, error)
     elif _per_call(ctx.executor):
         _agree_call(ctx.executor, ctx.workspace, ctx.group, ctx.world, timeout, error, {"call": "backward"}, 0)
@@ -731,7 +731,7 @@ def _prepare(name, x, topk_ids, topk_weights, routed, shared, group, config, wor
                                  alpha, routing_scale, backward)
     if resync is not None and resync.error is not None:
         error = error or resync.error
-    if validate.capturing(x):
+    if any(validate.capturing(t) for t in (x, topk_ids, topk_weights)):
         workspace = _captured_workspace(group, x, shape, config, executor, workspace, tokens, error)
     elif executor is None or _per_call(executor) or world == 1:
         record = {} if error is not None else _call_record(name, shape, executor, config, x.device)

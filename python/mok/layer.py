@@ -34,8 +34,8 @@ def moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, rou
     caller_dtype = x.dtype if isinstance(x, torch.Tensor) else None
     x, topk_weights = autocast_inputs(x), routing_weights(topk_weights)
     _check_before_op(x, topk_ids, topk_weights, routed, shared, config, group, swiglu_limit, backend)
-    activation, alpha = _checked_activation(activation, alpha, config, group)
-    routing_scale = _checked(validate.check_routing_scale, routing_scale, config, group)
+    activation, alpha = _checked_activation(activation, alpha, x, config, group)
+    routing_scale = _checked(validate.check_routing_scale, routing_scale, x, config, group)
     out, _ = torch.ops.mok.moe_forward(
         x, topk_ids, topk_weights, ops.flatten_routed(routed), ops.flatten_shared(shared),
         None if swiglu_limit is None else float(swiglu_limit), activation, alpha, ops.group_name(group), backend or "",
@@ -69,20 +69,28 @@ _FLAT_NAMES = ("gate", "up", "down", *(f"{p}.{form}.{kind}" for p in ("gate", "u
                                        for form in ("rowwise", "colwise") for kind in ("data", "scales")))
 
 
-def _checked_activation(activation, alpha, config, group) -> tuple[str, float | None]:
+def _checked_activation(activation, alpha, x, config, group) -> tuple[str, float | None]:
     """validate.check_activation before the op (whose schema takes a str and a float); a failure goes through the
     group's agreement step like _check_before_op's."""
-    return _checked(validate.check_activation, (activation, alpha), config, group)
+    return _checked(validate.check_activation, (activation, alpha), x, config, group)
 
 
-def _checked(check, value, config, group):
+def _checked(check, value, x, config, group):
     """check(*value) (or check(value)) before the op; a failure goes through the group's agreement step."""
     try:
         return check(*value) if isinstance(value, tuple) else check(value)
     except (TypeError, ValueError) as error:
+        _raise_together(error, x, config, group)
+
+
+def _raise_together(error: Exception, x, config, group):
+    """Raise this rank's failed check on every rank: through the group's agreement step, so that the others raise
+    too instead of waiting; on this rank alone while x's stream is being captured into a CUDA graph, where no call
+    agrees (functional._captured_call)."""
+    if not validate.capturing(x):
         timeout = config.wait_timeout_s if isinstance(config, MoKConfig) else MoKConfig().wait_timeout_s
         functional._agree(group, ep.group_rank_and_size(group)[1], timeout, error, {}, 0)
-        raise
+    raise error
 
 
 def _check_before_op(x, topk_ids, topk_weights, routed, shared, config, group, swiglu_limit, backend) -> None:
@@ -115,5 +123,4 @@ def _check_before_op(x, topk_ids, topk_weights, routed, shared, config, group, s
     except (TypeError, ValueError) as e:
         error = e
     if error is not None:
-        timeout = config.wait_timeout_s if isinstance(config, MoKConfig) else MoKConfig().wait_timeout_s
-        functional._agree(group, ep.group_rank_and_size(group)[1], timeout, error, {}, 0)
+        _raise_together(error, x, config, group)

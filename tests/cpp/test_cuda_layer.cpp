@@ -261,9 +261,9 @@ TEST(host_tensors_are_refused_on_the_gpu) {
   mokLayerDestroy(layer);
 }
 
-// An MXFP8 layer: created on compute capability 10.x and 9.0 alike (the forward's GEMMs block-scaled on 10.x, every
-// other over dequantised operands); a backward whose colwise weights are host memory is refused by name before
-// anything is enqueued.
+// An MXFP8 layer: created on compute capability 10.x and 9.0 alike (the forward's GEMMs and dgrad_h block-scaled on
+// 10.x, every other over dequantised operands); a backward whose colwise weights are host memory, or whose down
+// colwise form is off TMA's 16 bytes, is refused by name before anything is enqueued.
 TEST(an_mxfp8_layer_is_created_and_refuses_host_colwise_weights) {
   if (!have_gpu("an_mxfp8_layer_is_created_and_refuses_host_colwise_weights")) return;
   mokLayerConfig_t c = cuda_config();
@@ -292,6 +292,10 @@ TEST(an_mxfp8_layer_is_created_and_refuses_host_colwise_weights) {
   grads.dgate = grads.dup = grads.ddown = w.p;
   expect(mokLayerBackward(layer, &weights, static_cast<float*>(tw.p), dout.p, &grads, nullptr), mokInvalidArgument,
          "weights.gate_colwise.data", "a host colwise weight");
+  weights.gate_colwise = mokMxfp8Matrix_t{bytes, bytes};
+  weights.down_colwise = mokMxfp8Matrix_t{bytes + 8, bytes};  // dgrad_h's B, which TMA loads on 10.x
+  expect(mokLayerBackward(layer, &weights, static_cast<float*>(tw.p), dout.p, &grads, nullptr), mokInvalidArgument,
+         "weights.down_colwise.data", "down's colwise codes off 16 bytes");
   CHECK(cudaDeviceSynchronize() == cudaSuccess);
   mokLayerDestroy(layer);
 }

@@ -281,8 +281,8 @@ def test_a_workspace_of_the_wrong_type_is_named_with_a_per_call_executor_too(pic
 
 def _captured_calls(rank, world):
     """A forward eager, then the same forward as if its stream were being captured into a CUDA graph; then captured
-    calls that would need a workspace no eager call made. Returns (captured == eager, the agreements the captured
-    calls made, their errors)."""
+    calls that would need a workspace no eager call made, and one mok.moe refuses before its op. Returns (captured ==
+    eager, the agreements the captured calls made, their errors)."""
     from dist_utils import ep_group
 
     from mok import ep
@@ -305,6 +305,10 @@ def _captured_calls(rank, world):
             forward(config=config)
         except ValueError as error:
             errors.append(str(error))
+    try:  # mok.moe's own checks before the op: raised here alone too
+        mok.moe(x, ids, weights, routed, shared, group=ep_group(), backend="reference", activation="relu")
+    except ValueError as error:
+        errors.append(str(error))
     return torch.equal(captured, eager), agreements, errors
 
 
@@ -314,7 +318,8 @@ def test_a_call_captured_in_a_cuda_graph_agrees_with_no_peer_and_needs_an_eager_
     refused by name instead of allocating and exchanging inside the capture."""
     for same, agreements, errors in run_group(2, _captured_calls):
         assert same and agreements == []
-        assert len(errors) == 2 and all("make one eager call first" in error for error in errors), errors
+        assert len(errors) == 3 and all("make one eager call first" in error for error in errors[:2]), errors
+        assert "activation" in errors[2], errors
 
 
 def test_a_captured_call_raises_its_own_error_and_its_record_alone():

@@ -302,7 +302,7 @@ class CudaLayer final : public LayerExecutor {
     return mokSuccess;
   }
 
-  // The device's GemmArchitecture, once: the units every pass runs (MXFP8's block-scaled forward only on SM100).
+  // The device's GemmArchitecture, once: the units every pass runs (MXFP8's block-scaled GEMMs only on SM100).
   mokStatus_t read_architecture(const char* func) {
     cudaError_t e = cudaSuccess;
     architecture_ = cuda::current_gemm_architecture(&e);
@@ -587,9 +587,10 @@ class CudaLayer final : public LayerExecutor {
     return order == core::Refusal::none ? mokSuccess : fail(mokInvalidUsage, "%s: %s", func, core::order_rule(order));
   }
 
-  // The weights the pass reads, on the device (the expert biases too: their own steps add them). In MXFP8 the forward's
-  // rowwise codes and scales, which its block-scaled GEMMs load with TMA (mokMxfp8Quantize writes host memory: the
-  // caller copies them over), and the backward's colwise ones, which only the dequantise steps read.
+  // The weights the pass reads, on the device (the expert biases too: their own steps add them). In MXFP8 the rowwise
+  // codes and scales and down's colwise ones, which the block-scaled GEMMs (the forward's, dgrad_h) load with TMA on
+  // 10.x (mokMxfp8Quantize writes host memory: the caller copies them over), and the other colwise ones, which only
+  // the dequantise steps read. The same rule on 9.0, where dequantise steps read them all.
   mokStatus_t check_weights_here(const mokLayerWeights_t& w, const char* func) const {
     const size_t gemm = kGemmOperandAlign;
     if (s_.mxfp8)
@@ -603,8 +604,8 @@ class CudaLayer final : public LayerExecutor {
                                          {w.gate_colwise.scales, "weights.gate_colwise.scales"},
                                          {w.up_colwise.data, "weights.up_colwise.data"},
                                          {w.up_colwise.scales, "weights.up_colwise.scales"},
-                                         {w.down_colwise.data, "weights.down_colwise.data"},
-                                         {w.down_colwise.scales, "weights.down_colwise.scales"}},
+                                         {w.down_colwise.data, "weights.down_colwise.data", gemm},
+                                         {w.down_colwise.scales, "weights.down_colwise.scales", gemm}},
                                         device_, func);
           s != mokSuccess)
         return s;
