@@ -1,5 +1,5 @@
 // MXFP8 through the BF16 grouped GEMMs (issue #12). A GEMM of an MXFP8 pass without a block-scaled grouped GEMM
-// (every GEMM of the backward; the forward's too on a device without block-scaled MMA, sm_90a) is preceded by a
+// (the backward's but dgrad_h; every GEMM on a device without block-scaled MMA, sm_90a) is preceded by a
 // dequantise step: it writes the value of each MXFP8 operand element the GEMM reads (stored_value: the e4m3 code times
 // its block's e8m0 scale, the operand core's tasks read) as bf16 into two scratch buffers laid out as the BF16 kind
 // reads the bf16 ring and weights (grouped_problems.hpp), and the BF16 grouped GEMM reads those.

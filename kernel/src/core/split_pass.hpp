@@ -5,9 +5,9 @@
 // whole pass with host steps over the host executor's memory and holds it to the host executor's bytes.
 //
 // The split executor computes with the stock grouped GEMMs of docs/gpu.md (split_supports says which layers): BF16
-// operands, or in MXFP8 mode the forward's block-scaled ones where the device has them and every other GEMM over
-// dequantised operands (split_dequantise.hpp); expert biases in their own steps (split_bias.hpp); the shared expert's
-// steps are split_shared.hpp's, bf16 in both modes.
+// operands, or in MXFP8 mode the block-scaled ones (the forward's, dgrad_h) where the device has them and every other
+// GEMM over dequantised operands (split_dequantise.hpp); expert biases in their own steps (split_bias.hpp); the shared
+// expert's steps are split_shared.hpp's, bf16 in both modes.
 #pragma once
 
 #include <cmath>

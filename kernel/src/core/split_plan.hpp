@@ -186,7 +186,7 @@ MOK_HD inline void add_shared_launches(SplitPlanWriter& plan, bool backward, boo
 
 // What of a call the plan depends on besides the shape: whether the shared expert has a router
 // (weights.shared_router), whether a backward writes bf16 weight gradients (no fp32 main_grad), in MXFP8 whether
-// the device has block-scaled MMA for the forward's GEMMs (split_dequantises), which forward GEMMs add an expert bias
+// the device has block-scaled MMA (split_dequantises), which forward GEMMs add an expert bias
 // (split_bias_bit's), and whether a backward writes a bias gradient.
 struct SplitCall {
   bool gated;
