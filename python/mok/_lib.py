@@ -47,7 +47,8 @@ def backends() -> list[Backend]:
 
     Never raises for a missing GPU or driver: that is reported as `available=False` with the reason.
     """
-    gpu = [gpu_backend(e, _mok.executor_name(e)) for e in range(1, _mok.NUM_EXECUTORS)]
+    preferred = (3, 1, 2)  # mokExecutorCuda, mokExecutorSm100, mokExecutorPortable: as mok.functional prefers them
+    gpu = [gpu_backend(e, _mok.executor_name(e)) for e in preferred]
     status, detail, supported = _mok.executor_supports_device(0, -1)
     host = Backend("host", _mok.executor_compiled(0), supported, "cpu", detail)
     reference = Backend("reference", True, True, "any", "")

@@ -15,6 +15,9 @@ the host executor's does (stop_group makes a blocked call return): every call ag
 It runs what libmok's cuda executor runs: BF16 and MXFP8 (forward and backward, expert biases too) on compute
 capability 10.x and 9.0, the shapes mokLayerGetSizes accepts. With backend=None a layer it cannot run goes to
 the next backend ("reference"); backend="cuda" raises the reason instead.
+
+backend="sm100" is libmok's fused executor (mokExecutorSm100: core's whole pass as one persistent kernel, its tiles on
+CUDA cores for now) over the same memory and calls, on compute capability 10.x; backend=None prefers "cuda".
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import torch
 from mok import _lib, _mok, ep, functional
 from mok._libmok_executor import LibmokExecutor, _Layers, aligned, python_names
 
-_CUDA = 3  # mokExecutorCuda
 _ALIGN = 256  # libmok's device buffers: 256-byte aligned, as cudaMalloc gives them
 
 
@@ -80,6 +82,7 @@ class CudaExecutor(LibmokExecutor):
     """functional.Executor over libmok's cuda executor: CUDA tensors, one GPU per rank, NCCL process groups."""
 
     name = "cuda"
+    executor = 3  # mokExecutorCuda
     device_type = "cuda"
     agrees_per_call = True  # see the module's docstring
 
@@ -94,7 +97,7 @@ class CudaExecutor(LibmokExecutor):
         """(whether libmok runs its cuda executor on this device, why not), as mok.backends() reports it."""
         index = _index(device)
         if index not in self._backends:
-            self._backends[index] = _lib.gpu_backend(_CUDA, self.name, index)
+            self._backends[index] = _lib.gpu_backend(self.executor, self.name, index)
         return self._backends[index].available, self._backends[index].reason
 
     def refusal(self, shape, backward: bool, device: torch.device) -> str | None:
@@ -112,7 +115,7 @@ class CudaExecutor(LibmokExecutor):
         config = dict(world=1, rank=0, experts_per_rank=shape.num_local_experts, hidden=shape.hidden,
                       intermediate=shape.intermediate, top_k=shape.topk, max_tokens=1,
                       shared_intermediate=shape.shared_intermediate, mxfp8=shape.mxfp8, expert_padding=padding,
-                      minibatch=padding, macrobatch=padding, executor="cuda")
+                      minibatch=padding, macrobatch=padding, executor=self.name)
         try:
             _mok.layer_sizes(config)
         except (ValueError, RuntimeError) as error:  # mokInvalidArgument, mokUnsupported
@@ -123,7 +126,7 @@ class CudaExecutor(LibmokExecutor):
         return _Layers(key, config, idle=lambda: torch.cuda.synchronize(key.device))
 
     def _config(self, config, world: int) -> dict:
-        return {"executor": "cuda"}  # no worker fields: a pass is kernels on the stream, not libmok's threads
+        return {"executor": self.name}  # the config's workers (1 and 1 unless given): the fused pass's CTAs
 
     def _memory(self, workspace, state, cfg, group, device, name_parts):
         """The layer over symmetric peer memory and a device workspace, made on `device` (libmok's layer keeps the
@@ -145,7 +148,7 @@ class CudaExecutor(LibmokExecutor):
                 handle = symmetric.rendezvous(memory[1], group)  # collective: every rank has its buffer
                 keep = (handle,)
                 bases = step.run("address its peers", lambda: symmetric_bases(handle.buffer_ptrs, own[0], rank))
-            layer = step.run("make its cuda layer", lambda: _mok.Layer(cfg, bases, own[1], workspace_bytes),
+            layer = step.run(f"make its {self.name} layer", lambda: _mok.Layer(cfg, bases, own[1], workspace_bytes),
                              close=lambda made: made.close())
         return layer, (*memory, *keep)
 
@@ -166,5 +169,16 @@ class CudaExecutor(LibmokExecutor):
         return torch.cuda.current_stream(device).cuda_stream
 
 
-# On CUDA tensors, ahead of the pure-PyTorch "reference", when libmok runs its cuda executor on the device.
+class FusedExecutor(CudaExecutor):
+    """functional.Executor over libmok's fused executor (mokExecutorSm100): the cuda executor's layer and memory with
+    core's whole pass as one kernel."""
+
+    name = "sm100"
+    executor = 1  # mokExecutorSm100
+
+
+# On CUDA tensors, ahead of the pure-PyTorch "reference", when libmok runs the executor on the device: the split
+# executor first (its GEMMs on tensor cores), the fused one (CUDA-core tiles for now) when asked for or where the split
+# one refuses a layer.
 functional.register_backend(CudaExecutor(), priority=20)
+functional.register_backend(FusedExecutor(), priority=15)

@@ -103,8 +103,8 @@ TEST(config_rules) {
   store_int(&c.executor, 9);
   EXPECT(mokLayerGetSizes(&c, &sizes), mokInvalidArgument, "'config.executor' (9)", "mokExecutorHost (0)");
   c = small_config();
-  c.executor = mokExecutorSm100;
-  EXPECT(mokLayerGetSizes(&c, &sizes), mokNotCompiled, "argument 'config.executor' (sm100)", "runs no layer");
+  c.executor = mokExecutorPortable;
+  EXPECT(mokLayerGetSizes(&c, &sizes), mokNotCompiled, "argument 'config.executor' (portable)", "runs no layer");
 }
 
 // The clamp: 0 (no clamp) and every positive value are accepted, the first negative one is not.

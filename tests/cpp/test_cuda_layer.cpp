@@ -1,5 +1,6 @@
-// The cuda executor (mokExecutorCuda) through the C ABI. Without a GPU: its sizes (core's workspace and the split
-// executor's own after it, a group's tables), the layers it refuses and why, by field, and creation's refusals
+// The cuda executor (mokExecutorCuda) and the fused one (mokExecutorSm100, its layer with core's whole pass as one
+// kernel) through the C ABI. Without a GPU: its sizes (core's workspace and the split executor's own after it, a
+// group's tables; the fused executor's the same), the layers it refuses and why, by field, and creation's refusals
 // (shared memory, no GPU).
 // On a GPU (skipped here, saying so): the self-test's stages over the layer (a group of three ranks on one GPU and
 // one rank on every GPU against the host executor, the same bits across runs), host memory
@@ -175,6 +176,36 @@ TEST(creation_wants_peer_pointers_and_a_device_that_runs_it) {
   CHECK(layer == nullptr);
 }
 
+// The fused executor runs on the cuda executor's workspace and peer buffer, and its query and creation refuse a machine
+// without a usable GPU as the cuda executor's do, naming it.
+TEST(fused_executor_is_sized_and_refused_as_the_cuda_executor) {
+  int compiled = 0;
+  CHECK(mokExecutorCompiled(mokExecutorSm100, &compiled) == mokSuccess);
+  if (!compiled) {  // a build without a Blackwell target
+    std::printf("  skipped: this libmok has no fused executor\n");
+    return;
+  }
+  mokLayerConfig_t cuda = cuda_config(), fused = cuda;
+  fused.executor = mokExecutorSm100;
+  mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT, on_cuda = MOK_LAYER_SIZES_INIT;
+  CHECK_MSG(mokLayerGetSizes(&fused, &sizes) == mokSuccess, "%s", mokGetLastError());
+  CHECK(mokLayerGetSizes(&cuda, &on_cuda) == mokSuccess);
+  CHECK(sizes.workspace_bytes == on_cuda.workspace_bytes && sizes.peer_bytes == on_cuda.peer_bytes);
+  int supported = 0;
+  mokStatus_t query = mokExecutorSupportsDevice(mokExecutorSm100, 0, &supported);
+  if (query == mokSuccess) return;  // a Blackwell GPU: the tests on a GPU run its layer
+  CHECK_MSG(supported == 0, "the fused executor refuses device 0 (%s), yet says it supports it", mokGetLastError());
+  std::vector<char> workspace(sizes.workspace_bytes + 64), peer(sizes.peer_bytes + 64);
+  void* base = peer.data() + (64 - reinterpret_cast<uintptr_t>(peer.data()) % 64);
+  mokLayerMemory_t m = MOK_LAYER_MEMORY_INIT;
+  m.peer_bases = &base;
+  m.workspace = workspace.data() + (64 - reinterpret_cast<uintptr_t>(workspace.data()) % 64);
+  m.workspace_bytes = sizes.workspace_bytes;
+  mokLayer_t layer = nullptr;
+  expect(mokLayerCreate(&fused, &m, &layer), query, "argument 'config.executor' (sm100)", "no device that runs it");
+  CHECK(layer == nullptr);
+}
+
 // ---- on a GPU ----
 
 namespace {
@@ -232,6 +263,9 @@ void stage_passes(mokSelftestStage_t stage, const char* says) {
 TEST(layer_on_the_gpu_matches_the_host_executor_and_itself) {
   if (!have_gpu("layer_on_the_gpu_matches_the_host_executor_and_itself")) return;
   stage_passes(mokSelftestVirtualRanks, "every rank within the bound");
+  int fused = 0;  // on 10.x the same stage runs the fused executor's group too, for the host executor's bits
+  if (mokExecutorSupportsDevice(mokExecutorSm100, 0, &fused) == mokSuccess)
+    stage_passes(mokSelftestVirtualRanks, "the fused executor's group (BF16 and MXFP8) gives the host executor's bits");
   stage_passes(mokSelftestEveryGpu, "within the bound");
   stage_passes(mokSelftestDeterminism, "the same bits each time");
 }

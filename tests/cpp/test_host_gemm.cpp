@@ -1,9 +1,11 @@
-// host::gemm against core::reference_gemm, bit for bit, on every path this CPU has (scalar, AVX2, AVX-512):
+// host::gemm against core::reference_gemm, bit for bit, on every path this CPU has (scalar, AVX2, AVX-512), and
+// core::gemm_element (an element at a time, in any order):
 // random tiles over every operand encoding (f32, bf16, e4m3), orientation (K-major, MN-major, padded
 // strides), MXFP8 round trip on read, one or two parts, both epilogues and odd sizes. Values span 2^±40
 // (2^±20 per row times 2^±20 per depth index) and cancel in pairs, so a product fused into its add, a
 // k order changed anywhere or a misplaced edge changes bits; some operands hold NaN or ±Inf. Guards
 // after the scratch and c catch writes past their ends. CTest runs it with MOK_HOST_ISA unset, =scalar and =avx2.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -11,6 +13,7 @@
 
 #include "check.hpp"
 #include "core/gemm.hpp"
+#include "core/gemm_element.hpp"
 #include "host/gemm.hpp"
 
 using namespace mok_test;
@@ -199,24 +202,36 @@ void make_case(Tile& t, std::mt19937_64& rng) {
   }
 }
 
-// c's words as the path leaves them, or empty after reporting a guard overwritten.
-std::vector<uint32_t> run(const Tile& t, bool reference, GemmIsa isa, bool default_path, size_t scratch_rows) {
+// c's words after `compute` ran on the tile with a copy of its c (store_bf16 writes 16-bit elements: c as bf16 has the
+// same element count, in half the words); empty when `compute` says it failed.
+template <class Compute>
+std::vector<uint32_t> computed(const Tile& t, Compute compute) {
   std::vector<uint32_t> c = t.c0;
   mok::core::Gemm g = t.g;
   g.c = c.data();
   bool store = g.epilogue == mok::core::Epilogue::store_bf16;
-  // store_bf16 writes 16-bit elements: c as bf16 has the same element count, in half the words
   std::vector<uint16_t> c16;
   if (store) {
     c16.resize(c.size());
     for (size_t e = 0; e < c.size(); ++e) c16[e] = static_cast<uint16_t>(c[e]);
     g.c = c16.data();
   }
-  if (reference) {
-    int depth = g.parts[0].depth + (g.num_parts > 1 ? g.parts[1].depth : 0);
-    std::vector<float> scratch(mok::core::gemm_scratch_floats(g.rows, g.cols, depth, store) + 1);
-    mok::core::reference_gemm(g, scratch.data());
-  } else {
+  if (!compute(g)) return {};
+  if (store)
+    for (size_t e = 0; e < c.size(); ++e) c[e] = c16[e];
+  return c;
+}
+
+// c's words as the path leaves them, or empty after reporting a guard overwritten.
+std::vector<uint32_t> run(const Tile& t, bool reference, GemmIsa isa, bool default_path, size_t scratch_rows) {
+  return computed(t, [&](const mok::core::Gemm& g) {
+    if (reference) {
+      bool store = g.epilogue == mok::core::Epilogue::store_bf16;
+      int depth = g.parts[0].depth + (g.num_parts > 1 ? g.parts[1].depth : 0);
+      std::vector<float> scratch(mok::core::gemm_scratch_floats(g.rows, g.cols, depth, store) + 1);
+      mok::core::reference_gemm(g, scratch.data());
+      return true;
+    }
     size_t need = mok::host::gemm_scratch_floats(static_cast<int>(scratch_rows), g.cols, t.depth);
     std::vector<uint32_t> scratch(need + kGuardFloats, kGuard);
     float* s = reinterpret_cast<float*>(scratch.data());
@@ -228,12 +243,39 @@ std::vector<uint32_t> run(const Tile& t, bool reference, GemmIsa isa, bool defau
       if (scratch[e] != kGuard) {
         CHECK_MSG(false, "%s: scratch written past gemm_scratch_floats (word %zu of %zu): %s", gemm_isa_name(isa), e,
                   need, t.text.c_str());
-        return {};
+        return false;
       }
+    return true;
+  });
+}
+
+// Every element of the tile by core::gemm_element, in a shuffled order (as a CTA's threads share a tile).
+std::vector<uint32_t> run_elements(const Tile& t, std::mt19937_64& rng) {
+  std::vector<std::pair<int, int>> order;
+  for (int i = 0; i < t.g.rows; ++i)
+    for (int j = 0; j < t.g.cols; ++j) order.emplace_back(i, j);
+  std::shuffle(order.begin(), order.end(), rng);
+  return computed(t, [&](const mok::core::Gemm& g) {
+    for (auto [i, j] : order) mok::core::gemm_element(g, i, j);
+    return true;
+  });
+}
+
+// got against want word by word (the guards after c and the stride's padding included); false after reporting the
+// first difference.
+bool agrees(const Tile& t, const std::vector<uint32_t>& got, const std::vector<uint32_t>& want, const char* path) {
+  bool store = t.g.epilogue == mok::core::Epilogue::store_bf16;
+  for (size_t e = 0; e < got.size(); ++e) {
+    bool same =
+        store ? same_bf16(static_cast<uint16_t>(got[e]), static_cast<uint16_t>(want[e])) : same_float(got[e], want[e]);
+    if (!same) {
+      CHECK_MSG(false, "%s: element %zu (row %lld col %lld): got %#x want %#x; %s", path, e,
+                static_cast<long long>(e / t.g.c_stride), static_cast<long long>(e % t.g.c_stride), got[e], want[e],
+                t.text.c_str());
+      return false;
+    }
   }
-  if (store)
-    for (size_t e = 0; e < c.size(); ++e) c[e] = c16[e];
-  return c;
+  return true;
 }
 
 std::vector<GemmIsa> isas() {
@@ -246,7 +288,6 @@ std::vector<GemmIsa> isas() {
 // Every path against the reference on one case; false after reporting the first difference.
 bool check_case(const Tile& t, std::mt19937_64& rng) {
   std::vector<uint32_t> want = run(t, true, GemmIsa::scalar, false, 0);
-  bool store = t.g.epilogue == mok::core::Epilogue::store_bf16;
   // The full scratch, or now and then one too small for all of a's rows (a packed in chunks).
   size_t rows = rng() % 4 == 0 ? 6 * (1 + rng() % 2) : static_cast<size_t>(t.g.rows);
   for (int path = 0; path <= static_cast<int>(isas().size()); ++path) {
@@ -254,17 +295,10 @@ bool check_case(const Tile& t, std::mt19937_64& rng) {
     GemmIsa isa = default_path ? mok::host::gemm_isa() : isas()[path];
     std::vector<uint32_t> got = run(t, false, isa, default_path, rows);
     if (got.empty()) return false;
-    for (size_t e = 0; e < got.size(); ++e) {
-      bool same = store ? same_bf16(static_cast<uint16_t>(got[e]), static_cast<uint16_t>(want[e]))
-                        : same_float(got[e], want[e]);
-      if (!same) {
-        CHECK_MSG(false, "%s%s, scratch for %zu rows: element %zu (row %lld col %lld): got %#x want %#x; %s",
-                  gemm_isa_name(isa), default_path ? " (default)" : "", rows, e,
-                  static_cast<long long>(e / t.g.c_stride), static_cast<long long>(e % t.g.c_stride), got[e], want[e],
-                  t.text.c_str());
-        return false;
-      }
-    }
+    char name[96];
+    std::snprintf(name, sizeof(name), "%s%s, scratch for %zu rows", gemm_isa_name(isa),
+                  default_path ? " (default)" : "", rows);
+    if (!agrees(t, got, want, name)) return false;
   }
   return true;
 }
@@ -281,6 +315,21 @@ TEST(host_gemm_is_bitwise_the_reference) {
     make_case(t, rng);
     if (!check_case(t, rng)) return;
   }
+}
+
+// core::gemm_element, the fused executor's CUDA-core tile (an element per thread), against the reference bit for bit
+// on the same random tiles: those that do not quantise on read (that executor runs the rest with reference_gemm).
+TEST(gemm_elements_are_bitwise_the_reference) {
+  std::mt19937_64 rng(seed() + 3);
+  int checked = 0;
+  for (int n = 0; n < 1500; ++n) {
+    Tile t;
+    make_case(t, rng);
+    if (mok::core::quantises_on_read(t.g)) continue;
+    if (!agrees(t, run_elements(t, rng), run(t, true, GemmIsa::scalar, false, 0), "gemm_element")) return;
+    ++checked;
+  }
+  CHECK_MSG(checked > 300, "only %d of 1500 cases without quantisation on read", checked);
 }
 
 // Real tile heights and depths: many row panels, several chunks of the scratch, deep sums.

@@ -160,6 +160,33 @@ TEST(backward_comm_workers_give_the_same_bits) {
   }
 }
 
+// core::fit_workers, the workers a pass runs on where fewer can run at once (host threads, or the CTAs a GPU keeps
+// resident for the fused executor, which refuses fewer than 2): the config's where they fit; else as many as there
+// are, at least one comm and one compute worker, the forward's and the backward's comm workers each leaving a
+// compute worker, and the compute workers cut first.
+TEST(fit_workers_runs_every_class_on_the_workers_there_are) {
+  for (int available = 2; available <= 12; ++available)
+    for (int comm = 1; comm <= 6; ++comm)
+      for (int compute = 1; compute <= 10; ++compute)
+        for (int backward = 0; backward < comm + compute; ++backward) {
+          core::LayerShape s{};
+          s.comm_workers = comm, s.compute_workers = compute, s.backward_comm_workers = backward;
+          core::LayerShape f = core::fit_workers(s, available);
+          int total = f.comm_workers + f.compute_workers;
+          bool fits = comm + compute <= available;
+          bool ok =
+              fits ? (f.comm_workers == comm && f.compute_workers == compute && f.backward_comm_workers == backward)
+                   : (total == available && f.comm_workers >= 1 && f.compute_workers >= 1 &&
+                      f.comm_workers == (comm < available ? comm : available - 1) &&
+                      f.backward_comm_workers <= total - 1 && (backward == 0) == (f.backward_comm_workers == 0));
+          if (!ok) {
+            CHECK_MSG(false, "available %d, comm %d compute %d backward %d: got comm %d compute %d backward %d",
+                      available, comm, compute, backward, f.comm_workers, f.compute_workers, f.backward_comm_workers);
+            return;
+          }
+        }
+}
+
 // Fewer threads than workers (MOK_HOST_FAULT_THREADS caps them, as a thread limit would): the calling
 // thread serves too, the pass runs on the workers there are, and the bits stay the same.
 TEST(fewer_threads_than_workers_give_the_same_bits) {

@@ -9,7 +9,7 @@ import torch
 
 import mok
 from mok import functional
-from mok.cuda import CudaExecutor
+from mok.cuda import CudaExecutor, FusedExecutor
 from mok.experts import BIAS_NAMES, RoutedExperts, SharedExpert
 
 if not torch.cuda.is_available():
@@ -94,6 +94,15 @@ def relative(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).norm() / want.norm())
 
 
+def variant_errors(backend: str, seed: int, mxfp8: bool, biased: bool) -> dict[str, float]:
+    """Each result's relative error, `backend` on cuda:0 against the host executor (MXFP8, expert biases or not)."""
+    tensors, biases = inputs(seed), expert_biases(seed) if biased else []
+    got = layer(tensors, "cuda", backend, mxfp8, biases)
+    want = layer(tensors, "cpu", "host", mxfp8, biases)
+    names = NAMES + (list(BIAS_NAMES) if biased else [])
+    return {name: relative(g, w) for name, g, w in zip(names, got, want, strict=True)}
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_moe_on_cuda_matches_the_host_executor(seed):
     tensors = inputs(seed)
@@ -107,11 +116,7 @@ def test_moe_on_cuda_matches_the_host_executor(seed):
 def test_variants_on_cuda_match_the_host_executor(mxfp8, biased):
     """MXFP8 (the forward's GEMMs and dgrad_h block-scaled on 10.x, every other GEMM over dequantised operands) and
     gpt-oss's expert biases, forward and backward through autograd, against the host executor."""
-    tensors, biases = inputs(7), expert_biases(7) if biased else []
-    got = layer(tensors, "cuda", "cuda", mxfp8, biases)
-    want = layer(tensors, "cpu", "host", mxfp8, biases)
-    names = NAMES + (list(BIAS_NAMES) if biased else [])
-    errors = {name: relative(g, w) for name, g, w in zip(names, got, want, strict=True)}
+    errors = variant_errors("cuda", 7, mxfp8, biased)
     assert all(error <= TOLERANCE for error in errors.values()), errors
 
 
@@ -140,6 +145,19 @@ def test_main_grads_on_cuda_match_the_host_executor(mxfp8):
     starts = [0, 0, *start]  # dx and the routing weights' gradient are not accumulated
     errors = {name: relative(g - s, w - s)
               for name, g, w, s in zip(["x", "topk_weights", *MAIN_GRADS], got, want, starts, strict=True)}
+    assert all(error <= TOLERANCE for error in errors.values()), errors
+
+
+@pytest.mark.parametrize("mxfp8, biased", [(False, False), (True, False), (False, True)],
+                         ids=["bf16", "mxfp8", "expert biases"])
+def test_moe_on_the_fused_executor_matches_the_host_executor(mxfp8, biased):
+    """backend="sm100" (libmok's fused executor, compute capability 10.x), forward and backward through autograd.
+    libmok gives the host executor's bits (the self-test's virtual_ranks stage holds them); PyTorch's own ops around
+    the call run on other devices here, so the bound is the cuda tests'."""
+    usable, reason = FusedExecutor().usable(torch.device("cuda", 0))
+    if not usable:
+        pytest.skip(f"libmok's fused executor does not run on cuda:0: {reason}")
+    errors = variant_errors("sm100", 12, mxfp8, biased)
     assert all(error <= TOLERANCE for error in errors.values()), errors
 
 

@@ -64,7 +64,9 @@ MOK_API mokStatus_t mokGetVersion(int* version);
 /* ---- executors and devices --------------------------------------------------------------- */
 typedef enum {
   mokExecutorHost = 0,     /* CPU threads; always compiled */
-  mokExecutorSm100 = 1,    /* Blackwell sm_100a / sm_103a persistent kernel (later) */
+  mokExecutorSm100 = 1,    /* the fused executor: the cuda executor's layer with the whole pass as one persistent
+                              kernel, on sm_100a / sm_103a; its tiles on CUDA cores for now (docs/gpu.md, "The fused
+                              executor"); never run on a GPU yet */
   mokExecutorPortable = 2, /* any sm_80+ GPU (later) */
   mokExecutorCuda = 3,     /* the split executor: a pass as a sequence of kernels on the caller's stream, a group of
                               BF16 or MXFP8 ranks, expert biases or not, on sm_100a / sm_103a or sm_90a

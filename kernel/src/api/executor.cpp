@@ -23,6 +23,12 @@ constexpr bool kCudaCompiled = true;
 #else
 constexpr bool kCudaCompiled = false;
 #endif
+#if MOK_WITH_CUDA && MOK_WITH_GROUPED_GEMM && MOK_WITH_FUSED
+constexpr ExecutorEntry kSm100{create_sm100_layer, sm100_workspace_bytes};
+constexpr bool kSm100Compiled = true;
+#else
+constexpr bool kSm100Compiled = false;
+#endif
 
 }  // namespace
 
@@ -34,11 +40,19 @@ const ExecutorEntry* executor_entry(mokExecutor_t executor) {
 #else
     case mokExecutorCuda:  // its pass needs the grouped GEMMs (a CUDA build with CUTLASS's headers)
 #endif
-    case mokExecutorSm100:  // the fused kernel (issue 14) is not written
+#if MOK_WITH_CUDA && MOK_WITH_GROUPED_GEMM && MOK_WITH_FUSED
+    case mokExecutorSm100: return &kSm100;
+#else
+    case mokExecutorSm100:  // the fused kernel: a CUDA build with the grouped GEMMs and a Blackwell target
+#endif
     case mokExecutorPortable:
     case mokNumExecutors: break;
   }
   return nullptr;
+}
+
+bool fused_serves(int cc_major) {
+  return kSm100Compiled && cc_major == 10;
 }
 
 bool gemms_serve(int cc_major) {
@@ -59,7 +73,11 @@ mokStatus_t not_compiled(mokExecutor_t executor, const char* argument, const cha
   if (executor == mokExecutorCuda)
     why = kCudaArchitectures[0] ? "; it needs the grouped GEMMs, which a CUDA build without CUTLASS's headers lacks"
                                 : "; it needs a CUDA build (MOK_ENABLE_CUDA=ON) with CUTLASS's headers";
-  const char* runs = kCudaCompiled ? "host and cuda" : "host";
+  if (executor == mokExecutorSm100)
+    why =
+        "; it needs a CUDA build with CUTLASS's headers and a Blackwell target (100a or 103a in "
+        "MOK_CUDA_ARCHITECTURES)";
+  const char* runs = kSm100Compiled ? "host, cuda and sm100" : kCudaCompiled ? "host and cuda" : "host";
   return fail(mokNotCompiled,
               "%s: argument '%s' (%s): executor '%s' runs no layer in this libmok%s; the executors here: %s", func,
               argument, mokExecutorName(executor), mokExecutorName(executor), why, runs);

@@ -75,6 +75,9 @@ const ExecutorEntry* executor_entry(mokExecutor_t executor);
 bool layer_compiled(mokExecutor_t executor);
 // Whether this build's grouped GEMMs run on a device of compute capability `cc_major` (cuda::gemm_architecture).
 bool gemms_serve(int cc_major);
+// Whether the fused executor's kernels (built for the Blackwell targets only) run on a device of compute capability
+// cc_major.x.
+bool fused_serves(int cc_major);
 
 // mokNotCompiled with a detail naming `func` and the `argument` that holds `executor`, and saying that it runs no
 // layer in this libmok.
@@ -88,5 +91,10 @@ mokStatus_t create_host_layer(const core::LayerShape& shape, uint64_t timeout_ns
 mokStatus_t create_cuda_layer(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory,
                               std::unique_ptr<LayerExecutor>* out);
 mokStatus_t cuda_workspace_bytes(const core::LayerShape& shape, const char* func, size_t* bytes);
+// The fused executor (mokExecutorSm100): the cuda executor's layer and workspace with the fused pass
+// (cuda/fused_pass.hpp); in a CUDA build with the grouped GEMMs and a Blackwell target.
+mokStatus_t create_sm100_layer(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory,
+                               std::unique_ptr<LayerExecutor>* out);
+mokStatus_t sm100_workspace_bytes(const core::LayerShape& shape, const char* func, size_t* bytes);
 
 }  // namespace mok::api

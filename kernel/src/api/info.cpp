@@ -111,6 +111,11 @@ MOK_API mokStatus_t mokExecutorSupportsDevice(mokExecutor_t executor, int device
                 "capability 10.x (100a, 103a) and 9.0 (90a) as built",
                 __func__, device, info.name, info.cc_major, info.cc_minor, mokExecutorName(executor),
                 mok::api::kCudaArchitectures);
+  if (executor == mokExecutorSm100 && !mok::api::fused_serves(info.cc_major))
+    return fail(mokUnsupported,
+                "%s: device %d (%s, sm_%d%d): executor 'sm100' runs its fused kernel, built for compute capability "
+                "10.x (100a, 103a) only",
+                __func__, device, info.name, info.cc_major, info.cc_minor);
   *supported = 1;
   return mokSuccess;
 #else

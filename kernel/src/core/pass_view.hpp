@@ -139,6 +139,10 @@ struct PassView {
   ErrorRecord* error;
   const PassArgs* args;  // the call's tensors (null in a schedule build)
   GroupState* group;     // the rank's group state: epochs, formation, a failure of the group to word
+  // A device executor's pass (the fused kernel): worker 0 enters the group's barriers as the device's one-thread
+  // barriers do (stream_barrier_passed: a failed rank does not arrive, a failure is recorded there), since no host
+  // thread words the group's failure after the workers.
+  bool device_barriers;
 };
 
 // A pass's view of one rank: every address from core's layouts, over the rank's private workspace and
@@ -221,7 +225,7 @@ MOK_HD inline bf16_t* out_row(const PassView& v, int64_t row) {
 // reads zeros past them. `block` must not overlap the ring's rows; without token_codes the rows only.
 // Scalars only (ring_row_scales(s, width) and ring_token_scales(s, width) from macrobatch and padding): a
 // struct passed to a call that is not inlined is copied onto a device thread's stack
-// (tests/library/test_library.py holds run_workers' stack).
+// (tests/library/test_library.py holds fused_pass' stack).
 MOK_HD_NOINLINE void quantize_ring_block(int64_t macrobatch, int padding, int width, int64_t row0, const bf16_t* block,
                                          uint8_t* codes, uint8_t* row_scales, uint8_t* token_codes,
                                          uint8_t* token_scales, int64_t stride) {

@@ -39,6 +39,22 @@ MOK_HD inline int comm_workers_of(const LayerShape& s, PassKind kind) {
   return is_backward(kind) && s.backward_comm_workers > 0 ? s.backward_comm_workers : s.comm_workers;
 }
 
+// The workers a pass runs when fewer than the config's can (host threads that could not be made, CTAs a GPU cannot
+// keep resident at once): fewer compute workers, and comm workers only if need be, each class keeping at least one.
+// The result does not depend on worker counts (docs/core.md), so the pass still completes with one of each.
+// The backward's comm count is capped the same way.
+MOK_HD inline int fit_comm(int comm, int available) {
+  return comm < available - 1 ? comm : (available > 1 ? available - 1 : 1);
+}
+
+MOK_HD inline LayerShape fit_workers(LayerShape s, int available) {
+  if (s.comm_workers + s.compute_workers <= available) return s;
+  s.comm_workers = fit_comm(s.comm_workers, available);
+  if (s.backward_comm_workers > 0) s.backward_comm_workers = fit_comm(s.backward_comm_workers, available);
+  s.compute_workers = available - s.comm_workers > 0 ? available - s.comm_workers : 0;
+  return s;
+}
+
 MOK_HD inline WorkerClass class_of(const PassView& v, int worker) {
   return worker < comm_workers_of(v.s, v.kind) ? WorkerClass::comm : WorkerClass::compute;
 }
@@ -153,8 +169,16 @@ MOK_HD inline bool all_passed(const PassView& v, SyncWord word, WaitId what) {
   return false;
 }
 
-// Worker 0: a barrier of the group; its failure is left for the executor to word.
+// A device executor's barrier of the group, one thread (core::stream_barrier: formation and epoch in the device's
+// GroupState); true when every rank arrived. A group of one needs none: the stream's order is its barrier.
+MOK_HD inline bool stream_barrier_passed(const PassView& v, WaitId what, CallKind call) {
+  return v.s.world == 1 || stream_barrier(*v.group, v.error, v.headers, v.s.world, v.s.rank, v.timeout_ns, what, call);
+}
+
+// Worker 0: a barrier of the group; its failure is left for the executor to word (a device executor's is recorded by
+// the barrier itself: stream_barrier_passed).
 MOK_HD inline bool group_passed(const PassView& v, WaitId what, CallKind call) {
+  if (v.device_barriers) return stream_barrier_passed(v, what, call);
   Failure f = group_barrier(*v.group, v.headers, v.s.world, v.s.rank, v.timeout_ns, what, call);
   if (f.ok()) return true;
   v.group->group_failure = f;
@@ -239,10 +263,12 @@ MOK_HD inline bool open_pass(const PassView& v) {
   return go;
 }
 
-// Worker 0's close: every worker out of the task loop; the closing barrier unless the pass failed.
+// Worker 0's close: every worker out of the task loop; the closing barrier unless the pass failed (the rank's record
+// holds a failure: the host's GroupState::error, a device executor's host-mapped record; a group of one on a device
+// has no barrier to fail in, so this is what keeps a failed pass from writing its outputs).
 MOK_HD inline bool close_pass(const PassView& v, bool go) {
   go = all_passed(v, kOut, WaitId::workers_out) && go;
-  go = go && !failed(*v.group) && group_passed(v, WaitId::closing_barrier, call_of(v.kind));
+  go = go && !record_claimed(v.error) && group_passed(v, WaitId::closing_barrier, call_of(v.kind));
   release(v, kClosed, go);
   return go;
 }

@@ -3,9 +3,10 @@
 // buffers, in MXFP8 the dequantised operands' scratch (split_dequantise.hpp), the expert biases' fp32 products and
 // gradient sums (split_bias.hpp), SwiGLU's sigmoid table, the row steps'
 // staging, the device's tables of peer pointers, the group's state (its barriers' formation and epoch,
-// core/group_state.hpp) and the grouped GEMMs' argument block. Offsets only, from the extras' first byte, so the same
+// core/group_state.hpp), the fused executor's laid-out task graph (it runs on the same workspace) and the grouped
+// GEMMs' argument block. Offsets only, from the extras' first byte, so the same
 // layout serves the device's workspace and a host test's block; mokLayerGetSizes adds it to core's workspace for the
-// cuda executor.
+// cuda and sm100 executors.
 #pragma once
 
 #include <cstddef>
@@ -15,6 +16,7 @@
 #include "core/protocol.hpp"
 #include "core/split_dequantise.hpp"
 #include "core/split_shared.hpp"
+#include "core/tasks.hpp"
 
 namespace mok::core {
 
@@ -39,6 +41,7 @@ struct SplitLayout {
   size_t routing_ids;        // const int32_t* [world]: every rank's staged topk ids
   size_t routing_tokens;     // int32 [world]: their token counts
   size_t group;              // GroupState: the barriers' formation and epoch, zero at creation
+  size_t fused_graph;        // TaskGraph: the fused executor's laid-out task graph (cuda/fused_pass.hpp)
   size_t gemm_arguments;     // gemm_argument_bytes, kGemmArgumentAlign-aligned
   int64_t ctas;              // CTAs of a row step (each has its own staging)
   int64_t staging_values;    // bf16 per CTA (MXFP8's dispatch and SwiGLU; 0 in BF16)
@@ -81,6 +84,7 @@ MOK_HD inline SplitLayout split_layout(const LayerShape& s, size_t gemm_argument
   l.routing_ids = c.take(world * sizeof(const int32_t*));
   l.routing_tokens = c.take(world * sizeof(int32_t));
   l.group = c.take(sizeof(GroupState), alignof(GroupState));
+  l.fused_graph = c.take(sizeof(TaskGraph), alignof(TaskGraph));
   l.gemm_arguments = c.take(gemm_argument_bytes, kGemmArgumentAlign);
   l.bytes = c.total();
   return l;
@@ -101,6 +105,7 @@ struct SplitBuffers {
   const int32_t** routing_ids;
   int32_t* routing_tokens;
   GroupState* group;
+  TaskGraph* fused_graph;
   void* gemm_arguments;
 };
 
@@ -138,6 +143,7 @@ MOK_HD inline SplitBuffers split_buffers_at(const LayerShape& s, const SplitLayo
   b.routing_ids = reinterpret_cast<const int32_t**>(extras + l.routing_ids);
   b.routing_tokens = reinterpret_cast<int32_t*>(extras + l.routing_tokens);
   b.group = reinterpret_cast<GroupState*>(extras + l.group);
+  b.fused_graph = reinterpret_cast<TaskGraph*>(extras + l.fused_graph);
   b.gemm_arguments = extras + l.gemm_arguments;
   return b;
 }

@@ -1,6 +1,6 @@
-// core/ compiled for the device: real kernels over core/'s functions, built for the Blackwell targets (the fused
-// executor's) so that core/ cannot drift into host-only code. They are not launched by libmok yet (the sm100
-// executor will be); the worker kernel is the host executor's loop with a CTA as the worker. (The group's
+// core/ compiled for the device: kernels over core/'s functions that libmok does not launch, built for the Blackwell
+// targets (the fused executor's, whose own kernels are fused_pass.cu) so that core/ cannot drift into host-only code:
+// MXFP8 quantisation, the split plan, the task graph and the schedule build with a CTA as a worker. (The group's
 // barriers the cuda executor launches are in layer_steps.cu.)
 #include "core/mxfp8.hpp"
 #include "core/pass_worker.hpp"
@@ -32,17 +32,6 @@ __global__ void build_task_graph(core::LayerShape shape, core::PassKind kind, co
   core::build_task_graph(shape, kind, schedule, tokens, graph);
   counts[0] = graph.num_comm;
   counts[1] = graph.num_compute;
-}
-
-// The pass: CTA w runs core's whole per-worker body as worker w (the first comm_workers CTAs take the
-// comm queue), with the same waits, counters and error record as the host executor; one thread per CTA
-// does the work, with core's reference GEMM, until the sm100 executor brings its tensor-core tiles.
-__global__ void run_workers(core::PassView view) {
-  if (threadIdx.x != 0) return;
-  int w = static_cast<int>(blockIdx.x);
-  core::ReferenceTiles tiles{view.scratch + w * view.scratch_floats, view.chunk + w * view.chunk_values,
-                             view.sums + w * view.sums_floats};
-  core::run_pass_worker(view, w, tiles);
 }
 
 // The schedule build, CTA w as worker w.

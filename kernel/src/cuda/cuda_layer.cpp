@@ -17,6 +17,8 @@
 // What it runs: BF16 and MXFP8 on compute capability 10.x or 9.0 as built (MXFP8's forward and dgrad_h block-scaled on
 // 10.x, every other MXFP8 GEMM over dequantised operands: core/split_dequantise.hpp); expert biases in their own steps
 // (core/split_bias.hpp); H, I and I_s multiples of 8 (H and I of 32 in MXFP8).
+// The fused executor (mokExecutorSm100) is this layer with another pass: core's whole pass as one persistent kernel
+// (fused_pass.hpp) over the same workspace and peer buffer, on compute capability 10.x.
 // Nothing of it has run on a GPU (docs/gpu.md).
 #include <cuda_runtime_api.h>
 
@@ -33,6 +35,9 @@
 #include "core/pass_worker.hpp"
 #include "core/split_workspace.hpp"
 #include "cuda/driver.hpp"
+#if MOK_WITH_FUSED
+#include "cuda/fused_pass.hpp"
+#endif
 #include "cuda/mapped_record.hpp"
 #include "cuda/runtime.hpp"
 #include "cuda/split_device.hpp"
@@ -46,8 +51,10 @@ namespace {
 using core::bf16_t;
 using core::PassKind;
 
-// The layers this executor runs (core::split_supports), each rule worded with its field.
-mokStatus_t check_shape(const core::LayerShape& s, const char* func) {
+// The layers this executor runs (core::split_supports; the fused executor the same, for the tensor-core tiles it is to
+// take from CUTLASS), each rule worded with its field.
+mokStatus_t check_shape(const core::LayerShape& s, mokExecutor_t executor, const char* func) {
+  const char* name = executor == mokExecutorSm100 ? "mokExecutorSm100" : "mokExecutorCuda";
   const int routed = core::split_width_multiple(s);
   const struct {
     const char* name;
@@ -58,15 +65,15 @@ mokStatus_t check_shape(const core::LayerShape& s, const char* func) {
                 {"config.shared_intermediate", s.shared_intermediate, 8}};  // bf16 in both precisions
   for (const auto& w : widths)
     if (w.value % w.multiple != 0)
-      return fail(mokUnsupported, "%s: argument '%s' (%d) must be a multiple of %d with mokExecutorCuda%s", func,
-                  w.name, w.value, w.multiple,
+      return fail(mokUnsupported, "%s: argument '%s' (%d) must be a multiple of %d with %s%s", func, w.name, w.value,
+                  w.multiple, name,
                   w.multiple == 8 ? ": its grouped GEMMs read rows of 16 bytes (TMA)"
                                   : " and MXFP8 precision: its block-scaled GEMMs take whole 32-code scale blocks");
   if (s.mxfp8 && s.expert_padding % core::kMxScaleRowTile != 0)
     return fail(mokUnsupported,
-                "%s: argument 'config.expert_padding' (%d) must be a multiple of %d with mokExecutorCuda and MXFP8 "
+                "%s: argument 'config.expert_padding' (%d) must be a multiple of %d with %s and MXFP8 "
                 "precision: every expert's rows start a %d-row tile of the block-scaled GEMM's scales",
-                func, s.expert_padding, core::kMxScaleRowTile, core::kMxScaleRowTile);
+                func, s.expert_padding, core::kMxScaleRowTile, name, core::kMxScaleRowTile);
   return core::split_supports(s) ? mokSuccess : fail(mokInternalError, "%s: split_supports refused", func);
 }
 
@@ -228,8 +235,10 @@ mokStatus_t pass_failed(const char* func, const cuda::SplitFailure& f) {
 
 class CudaLayer final : public LayerExecutor {
  public:
-  CudaLayer(const core::LayerShape& shape, uint64_t timeout_ns, int device, char* workspace, void* const* peers)
-      : s_(shape),
+  CudaLayer(const core::LayerShape& shape, uint64_t timeout_ns, int device, char* workspace, void* const* peers,
+            mokExecutor_t executor)
+      : executor_(executor),
+        s_(shape),
         timeout_ns_(timeout_ns),
         device_(device),
         workspace_(workspace),
@@ -252,6 +261,9 @@ class CudaLayer final : public LayerExecutor {
     if (cudaError_t e = cuda::create_mapped_record(&record_); e != cudaSuccess)
       return cuda_failed(func, "allocating the host-mapped error record", e);
     if (mokStatus_t s = read_architecture(func); s != mokSuccess) return s;
+    if (fused()) {
+      if (mokStatus_t s = read_residency(func); s != mokSuccess) return s;
+    }
     cudaError_t error = cudaSuccess;
     if (cuda::GemmStatus st = cuda::split_gemm_workspace_bytes(s_, architecture_, &gemm_workspace_bytes_, &error);
         st != cuda::GemmStatus::ok)
@@ -313,6 +325,21 @@ class CudaLayer final : public LayerExecutor {
     return mokSuccess;
   }
 
+  // The fused pass's CTAs the device keeps resident at once: its workers, every one of which may wait for another, run
+  // only on resident CTAs (core::fit_workers runs the pass on fewer where the config names more).
+  mokStatus_t read_residency(const char* func) {
+#if MOK_WITH_FUSED
+    if (cudaError_t e = cuda::fused_residency(&resident_); e != cudaSuccess)
+      return cuda_failed(func, "reading the fused pass kernel's occupancy", e);
+#endif
+    if (resident_ < 2)
+      return fail(mokUnsupported,
+                  "%s: device %d keeps %d CTAs of the fused pass kernel resident at once; its pass needs 2 (a comm and "
+                  "a compute worker)",
+                  func, device_, resident_);
+    return mokSuccess;
+  }
+
   const core::LayerShape& shape() const override { return s_; }
   bool host_tensors() const override { return false; }
   int tokens() const override { return tokens_; }
@@ -364,6 +391,15 @@ class CudaLayer final : public LayerExecutor {
     core::PassArgs args{};
     args.x = reinterpret_cast<const bf16_t*>(x);
     args.topk_weights = topk_weights;
+    if (fused()) {
+      args.out = reinterpret_cast<bf16_t*>(out);
+      has_context_ = ring_kept_ = false;
+      if (mokStatus_t s = stage(view(kind), args, stream, func); s != mokSuccess) return s;
+      if (mokStatus_t s = enqueue_fused(kind, weights, args, stream, func); s != mokSuccess) return s;
+      has_context_ = true;
+      ring_kept_ = core::max_recv_rows(s_) <= s_.macrobatch;  // every routing's rows in one ring turn
+      return mokSuccess;
+    }
     cuda::SplitDevice d = split_device(kind, weights, stream);
     d.topk_weights = topk_weights;
     d.out = reinterpret_cast<bf16_t*>(out);
@@ -387,6 +423,7 @@ class CudaLayer final : public LayerExecutor {
     core::PassArgs args{};
     args.dout = reinterpret_cast<const bf16_t*>(dout);
     args.topk_weights = topk_weights;
+    if (fused()) return fused_backward(weights, args, grads, stream, func);
     // The forward's g and u are read where they are when the ring still holds them; the backward overwrites them,
     // so a second backward of the same context recomputes them.
     cuda::SplitDevice d = split_device(ring_kept_ ? PassKind::backward_kept : PassKind::backward, weights, stream);
@@ -417,6 +454,22 @@ class CudaLayer final : public LayerExecutor {
     d.dw = grads.dtopk_weights;
     if (mokStatus_t s = stage(d.view, args, stream, func); s != mokSuccess) return s;
     return enqueue(d, func);
+  }
+
+  // The fused pass writes every gradient itself, as the host executor's does: bf16, or added into fp32 main_grad.
+  mokStatus_t fused_backward(const mokLayerWeights_t& weights, core::PassArgs args, const mokLayerGrads_t& grads,
+                             void* stream, const char* func) {
+    args.dx = static_cast<bf16_t*>(grads.dx);
+    args.dtopk_weights = grads.dtopk_weights;
+    args.dgate = grads.dgate, args.dup = grads.dup, args.ddown = grads.ddown;
+    args.dshared_gate = grads.dshared_gate, args.dshared_up = grads.dshared_up;
+    args.dshared_down = grads.dshared_down, args.dshared_router = grads.dshared_router;
+    args.dgate_bias = grads.dgate_bias, args.dup_bias = grads.dup_bias, args.ddown_bias = grads.ddown_bias;
+    args.accumulate = grads.accumulate;
+    PassKind kind = ring_kept_ ? PassKind::backward_kept : PassKind::backward;
+    ring_kept_ = false;
+    if (mokStatus_t s = stage(view(kind), args, stream, func); s != mokSuccess) return s;
+    return enqueue_fused(kind, weights, args, stream, func);
   }
 
   mokStatus_t get_slots(uint16_t* y_slots, void* stream) override {
@@ -553,6 +606,23 @@ class CudaLayer final : public LayerExecutor {
     return s;
   }
 
+  // The fused pass enqueued (its staging is): a launch that fails leaves the layer's memory half-written (recorded).
+  mokStatus_t enqueue_fused(PassKind kind, const mokLayerWeights_t& weights, const core::PassArgs& args, void* stream,
+                            const char* func) {
+    cudaError_t e = cudaErrorNotSupported;  // a build without the fused kernel creates no fused layer
+#if MOK_WITH_FUSED
+    cuda::FusedDevice d{view(kind), args, buffers_.fused_graph, resident_, static_cast<cudaStream_t>(stream)};
+    d.view.w = host::weights_in_place(weights);
+    e = cuda::enqueue_fused_pass(d);
+#else
+    (void)kind, (void)weights, (void)args, (void)stream;
+#endif
+    if (e == cudaSuccess) return mokSuccess;
+    mokStatus_t s = cuda_failed(func, "launching the fused pass", e);
+    record_cut_short(mokGetLastError());
+    return s;
+  }
+
   void record_cut_short(const char* why) {
     core::record_failure(record_.host, core::Failure{core::Outcome::launch_failed, core::WaitId::none}, s_.rank, -1, -1,
                          why);
@@ -646,7 +716,9 @@ class CudaLayer final : public LayerExecutor {
   }
 
   char* own_peer() const { return peers_[static_cast<size_t>(s_.rank)]; }
+  bool fused() const { return executor_ == mokExecutorSm100; }
 
+  mokExecutor_t executor_;  // mokExecutorCuda (the split pass) or mokExecutorSm100 (the fused pass)
   core::LayerShape s_;
   uint64_t timeout_ns_;  // the bound of each barrier's wait (config.timeout_ms)
   int device_;
@@ -660,6 +732,7 @@ class CudaLayer final : public LayerExecutor {
   size_t gemm_workspace_bytes_ = 0;
   cuda::GemmArchitecture architecture_ = cuda::GemmArchitecture::none;
   int tokens_ = 0;
+  int resident_ = 0;  // the fused pass's: CTAs the device keeps resident (read_residency)
   bool has_schedule_ = false, has_context_ = false, ring_kept_ = false;
   std::atomic<bool> aborted_{false};
   CallNumbers calls_;
@@ -667,16 +740,17 @@ class CudaLayer final : public LayerExecutor {
 
 // The current device (device 0 where CUDA cannot say: no GPU or driver), if this executor runs on it, as
 // mokExecutorSupportsDevice answers: its status is the refusal's.
-mokStatus_t current_device(const char* func, int* device) {
+mokStatus_t current_device(mokExecutor_t executor, const char* func, int* device) {
   if (cudaGetDevice(device) != cudaSuccess) {
     cudaGetLastError();
     *device = 0;
   }
   int supported = 0;
-  if (mokStatus_t s = mokExecutorSupportsDevice(mokExecutorCuda, *device, &supported); s != mokSuccess) {
+  if (mokStatus_t s = mokExecutorSupportsDevice(executor, *device, &supported); s != mokSuccess) {
     char why[512];
     std::snprintf(why, sizeof(why), "%s", mokGetLastError());  // fail() rewrites the detail it is read from
-    return fail(s, "%s: argument 'config.executor' (cuda) on the current device (%d): %s", func, *device, why);
+    return fail(s, "%s: argument 'config.executor' (%s) on the current device (%d): %s", func,
+                mokExecutorName(executor), *device, why);
   }
   return mokSuccess;
 }
@@ -684,32 +758,52 @@ mokStatus_t current_device(const char* func, int* device) {
 }  // namespace
 
 mokStatus_t cuda_workspace_bytes(const core::LayerShape& shape, const char* func, size_t* bytes) {
-  if (mokStatus_t s = check_shape(shape, func); s != mokSuccess) return s;
+  if (mokStatus_t s = check_shape(shape, mokExecutorCuda, func); s != mokSuccess) return s;
   *bytes = core::split_workspace_bytes(shape, cuda::split_gemm_argument_bytes(shape));
   return mokSuccess;
 }
 
-mokStatus_t create_cuda_layer(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory,
-                              std::unique_ptr<LayerExecutor>* out) {
+mokStatus_t sm100_workspace_bytes(const core::LayerShape& shape, const char* func, size_t* bytes) {
+  if (mokStatus_t s = check_shape(shape, mokExecutorSm100, func); s != mokSuccess) return s;
+  *bytes = core::split_workspace_bytes(shape, cuda::split_gemm_argument_bytes(shape));
+  return mokSuccess;
+}
+
+namespace {
+
+mokStatus_t create_device_layer(mokExecutor_t executor, const core::LayerShape& shape, uint64_t timeout_ns,
+                                const mokLayerMemory_t& memory, std::unique_ptr<LayerExecutor>* out) {
   const char* func = "mokLayerCreate";  // the shape passed cuda_workspace_bytes' checks before
   if (memory.peer_bases == nullptr)
     return fail(mokInvalidArgument,
-                "%s: argument 'memory.shm_name' must be NULL with mokExecutorCuda: give 'memory.peer_bases' (device "
+                "%s: argument 'memory.shm_name' must be NULL with a GPU executor: give 'memory.peer_bases' (device "
                 "memory)",
                 func);
   int device = -1;
-  if (mokStatus_t s = current_device(func, &device); s != mokSuccess) return s;
+  if (mokStatus_t s = current_device(executor, func, &device); s != mokSuccess) return s;
   if (mokStatus_t s = check_tensors({{memory.workspace, "memory.workspace", kWorkspaceAlign}}, device, func);
       s != mokSuccess)
     return s;
   for (int q = 0; q < shape.world; ++q)
     if (mokStatus_t s = check_peer(memory.peer_bases[q], q, device, func); s != mokSuccess) return s;
-  auto layer = std::unique_ptr<CudaLayer>(
-      new (std::nothrow) CudaLayer(shape, timeout_ns, device, static_cast<char*>(memory.workspace), memory.peer_bases));
+  auto layer = std::unique_ptr<CudaLayer>(new (std::nothrow) CudaLayer(
+      shape, timeout_ns, device, static_cast<char*>(memory.workspace), memory.peer_bases, executor));
   if (!layer) return fail(mokOutOfMemory, "%s: out of memory", func);
   if (mokStatus_t s = layer->set_up(func); s != mokSuccess) return s;
   *out = std::move(layer);
   return mokSuccess;
+}
+
+}  // namespace
+
+mokStatus_t create_cuda_layer(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory,
+                              std::unique_ptr<LayerExecutor>* out) {
+  return create_device_layer(mokExecutorCuda, shape, timeout_ns, memory, out);
+}
+
+mokStatus_t create_sm100_layer(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory,
+                               std::unique_ptr<LayerExecutor>* out) {
+  return create_device_layer(mokExecutorSm100, shape, timeout_ns, memory, out);
 }
 
 }  // namespace mok::api

@@ -9,14 +9,6 @@
 
 namespace mok::cuda {
 
-// One thread's barrier of the group (core::stream_barrier: formation and epoch in view.group, device memory); true
-// when every rank arrived. A group of one needs none: the stream's order is its barrier.
-__device__ bool barrier_passed(const core::PassView& view, core::WaitId what, core::CallKind call) {
-  const core::LayerShape& s = view.s;
-  return s.world == 1 ||
-         core::stream_barrier(*view.group, view.error, view.headers, s.world, s.rank, view.timeout_ns, what, call);
-}
-
 // One rank's schedule in one CTA: the caller's ids checked (a bad one recorded) and staged as int32 into the own peer
 // buffer and the token count into the header (core's stage_topk_ids, a thread per id); the schedule barrier that
 // publishes them to the group; core's three passes over every rank's ids (count and place a thread per local expert,
@@ -45,7 +37,7 @@ __global__ void rank_schedule(core::PassView view, const void* ids, bool int64_i
   __syncthreads();
   __shared__ bool published;
   const core::CallKind call = core::CallKind::build_schedule;
-  if (threadIdx.x == 0) published = barrier_passed(view, core::WaitId::schedule_barrier, call);
+  if (threadIdx.x == 0) published = core::stream_barrier_passed(view, core::WaitId::schedule_barrier, call);
   __syncthreads();
   for (int r = threadIdx.x; r < s.world; r += blockDim.x)
     routing_tokens[r] = !published ? 0 : r == s.rank ? tokens : view.headers[r]->tokens;
@@ -58,14 +50,14 @@ __global__ void rank_schedule(core::PassView view, const void* ids, bool int64_i
   __syncthreads();
   for (int e = threadIdx.x; e < s.experts_per_rank; e += blockDim.x) core::place_expert(s, routing, schedule, e);
   __syncthreads();
-  if (threadIdx.x == 0) barrier_passed(view, core::WaitId::schedule_barrier, call);
+  if (threadIdx.x == 0) core::stream_barrier_passed(view, core::WaitId::schedule_barrier, call);
 }
 
 // A barrier of the pass (the entry barrier after the staging, the closing one before the home sums), one thread.
 // Where the entry barrier fails the schedule is emptied: the pass's launches, already enqueued behind it, then pull
 // no row from a peer and push none into one (a peer may still be reading its slots of an earlier call).
 __global__ void group_barrier(core::PassView view, core::WaitId what, core::CallKind call) {
-  if (threadIdx.x != 0 || blockIdx.x != 0 || barrier_passed(view, what, call)) return;
+  if (threadIdx.x != 0 || blockIdx.x != 0 || core::stream_barrier_passed(view, what, call)) return;
   if (what != core::WaitId::entry_barrier) return;
   core::Schedule schedule = view.sched;
   for (int e = 0; e < view.s.experts_per_rank; ++e) schedule.experts[2 * e] = 0;

@@ -410,13 +410,14 @@ mokStatus_t collect(const mokLayerConfig_t& c, bool bf16_gradients, const Device
   return times(d, r, text);
 }
 
-// A group of the cuda executor's layers on the current device (a rank per Inputs, peers as device pointers, each on
-// its own stream), `runs` times on one context (schedule, forward, slots, backward, main_grad from its start each
-// time): results[rank][run] (with `outputs`; else only the times). Every rank's calls are enqueued before any is
-// waited for; a rank whose call failed is still waited for, bounded, with the rest.
+// A group of `executor`'s layers (mokExecutorCuda, or mokExecutorSm100) on the current device (a rank per Inputs, peers
+// as device pointers, each on its own stream), `runs` times on one context (schedule, forward, slots, backward,
+// main_grad from its start each time): results[rank][run] (with `outputs`; else only the times). Every rank's calls are
+// enqueued before any is waited for; a rank whose call failed is still waited for, bounded, with the rest.
 mokStatus_t run_cuda(const SelftestSetup& setup, mokLayerConfig_t c, const std::vector<Inputs>& in, bool bf16_gradients,
-                     int runs, bool outputs, std::vector<std::vector<Results> >* results, Text* text) {
-  c.executor = mokExecutorCuda;
+                     int runs, bool outputs, std::vector<std::vector<Results> >* results, Text* text,
+                     mokExecutor_t executor = mokExecutorCuda) {
+  c.executor = executor;
   size_t world = in.size();
   std::vector<DeviceLayer> ranks(world);
   std::vector<void*> peers;
@@ -506,18 +507,22 @@ bool same_bits(const Results& a, const Results& b) {
 
 namespace {
 
-// The group's layer on setup.device against the host executor's group, rank by rank, with fp32 main_grad and with
-// bf16 weight gradients. `in`: a rank's inputs each.
+// The group's layer of `executor` on setup.device against the host executor's group, rank by rank, with fp32 main_grad
+// and with bf16 weight gradients. `in`: a rank's inputs each. The cuda executor's within core::kSplitOrderTolerance;
+// the fused executor's the same bits (its tiles add in the host's order: core/gemm_element.hpp).
 mokStatus_t check_group(const SelftestSetup& setup, const mokLayerConfig_t& c, const std::vector<Inputs>& in,
-                        Text* text) {
+                        Text* text, mokExecutor_t executor = mokExecutorCuda) {
+  bool exact = executor == mokExecutorSm100;
   for (bool bf16_gradients : {false, true}) {
     std::vector<Results> host;
     if (mokStatus_t s = run_host(c, in, bf16_gradients, &host, text); s != mokSuccess) return s;
     std::vector<std::vector<Results> > runs;
-    if (mokStatus_t s = run_cuda(setup, c, in, bf16_gradients, 1, true, &runs, text); s != mokSuccess) return s;
+    if (mokStatus_t s = run_cuda(setup, c, in, bf16_gradients, 1, true, &runs, text, executor); s != mokSuccess)
+      return s;
     for (size_t q = 0; q < in.size(); ++q)
-      if (!near_host(in[q], runs[q][0], host[q], bf16_gradients, text)) {
-        text->add("rank %zu of %zu is wrong (%s%s%s)", q, in.size(), mxfp8(c) ? "MXFP8, " : "",
+      if (exact ? !same_bits(runs[q][0], host[q]) : !near_host(in[q], runs[q][0], host[q], bf16_gradients, text)) {
+        text->add("rank %zu of %zu of executor '%s' is wrong (%s%s%s%s)", q, in.size(), mokExecutorName(executor),
+                  exact ? "other bits than the host executor's, " : "", mxfp8(c) ? "MXFP8, " : "",
                   present(in[q], kBiases) ? "expert biases, " : "",
                   bf16_gradients ? "bf16 weight gradients" : "fp32 main_grad");
         return mokInternalError;
@@ -534,6 +539,24 @@ std::vector<Inputs> draw_group(const mokLayerConfig_t& c, uint64_t seed, bool sk
     in.push_back(draw(c, seed + static_cast<uint64_t>(q), skewed, tokens, biased));
   }
   return in;
+}
+
+// The fused executor's group (mokExecutorSm100) on setup.device, BF16 and MXFP8, against the host executor's group: the
+// same bits. Where the device runs no fused layer, said and not run.
+mokStatus_t check_fused_group(const SelftestSetup& setup, const mokLayerConfig_t& c, Text* text) {
+  int supported = 0;
+  if (mokExecutorSupportsDevice(mokExecutorSm100, setup.device, &supported) != mokSuccess) {
+    text->add("the fused executor not run: %s", mokGetLastError());
+    return mokSuccess;
+  }
+  mokLayerConfig_t mx = c;
+  mx.precision = mokPrecisionMXFP8;
+  for (const mokLayerConfig_t& layer : {c, mx})
+    if (mokStatus_t s = check_group(setup, layer, draw_group(layer, setup.seed, true), text, mokExecutorSm100);
+        s != mokSuccess)
+      return s;
+  text->add("the fused executor's group (BF16 and MXFP8) gives the host executor's bits");
+  return mokSuccess;
 }
 
 }  // namespace
@@ -556,8 +579,8 @@ mokStatus_t selftest_virtual_ranks(const SelftestSetup& setup, Text* text) {
   text->add("seed %llu, a group of %d ranks of the cuda executor on device %d against the host executor's group: ",
             static_cast<unsigned long long>(setup.seed), c.world, setup.device);
   if (mokStatus_t s = check_group(setup, c, in, text); s != mokSuccess) return s;
-  text->add("every rank within the bound (fp32 main_grad and bf16 weight gradients)");
-  return mokSuccess;
+  text->add("every rank within the bound (fp32 main_grad and bf16 weight gradients); ");
+  return check_fused_group(setup, c, text);
 }
 
 mokStatus_t selftest_every_gpu(const SelftestSetup& setup, Text* text) {
@@ -603,16 +626,55 @@ mokStatus_t selftest_every_gpu(const SelftestSetup& setup, Text* text) {
 
 namespace {
 
-// `runs` runs of one rank's layer of `c` on setup.device, fp32 main_grad, inputs drawn from the seed.
+// `runs` runs of one rank's layer of `c` on setup.device with `executor`, fp32 main_grad, inputs drawn from the seed.
 mokStatus_t run_here(const SelftestSetup& setup, const mokLayerConfig_t& c, bool skewed, int runs, bool outputs,
-                     Inputs* in, std::vector<Results>* results, Text* text) {
+                     Inputs* in, std::vector<Results>* results, Text* text, mokExecutor_t executor = mokExecutorCuda) {
   if (mokStatus_t s = open_gemm_device(setup, text); s != mokSuccess) return s;
   std::vector<Inputs> one = draw_group(c, setup.seed, skewed);
   std::vector<std::vector<Results> > ranks;
-  mokStatus_t s = run_cuda(setup, c, one, false, runs, outputs, &ranks, text);
+  mokStatus_t s = run_cuda(setup, c, one, false, runs, outputs, &ranks, text, executor);
   *in = one[0];
   if (s == mokSuccess) *results = ranks[0];
   return s;
+}
+
+// The median forward and backward times of `runs` runs (the first warms up and is not counted).
+void median_times(const std::vector<Results>& runs, float* forward_ms, float* backward_ms) {
+  std::vector<float> forward, backward;
+  for (size_t i = 1; i < runs.size(); ++i) {
+    forward.push_back(runs[i].forward_ms);
+    backward.push_back(runs[i].backward_ms);
+  }
+  std::sort(forward.begin(), forward.end());
+  std::sort(backward.begin(), backward.end());
+  *forward_ms = forward[forward.size() / 2];
+  *backward_ms = backward[backward.size() / 2];
+}
+
+// The fused executor's line after the split executor's (forward f, backward b ms), on a device that runs it: its
+// workers one CTA per SM (8 of them comm workers), its times and their ratios to the split executor's.
+mokStatus_t fused_benchmark(const SelftestSetup& setup, mokLayerConfig_t c, float f, float b, Text* text) {
+  int supported = 0, sms = 0;
+  if (mokExecutorSupportsDevice(mokExecutorSm100, setup.device, &supported) != mokSuccess) {
+    text->add("; the fused executor not run: %s", mokGetLastError());
+    return mokSuccess;
+  }
+  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, setup.device); e != cudaSuccess)
+    return cuda_failed(text, "reading the SM count", e);
+  c.comm_workers = 8;
+  c.compute_workers = std::max(1, std::min(256, sms - c.comm_workers));  // libmok's limit: 256
+  Inputs in;
+  std::vector<Results> runs;
+  if (mokStatus_t s = run_here(setup, c, false, 3, false, &in, &runs, text, mokExecutorSm100); s != mokSuccess)
+    return s;
+  float ff = 0, fb = 0;
+  median_times(runs, &ff, &fb);
+  text->add(
+      "; the fused executor (one kernel per pass, tiles on CUDA cores; %d comm and %d compute CTAs): forward %.3f ms "
+      "(%.2fx the split executor's time), backward %.3f ms (%.2fx), the median of %zu runs",
+      c.comm_workers, c.compute_workers, static_cast<double>(ff), static_cast<double>(ff / f), static_cast<double>(fb),
+      static_cast<double>(fb / b), runs.size() - 1);
+  return mokSuccess;
 }
 
 }  // namespace
@@ -638,14 +700,8 @@ mokStatus_t selftest_benchmark(const SelftestSetup& setup, Text* text) {
   Inputs in;
   std::vector<Results> runs;
   if (mokStatus_t s = run_here(setup, c, false, 5, false, &in, &runs, text); s != mokSuccess) return s;
-  std::vector<float> forward, backward;
-  for (size_t i = 1; i < runs.size(); ++i) {  // run 0 warms up
-    forward.push_back(runs[i].forward_ms);
-    backward.push_back(runs[i].backward_ms);
-  }
-  std::sort(forward.begin(), forward.end());
-  std::sort(backward.begin(), backward.end());
-  float f = forward[forward.size() / 2], b = backward[backward.size() / 2];
+  float f = 0, b = 0;
+  median_times(runs, &f, &b);
   int64_t routed = std::count_if(in.ids.begin(), in.ids.end(), [](int32_t id) { return id >= 0; });
   double flops = 6.0 * static_cast<double>(routed) * c.hidden * c.intermediate;  // gate, up, down: 2 flops a MAC
   text->add(
@@ -653,8 +709,8 @@ mokStatus_t selftest_benchmark(const SelftestSetup& setup, Text* text) {
       "forward %.3f ms (%.1f TFLOP/s), backward %.3f ms (%.1f TFLOP/s at twice the forward's FLOPs), the median of "
       "%zu runs by CUDA events",
       c.max_tokens, c.top_k, c.experts_per_rank, c.hidden, c.intermediate, static_cast<double>(f), flops / (f * 1e9),
-      static_cast<double>(b), 2 * flops / (b * 1e9), forward.size());
-  return mokSuccess;
+      static_cast<double>(b), 2 * flops / (b * 1e9), runs.size() - 1);
+  return fused_benchmark(setup, c, f, b, text);
 }
 #endif
 

@@ -36,22 +36,6 @@ int thread_limit_from_env() {
   return spec ? std::atoi(spec) : -1;
 }
 
-// The workers a pass runs: the config's, unless the layer has fewer threads (a thread that could not
-// be created); then fewer compute workers, and comm workers only if need be. The result does not
-// depend on worker counts (docs/core.md), so the pass still completes with one of each.
-// The backward's comm count is capped the same way (core splits the workers there are).
-int fit_comm(int comm, int available) {
-  return comm < available - 1 ? comm : (available > 1 ? available - 1 : 1);
-}
-
-core::LayerShape fit_workers(core::LayerShape s, int available) {
-  if (s.comm_workers + s.compute_workers <= available) return s;
-  s.comm_workers = fit_comm(s.comm_workers, available);
-  if (s.backward_comm_workers > 0) s.backward_comm_workers = fit_comm(s.backward_comm_workers, available);
-  s.compute_workers = available - s.comm_workers > 0 ? available - s.comm_workers : 0;
-  return s;
-}
-
 // core's sigmoid of every bf16 value, built once per process: SwiGLU looks its sigmoids up.
 const float* sigmoid_table() {
   static const std::vector<float> table = [] {
@@ -66,7 +50,7 @@ const float* sigmoid_table() {
 core::PassView view_of(Layer& l, PassKind kind, const core::PassArgs* args) {
   core::PassView v = core::pass_view_at(l.shape, kind, l.local, l.memory.bases(), l.headers, &l.group, l.group.tokens,
                                         l.group.total_rows, l.timeout_ns, &l.group.error);
-  v.s = fit_workers(l.shape, l.pool.workers());
+  v.s = core::fit_workers(l.shape, l.pool.workers());
   v.args = args;
   v.sigmoid_table = sigmoid_table();
   return v;

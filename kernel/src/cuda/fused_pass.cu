@@ -1,0 +1,117 @@
+// The fused executor's kernels (fused_pass.hpp): the prologue and the persistent pass kernel.
+#include "core/gemm_element.hpp"
+#include "core/pass_worker.hpp"
+#include "cuda/fused_pass.hpp"
+
+namespace mok::cuda {
+namespace fused_detail {  // named: nvcc names an anonymous one after the file's absolute path (test_repro)
+
+constexpr int kThreads = 256;
+// 2 CTAs per SM at most: caps the registers at 128 a thread (the budget of core's device code, test_library).
+constexpr int kMinCtasPerSm = 2;
+
+// A barrier of every thread of the CTA that may be reached from different places in the code: thread 0 enters it
+// from inside core's body, the others from their serving loop. Non-aligned (barrier.sync), unlike __syncthreads.
+__device__ void cta_barrier() {
+  asm volatile("barrier.sync 1;" ::: "memory");
+}
+
+// Thread 0's order to the CTA's other threads: a tile GEMM to share, or (go false) the pass is over.
+struct SharedTile {
+  core::Gemm gemm;
+  bool go;
+};
+
+// This thread's elements of the tile: element e of the tile to thread e mod blockDim; fenced at the device's scope,
+// so that thread 0's release after the CTA's barrier publishes them to the other CTAs whatever the barrier orders.
+__device__ void share_tile(const core::Gemm& g) {
+  for (int64_t e = threadIdx.x, n = static_cast<int64_t>(g.rows) * g.cols; e < n; e += blockDim.x)
+    core::gemm_element(g, static_cast<int>(e / g.cols), static_cast<int>(e % g.cols));
+  __threadfence();
+}
+
+// The tile operations of thread 0: every tile GEMM over the CTA's threads (their elements written before the second
+// cta_barrier, so thread 0's later release publishes them all); one that quantises on read (which core's tasks never
+// ask for) on thread 0 alone with the reference.
+struct CtaTiles {
+  float* scratch;
+  core::bf16_t* chunk;
+  float* sums;
+  SharedTile* tile;  // shared memory
+
+  __device__ void gemm(const core::Gemm& g) {
+    if (core::quantises_on_read(g)) return core::reference_gemm(g, scratch);
+    tile->gemm = g;
+    tile->go = true;
+    cta_barrier();
+    share_tile(tile->gemm);
+    cta_barrier();
+  }
+  __device__ bool stop_here(const core::PassView&, int64_t, const core::Task*) const { return false; }
+};
+
+}  // namespace fused_detail
+using namespace fused_detail;
+
+// The schedule's rows, the counters zeroed, the group's failure cleared and the task graph laid out, by one thread
+// before the workers start (stream order); the graph and the row count left for them in `graph` and the group state.
+__global__ void prepare_fused_pass(core::PassView view, core::TaskGraph* graph) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  view.sched.total_rows = core::schedule_rows(view.s, view.sched);
+  view.group->total_rows = view.sched.total_rows;
+  core::prepare_workers(view);
+  core::lay_out_tasks(view);
+  *graph = view.graph;
+}
+
+// CTA w is worker w. Thread 0 runs core's body; the others serve its tile GEMMs until it says the pass is over.
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
+    fused_pass(core::PassView view, core::PassArgs args, const core::TaskGraph* graph) {
+  __shared__ core::PassArgs call;
+  __shared__ SharedTile tile;
+  if (threadIdx.x == 0) {
+    call = args;
+    view.args = &call;
+    view.graph = *graph;
+    view.sched.total_rows = view.group->total_rows;
+    int w = static_cast<int>(blockIdx.x);
+    CtaTiles tiles{view.scratch + w * view.scratch_floats, view.chunk + w * view.chunk_values,
+                   view.sums + w * view.sums_floats, &tile};
+    core::run_pass_worker(view, w, tiles);
+    tile.go = false;
+    cta_barrier();
+    return;
+  }
+  for (;;) {
+    cta_barrier();
+    if (!tile.go) return;
+    share_tile(tile.gemm);
+    cta_barrier();
+  }
+}
+
+cudaError_t fused_residency(int* ctas) {
+  *ctas = 0;
+  int device = 0, per_sm = 0, sms = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_pass, kThreads, 0);
+  if (e == cudaSuccess) *ctas = per_sm * sms;
+  return e;
+}
+
+cudaError_t enqueue_fused_pass(const FusedDevice& d) {
+  core::PassView view = d.view;
+  view.s = core::fit_workers(view.s, d.resident);
+  view.device_barriers = true;
+  prepare_fused_pass<<<1, 32, 0, d.stream>>>(view, d.graph);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  // Cooperative: every CTA resident at once (each worker may wait for another), or the launch is refused.
+  core::PassArgs args = d.args;
+  const core::TaskGraph* graph = d.graph;
+  void* params[] = {&view, &args, &graph};
+  return cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(fused_pass), dim3(core::workers_of(view)),
+                                     dim3(kThreads), params, 0, d.stream);
+}
+
+}  // namespace mok::cuda
