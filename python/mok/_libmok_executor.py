@@ -199,8 +199,8 @@ class LibmokExecutor:
     agrees_per_call = False  # libmok's error record carries a pass's faults to every rank
 
     # What a subclass provides.
-    def _config(self, config, world: int) -> dict:
-        """The libmok config fields beyond the layer's shapes: the executor and its workers."""
+    def _config(self, config, world: int, device: torch.device) -> dict:
+        """The libmok config fields beyond the layer's shapes: the executor and its workers (on `device`)."""
         raise NotImplementedError
 
     def _memory(self, workspace, state: _Layers, cfg: dict, group, device: torch.device, name_parts: tuple):
@@ -360,7 +360,7 @@ class LibmokExecutor:
                    swiglu_limit=0.0 if swiglu_limit is None else float(swiglu_limit), activation=activation,
                    swiglu_alpha=validate.OAI_ALPHA if alpha is None else float(alpha),
                    expert_padding=config.expert_padding, minibatch=minibatch, macrobatch=macrobatch,
-                   timeout_ms=validate.timeout_ms(config.wait_timeout_s), **self._config(config, world))
+                   timeout_ms=validate.timeout_ms(config.wait_timeout_s), **self._config(config, world, shape.device))
         if routing_scale == "input":
             cfg["routing_scale"] = 1  # mokRoutingScaleInput
         with _python_names():

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from mok import _lib, _mok, ep, functional
+from mok import _lib, _mok, ep, functional, validate
 from mok._libmok_executor import LibmokExecutor, _Layers, aligned, python_names
 
 _ALIGN = 256  # libmok's device buffers: 256-byte aligned, as cudaMalloc gives them
@@ -125,8 +125,8 @@ class CudaExecutor(LibmokExecutor):
     def create_workspace(self, key, config) -> _Layers:
         return _Layers(key, config, idle=lambda: torch.cuda.synchronize(key.device))
 
-    def _config(self, config, world: int) -> dict:
-        return {"executor": self.name}  # the config's workers (1 and 1 unless given): the fused pass's CTAs
+    def _config(self, config, world: int, device: torch.device) -> dict:
+        return {"executor": self.name}  # no worker fields: a pass is kernels on the stream, not libmok's workers
 
     def _memory(self, workspace, state, cfg, group, device, name_parts):
         """The layer over symmetric peer memory and a device workspace, made on `device` (libmok's layer keeps the
@@ -175,6 +175,31 @@ class FusedExecutor(CudaExecutor):
 
     name = "sm100"
     executor = 1  # mokExecutorSm100
+
+    def _config(self, config, world: int, device: torch.device) -> dict:
+        sms = torch.cuda.get_device_properties(_index(device)).multi_processor_count
+        return {"executor": self.name, **fused_workers(config, sms)}
+
+
+# A GPU executor's choice of comm SMs where MoKConfig leaves them None (its docstring): forward, backward.
+DEFAULT_COMM_SMS = (40, 28)
+
+
+def fused_workers(config, sms: int) -> dict:
+    """The fused executor's workers, a CTA each, on a device of `sms` SMs: fwd_num_comm_sms / bwd_num_comm_sms comm
+    workers (None: DEFAULT_COMM_SMS) and one compute worker per other SM (at most libmok's 256). A comm count that
+    leaves no SM to compute, or is above libmok's 64, is refused naming its field."""
+    split = {}
+    for name, default in zip(("fwd_num_comm_sms", "bwd_num_comm_sms"), DEFAULT_COMM_SMS, strict=True):
+        value = getattr(config, name)
+        split[name] = min(default, sms - 1) if value is None else value
+        if not 1 <= split[name] < sms or split[name] > validate.MAX_COMM_WORKERS:
+            raise ValueError(f"MoKConfig.{name} must be between 1 and {min(sms - 1, validate.MAX_COMM_WORKERS)} on "
+                             f"backend 'sm100' (fewer than the device's {sms} SMs, at most libmok's "
+                             f"{validate.MAX_COMM_WORKERS}), got {value}")
+    forward = split["fwd_num_comm_sms"]
+    return {"comm_workers": forward, "compute_workers": min(sms - forward, validate.MAX_COMPUTE_WORKERS),
+            "backward_comm_workers": split["bwd_num_comm_sms"]}
 
 
 # On CUDA tensors, ahead of the pure-PyTorch "reference", when libmok runs the executor on the device: the split

@@ -72,7 +72,7 @@ class HostExecutor(LibmokExecutor):
         """The threads per rank that fwd_num_comm_sms / bwd_num_comm_sms split ("auto": their GPU share)."""
         return _total_workers(config, world)
 
-    def _config(self, config, world: int) -> dict:
+    def _config(self, config, world: int, device) -> dict:
         return _workers(config, world)
 
     def _memory(self, workspace, state, cfg, group, device, name_parts):

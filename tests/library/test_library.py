@@ -97,12 +97,13 @@ def is_cutlass_gemm(kernel: str) -> bool:
     return "GemmUniversal" in kernel
 
 
-def sass_functions(binary, cuda_bin) -> dict[str, dict[str, str]]:
-    """{arch: {function: its SASS}} from cuobjdump --dump-sass."""
+def sass_functions(binary, cuda_bin, only: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
+    """{arch: {function: its SASS}} from cuobjdump --dump-sass; `only`: those functions (mangled names) alone."""
     env = {**os.environ, "NVDISASM_PATH": str(cuda_bin)}
     functions, arch = {}, None
-    for part in re.split(r"\n(?=\s*(?:arch = sm_\w+|\s*Function : ))", run(cuda_bin / "cuobjdump", "--dump-sass",
-                                                                             binary, env=env).stdout):
+    selected = [arg for name in only for arg in ("--function", name)]
+    dump = run(cuda_bin / "cuobjdump", "--dump-sass", *selected, binary, env=env).stdout
+    for part in re.split(r"\n(?=\s*(?:arch = sm_\w+|\s*Function : ))", dump):
         if m := re.match(r"\s*arch = (sm_\w+)", part):
             arch = m.group(1)
         elif arch and (m := re.match(r"\s*Function : (\S+)", part)):
@@ -245,6 +246,23 @@ def test_error_record_is_published_at_system_scope(libmok, cuda_bin):
     assert probe, "the self-test's record probe kernel is missing from the SASS"
     for instruction in (r"MEMBAR\.ALL\.SYS", r"ST\.E\.STRONG\.SYS"):
         assert re.search(instruction, probe.group(1)), f"{instruction} missing from record_probe's SASS"
+
+
+def test_fused_pass_shares_its_tiles_through_a_named_barrier(libmok, cuda_bin):
+    """The fused executor's pass kernel (kernel/src/cuda/fused_pass.cu): thread 0 runs core's body and enters the CTA's
+    barrier from inside it while the other threads wait in their serving loop, so the barrier must be the non-aligned
+    named one (barrier.sync 1: BAR.SYNC on barrier 1) and never __syncthreads' barrier 0, whose aligned form threads
+    at different places may not share. On every Blackwell target."""
+    usage = resource_usage(libmok, cuda_bin)
+    assert not any(re.search(r"\dfused_pass", k) for k in usage["sm_90a"]), "the fused pass is Blackwell's only"
+    names = {k for arch in ("sm_100a", "sm_103a") for k in usage[arch] if re.search(r"\dfused_pass", k)}
+    assert len(names) == 1, names
+    sass = sass_functions(libmok, cuda_bin, tuple(names))
+    for arch in ("sm_100a", "sm_103a"):
+        passes = list(sass.get(arch, {}).values())
+        assert len(passes) == 1, f"{arch}: {len(passes)} fused pass kernels"
+        assert re.search(r"BAR\.SYNC\S* 0x1\b", passes[0]), f"{arch}: no BAR.SYNC on barrier 1 in the fused pass"
+        assert not re.search(r"BAR\.SYNC\S* 0x0\b", passes[0]), f"{arch}: barrier 0 (__syncthreads) in the fused pass"
 
 
 def test_only_mok_symbols_are_exported(libmok):

@@ -129,6 +129,25 @@ def test_cuda_asks_libmok_for_its_shape_rules():
         cuda.refusal(shape(mxfp8=True, hidden=64, intermediate=64, padding=32), False, gpu)
 
 
+def test_the_fused_executors_workers_are_the_devices_sms():
+    """backend="sm100": a CTA per worker, fwd_num_comm_sms / bwd_num_comm_sms of them moving rows (None: 40 and 28,
+    fewer on a small device), a compute worker per other SM (at most libmok's 256); a split that leaves no SM to
+    compute, or more comm workers than libmok takes, refused naming its field."""
+    from mok.cuda import fused_workers
+
+    assert fused_workers(functional.MoKConfig(), 148) == {"comm_workers": 40, "compute_workers": 108,
+                                                          "backward_comm_workers": 28}
+    assert fused_workers(functional.MoKConfig(), 20) == {"comm_workers": 19, "compute_workers": 1,
+                                                         "backward_comm_workers": 19}
+    split = functional.MoKConfig(fwd_num_comm_sms=8, bwd_num_comm_sms=16)
+    assert fused_workers(split, 300) == {"comm_workers": 8, "compute_workers": 256, "backward_comm_workers": 16}
+    for field, value in (("fwd_num_comm_sms", 148), ("bwd_num_comm_sms", 65), ("fwd_num_comm_sms", 0)):
+        config = SimpleNamespace(**{"fwd_num_comm_sms": None, "bwd_num_comm_sms": None, field: value})  # 0 too
+        with pytest.raises(ValueError, match=rf"MoKConfig.{field} must be between 1 and 64 on backend 'sm100'.*"
+                                             rf"got {value}"):
+            fused_workers(config, 148)
+
+
 def test_symmetric_bases_are_each_allocation_plus_the_own_offset():
     from mok.cuda import symmetric_bases
 
