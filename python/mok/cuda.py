@@ -16,8 +16,8 @@ It runs what libmok's cuda executor runs: BF16 and MXFP8 (forward and backward, 
 capability 10.x and 9.0, the shapes mokLayerGetSizes accepts. With backend=None a layer it cannot run goes to
 the next backend ("reference"); backend="cuda" raises the reason instead.
 
-backend="sm100" is libmok's fused executor (mokExecutorSm100: core's whole pass as one persistent kernel, its tiles on
-CUDA cores for now) over the same memory and calls, on compute capability 10.x; backend=None prefers "cuda".
+backend="sm100" is libmok's fused executor (mokExecutorSm100: core's whole pass as one persistent kernel, its tiles
+1-CTA tcgen05 MMAs) over the same memory and calls, on compute capability 10.x; backend=None prefers "cuda".
 """
 
 from __future__ import annotations

@@ -151,9 +151,8 @@ def test_main_grads_on_cuda_match_the_host_executor(mxfp8):
 @pytest.mark.parametrize("mxfp8, biased", [(False, False), (True, False), (False, True)],
                          ids=["bf16", "mxfp8", "expert biases"])
 def test_moe_on_the_fused_executor_matches_the_host_executor(mxfp8, biased):
-    """backend="sm100" (libmok's fused executor, compute capability 10.x), forward and backward through autograd.
-    libmok gives the host executor's bits (the self-test's virtual_ranks stage holds them); PyTorch's own ops around
-    the call run on other devices here, so the bound is the cuda tests'."""
+    """backend="sm100" (libmok's fused executor, compute capability 10.x), forward and backward through autograd,
+    within the cuda tests' bound: its tiles sum in the tensor cores' order, as the cuda executor's GEMMs do."""
     usable, reason = FusedExecutor().usable(torch.device("cuda", 0))
     if not usable:
         pytest.skip(f"libmok's fused executor does not run on cuda:0: {reason}")

@@ -80,7 +80,7 @@ def test_device_kernels_and_their_resources(libmok, cuda_bin):
             # the schedule build's Routing, a pointer and a token count per rank (core/pass_worker.hpp
             # run_schedule_worker): 12 * 72 = 864 bytes in run_schedule_workers; and in fused_pass the tile GEMMs'
             # descriptors (core::Gemm, 352 bytes each) that core's tasks build and hand by reference to the
-            # CTA's tile op: 1488 bytes in all when measured, within 576 + 1024. Nothing anywhere else. More means
+            # CTA's tile op: 1520 bytes in all when measured, within 576 + 1024. Nothing anywhere else. More means
             # register spills or a new per-thread array: raise this deliberately, not silently.
             if "prepare_fused_pass" in kernel:
                 budget = 0
@@ -248,21 +248,50 @@ def test_error_record_is_published_at_system_scope(libmok, cuda_bin):
         assert re.search(instruction, probe.group(1)), f"{instruction} missing from record_probe's SASS"
 
 
-def test_fused_pass_shares_its_tiles_through_a_named_barrier(libmok, cuda_bin):
-    """The fused executor's pass kernel (kernel/src/cuda/fused_pass.cu): thread 0 runs core's body and enters the CTA's
-    barrier from inside it while the other threads wait in their serving loop, so the barrier must be the non-aligned
-    named one (barrier.sync 1: BAR.SYNC on barrier 1) and never __syncthreads' barrier 0, whose aligned form threads
-    at different places may not share. On every Blackwell target."""
+def fused_pass_sass(libmok, cuda_bin) -> dict[str, str]:
+    """{arch: SASS} of the fused executor's pass kernel (kernel/src/cuda/fused_pass.cu), with the device functions it
+    calls, on each Blackwell target; none on sm_90a."""
     usage = resource_usage(libmok, cuda_bin)
     assert not any(re.search(r"\dfused_pass", k) for k in usage["sm_90a"]), "the fused pass is Blackwell's only"
     names = {k for arch in ("sm_100a", "sm_103a") for k in usage[arch] if re.search(r"\dfused_pass", k)}
     assert len(names) == 1, names
     sass = sass_functions(libmok, cuda_bin, tuple(names))
     for arch in ("sm_100a", "sm_103a"):
-        passes = list(sass.get(arch, {}).values())
-        assert len(passes) == 1, f"{arch}: {len(passes)} fused pass kernels"
-        assert re.search(r"BAR\.SYNC\S* 0x1\b", passes[0]), f"{arch}: no BAR.SYNC on barrier 1 in the fused pass"
-        assert not re.search(r"BAR\.SYNC\S* 0x0\b", passes[0]), f"{arch}: barrier 0 (__syncthreads) in the fused pass"
+        assert len(sass.get(arch, {})) == 1, f"{arch}: {len(sass.get(arch, {}))} fused pass kernels"
+    return {arch: next(iter(sass[arch].values())) for arch in ("sm_100a", "sm_103a")}
+
+
+def test_fused_pass_shares_its_tiles_through_a_named_barrier(libmok, cuda_bin):
+    """Thread 0 of a fused pass's CTA runs core's body and enters the CTA's barrier from inside it while the other
+    threads wait in their serving loop, so the barrier must be the non-aligned named one (barrier.sync 1: BAR.SYNC on
+    barrier 1) and never __syncthreads' barrier 0, whose aligned form threads at different places may not share."""
+    for arch, sass in fused_pass_sass(libmok, cuda_bin).items():
+        assert re.search(r"BAR\.SYNC\S* 0x1\b", sass), f"{arch}: no BAR.SYNC on barrier 1 in the fused pass"
+        assert not re.search(r"BAR\.SYNC\S* 0x0\b", sass), f"{arch}: barrier 0 (__syncthreads) in the fused pass"
+
+
+# What the fused pass's tensor-core tile (kernel/src/cuda/tensor_tile.cuh) must hold: UTCATOMSWS.FIND_AND_SET and
+# UTCATOMSWS.AND, tensor memory's allocation and release (tcgen05.alloc, dealloc); FENCE.VIEW.ASYNC.S, the proxy fence
+# between the threads' stores into the panels and the MMA's reads of them; UTCHMMA, the 1-CTA tcgen05 BF16 MMA (no
+# .2CTA: the tile is one CTA's); UTCBAR, its commit to the shared-memory barrier that SYNCS...TRYWAIT polls; LDTM, the
+# accumulator's load from tensor memory.
+FUSED_TENSOR_SASS = (r"UTCATOMSWS\.FIND_AND_SET", r"UTCATOMSWS\.AND", r"FENCE\.VIEW\.ASYNC\.S", r"UTCHMMA",
+                     r"UTCBAR", r"SYNCS\.PHASECHK\S*TRYWAIT", r"LDTM")
+
+
+def test_fused_pass_runs_its_tiles_on_tensor_cores(libmok, cuda_bin):
+    """The fused pass's tiles are tcgen05 MMAs of one CTA, on every Blackwell target (feature-gate stubs are refused
+    for all of libmok's cubins by test_grouped_gemms_for_every_target). Every CTA holds 128 tensor-memory columns for
+    the whole pass, and an SM has 512: its registers must keep a fifth CTA off the SM, or that CTA's allocation would
+    wait for columns that the four before it never give back."""
+    usage = resource_usage(libmok, cuda_bin)
+    for arch in ("sm_100a", "sm_103a"):
+        (r,) = [r for k, r in usage[arch].items() if re.search(r"\dfused_pass", k)]
+        assert r["REG"] * 256 * 5 > REGISTER_FILE, f"{arch}: {r['REG']} registers let 5 fused CTAs share an SM"
+    for arch, sass in fused_pass_sass(libmok, cuda_bin).items():
+        for instruction in FUSED_TENSOR_SASS:
+            assert re.search(instruction, sass), f"{arch}: {instruction} missing from the fused pass's SASS"
+        assert not re.search(r"UTCHMMA\S*\.2CTA", sass), f"{arch}: a 2-CTA MMA in the fused pass's 1-CTA tile"
 
 
 def test_only_mok_symbols_are_exported(libmok):

@@ -18,13 +18,13 @@ mokStatus_t host_workspace_bytes(const core::LayerShape& shape, const char*, siz
 
 constexpr ExecutorEntry kHost{create_host_layer, host_workspace_bytes};
 #if MOK_WITH_CUDA && MOK_WITH_GROUPED_GEMM
-constexpr ExecutorEntry kCuda{create_cuda_layer, cuda_workspace_bytes};
+constexpr ExecutorEntry kCuda{create_device_layer<mokExecutorCuda>, device_workspace_bytes<mokExecutorCuda>};
 constexpr bool kCudaCompiled = true;
 #else
 constexpr bool kCudaCompiled = false;
 #endif
 #if MOK_WITH_CUDA && MOK_WITH_GROUPED_GEMM && MOK_WITH_FUSED
-constexpr ExecutorEntry kSm100{create_sm100_layer, sm100_workspace_bytes};
+constexpr ExecutorEntry kSm100{create_device_layer<mokExecutorSm100>, device_workspace_bytes<mokExecutorSm100>};
 constexpr bool kSm100Compiled = true;
 #else
 constexpr bool kSm100Compiled = false;

@@ -87,14 +87,13 @@ mokStatus_t not_compiled(mokExecutor_t executor, const char* argument, const cha
 mokStatus_t create_host_layer(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory,
                               std::unique_ptr<LayerExecutor>* out);
 
-// The cuda executor's (cuda/cuda_layer.cpp), in a CUDA build with the grouped GEMMs.
-mokStatus_t create_cuda_layer(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory,
-                              std::unique_ptr<LayerExecutor>* out);
-mokStatus_t cuda_workspace_bytes(const core::LayerShape& shape, const char* func, size_t* bytes);
-// The fused executor (mokExecutorSm100): the cuda executor's layer and workspace with the fused pass
-// (cuda/fused_pass.hpp); in a CUDA build with the grouped GEMMs and a Blackwell target.
-mokStatus_t create_sm100_layer(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory,
-                               std::unique_ptr<LayerExecutor>* out);
-mokStatus_t sm100_workspace_bytes(const core::LayerShape& shape, const char* func, size_t* bytes);
+// The device executors' (cuda/cuda_layer.cpp), in a CUDA build with the grouped GEMMs: mokExecutorCuda, and
+// mokExecutorSm100 (the same layer and workspace with the fused pass, cuda/fused_pass.hpp) where the build also has a
+// Blackwell target.
+template <mokExecutor_t executor>
+mokStatus_t create_device_layer(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory,
+                                std::unique_ptr<LayerExecutor>* out);
+template <mokExecutor_t executor>
+mokStatus_t device_workspace_bytes(const core::LayerShape& shape, const char* func, size_t* bytes);
 
 }  // namespace mok::api

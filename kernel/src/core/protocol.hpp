@@ -144,6 +144,7 @@ enum class WaitId : int32_t {
   schedule_counted,     // worker 0 waits for every worker's expert counts
   schedule_laid_out,    // a worker waits for worker 0 to lay out the segments
   schedule_placed,      // worker 0 waits for every worker's rows
+  tensor_core,          // a GPU worker's CTA waits for its tensor cores' MMAs (cuda/tensor_tile.cuh)
   count
 };
 
@@ -172,6 +173,7 @@ MOK_HD inline const char* wait_name(WaitId w) {
     case WaitId::schedule_counted: return "schedule counted (local workers)";
     case WaitId::schedule_laid_out: return "schedule laid out (local workers)";
     case WaitId::schedule_placed: return "schedule placed (local workers)";
+    case WaitId::tensor_core: return "tensor-core MMAs finished (local worker)";
     case WaitId::count: break;
   }
   return "unknown";

@@ -757,23 +757,17 @@ mokStatus_t current_device(mokExecutor_t executor, const char* func, int* device
 
 }  // namespace
 
-mokStatus_t cuda_workspace_bytes(const core::LayerShape& shape, const char* func, size_t* bytes) {
-  if (mokStatus_t s = check_shape(shape, mokExecutorCuda, func); s != mokSuccess) return s;
+template <mokExecutor_t executor>
+mokStatus_t device_workspace_bytes(const core::LayerShape& shape, const char* func, size_t* bytes) {
+  if (mokStatus_t s = check_shape(shape, executor, func); s != mokSuccess) return s;
   *bytes = core::split_workspace_bytes(shape, cuda::split_gemm_argument_bytes(shape));
   return mokSuccess;
 }
 
-mokStatus_t sm100_workspace_bytes(const core::LayerShape& shape, const char* func, size_t* bytes) {
-  if (mokStatus_t s = check_shape(shape, mokExecutorSm100, func); s != mokSuccess) return s;
-  *bytes = core::split_workspace_bytes(shape, cuda::split_gemm_argument_bytes(shape));
-  return mokSuccess;
-}
-
-namespace {
-
-mokStatus_t create_device_layer(mokExecutor_t executor, const core::LayerShape& shape, uint64_t timeout_ns,
-                                const mokLayerMemory_t& memory, std::unique_ptr<LayerExecutor>* out) {
-  const char* func = "mokLayerCreate";  // the shape passed cuda_workspace_bytes' checks before
+template <mokExecutor_t executor>
+mokStatus_t create_device_layer(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory,
+                                std::unique_ptr<LayerExecutor>* out) {
+  const char* func = "mokLayerCreate";  // the shape passed device_workspace_bytes' checks before
   if (memory.peer_bases == nullptr)
     return fail(mokInvalidArgument,
                 "%s: argument 'memory.shm_name' must be NULL with a GPU executor: give 'memory.peer_bases' (device "
@@ -794,17 +788,14 @@ mokStatus_t create_device_layer(mokExecutor_t executor, const core::LayerShape& 
   return mokSuccess;
 }
 
-}  // namespace
-
-mokStatus_t create_cuda_layer(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory,
-                              std::unique_ptr<LayerExecutor>* out) {
-  return create_device_layer(mokExecutorCuda, shape, timeout_ns, memory, out);
-}
-
-mokStatus_t create_sm100_layer(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory,
-                               std::unique_ptr<LayerExecutor>* out) {
-  return create_device_layer(mokExecutorSm100, shape, timeout_ns, memory, out);
-}
+template mokStatus_t device_workspace_bytes<mokExecutorCuda>(const core::LayerShape&, const char*, size_t*);
+template mokStatus_t create_device_layer<mokExecutorCuda>(const core::LayerShape&, uint64_t, const mokLayerMemory_t&,
+                                                          std::unique_ptr<LayerExecutor>*);
+#if MOK_WITH_FUSED
+template mokStatus_t device_workspace_bytes<mokExecutorSm100>(const core::LayerShape&, const char*, size_t*);
+template mokStatus_t create_device_layer<mokExecutorSm100>(const core::LayerShape&, uint64_t, const mokLayerMemory_t&,
+                                                           std::unique_ptr<LayerExecutor>*);
+#endif
 
 }  // namespace mok::api
 #endif

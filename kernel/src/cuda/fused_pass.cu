@@ -2,6 +2,7 @@
 #include "core/gemm_element.hpp"
 #include "core/pass_worker.hpp"
 #include "cuda/fused_pass.hpp"
+#include "cuda/tensor_tile.cuh"
 
 namespace mok::cuda {
 namespace fused_detail {  // named: nvcc names an anonymous one after the file's absolute path (test_repro)
@@ -16,36 +17,55 @@ __device__ void cta_barrier() {
   asm volatile("barrier.sync 1;" ::: "memory");
 }
 
-// Thread 0's order to the CTA's other threads: a tile GEMM to share, or (go false) the pass is over.
+// Thread 0's order to the CTA's other threads: a tile GEMM to share, on tensor cores or element by element, or (go
+// false) the pass is over.
 struct SharedTile {
   core::Gemm gemm;
   bool go;
+  bool tensor;
 };
 
-// This thread's elements of the tile: element e of the tile to thread e mod blockDim; fenced at the device's scope,
-// so that thread 0's release after the CTA's barrier publishes them to the other CTAs whatever the barrier orders.
+// This thread's elements of the tile: element e of the tile to thread e mod blockDim.
 __device__ void share_tile(const core::Gemm& g) {
   for (int64_t e = threadIdx.x, n = static_cast<int64_t>(g.rows) * g.cols; e < n; e += blockDim.x)
     core::gemm_element(g, static_cast<int>(e / g.cols), static_cast<int>(e % g.cols));
+}
+
+// A tile GEMM by every thread of the CTA: on tensor cores where core's tensor tile takes it, else an element each;
+// fenced at the device's scope, so that thread 0's release after the CTA's barrier publishes every thread's writes to
+// the other CTAs whatever the barrier orders. One copy of it, called from core's every GEMM site and the serving loop.
+__device__ __noinline__ void compute_tile(SharedTile& tile, tensor_tile::Storage& tensor, uint32_t& phase,
+                                          uint64_t timeout_ns) {
+  if (tile.tensor)
+    tensor_tile::compute(tile.gemm, tensor, phase, timeout_ns, cta_barrier);
+  else
+    share_tile(tile.gemm);
   __threadfence();
 }
 
 // The tile operations of thread 0: every tile GEMM over the CTA's threads (their elements written before the second
 // cta_barrier, so thread 0's later release publishes them all); one that quantises on read (which core's tasks never
-// ask for) on thread 0 alone with the reference.
+// ask for) on thread 0 alone with the reference. A tensor-core tile whose MMAs did not finish fails the pass.
 struct CtaTiles {
   float* scratch;
   core::bf16_t* chunk;
   float* sums;
-  SharedTile* tile;  // shared memory
+  SharedTile* tile;              // shared memory
+  tensor_tile::Storage* tensor;  // shared memory
+  const core::PassView* view;
+  uint32_t phase;  // the MMA barrier's next phase, as every thread of the CTA keeps it
 
   __device__ void gemm(const core::Gemm& g) {
     if (core::quantises_on_read(g)) return core::reference_gemm(g, scratch);
+    if (tensor->failed) return;
     tile->gemm = g;
     tile->go = true;
+    tile->tensor = core::tensor_gemm(g);
     cta_barrier();
-    share_tile(tile->gemm);
+    compute_tile(*tile, *tensor, phase, view->timeout_ns);
     cta_barrier();
+    if (tensor->failed)
+      core::fail_pass(*view, core::Failure{core::Outcome::timeout, core::WaitId::tensor_core}, nullptr);
   }
   __device__ bool stop_here(const core::PassView&, int64_t, const core::Task*) const { return false; }
 };
@@ -64,30 +84,41 @@ __global__ void prepare_fused_pass(core::PassView view, core::TaskGraph* graph) 
   *graph = view.graph;
 }
 
-// CTA w is worker w. Thread 0 runs core's body; the others serve its tile GEMMs until it says the pass is over.
+// CTA w is worker w. Thread 0 runs core's body; the others serve its tile GEMMs until it says the pass is over. The
+// CTA holds its tensor memory from start to end (tensor_tile::open, close).
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     fused_pass(core::PassView view, core::PassArgs args, const core::TaskGraph* graph) {
   __shared__ core::PassArgs call;
   __shared__ SharedTile tile;
+  __shared__ tensor_tile::Storage tensor;
+  tensor_tile::open(tensor);
+  cta_barrier();
+  uint32_t phase = 0;
   if (threadIdx.x == 0) {
     call = args;
     view.args = &call;
     view.graph = *graph;
     view.sched.total_rows = view.group->total_rows;
     int w = static_cast<int>(blockIdx.x);
-    CtaTiles tiles{view.scratch + w * view.scratch_floats, view.chunk + w * view.chunk_values,
-                   view.sums + w * view.sums_floats, &tile};
+    CtaTiles tiles{view.scratch + w * view.scratch_floats,
+                   view.chunk + w * view.chunk_values,
+                   view.sums + w * view.sums_floats,
+                   &tile,
+                   &tensor,
+                   &view,
+                   phase};
     core::run_pass_worker(view, w, tiles);
     tile.go = false;
     cta_barrier();
-    return;
+  } else {
+    for (;;) {
+      cta_barrier();
+      if (!tile.go) break;
+      compute_tile(tile, tensor, phase, view.timeout_ns);
+      cta_barrier();
+    }
   }
-  for (;;) {
-    cta_barrier();
-    if (!tile.go) return;
-    share_tile(tile.gemm);
-    cta_barrier();
-  }
+  tensor_tile::close(tensor, phase, view.timeout_ns);  // warp 1's phase: the serving loop's
 }
 
 cudaError_t fused_residency(int* ctas) {

@@ -2,9 +2,9 @@
 // running core's whole per-worker body (core::run_pass_worker) as the host executor's threads do: the entry barrier,
 // the comm queue's pulls from the peers and pushes into their slots, the compute queue's tiles, the closing barrier,
 // the home sums and the gradient write-out, every wait core's bounded wait. Thread 0 of a CTA runs the body; each tile
-// GEMM is shared by all the CTA's threads, an element each in the contract's order (core/gemm_element.hpp), so the
-// pass gives the host executor's bits. The tensor-core tiles (tcgen05 through CUTLASS's SM100 mainloops) take that
-// seam's place later (issue #14). Built for the Blackwell targets only; nothing of it has run on a GPU.
+// GEMM is shared by all the CTA's threads: on tensor cores, 1-CTA tcgen05 MMAs over core's panels
+// (cuda/tensor_tile.cuh, core/tensor_tile.hpp), a chunk whose operands are not all bf16 values an element each in
+// the contract's order (core/gemm_element.hpp). Built for the Blackwell targets only; nothing of it has run on a GPU.
 #pragma once
 
 #include <cuda_runtime_api.h>

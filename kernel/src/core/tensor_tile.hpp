@@ -1,0 +1,125 @@
+// A tile GEMM (gemm.hpp) on tensor cores, as core describes it: the blocks a CTA's MMAs take, the bytes each
+// operand panel holds in shared memory, and the epilogue that turns an fp32 accumulator into c. The device code
+// (cuda/tensor_tile.cuh) only moves these bytes and issues the MMAs; the host runs this file in tests.
+//
+// The tile is cut into chunks of kMmaRows x kMmaCols outputs; each chunk's accumulator sums every part's depth in
+// blocks of kMmaDepth, one block of a and b at a time in shared memory. Operands are read as bf16: a bf16 operand
+// as stored, an e4m3 one as its value (code times scale), which is a bf16 except at extreme scales. A chunk with a
+// value that is not exactly a bf16 is computed element by element instead (gemm_element.hpp), so the products the
+// tensor cores sum are always the operands' own.
+#pragma once
+
+#include "core/gemm.hpp"
+
+namespace mok::core {
+
+constexpr int kMmaRows = 128;  // a chunk's rows: the MMA's M, one tensor-memory lane each
+constexpr int kMmaCols = 128;  // a chunk's columns: the MMA's N, one tensor-memory column each (fp32)
+constexpr int kMmaDepth = 64;  // a block's depth: 128 bytes of bf16, one row of the 128-byte swizzle
+constexpr int kPanelValues = kMmaRows * kMmaDepth;  // one operand panel in shared memory (a's; b's as long)
+static_assert(kMmaCols == kMmaRows, "a's and b's panels have one layout");
+
+MOK_HD inline int ceil_div(int n, int d) {
+  return static_cast<int>(mx_ceil_div(n, d));
+}
+
+// The blocks of a chunk, in the order its accumulator sums them: part 0's depth, then part 1's.
+MOK_HD inline int chunk_blocks(const Gemm& g) {
+  int n = 0;
+  for (int p = 0; p < g.num_parts; ++p) n += ceil_div(g.parts[p].depth, kMmaDepth);
+  return n;
+}
+// Whether the tensor cores can take g: every operand stored bf16 or e4m3 (no MXFP8 round trip on read) and
+// some depth to sum (an empty sum stays with gemm_element).
+MOK_HD inline bool tensor_gemm(const Gemm& g) {
+  for (int p = 0; p < g.num_parts; ++p) {
+    const Operand& a = g.parts[p].a;
+    const Operand& b = g.parts[p].b;
+    if (a.quantize || b.quantize || a.dtype == Dtype::f32 || b.dtype == Dtype::f32) return false;
+  }
+  return chunk_blocks(g) > 0;
+}
+
+// Where element (row, k) of a [kMmaRows, kMmaDepth] K-major bf16 panel lies in shared memory, in values: rows of
+// 128 bytes, each 16-byte chunk k / 8 of row r moved to chunk (k / 8) xor (r mod 8): the UMMA K-major 128-byte
+// swizzle (CuTe's UMMA::Layout_K_SW128_Atom tiled down the rows; test_tensor_tile_cute holds it against CuTe).
+MOK_HD inline int panel_offset(int row, int k) {
+  return row * kMmaDepth + (((k / 8) ^ (row % 8)) * 8) + k % 8;
+}
+
+// Operand value (i, k) as the bf16 the tensor cores read, 0 outside [rows, depth) (the panel's padding), and
+// whether it is exactly the operand's value (`exact` cleared when not; NaN stays NaN and counts as exact).
+MOK_HD inline bf16_t panel_value(const Operand& o, int rows, int depth, int i, int k, bool& exact) {
+  if (i >= rows || k >= depth) return bf16_t(0);
+  float v = stored_value(o, i, k);
+  bf16_t b = float_to_bf16(v);
+  float back = bf16_to_float(b);
+  if (back != v && (back == back || v == v)) exact = false;
+  return b;
+}
+
+// One block of a chunk: part `part`'s depth from k0 (at most kMmaDepth of it); the chunk's rows from row0 and
+// columns from col0.
+struct MmaBlock {
+  int row0, col0, part, k0;
+};
+
+MOK_HD inline int tensor_chunks(const Gemm& g) {
+  return ceil_div(g.rows, kMmaRows) * ceil_div(g.cols, kMmaCols);
+}
+MOK_HD inline int chunk_row0(const Gemm& g, int chunk) {
+  return chunk % ceil_div(g.rows, kMmaRows) * kMmaRows;
+}
+MOK_HD inline int chunk_col0(const Gemm& g, int chunk) {
+  return chunk / ceil_div(g.rows, kMmaRows) * kMmaCols;
+}
+
+MOK_HD inline MmaBlock chunk_block(const Gemm& g, int chunk, int block) {
+  int p = 0;
+  while (p + 1 < g.num_parts && block >= ceil_div(g.parts[p].depth, kMmaDepth))
+    block -= ceil_div(g.parts[p++].depth, kMmaDepth);
+  return MmaBlock{chunk_row0(g, chunk), chunk_col0(g, chunk), p, block * kMmaDepth};
+}
+
+// A panel's 16-byte pieces: 8 values of one row, k from a multiple of 8, which the swizzle keeps together.
+constexpr int kPieceValues = 8;
+constexpr int kBlockPieces = 2 * kPanelValues / kPieceValues;  // a's panel's, then b's
+
+struct alignas(16) Piece {
+  bf16_t values[kPieceValues];
+};
+
+// Piece `p` (0 <= p < kBlockPieces) of a block into the panel pair: a's panel then b's, each walked row by row. A
+// K-major bf16 operand's piece that lies whole inside the tile and on 16 bytes is one copy; any other is read value by
+// value (panel_value: `exact` cleared where a value is not a bf16). Threads split the pieces any way they like;
+// neighbouring threads taking neighbouring pieces read a row's 128 bytes together.
+MOK_HD inline void fill_piece(const Gemm& g, const MmaBlock& b, int p, bf16_t* panels, bool& exact) {
+  bool second = p >= kBlockPieces / 2;
+  int local = second ? p - kBlockPieces / 2 : p;
+  int row = local / (kMmaDepth / kPieceValues), k = local % (kMmaDepth / kPieceValues) * kPieceValues;
+  const GemmPart& part = g.parts[b.part];
+  const Operand& o = second ? part.b : part.a;
+  int i = (second ? b.col0 : b.row0) + row, rows = second ? g.cols : g.rows, depth = part.depth;
+  Piece* out = reinterpret_cast<Piece*>(panels + (second ? kPanelValues : 0) + panel_offset(row, k));
+  if (o.dtype == Dtype::bf16 && o.depth_stride == 1 && i < rows && b.k0 + k + kPieceValues <= depth) {
+    const bf16_t* from = static_cast<const bf16_t*>(o.data) + static_cast<int64_t>(i) * o.row_stride + b.k0 + k;
+    if (reinterpret_cast<uintptr_t>(from) % sizeof(Piece) == 0)
+      return void(*out = *reinterpret_cast<const Piece*>(from));
+  }
+  Piece piece;
+  for (int v = 0; v < kPieceValues; ++v) piece.values[v] = panel_value(o, rows, depth, i, b.k0 + k + v, exact);
+  *out = piece;
+}
+
+// Element (i, j) of the chunk from its accumulator: store_bf16 adds the bias and rounds once, as reference_gemm;
+// accumulate_f32 adds the chunk's sum to c's value (one more rounding than the product-by-product order).
+MOK_HD inline void tensor_epilogue(const Gemm& g, int i, int j, float sum) {
+  if (i >= g.rows || j >= g.cols) return;
+  int64_t at = static_cast<int64_t>(i) * g.c_stride + j;
+  if (g.epilogue == Epilogue::store_bf16)
+    static_cast<bf16_t*>(g.c)[at] = float_to_bf16(with_bias(g, j, sum));
+  else
+    static_cast<float*>(g.c)[at] = add_rn(static_cast<float*>(g.c)[at], sum);
+}
+
+}  // namespace mok::core
