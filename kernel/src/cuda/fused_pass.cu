@@ -17,12 +17,10 @@ __device__ void cta_barrier() {
   asm volatile("barrier.sync 1;" ::: "memory");
 }
 
-// Thread 0's order to the CTA's other threads: a tile GEMM to share, on tensor cores or element by element, or (go
-// false) the pass is over.
+// Thread 0's order to the CTA's other threads: a tile GEMM to share, or (go false) the pass is over.
 struct SharedTile {
   core::Gemm gemm;
   bool go;
-  bool tensor;
 };
 
 // This thread's elements of the tile: element e of the tile to thread e mod blockDim.
@@ -36,7 +34,7 @@ __device__ void share_tile(const core::Gemm& g) {
 // the other CTAs whatever the barrier orders. One copy of it, called from core's every GEMM site and the serving loop.
 __device__ __noinline__ void compute_tile(SharedTile& tile, tensor_tile::Storage& tensor, uint32_t& phase,
                                           uint64_t timeout_ns) {
-  if (tile.tensor)
+  if (core::tensor_gemm(tile.gemm))
     tensor_tile::compute(tile.gemm, tensor, phase, timeout_ns, cta_barrier);
   else
     share_tile(tile.gemm);
@@ -60,7 +58,6 @@ struct CtaTiles {
     if (tensor->failed) return;
     tile->gemm = g;
     tile->go = true;
-    tile->tensor = core::tensor_gemm(g);
     cta_barrier();
     compute_tile(*tile, *tensor, phase, view->timeout_ns);
     cta_barrier();

@@ -125,8 +125,9 @@ __device__ inline void write_chunk(const core::Gemm& g, const Storage& s, int ro
     __syncwarp();  // the load and its wait are warp-aligned; the writes below diverge at the tile's edge
     cute::copy(tiled, from(cute::_, n, 0, 0), values);
     cutlass::arch::fence_view_async_tmem_load();
-    CUTE_UNROLL  // values in registers: a static index each
-        for (int v = 0; v < cute::size(values); ++v) {
+    // Unrolled: the values stay in registers, each at a static index.
+#pragma unroll
+    for (int v = 0; v < cute::size(values); ++v) {
       auto at = where(cute::_, n, 0, 0)(v);
       core::tensor_epilogue(g, row0 + cute::get<0>(at), col0 + cute::get<1>(at), values(v));
     }
