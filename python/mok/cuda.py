@@ -203,7 +203,7 @@ def fused_workers(config, sms: int) -> dict:
 
 
 # On CUDA tensors, ahead of the pure-PyTorch "reference", when libmok runs the executor on the device: the split
-# executor first (its GEMMs on tensor cores), the fused one (CUDA-core tiles for now) when asked for or where the split
-# one refuses a layer.
+# executor first (its GEMMs on tensor cores), the fused one (its first form, not yet run on a GPU) when asked for or
+# where the split one refuses a layer.
 functional.register_backend(CudaExecutor(), priority=20)
 functional.register_backend(FusedExecutor(), priority=15)

@@ -9,7 +9,8 @@
 // down and dgrad_x, ring_columns for the weight gradients) decode to the same values. Inputs carry a
 // per-token and a per-channel scale, their product spanning 2^-20 .. 2^20, so a block quantised along
 // the wrong dimension or starting a row off has other scales and codes. The workspace starts as 0xA5
-// bytes, which no quantised block leaves behind.
+// bytes, which no quantised block leaves behind. Each stage runs whole and in parts (core::run_rows, as a CTA's
+// threads share it), the parts in both orders: every split must give those bytes.
 #include <cstring>
 #include <initializer_list>
 
@@ -191,7 +192,18 @@ void put_rows(Fixture& f, bf16_t* ring, int64_t tile, const std::vector<uint16_t
     std::memcpy(core::ring_row(f.v, ring, tile * kP + r, kI), &value[static_cast<size_t>(r) * kI], kI * 2);
 }
 
-void run_tiles(bool backward) {
+// The stages' row jobs run as `parts` parts one after another, the last first when `reverse`: as a CTA's threads
+// share them (core::run_rows), each part quantising the column blocks it wrote.
+struct PartedRows {
+  float* scratch;
+  int parts;
+  bool reverse;
+  void rows(const core::PassView& v, const core::RowJob& job) const {
+    for (int i = 0; i < parts; ++i) core::run_rows(v, job, core::Part{reverse ? parts - 1 - i : i, parts});
+  }
+};
+
+void run_tiles(bool backward, int parts, bool reverse) {
   std::mt19937_64 rng(mok_test::seed() + backward);
   Fixture f(backward ? core::PassKind::backward : core::PassKind::forward);
   core::PassView& v = f.v;
@@ -206,8 +218,8 @@ void run_tiles(bool backward) {
     v.c.stage[tile] = start;
     core::TileInfo t = core::tile_info(v, core::Task{kind, 0, static_cast<int32_t>(tile)}, kI);
     CHECK(t.rows == (tile == 0 ? 50 : tile == 1 ? 64 : 13));
-    bf16_t* staging = reinterpret_cast<bf16_t*>(scratch.data());
-    core::Failure failure = backward ? core::run_swiglu_bwd(v, t, staging) : core::run_swiglu(v, t, staging);
+    PartedRows ops{scratch.data(), parts, reverse};
+    core::Failure failure = backward ? core::run_swiglu_bwd(v, t, ops) : core::run_swiglu(v, t, ops);
     CHECK(failure.ok());
     Outputs o = swiglu_outputs(f.s, g, u, dh, t.rows, backward);
     Mismatches bad;
@@ -227,17 +239,24 @@ void run_tiles(bool backward) {
                       t.rows, bad);
       }
     }
-    CHECK_MSG(bad.count == 0, "%s tile %d: %d mismatches, first: %s", backward ? "backward" : "forward",
-              static_cast<int>(tile), bad.count, bad.first.c_str());
+    CHECK_MSG(bad.count == 0, "%s tile %d, %d parts%s: %d mismatches, first: %s", backward ? "backward" : "forward",
+              static_cast<int>(tile), parts, reverse ? " last first" : "", bad.count, bad.first.c_str());
   }
 }
 
+// Whole, and in parts in both orders (I = 96: 3 column blocks and a padding block; 8 parts leave 4 with none).
+struct Split {
+  int parts;
+  bool reverse;
+};
+constexpr Split kSplits[] = {{1, false}, {2, true}, {3, false}, {3, true}, {8, true}};
+
 TEST(forward_h_ring_bytes_equal_the_codec_of_swiglu_rowwise) {
-  run_tiles(false);
+  for (Split split : kSplits) run_tiles(false, split.parts, split.reverse);
 }
 
 TEST(backward_dg_du_h_ring_bytes_equal_the_codec_in_both_orientations) {
-  run_tiles(true);
+  for (Split split : kSplits) run_tiles(true, split.parts, split.reverse);
 }
 
 }  // namespace

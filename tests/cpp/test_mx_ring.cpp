@@ -7,7 +7,8 @@
 // padding scale is 2^0. Tokens carry scales 2^-20 .. 2^20, so a block quantised along the wrong
 // dimension, or starting a row off, has other scales and codes. The workspace starts as 0xA5 bytes,
 // which no quantised row leaves behind. A second backward, which dispatches x again where the first
-// kept the forward's, gives the same bits.
+// kept the forward's, gives the same bits. Every case runs whole and with the row jobs in parts
+// (MOK_HOST_ROW_PARTS).
 #include <cstring>
 
 #include "core/pass_view.hpp"
@@ -100,7 +101,8 @@ Mismatches check_ring(const char* name, const mok::core::LayerShape& s, const ch
   return bad;
 }
 
-void run_case(int padding, int minibatch, int macrobatch, uint64_t salt) {
+void run_case(int padding, int minibatch, int macrobatch, uint64_t salt, const char* parts) {
+  setenv("MOK_HOST_ROW_PARTS", parts, 1);  // read at creation
   std::mt19937_64 rng(seed() + salt);
   Spec spec;
   spec.world = 1;
@@ -165,8 +167,8 @@ void run_case(int padding, int minibatch, int macrobatch, uint64_t salt) {
             static_cast<long long>(total));
   if (ok) {
     Mismatches bad = check_ring("x (forward)", s, ws, l.mx_x, total, x_of);
-    CHECK_MSG(bad.count == 0, "P %d, minibatch %d, M %d: %d mismatches, first: %s", padding, minibatch, macrobatch,
-              bad.count, bad.first.c_str());
+    CHECK_MSG(bad.count == 0, "P %d, minibatch %d, M %d, parts %s: %d mismatches, first: %s", padding, minibatch,
+              macrobatch, parts, bad.count, bad.first.c_str());
   }
   Bf16Grads g(p, 0);
   mokLayerGrads_t grads = g.grads();
@@ -175,8 +177,8 @@ void run_case(int padding, int minibatch, int macrobatch, uint64_t salt) {
     for (auto [name, ring, value] : {std::tuple{"x (backward)", l.mx_x, std::function<ref::Vec(int64_t)>(x_of)},
                                      std::tuple{"dy", l.mx_dy, std::function<ref::Vec(int64_t)>(dy_of)}}) {
       Mismatches bad = check_ring(name, s, ws, ring, total, value);
-      CHECK_MSG(bad.count == 0, "P %d, minibatch %d, M %d: %d mismatches, first: %s", padding, minibatch, macrobatch,
-                bad.count, bad.first.c_str());
+      CHECK_MSG(bad.count == 0, "P %d, minibatch %d, M %d, parts %s: %d mismatches, first: %s", padding, minibatch,
+                macrobatch, parts, bad.count, bad.first.c_str());
     }
   }
   // A second backward of the context dispatches x again (the first one kept it when the ring held every
@@ -187,19 +189,26 @@ void run_case(int padding, int minibatch, int macrobatch, uint64_t salt) {
        step(mokLayerBackward(layer, &w, p.topk_weights[0].data(), p.dout[0].data(), &grads, nullptr), "backward again");
   bool same = g.dx == again.dx && g.dgate == again.dgate && g.dup == again.dup && g.ddown == again.ddown &&
               std::memcmp(g.dw.data(), again.dw.data(), g.dw.size() * sizeof(float)) == 0;
-  CHECK_MSG(!ok || same, "P %d, minibatch %d, M %d: a second backward gives other bits", padding, minibatch,
-            macrobatch);
+  CHECK_MSG(!ok || same, "P %d, minibatch %d, M %d, parts %s: a second backward gives other bits", padding, minibatch,
+            macrobatch, parts);
   mokLayerDestroy(layer);
+}
+
+// Whole, and with every row job in parts in both orders (H = 96: 3 column blocks and one of padding; 5 parts
+// leave one with none), as a CTA's threads share them: each part quantises the blocks it pulled.
+void run_splits(int padding, int minibatch, int macrobatch, uint64_t salt) {
+  for (const char* parts : {"1", "3", "-3", "-5"}) run_case(padding, minibatch, macrobatch, salt, parts);
+  unsetenv("MOK_HOST_ROW_PARTS");
 }
 
 // Tiles of two token blocks in a ring of two minibatches that wraps (later rows overwrite earlier ones).
 TEST(ring_bytes_equal_the_codec_of_the_dispatched_rows_in_both_orientations) {
-  run_case(64, 64, 128, 1);
+  run_splits(64, 64, 128, 1);
 }
 
 // Tiles of one block, a minibatch per tile, and a ring that holds every row (the backward keeps x).
 TEST(one_block_tiles_and_a_ring_that_holds_every_row) {
-  run_case(32, 32, 512, 2);
+  run_splits(32, 32, 512, 2);
 }
 
 }  // namespace

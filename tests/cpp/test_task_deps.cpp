@@ -1,7 +1,7 @@
 // core/task_deps.hpp against the tasks themselves. For random shapes and ragged routings (token counts that
 // differ per rank, 0 included, -1 routes, a hot expert), the schedule is built with core's build_schedule and
 // the task graph with core's lay_out_tasks over core's own workspace layout; then the real tasks
-// (core::run_task, tile GEMMs a no-op) run in a random interleaving of 1 + 1 to 3 + 5 workers taking their
+// (core::run_task, tile GEMMs and row jobs a no-op) run in a random interleaving of 1 + 1 to 3 + 5 workers taking their
 // queues in order, forward or recompute, then a backward (kept when every row fits the ring), then a plain one.
 // At every step, for every taken task:
 //   - the listed waits (task_waits) read on the real counters, and the resolved task ids
@@ -26,12 +26,14 @@ using core::TaskKind;
 
 namespace {
 
-// The executor's tile ops with no arithmetic: the waits and bumps are under test, not the math.
+// The executor's tile ops and row jobs with no arithmetic and no moves: the waits and bumps are under test, not
+// the math.
 struct NoTiles {
   float* scratch;
   core::bf16_t* chunk;
   float* sums;
   void gemm(const core::Gemm&) {}
+  void rows(const core::PassView&, const core::RowJob&) {}
   bool stop_here(const core::PassView&, int64_t, const core::Task*) const { return false; }
 };
 

@@ -1,6 +1,7 @@
 // The host executor's workers: threads made once per layer (not per pass), the same bits whatever the
-// worker counts (home sums and gradient write-out split unevenly across workers), a layer with fewer
-// threads than asked for, and a worker that is gone failing the pass with a named local wait.
+// worker counts (home sums and gradient write-out split unevenly across workers) and however a worker's row
+// jobs are cut into parts (as a CTA's threads share them), a layer with fewer threads than asked for, and a
+// worker that is gone failing the pass with a named local wait.
 #include <set>
 
 #include "core/pass_worker.hpp"
@@ -185,6 +186,48 @@ TEST(fit_workers_runs_every_class_on_the_workers_there_are) {
             return;
           }
         }
+}
+
+// A worker's row jobs (dispatch, SwiGLU forward and backward, combine, the accumulators zeroed, the home sums and the
+// write-out) cut into parts run one after another, first to last and last to first (MOK_HOST_ROW_PARTS), as the
+// fused executor's CTA runs them on its threads at once: the same bits as whole, BF16 and MXFP8, a gated shared
+// expert, biases, input scaling, recompute, bf16 gradients and fp32 main_grad. 3 parts split H = 96 unevenly
+// (12 bf16 pieces, 3 MXFP8 blocks and a padding block); 200 leave most parts empty.
+TEST(row_jobs_in_parts_give_the_same_bits) {
+  for (bool mxfp8 : {false, true})
+    for (bool input_scale : {false, true}) {
+      std::mt19937_64 rng(seed() + 47 + 2 * mxfp8 + input_scale);
+      Spec spec = uneven(2);
+      spec.hidden = 96;
+      spec.inter = 64;
+      spec.shared_inter = 32;
+      spec.gated = true;
+      spec.bias = true;
+      spec.mxfp8 = mxfp8;
+      spec.input_scale = input_scale;
+      ref::Problem p = make_problem(spec, rng);
+      Knobs k = mxfp8 ? mxfp8_knobs() : Knobs{};
+      k.comm_workers = 1;
+      k.compute_workers = 3;
+      for (bool accumulate : {false, true}) {
+        k.accumulate = accumulate;
+        k.recompute = accumulate;
+        Outputs whole = run_layer(p, k);
+        CHECK(all_ok(whole));
+        for (const char* parts : {"3", "-3", "-200"}) {
+          setenv("MOK_HOST_ROW_PARTS", parts, 1);
+          Outputs o = run_layer(p, k);
+          unsetenv("MOK_HOST_ROW_PARTS");
+          bool bias_same = o.dbgate == whole.dbgate && o.dbup == whole.dbup && o.dbdown == whole.dbdown &&
+                           o.main_bgate == whole.main_bgate && o.main_bup == whole.main_bup &&
+                           o.main_bdown == whole.main_bdown && o.dsrouter == whole.dsrouter &&
+                           o.main_srouter == whole.main_srouter;
+          CHECK_MSG(all_ok(o) && same(whole, o) && bias_same,
+                    "mxfp8 %d input_scale %d accumulate %d: row jobs in parts %s differ from whole", mxfp8, input_scale,
+                    accumulate, parts);
+        }
+      }
+    }
 }
 
 // Fewer threads than workers (MOK_HOST_FAULT_THREADS caps them, as a thread limit would): the calling

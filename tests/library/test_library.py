@@ -76,7 +76,9 @@ def test_device_kernels_and_their_resources(libmok, cuda_bin):
             # The per-thread stack lives in local memory too. The only stacks in the device code are arrays
             # indexed by rank, which cannot be kept in registers: the comm task's int64_t cursor[kMaxWorld]
             # (core/comm_tasks.hpp pull_rows): 8 * 72 = 576 bytes in the split executor's dispatch_window
-            # (cuda/split_steps.cu) and in the fused executor's fused_pass (cuda/fused_pass.cu), the same pull_rows;
+            # (cuda/split_steps.cu) and in the fused executor's fused_pass (cuda/fused_pass.cu), the same pull_rows in
+            # the row jobs its serving threads run (share_rows, never called from thread 0's body, so that the two
+            # frames do not add up: called from there, they took the stack to 2048 bytes with spills);
             # the schedule build's Routing, a pointer and a token count per rank (core/pass_worker.hpp
             # run_schedule_worker): 12 * 72 = 864 bytes in run_schedule_workers; and in fused_pass the tile GEMMs'
             # descriptors (core::Gemm, 352 bytes each) that core's tasks build and hand by reference to the

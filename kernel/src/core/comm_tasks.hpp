@@ -9,36 +9,36 @@
 
 namespace mok::core {
 
-// Row j's x (unless the backward keeps the forward's) and, in backward, its dy into x_dst and dy_dst: the
-// ring's rows (bf16 mode) or a block's rows on their way to quantisation (MXFP8). The routing weight w_k
-// scales one of them, rounded to bf16: dy = bf16(w_k · dout) (mokRoutingScaleOutput), or x = bf16(w_k · x)
+// Part `part` of row j's x (unless the backward keeps the forward's) and, in backward, of its dy into x_dst and
+// dy_dst: the ring's rows (bf16 mode) or a block's rows on their way to quantisation (MXFP8). The routing weight
+// w_k scales one of them, rounded to bf16: dy = bf16(w_k · dout) (mokRoutingScaleOutput), or x = bf16(w_k · x)
 // with dy = dout (mokRoutingScaleInput: the expert's input is the scaled row, in every pass alike).
-MOK_HD inline void pull_row(const PassView& v, int64_t j, bf16_t* x_dst, bf16_t* dy_dst) {
+MOK_HD inline void pull_row(const PassView& v, int64_t j, bf16_t* x_dst, bf16_t* dy_dst, Part part) {
   RowRef ref = v.sched.rows[j];
   int h = v.s.hidden;
   int64_t slot = static_cast<int64_t>(ref.token) * v.s.top_k + ref.k;
   bool input = input_scaled(v.s);
   float weight = input || is_backward(v.kind) ? peer_array<const float>(v, ref.rank, v.peer.topk_weights)[slot] : 0.0f;
-  if (v.kind != PassKind::backward_kept) {  // else the forward's x is still in the ring
-    const bf16_t* x = peer_array<const bf16_t>(v, ref.rank, v.peer.x) + static_cast<int64_t>(ref.token) * h;
-    if (input)
-      scaled_row(weight, x, h, x_dst);
-    else
-      copy_row(x, h, x_dst);
-  }
-  if (!is_backward(v.kind)) return;
-  const bf16_t* dout = peer_array<const bf16_t>(v, ref.rank, v.peer.dout) + static_cast<int64_t>(ref.token) * h;
-  if (input)
-    copy_row(dout, h, dy_dst);
-  else
-    scaled_row(weight, dout, h, dy_dst);
+  // src's part into dst, scaled by w_k or copied.
+  auto move = [&](const bf16_t* src, bf16_t* dst, bool scaled) {
+    each_piece(part, h, row_piece(v.s), [&](int64_t first, int n) {
+      if (scaled)
+        scaled_row(weight, src + first, n, dst + first);
+      else
+        copy_row(src + first, n, dst + first);
+    });
+  };
+  if (v.kind != PassKind::backward_kept)  // else the forward's x is still in the ring
+    move(peer_array<const bf16_t>(v, ref.rank, v.peer.x) + static_cast<int64_t>(ref.token) * h, x_dst, input);
+  if (is_backward(v.kind))
+    move(peer_array<const bf16_t>(v, ref.rank, v.peer.dout) + static_cast<int64_t>(ref.token) * h, dy_dst, !input);
 }
 
 // Rows [lo, hi) of the ring, sources served round-robin, each rank starting at its next peer, which
 // spreads the load over peers; the rows' places (and so the math) are fixed. Padding rows are skipped.
 // Each row goes to its ring rows, or with a `staging` block (MXFP8 mode) to its row there: x at
 // staging + (j - lo) · H, dy kMxStagingRows rows further.
-MOK_HD inline void pull_rows(const PassView& v, int64_t lo, int64_t hi, bf16_t* staging) {
+MOK_HD inline void pull_rows(const PassView& v, int64_t lo, int64_t hi, bf16_t* staging, Part part) {
   int h = v.s.hidden;
   int64_t cursor[kMaxWorld];
   for (int r = 0; r < v.s.world; ++r) cursor[r] = lo;
@@ -51,7 +51,7 @@ MOK_HD inline void pull_rows(const PassView& v, int64_t lo, int64_t hi, bf16_t* 
       if (j < hi) {
         bf16_t* x = staging ? staging + (j - lo) * h : ring_row(v, v.ring_x, j, h);
         bf16_t* dy = staging ? staging + (kMxStagingRows + j - lo) * h : ring_row(v, v.ring_dy, j, h);
-        pull_row(v, j, x, dy);
+        pull_row(v, j, x, dy, part);
         pulled = true;
       }
       cursor[r] = j < hi ? j + 1 : hi;
@@ -63,27 +63,32 @@ MOK_HD inline void pull_rows(const PassView& v, int64_t lo, int64_t hi, bf16_t* 
 
 // Rows [lo, hi) (whole 32-row blocks) pulled a block at a time into the worker's `staging` (2 x [32, H]
 // bf16: x and dy) and quantised from there into mx_x and mx_dy: the bf16 values never reach the ring.
-MOK_HD inline void pull_quantized(const PassView& v, int64_t lo, int64_t hi, bf16_t* staging) {
+// A part pulls and quantises its own 32-column blocks (row_piece), so it reads only what it wrote.
+MOK_HD inline void pull_quantized(const PassView& v, int64_t lo, int64_t hi, bf16_t* staging, Part part) {
   int h = v.s.hidden;
   bf16_t *xs = staging, *dys = staging + static_cast<int64_t>(kMxStagingRows) * h;
   bool pull_x = v.kind != PassKind::backward_kept, backward = is_backward(v.kind);
   for (int64_t b = lo; b < hi; b += kMxBlock) {
     for (int r = 0; r < kMxBlock; ++r)
       if (v.sched.rows[b + r].rank < 0)
-        for (int c = 0; c < h; ++c) xs[r * h + c] = dys[r * h + c] = 0;
-    pull_rows(v, b, b + kMxBlock, staging);
-    if (pull_x) quantize_ring_block(v.s, v.mx_x, h, b, xs, true);
-    if (backward) quantize_ring_block(v.s, v.mx_dy, h, b, dys, true);
+        each_piece(part, h, kMxBlock, [&](int64_t first, int n) {
+          zero_rows(xs + r * h + first, n);
+          zero_rows(dys + r * h + first, n);
+        });
+    pull_rows(v, b, b + kMxBlock, staging, part);
+    if (pull_x) quantize_ring_block(v.s, v.mx_x, h, b, xs, true, part);
+    if (backward) quantize_ring_block(v.s, v.mx_dy, h, b, dys, true, part);
   }
 }
 
-// Rows [lo, hi) into the ring, bf16 or (MXFP8 mode, whole 32-row blocks) quantised through `staging`: dispatch's
-// body without its waits, which the split executor runs over a window after the launches it follows.
-MOK_HD inline void pull_window(const PassView& v, int64_t lo, int64_t hi, bf16_t* staging) {
+// Part `part` of rows [lo, hi) into the ring, bf16 or (MXFP8 mode, whole 32-row blocks) quantised through
+// `staging`: dispatch's body without its waits, which the split executor runs over a window after the launches
+// it follows.
+MOK_HD inline void pull_window(const PassView& v, int64_t lo, int64_t hi, bf16_t* staging, Part part = kWhole) {
   if (v.s.mxfp8)
-    pull_quantized(v, lo, hi, staging);
+    pull_quantized(v, lo, hi, staging, part);
   else
-    pull_rows(v, lo, hi, nullptr);
+    pull_rows(v, lo, hi, nullptr, part);
 }
 
 // The wgrad tasks that read minibatch m's rows: every part holding them, one per expert with tiles in m.
@@ -99,8 +104,9 @@ MOK_HD inline uint32_t wgrad_tasks_over(const PassView& v, int64_t m) {
 }
 
 // Pull minibatch m's rows into the ring: bf16, or in MXFP8 mode the e4m3 bytes of x and dy, through
-// `staging` (the worker's, mx_staging_values bf16).
-MOK_HD inline Failure run_dispatch(const PassView& v, int64_t m, bf16_t* staging) {
+// `staging` (the worker's, mx_staging_values bf16), by ops.rows (pass.hpp).
+template <class Ops>
+MOK_HD Failure run_dispatch(const PassView& v, int64_t m, bf16_t* staging, Ops& ops) {
   int64_t ring = ring_minibatches(v.s);
   if (m >= ring) {
     Failure f = wait_local(v, &v.c.freed[m - ring], 1, WaitId::ring_slot_free);
@@ -110,31 +116,34 @@ MOK_HD inline Failure run_dispatch(const PassView& v, int64_t m, bf16_t* staging
   }
   int64_t lo = m * v.s.minibatch,
           hi = lo + v.s.minibatch < v.sched.total_rows ? lo + v.s.minibatch : v.sched.total_rows;
-  pull_window(v, lo, hi, staging);
+  ops.rows(v, rows_job(RowWork::pull, lo, hi, staging));
   publish(&v.c.ready[m], 1);
   return kNoFailure;
 }
 
-// Rows [lo, hi) of the output ring (y, or dx in backward) into their home ranks' (token, k) slots; padding rows
-// stay. Combine's body without its waits (see pull_window).
-MOK_HD inline void push_rows(const PassView& v, int64_t lo, int64_t hi) {
+// Part `part` of rows [lo, hi) of the output ring (y, or dx in backward) into their home ranks' (token, k) slots;
+// padding rows stay. Combine's body without its waits (see pull_window).
+MOK_HD inline void push_rows(const PassView& v, int64_t lo, int64_t hi, Part part = kWhole) {
   int h = v.s.hidden;
   size_t slots = is_backward(v.kind) ? v.peer.dx_slots : v.peer.y_slots;
   for (int64_t j = lo; j < hi; ++j) {
     RowRef ref = v.sched.rows[j];
     if (ref.rank < 0) continue;
     int64_t slot = static_cast<int64_t>(ref.token) * v.s.top_k + ref.k;
-    copy_row(out_row(v, j), h, peer_array<bf16_t>(v, ref.rank, slots) + slot * h);
+    const bf16_t* row = out_row(v, j);
+    bf16_t* home = peer_array<bf16_t>(v, ref.rank, slots) + slot * h;
+    each_piece(part, h, row_piece(v.s), [&](int64_t first, int n) { copy_row(row + first, n, home + first); });
   }
 }
 
-// Push minibatch m's finished rows (y, or dx in backward) into their home ranks' (token, k) slots.
-MOK_HD inline Failure run_combine(const PassView& v, int64_t m) {
+// Push minibatch m's finished rows (y, or dx in backward) into their home ranks' (token, k) slots, by ops.rows.
+template <class Ops>
+MOK_HD Failure run_combine(const PassView& v, int64_t m, Ops& ops) {
   int64_t first = minibatch_first_tile(v.s, m), end = minibatch_end_tile(v.s, m, v.sched.total_rows);
   uint32_t tasks = static_cast<uint32_t>(end - first) * static_cast<uint32_t>(last_stage(v.s, v.kind).tasks);
   Failure f = wait_local(v, &v.c.done[m], tasks, WaitId::minibatch_done);
   if (!f.ok()) return f;
-  push_rows(v, first * v.s.expert_padding, end * v.s.expert_padding);
+  ops.rows(v, rows_job(RowWork::push, first * v.s.expert_padding, end * v.s.expert_padding, nullptr));
   publish(&v.c.freed[m], 1);
   return kNoFailure;
 }

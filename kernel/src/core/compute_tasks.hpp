@@ -13,12 +13,6 @@
 
 namespace mok::core {
 
-struct TileInfo {
-  int64_t tile, row0, minibatch;
-  int expert, rows;
-  int col0, cols;  // a GEMM stage's block of output columns
-};
-
 MOK_HD inline TileInfo tile_info(const PassView& v, const Task& task, int width) {
   TileInfo t;
   t.tile = task.index;
@@ -165,27 +159,34 @@ MOK_HD inline int block_rows(const TileInfo& t, int64_t b) {
 // h = SwiGLU(g, u) over the tile's rows. In MXFP8 mode h is only read by down, quantised along I: each
 // 32-row block is computed into `staging` (the worker's, mx_swiglu_staging_values bf16) and written as
 // its rowwise codes and scales into mx_h (ring_h's bytes); its bf16 values never reach the ring.
-// The stage's body, without its waits: the split executor runs it after the launches it reads.
-MOK_HD inline void swiglu_rows(const PassView& v, const TileInfo& t, bf16_t* staging) {
-  int in = v.s.intermediate;
+// The stage's body, without its waits: the split executor runs it after the launches it reads. Part `part`
+// takes its pieces of every row (row_piece: in MXFP8 mode whole scale blocks, which it quantises itself).
+MOK_HD inline void swiglu_rows(const PassView& v, const TileInfo& t, bf16_t* staging, Part part = kWhole) {
+  int in = v.s.intermediate, piece = row_piece(v.s);
   bool mx = v.s.mxfp8 != 0;
   Swiglu sw = layer_swiglu(v.s, v.sigmoid_table);
   // One loop for both modes (one call site of the row function): bf16 rows go straight to the ring.
   for (int64_t b = t.row0; b < t.row0 + (mx ? v.s.expert_padding : t.rows); b += kMxBlock) {
     int n = block_rows(t, b);
-    for (int r = 0; r < n; ++r)
-      swiglu_row(sw, ring_row(v, v.ring_g, b + r, in), ring_row(v, v.ring_u, b + r, in), in,
-                 mx ? staging + r * in : ring_row(v, v.ring_h, b + r, in));
-    if (!mx) continue;
-    zero_rows(staging + n * in, static_cast<int64_t>(kMxBlock - n) * in);
-    quantize_ring_block(v.s, v.mx_h, in, b, staging, false);
+    for (int r = 0; r < kMxBlock && (r < n || mx); ++r) {
+      const bf16_t *g = ring_row(v, v.ring_g, b + r, in), *u = ring_row(v, v.ring_u, b + r, in);
+      bf16_t* h = mx ? staging + r * in : ring_row(v, v.ring_h, b + r, in);
+      each_piece(part, in, piece, [&](int64_t first, int count) {
+        if (r < n)
+          swiglu_row(sw, g + first, u + first, count, h + first);
+        else
+          zero_rows(h + first, count);
+      });
+    }
+    if (mx) quantize_ring_block(v.s, v.mx_h, in, b, staging, false, part);
   }
 }
 
-MOK_HD inline Failure run_swiglu(const PassView& v, const TileInfo& t, bf16_t* staging) {
+template <class Ops>
+MOK_HD Failure run_swiglu(const PassView& v, const TileInfo& t, Ops& ops) {
   Failure f = wait_stage(v, t, TaskKind::swiglu);
   if (!f.ok()) return f;
-  swiglu_rows(v, t, staging);
+  ops.rows(v, tile_job(RowWork::swiglu, t, reinterpret_cast<bf16_t*>(ops.scratch), 0));
   finish_stage(v, t, TaskKind::swiglu);
   return kNoFailure;
 }
@@ -221,43 +222,74 @@ MOK_HD Failure run_dgrad_h(const PassView& v, const TileInfo& t, Ops& ops) {
 
 // g, u, dh become dg, du and h over the tile's rows. In MXFP8 mode they are only read by dgrad_x (dg,
 // du along I) and the weight gradients (dg, du, h along the tokens): each 32-row block's g, u, dh are
-// copied into `staging` (the worker's, mx_swiglu_staging_values bf16), become dg, du, h there, and are
-// written in both orientations into mx_g, mx_u, mx_h, whose codes fill exactly the block's bf16 bytes.
-// The stage's body, without its waits (see swiglu_rows).
-MOK_HD inline void swiglu_backward_rows(const PassView& v, const TileInfo& t, bf16_t* staging) {
-  int in = v.s.intermediate;
-  bool mx = v.s.mxfp8 != 0;
-  Swiglu sw = layer_swiglu(v.s, v.sigmoid_table);
+// copied into `staging` (the worker's, mx_swiglu_staging_values bf16; stage_backward_block), become dg, du, h
+// there, and are written in both orientations into mx_g, mx_u, mx_h, whose codes fill exactly the block's
+// bf16 bytes (quantize_backward_block). A part's codes land on other columns' bf16 values, so the whole block is
+// staged before any part writes: two row jobs per block (run_swiglu_bwd). The stage's body, without its waits
+// (see swiglu_rows, also for `part`).
+MOK_HD inline void stage_backward_block(const PassView& v, const TileInfo& t, int64_t b, bf16_t* staging, Part part) {
+  int in = v.s.intermediate, n = block_rows(t, b);
+  int64_t block = static_cast<int64_t>(kMxBlock) * in;
+  for (int r = 0; r < kMxBlock; ++r)
+    each_piece(part, in, kMxBlock, [&](int64_t first, int count) {
+      for (int64_t m = 0; m < 3; ++m) {  // g, u, dh: the padding rows zeros
+        bf16_t* to = staging + m * block + r * in + first;
+        if (r < n)
+          copy_row(ring_row(v, m == 0 ? v.ring_g : (m == 1 ? v.ring_u : v.ring_h), b + r, in) + first, count, to);
+        else
+          zero_rows(to, count);
+      }
+    });
+}
+
+MOK_HD inline void quantize_backward_block(const PassView& v, const TileInfo& t, int64_t b, bf16_t* staging,
+                                           Part part) {
+  int in = v.s.intermediate, n = block_rows(t, b);
   int64_t block = static_cast<int64_t>(kMxBlock) * in;
   bf16_t *dg = staging, *du = staging + block, *hd = staging + 2 * block;
-  for (int64_t b = t.row0; b < t.row0 + (mx ? v.s.expert_padding : t.rows); b += kMxBlock) {
-    int n = block_rows(t, b);
-    for (int r = 0; r < n; ++r) {
-      bf16_t *g = ring_row(v, v.ring_g, b + r, in), *u = ring_row(v, v.ring_u, b + r, in),
-             *h = ring_row(v, v.ring_h, b + r, in);
-      if (mx) {  // in place on the staged copies: the ring's bytes become the codes below
-        copy_row(g, in, dg + r * in);
-        copy_row(u, in, du + r * in);
-        copy_row(h, in, hd + r * in);
-        g = dg + r * in, u = du + r * in, h = hd + r * in;
-      }
-      swiglu_backward_row(sw, g, u, h, in);
-    }
-    if (!mx) continue;
-    int64_t pad = static_cast<int64_t>(kMxBlock - n) * in;
-    zero_rows(dg + n * in, pad);
-    zero_rows(du + n * in, pad);
-    zero_rows(hd + n * in, pad);
-    quantize_ring_block(v.s, v.mx_g, in, b, dg, true);
-    quantize_ring_block(v.s, v.mx_u, in, b, du, true);
-    quantize_ring_block(v.s, v.mx_h, in, b, hd, true);
+  Swiglu sw = layer_swiglu(v.s, v.sigmoid_table);
+  for (int r = 0; r < n; ++r)
+    each_piece(part, in, kMxBlock, [&](int64_t first, int count) {
+      int64_t at = r * in + first;
+      swiglu_backward_row(sw, dg + at, du + at, hd + at, count);
+    });
+  quantize_ring_block(v.s, v.mx_g, in, b, dg, true, part);
+  quantize_ring_block(v.s, v.mx_u, in, b, du, true, part);
+  quantize_ring_block(v.s, v.mx_h, in, b, hd, true, part);
+}
+
+// bf16 mode: in place in the ring, row by row.
+MOK_HD inline void swiglu_backward_in_place(const PassView& v, const TileInfo& t, Part part) {
+  int in = v.s.intermediate;
+  Swiglu sw = layer_swiglu(v.s, v.sigmoid_table);
+  for (int64_t row = t.row0; row < t.row0 + t.rows; ++row) {
+    bf16_t *g = ring_row(v, v.ring_g, row, in), *u = ring_row(v, v.ring_u, row, in),
+           *h = ring_row(v, v.ring_h, row, in);
+    each_piece(part, in, kPieceValues,
+               [&](int64_t first, int count) { swiglu_backward_row(sw, g + first, u + first, h + first, count); });
   }
 }
 
-MOK_HD inline Failure run_swiglu_bwd(const PassView& v, const TileInfo& t, bf16_t* staging) {
+// The whole stage, for an executor that runs it on one thread (the split executor's row steps).
+MOK_HD inline void swiglu_backward_rows(const PassView& v, const TileInfo& t, bf16_t* staging) {
+  if (!v.s.mxfp8) return swiglu_backward_in_place(v, t, kWhole);
+  for (int64_t b = t.row0; b < t.row0 + v.s.expert_padding; b += kMxBlock) {
+    stage_backward_block(v, t, b, staging, kWhole);
+    quantize_backward_block(v, t, b, staging, kWhole);
+  }
+}
+
+// The stage by ops.rows: in bf16 mode one job; in MXFP8 mode two per 32-row block, the block staged whole first.
+template <class Ops>
+MOK_HD Failure run_swiglu_bwd(const PassView& v, const TileInfo& t, Ops& ops) {
   Failure f = wait_stage(v, t, TaskKind::swiglu_bwd);
   if (!f.ok()) return f;
-  swiglu_backward_rows(v, t, staging);
+  bf16_t* staging = reinterpret_cast<bf16_t*>(ops.scratch);
+  if (!v.s.mxfp8) ops.rows(v, tile_job(RowWork::swiglu_backward, t, staging, 0));
+  for (int64_t b = t.row0; v.s.mxfp8 && b < t.row0 + v.s.expert_padding; b += kMxBlock) {
+    ops.rows(v, tile_job(RowWork::stage_backward, t, staging, b));
+    ops.rows(v, tile_job(RowWork::quantize_backward, t, staging, b));
+  }
   finish_stage(v, t, TaskKind::swiglu_bwd);
   return kNoFailure;
 }

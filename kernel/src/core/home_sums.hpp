@@ -1,10 +1,12 @@
 // The home rank's sums after the closing barrier (DESIGN 1): the output and the input gradient in
-// k order with the shared term first, and the exact fp32 router-weight gradient.
+// k order with the shared term first, and the exact fp32 router-weight gradient; and a worker's shares of
+// them and of the shared expert's weight-gradient write-out.
 #pragma once
 
 #include <cstdint>
 
 #include "core/pass_view.hpp"
+#include "core/tile.hpp"
 
 namespace mok::core {
 
@@ -127,6 +129,67 @@ MOK_HD inline void copy_slots_token(const PassView& v, int64_t t, bf16_t* y_slot
   const bf16_t* y = peer_array<const bf16_t>(v, v.s.rank, v.peer.y_slots) + t * k * h;
   for (int s = 0; s < k; ++s)
     for (int i = 0; i < h; ++i) y_slots[(t * k + s) * h + i] = ids[s] >= 0 ? y[s * h + i] : bf16_t{0};
+}
+
+// ---- a worker's shares after the closing barrier (and, zeroed, before the pass) -------------------
+
+// One weight gradient: its fp32 accumulator, its element count, the caller's tensor.
+struct GradPart {
+  float* acc;
+  int64_t n;
+  void* dst;
+};
+constexpr int kGradParts = 4;
+
+// The shared expert's (and its gate's router, when gated): the routed experts' are written by their wgrad tasks
+// (compute_tasks.hpp).
+MOK_HD inline int grad_parts(const PassView& v, GradPart* out) {
+  int64_t s_ih = static_cast<int64_t>(v.s.shared_intermediate) * v.s.hidden;
+  if (s_ih == 0) return 0;
+  const PassArgs* a = v.args;
+  out[0] = GradPart{v.acc.sgate, s_ih, a ? a->dshared_gate : nullptr};
+  out[1] = GradPart{v.acc.sup, s_ih, a ? a->dshared_up : nullptr};
+  out[2] = GradPart{v.acc.sdown, s_ih, a ? a->dshared_down : nullptr};
+  if (!v.w.shared_router) return 3;
+  out[3] = GradPart{v.acc.srouter, v.s.hidden, a ? a->dshared_router : nullptr};
+  return 4;
+}
+
+// Part `part` of the worker's share of each accumulator zeroed.
+MOK_HD inline void zero_accumulators(const PassView& v, int worker, Part part) {
+  GradPart grads[kGradParts];
+  for (int g = 0, n = grad_parts(v, grads); g < n; ++g) {
+    Share s = share_of(grads[g].n, worker, workers_of(v));
+    each_piece(part, s.end - s.first, kPieceValues, [&](int64_t first, int count) {
+      for (int64_t i = s.first + first; i < s.first + first + count; ++i) grads[g].acc[i] = 0.0f;
+    });
+  }
+}
+
+// Part `part` of the worker's share of the weight gradients out of their fp32 accumulators: bf16, or added into
+// fp32 main_grad.
+MOK_HD inline void write_grads(const PassView& v, int worker, Part part) {
+  GradPart grads[kGradParts];
+  for (int g = 0, n = grad_parts(v, grads); g < n; ++g) {
+    Share s = share_of(grads[g].n, worker, workers_of(v));
+    each_piece(part, s.end - s.first, kPieceValues, [&](int64_t first, int count) {
+      write_gradient(grads[g].acc + s.first + first, count, v.args->accumulate != 0, grads[g].dst, s.first + first);
+    });
+  }
+}
+
+// Part `part` of the worker's share: the home rank's sums of its tokens (token i to part i mod count: a token's
+// router-weight gradient and shared gate are dots over the whole row), and in backward its part of the write-out.
+MOK_HD inline void finish_share(const PassView& v, int worker, Part part) {
+  const PassArgs& a = *v.args;
+  Share t = share_of(v.tokens, worker, workers_of(v));
+  if (v.kind == PassKind::forward)
+    for (int64_t i = t.first + part.index; i < t.end; i += part.count)
+      combine_forward_token(v, i, a.topk_weights, a.out);
+  if (!is_backward(v.kind)) return;
+  for (int64_t i = t.first + part.index; i < t.end; i += part.count)
+    combine_backward_token(v, i, a.dout, a.dx, a.dtopk_weights);
+  write_grads(v, worker, part);
 }
 
 }  // namespace mok::core

@@ -10,37 +10,42 @@
 namespace mok::core {
 
 // Ops is the executor's tile interface (docs/core.md, "The pass and the executor seam"): ops.gemm(const
-// Gemm&) computes one tile GEMM; ops.scratch (scratch_floats fp32) is the worker's GEMM scratch, which a
-// comm worker's dispatch and a SwiGLU stage use in MXFP8 mode to stage a block of rows (mx_staging_values,
-// mx_swiglu_staging_values bf16); ops.chunk
-// (chunk_values bf16) and ops.sums (sums_floats fp32) are the worker's rows for the shared expert and
-// its weight-gradient sums.
+// Gemm&) computes one tile GEMM; ops.rows(v, const RowJob&) runs a row stage or a worker's share (run_rows
+// below, over parts that together are the whole job); ops.scratch (scratch_floats fp32) is the worker's
+// GEMM scratch, which a comm worker's dispatch and a SwiGLU stage use in MXFP8 mode to stage a block of rows
+// (mx_staging_values, mx_swiglu_staging_values bf16); ops.chunk (chunk_values bf16) and ops.sums (sums_floats
+// fp32) are the worker's rows for the shared expert and its weight-gradient sums.
 template <class Ops>
 MOK_HD Failure run_task(const PassView& v, Task task, Ops& ops) {
   int h = v.s.hidden, in = v.s.intermediate;
   switch (task.kind) {
-    case TaskKind::dispatch: return run_dispatch(v, task.index, reinterpret_cast<bf16_t*>(ops.scratch));
-    case TaskKind::combine: return run_combine(v, task.index);
+    case TaskKind::dispatch: return run_dispatch(v, task.index, reinterpret_cast<bf16_t*>(ops.scratch), ops);
+    case TaskKind::combine: return run_combine(v, task.index, ops);
     case TaskKind::shared: return run_shared(v, task.index, ops);
     case TaskKind::wgrad: return run_wgrad(v, task, ops);
     case TaskKind::gate_up: return run_gate_up(v, tile_info(v, task, in), ops);
-    case TaskKind::swiglu: return run_swiglu(v, tile_info(v, task, in), reinterpret_cast<bf16_t*>(ops.scratch));
+    case TaskKind::swiglu: return run_swiglu(v, tile_info(v, task, in), ops);
     case TaskKind::down: return run_down(v, tile_info(v, task, h), ops);
     case TaskKind::dgrad_h: return run_dgrad_h(v, tile_info(v, task, in), ops);
-    case TaskKind::swiglu_bwd: return run_swiglu_bwd(v, tile_info(v, task, in), reinterpret_cast<bf16_t*>(ops.scratch));
+    case TaskKind::swiglu_bwd: return run_swiglu_bwd(v, tile_info(v, task, in), ops);
     case TaskKind::dgrad_x: return run_dgrad_x(v, tile_info(v, task, h), ops);
     default: return kNoFailure;
   }
 }
 
-// The tile ops of an executor that has no faster GEMM: core's reference order, on the worker's scratch.
-struct ReferenceTiles {
-  float* scratch;
-  bf16_t* chunk;
-  float* sums;
-  MOK_HD void gemm(const Gemm& g) { reference_gemm(g, scratch); }
-  MOK_HD bool stop_here(const PassView&, int64_t, const Task*) const { return false; }
-};
+// Part `part` of a row job (tile.hpp): a host worker runs it whole, a CTA's threads each their part at once.
+MOK_HD inline void run_rows(const PassView& v, const RowJob& job, Part part) {
+  switch (job.work) {
+    case RowWork::pull: return pull_window(v, job.first, job.end, job.staging, part);
+    case RowWork::push: return push_rows(v, job.first, job.end, part);
+    case RowWork::swiglu: return swiglu_rows(v, job.tile, job.staging, part);
+    case RowWork::swiglu_backward: return swiglu_backward_in_place(v, job.tile, part);
+    case RowWork::stage_backward: return stage_backward_block(v, job.tile, job.first, job.staging, part);
+    case RowWork::quantize_backward: return quantize_backward_block(v, job.tile, job.first, job.staging, part);
+    case RowWork::zero: return zero_accumulators(v, job.worker, part);
+    case RowWork::finish: return finish_share(v, job.worker, part);
+  }
+}
 
 enum class WorkerClass : int { comm = 0, compute = 1 };
 

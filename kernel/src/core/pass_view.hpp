@@ -17,6 +17,7 @@
 #include "core/numeric.hpp"
 #include "core/protocol.hpp"
 #include "core/tasks.hpp"
+#include "core/tile.hpp"
 
 namespace mok::core {
 
@@ -216,6 +217,12 @@ MOK_HD inline bf16_t* out_row(const PassView& v, int64_t row) {
   return v.ring_y + (row % out_ring_rows(v.s)) * v.s.hidden;
 }
 
+// The values of a row a part of a row stage takes at a time (tile.hpp's each_piece): a Piece's 8 (16 bytes of
+// bf16), or in MXFP8 mode a scale block's 32, so that a part quantises the blocks it wrote.
+MOK_HD inline int row_piece(const LayerShape& s) {
+  return s.mxfp8 ? kMxBlock : kPieceValues;
+}
+
 // Ring rows [row0, row0 + 32) of an MXFP8 ring of `width` columns from their bf16 values (`block`,
 // [32, width]; a padding row all zeros): each row along itself (the rowwise GEMMs: gate_up, dgrad_h,
 // down, dgrad_x), and with `tokens` also each column's 32 values along the tokens (the weight gradients).
@@ -223,35 +230,54 @@ MOK_HD inline bf16_t* out_row(const PassView& v, int64_t row) {
 // blocks a GEMM that starts at the tile's first row reads. A zero row changes no block's scale and
 // decodes to 0, so the codes are those of the tile's real rows alone, and a GPU that reads whole blocks
 // reads zeros past them. `block` must not overlap the ring's rows; without token_codes the rows only.
+// Part `part` of `parts` writes column blocks part, part + parts, ... (32 columns each, up to the scale
+// layout's padding): their row scales and codes, and their columns' token scales and codes; it reads only
+// those columns of `block`.
 // Scalars only (ring_row_scales(s, width) and ring_token_scales(s, width) from macrobatch and padding): a
 // struct passed to a call that is not inlined is copied onto a device thread's stack
 // (tests/library/test_library.py holds fused_pass' stack).
 MOK_HD_NOINLINE void quantize_ring_block(int64_t macrobatch, int padding, int width, int64_t row0, const bf16_t* block,
                                          uint8_t* codes, uint8_t* row_scales, uint8_t* token_codes,
-                                         uint8_t* token_scales, int64_t stride) {
+                                         uint8_t* token_scales, int64_t stride, int part, int parts) {
   int64_t at = row0 % macrobatch;
   MxScaleLayout rows = MxScaleLayout::of(macrobatch, width), columns = MxScaleLayout::of(width, padding);
-  for (int r = 0; r < kMxBlock; ++r)
-    mx_quantize_row(block + r * width, width, rows, at + r, codes + (at + r) * stride, row_scales);
-  if (!token_codes) return;
-  uint8_t* scales = token_scales + (at / padding) * columns.matrix_bytes();
+  uint8_t* scales = token_codes ? token_scales + (at / padding) * columns.matrix_bytes() : nullptr;
   int64_t k_block = (at % padding) / kMxBlock;
-  for (int c = 0; c < width; ++c)
-    scales[columns.offset(c, k_block)] =
-        mx_quantize_block(block + c, kMxBlock, width, token_codes + at * stride + c, stride);
-  if (at % padding != 0) return;
-  // The slot's first block also writes the padding scales the MMA reads: k blocks past P / 32, rows past
-  // the width.
-  for (int c = 0; c < width; ++c)
-    for (int64_t b = columns.k_blocks; b < columns.padded_k_blocks(); ++b) scales[columns.offset(c, b)] = kMxPadScale;
-  mx_fill_pad_rows(columns, scales);
+  // The slot's first block also writes the padding scales the MMA reads: k blocks past P / 32, rows past the width.
+  bool slot_start = at % padding == 0;
+  each_piece(Part{part, parts}, rows.padded_k_blocks() * kMxBlock, kMxBlock, [&](int64_t c0, int) {
+    int64_t b = c0 / kMxBlock;
+    int n = width - c0 < kMxBlock ? static_cast<int>(width - c0) : kMxBlock;  // <= 0: a padding block
+    for (int r = 0; r < kMxBlock; ++r)
+      row_scales[rows.offset(at + r, b)] =
+          n > 0 ? mx_quantize_block(block + r * width + c0, n, 1, codes + (at + r) * stride + c0, 1) : kMxPadScale;
+    for (int64_t c = c0; token_codes && c < c0 + kMxBlock; ++c) {
+      if (c < width)
+        scales[columns.offset(c, k_block)] =
+            mx_quantize_block(block + c, kMxBlock, width, token_codes + at * stride + c, stride);
+      for (int64_t kb = c < width ? columns.k_blocks : 0; slot_start && kb < columns.padded_k_blocks(); ++kb)
+        scales[columns.offset(c, kb)] = kMxPadScale;
+    }
+  });
 }
 
 // The same from a ring's view: `tokens` chooses whether the token direction is written too.
 MOK_HD inline void quantize_ring_block(const LayerShape& s, const MxRing& ring, int width, int64_t row0,
-                                       const bf16_t* block, bool tokens) {
+                                       const bf16_t* block, bool tokens, Part part) {
   quantize_ring_block(s.macrobatch, s.expert_padding, width, row0, block, ring.rows, ring.row_scales,
-                      tokens ? ring.tokens : nullptr, ring.token_scales, ring.stride);
+                      tokens ? ring.tokens : nullptr, ring.token_scales, ring.stride, part.index, part.count);
+}
+
+MOK_HD inline int workers_of(const PassView& v) {
+  return v.s.comm_workers + v.s.compute_workers;
+}
+
+// Worker `worker`'s share [first, end) of n items: contiguous ranges in worker order.
+struct Share {
+  int64_t first, end;
+};
+MOK_HD inline Share share_of(int64_t n, int worker, int workers) {
+  return Share{n * worker / workers, n * (worker + 1) / workers};
 }
 
 MOK_HD inline Failure wait_local(const PassView& v, uint32_t* counter, uint32_t target, WaitId what) {

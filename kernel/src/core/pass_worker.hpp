@@ -29,10 +29,6 @@
 
 namespace mok::core {
 
-MOK_HD inline int workers_of(const PassView& v) {
-  return v.s.comm_workers + v.s.compute_workers;
-}
-
 // The pass's comm workers: forward and recompute take comm_workers, backward its own split of the same
 // workers (a GPU splits its SMs differently per pass); the rest compute.
 MOK_HD inline int comm_workers_of(const LayerShape& s, PassKind kind) {
@@ -57,14 +53,6 @@ MOK_HD inline LayerShape fit_workers(LayerShape s, int available) {
 
 MOK_HD inline WorkerClass class_of(const PassView& v, int worker) {
   return worker < comm_workers_of(v.s, v.kind) ? WorkerClass::comm : WorkerClass::compute;
-}
-
-// Worker `worker`'s share [first, end) of n items: contiguous ranges in worker order.
-struct Share {
-  int64_t first, end;
-};
-MOK_HD inline Share share_of(int64_t n, int worker, int workers) {
-  return Share{n * worker / workers, n * (worker + 1) / workers};
 }
 
 // ---- before the workers start (the executor's calling thread, or one device thread) -------------
@@ -201,58 +189,6 @@ MOK_HD void take_tasks(const PassView& v, WorkerClass cls, Ops& ops) {
   }
 }
 
-// ---- the shares after the closing barrier -------------------------------------------------------
-
-// One weight gradient: its fp32 accumulator, its element count, the caller's tensor.
-struct GradPart {
-  float* acc;
-  int64_t n;
-  void* dst;
-};
-constexpr int kGradParts = 4;
-
-// The shared expert's (and its gate's router, when gated): the routed experts' are written by their wgrad tasks
-// (compute_tasks.hpp).
-MOK_HD inline int grad_parts(const PassView& v, GradPart* out) {
-  int64_t s_ih = static_cast<int64_t>(v.s.shared_intermediate) * v.s.hidden;
-  if (s_ih == 0) return 0;
-  const PassArgs* a = v.args;
-  out[0] = GradPart{v.acc.sgate, s_ih, a ? a->dshared_gate : nullptr};
-  out[1] = GradPart{v.acc.sup, s_ih, a ? a->dshared_up : nullptr};
-  out[2] = GradPart{v.acc.sdown, s_ih, a ? a->dshared_down : nullptr};
-  if (!v.w.shared_router) return 3;
-  out[3] = GradPart{v.acc.srouter, v.s.hidden, a ? a->dshared_router : nullptr};
-  return 4;
-}
-
-MOK_HD inline void zero_accumulators(const PassView& v, int worker) {
-  GradPart parts[kGradParts];
-  for (int p = 0, n = grad_parts(v, parts); p < n; ++p) {
-    Share s = share_of(parts[p].n, worker, workers_of(v));
-    for (int64_t i = s.first; i < s.end; ++i) parts[p].acc[i] = 0.0f;
-  }
-}
-
-// Weight gradients out of their fp32 accumulators: bf16, or added into fp32 main_grad.
-MOK_HD inline void write_grads(const PassView& v, int worker) {
-  GradPart parts[kGradParts];
-  for (int p = 0, n = grad_parts(v, parts); p < n; ++p) {
-    Share s = share_of(parts[p].n, worker, workers_of(v));
-    write_gradient(parts[p].acc + s.first, s.end - s.first, v.args->accumulate != 0, parts[p].dst, s.first);
-  }
-}
-
-// The home rank's sums of this worker's tokens, and in backward its part of the write-out.
-MOK_HD inline void finish_share(const PassView& v, int worker) {
-  const PassArgs& a = *v.args;
-  Share t = share_of(v.tokens, worker, workers_of(v));
-  if (v.kind == PassKind::forward)
-    for (int64_t i = t.first; i < t.end; ++i) combine_forward_token(v, i, a.topk_weights, a.out);
-  if (!is_backward(v.kind)) return;
-  for (int64_t i = t.first; i < t.end; ++i) combine_backward_token(v, i, a.dout, a.dx, a.dtopk_weights);
-  write_grads(v, worker);
-}
-
 // ---- the bodies -------------------------------------------------------------------------------------
 
 // Worker 0's entry: the group's, then the accumulators', then the release.
@@ -276,7 +212,7 @@ MOK_HD inline bool close_pass(const PassView& v, bool go) {
 template <class Ops>
 MOK_HD void run_pass_worker(const PassView& v, int worker, Ops& ops) {
   if (is_backward(v.kind)) {
-    zero_accumulators(v, worker);
+    ops.rows(v, share_job(RowWork::zero, worker));
     bump(&v.c.sync[kZeroed]);
   }
   bool go = worker == 0 ? open_pass(v) : released(v, kStart, WaitId::pass_start);
@@ -284,7 +220,7 @@ MOK_HD void run_pass_worker(const PassView& v, int worker, Ops& ops) {
   bump(&v.c.sync[kOut]);
   go = worker == 0 ? close_pass(v, go) : released(v, kClosed, WaitId::pass_closed);
   if (go) {
-    finish_share(v, worker);
+    ops.rows(v, share_job(RowWork::finish, worker));
     note_progress(own_header(v));
   }
   bump(&v.c.sync[kFinished]);

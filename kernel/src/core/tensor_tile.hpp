@@ -10,6 +10,7 @@
 #pragma once
 
 #include "core/gemm.hpp"
+#include "core/tile.hpp"
 
 namespace mok::core {
 
@@ -81,13 +82,9 @@ MOK_HD inline MmaBlock chunk_block(const Gemm& g, int chunk, int block) {
   return MmaBlock{chunk_row0(g, chunk), chunk_col0(g, chunk), p, block * kMmaDepth};
 }
 
-// A panel's 16-byte pieces: 8 values of one row, k from a multiple of 8, which the swizzle keeps together.
-constexpr int kPieceValues = 8;
+// A panel's 16-byte pieces (tile.hpp's Piece): 8 values of one row, k from a multiple of 8, which the swizzle keeps
+// together.
 constexpr int kBlockPieces = 2 * kPanelValues / kPieceValues;  // a's panel's, then b's
-
-struct alignas(16) Piece {
-  bf16_t values[kPieceValues];
-};
 
 // Piece `p` (0 <= p < kBlockPieces) of a block into the panel pair: a's panel then b's, each walked row by row. A
 // K-major bf16 operand's piece that lies whole inside the tile and on 16 bytes is one copy; any other is read value by
@@ -103,8 +100,7 @@ MOK_HD inline void fill_piece(const Gemm& g, const MmaBlock& b, int p, bf16_t* p
   Piece* out = reinterpret_cast<Piece*>(panels + (second ? kPanelValues : 0) + panel_offset(row, k));
   if (o.dtype == Dtype::bf16 && o.depth_stride == 1 && i < rows && b.k0 + k + kPieceValues <= depth) {
     const bf16_t* from = static_cast<const bf16_t*>(o.data) + static_cast<int64_t>(i) * o.row_stride + b.k0 + k;
-    if (reinterpret_cast<uintptr_t>(from) % sizeof(Piece) == 0)
-      return void(*out = *reinterpret_cast<const Piece*>(from));
+    if (on_piece(from)) return void(*out = *reinterpret_cast<const Piece*>(from));
   }
   Piece piece;
   for (int v = 0; v < kPieceValues; ++v) piece.values[v] = panel_value(o, rows, depth, i, b.k0 + k + v, exact);

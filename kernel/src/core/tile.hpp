@@ -1,6 +1,6 @@
 // The elementwise stages of a tile, one row at a time, on the rows' bf16 bytes: SwiGLU forward and
 // backward (computed in fp32 from the stored values, stored bf16, DESIGN 1) and the row moves of the
-// comm tasks. The GEMMs are gemm.hpp's.
+// comm tasks; and the row stages as jobs that a worker's threads share. The GEMMs are gemm.hpp's.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +8,73 @@
 #include "core/numeric.hpp"
 
 namespace mok::core {
+
+// A tile of a task: expert_padding ring rows of one expert from row0 (rows of them real), in its minibatch.
+struct TileInfo {
+  int64_t tile, row0, minibatch;
+  int expert, rows;
+  int col0, cols;  // a GEMM stage's block of output columns
+};
+
+// 16 bytes of bf16: the values a thread moves at a time.
+constexpr int kPieceValues = 8;
+struct alignas(16) Piece {
+  bf16_t values[kPieceValues];
+};
+MOK_HD inline bool on_piece(const void* at) {
+  return reinterpret_cast<uintptr_t>(at) % sizeof(Piece) == 0;
+}
+
+// ---- row stages shared over parts ------------------------------------------------------------------
+
+// Part `index` of `count`: one of the threads a worker shares a row stage over (the fused executor's CTA), or
+// the whole stage (kWhole). Each part takes its own elements, so the parts run in any order or at once, and
+// any split gives the same bytes.
+struct Part {
+  int index, count;
+};
+constexpr Part kWhole{0, 1};
+
+// The pieces [first, first + n) of `size` elements that `part` takes: `piece` elements each, piece i to part
+// i mod count (neighbouring parts on neighbouring pieces).
+template <class Body>
+MOK_HD void each_piece(Part part, int64_t size, int piece, Body body) {
+  for (int64_t first = static_cast<int64_t>(part.index) * piece; first < size;
+       first += static_cast<int64_t>(part.count) * piece)
+    body(first, size - first < piece ? static_cast<int>(size - first) : piece);
+}
+
+// A row stage of a task, or a worker's share of the pass's elementwise work, for ops.rows (pass.hpp) to run
+// as core::run_rows (pass.hpp) over parts that together are the whole job.
+enum class RowWork : uint8_t {
+  pull,               // dispatch: ring rows [first, end) from their home ranks
+  push,               // combine: output ring rows [first, end) into their home ranks' slots
+  swiglu,             // `tile`'s h = SwiGLU(g, u)
+  swiglu_backward,    // bf16 mode: `tile`'s dg, du and h in place
+  stage_backward,     // MXFP8 mode: `tile`'s g, u and dh of the 32-row block from ring row `first` staged
+  quantize_backward,  // MXFP8 mode: ... and become dg, du and h, quantised into the ring
+  zero,               // `worker`'s share of the shared expert's weight-gradient accumulators zeroed
+  finish,             // `worker`'s share of the home sums and the gradient write-out
+};
+struct RowJob {
+  RowWork work;
+  int64_t first, end;
+  TileInfo tile;
+  int worker;
+  bf16_t* staging;  // the worker's block of rows on their way to MXFP8 quantisation (pull, swiglu stages)
+};
+
+MOK_HD inline RowJob rows_job(RowWork work, int64_t first, int64_t end, bf16_t* staging) {
+  return RowJob{work, first, end, TileInfo{}, 0, staging};
+}
+MOK_HD inline RowJob tile_job(RowWork work, const TileInfo& tile, bf16_t* staging, int64_t block) {
+  return RowJob{work, block, 0, tile, 0, staging};
+}
+MOK_HD inline RowJob share_job(RowWork work, int worker) {
+  return RowJob{work, 0, 0, TileInfo{}, worker, nullptr};
+}
+
+// ---- rows -------------------------------------------------------------------------------------------
 
 // h = SwiGLU(g, u).
 MOK_HD inline void swiglu_row(const Swiglu& sw, const bf16_t* g, const bf16_t* u, int n, bf16_t* h) {
@@ -53,8 +120,13 @@ MOK_HD inline void zero_rows(bf16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = 0;
 }
 
+// n values from src to dst: whole pieces one 16-byte copy each where both lie on 16 bytes.
 MOK_HD inline void copy_row(const bf16_t* src, int n, bf16_t* dst) {
-  for (int i = 0; i < n; ++i) dst[i] = src[i];
+  int i = 0;
+  if (on_piece(src) && on_piece(dst))
+    for (; i + kPieceValues <= n; i += kPieceValues)
+      *reinterpret_cast<Piece*>(dst + i) = *reinterpret_cast<const Piece*>(src + i);
+  for (; i < n; ++i) dst[i] = src[i];
 }
 
 // dst = bf16(w · src): a row of dy = w_k · dOut_t.

@@ -17,10 +17,12 @@ __device__ void cta_barrier() {
   asm volatile("barrier.sync 1;" ::: "memory");
 }
 
-// Thread 0's order to the CTA's other threads: a tile GEMM to share, or (go false) the pass is over.
-struct SharedTile {
+// Thread 0's order to the CTA's threads: a tile GEMM or a row job to share, or the pass is over.
+struct Order {
+  enum class Work : uint8_t { gemm, rows, stop };
+  Work work;
   core::Gemm gemm;
-  bool go;
+  core::RowJob rows;
 };
 
 // This thread's elements of the tile: element e of the tile to thread e mod blockDim.
@@ -32,23 +34,32 @@ __device__ void share_tile(const core::Gemm& g) {
 // A tile GEMM by every thread of the CTA: on tensor cores where core's tensor tile takes it, else an element each;
 // fenced at the device's scope, so that thread 0's release after the CTA's barrier publishes every thread's writes to
 // the other CTAs whatever the barrier orders. One copy of it, called from core's every GEMM site and the serving loop.
-__device__ __noinline__ void compute_tile(SharedTile& tile, tensor_tile::Storage& tensor, uint32_t& phase,
+__device__ __noinline__ void compute_tile(const core::Gemm& g, tensor_tile::Storage& tensor, uint32_t& phase,
                                           uint64_t timeout_ns) {
-  if (core::tensor_gemm(tile.gemm))
-    tensor_tile::compute(tile.gemm, tensor, phase, timeout_ns, cta_barrier);
+  if (core::tensor_gemm(g))
+    tensor_tile::compute(g, tensor, phase, timeout_ns, cta_barrier);
   else
-    share_tile(tile.gemm);
+    share_tile(g);
   __threadfence();
 }
 
-// The tile operations of thread 0: every tile GEMM over the CTA's threads (their elements written before the second
-// cta_barrier, so thread 0's later release publishes them all); one that quantises on read (which core's tasks never
-// ask for) on thread 0 alone with the reference. A tensor-core tile whose MMAs did not finish fails the pass.
-struct CtaTiles {
+// A row job by every thread but thread 0, as part threadIdx - 1 of blockDim - 1 (core's run_rows: 16-byte pieces of
+// each row, neighbouring threads on neighbouring pieces), fenced as compute_tile. Thread 0 stays in core's body: a
+// call from there would add this job's frame (pull_rows' cursor per rank) to the body's on every thread's stack.
+__device__ __noinline__ void share_rows(const core::RowJob& job, const core::PassView& v) {
+  core::run_rows(v, job, core::Part{static_cast<int>(threadIdx.x) - 1, static_cast<int>(blockDim.x) - 1});
+  __threadfence();
+}
+
+// The operations of thread 0: every tile GEMM and row job over the CTA's threads (their writes done before the
+// second cta_barrier, so thread 0's later release publishes them all); a GEMM that quantises on read (which core's
+// tasks never ask for) on thread 0 alone with the reference. A tensor-core tile whose MMAs did not finish fails the
+// pass.
+struct CtaOps {
   float* scratch;
   core::bf16_t* chunk;
   float* sums;
-  SharedTile* tile;              // shared memory
+  Order* order;                  // shared memory
   tensor_tile::Storage* tensor;  // shared memory
   const core::PassView* view;
   uint32_t phase;  // the MMA barrier's next phase, as every thread of the CTA keeps it
@@ -56,13 +67,19 @@ struct CtaTiles {
   __device__ void gemm(const core::Gemm& g) {
     if (core::quantises_on_read(g)) return core::reference_gemm(g, scratch);
     if (tensor->failed) return;
-    tile->gemm = g;
-    tile->go = true;
+    order->work = Order::Work::gemm;
+    order->gemm = g;
     cta_barrier();
-    compute_tile(*tile, *tensor, phase, view->timeout_ns);
+    compute_tile(order->gemm, *tensor, phase, view->timeout_ns);
     cta_barrier();
     if (tensor->failed)
       core::fail_pass(*view, core::Failure{core::Outcome::timeout, core::WaitId::tensor_core}, nullptr);
+  }
+  __device__ void rows(const core::PassView&, const core::RowJob& job) {
+    order->work = Order::Work::rows;
+    order->rows = job;
+    cta_barrier();  // the other threads run it
+    cta_barrier();
   }
   __device__ bool stop_here(const core::PassView&, int64_t, const core::Task*) const { return false; }
 };
@@ -81,37 +98,40 @@ __global__ void prepare_fused_pass(core::PassView view, core::TaskGraph* graph) 
   *graph = view.graph;
 }
 
-// CTA w is worker w. Thread 0 runs core's body; the others serve its tile GEMMs until it says the pass is over. The
-// CTA holds its tensor memory from start to end (tensor_tile::open, close).
+// CTA w is worker w. Thread 0 runs core's body; the others serve its orders until it says the pass is over, each
+// with the same view of the pass. The CTA holds its tensor memory from start to end (tensor_tile::open, close).
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     fused_pass(core::PassView view, core::PassArgs args, const core::TaskGraph* graph) {
   __shared__ core::PassArgs call;
-  __shared__ SharedTile tile;
+  __shared__ Order order;
   __shared__ tensor_tile::Storage tensor;
+  if (threadIdx.x == 0) call = args;
+  view.args = &call;
+  view.graph = *graph;
+  view.sched.total_rows = view.group->total_rows;
   tensor_tile::open(tensor);
   cta_barrier();
   uint32_t phase = 0;
   if (threadIdx.x == 0) {
-    call = args;
-    view.args = &call;
-    view.graph = *graph;
-    view.sched.total_rows = view.group->total_rows;
     int w = static_cast<int>(blockIdx.x);
-    CtaTiles tiles{view.scratch + w * view.scratch_floats,
-                   view.chunk + w * view.chunk_values,
-                   view.sums + w * view.sums_floats,
-                   &tile,
-                   &tensor,
-                   &view,
-                   phase};
-    core::run_pass_worker(view, w, tiles);
-    tile.go = false;
+    CtaOps ops{view.scratch + w * view.scratch_floats,
+               view.chunk + w * view.chunk_values,
+               view.sums + w * view.sums_floats,
+               &order,
+               &tensor,
+               &view,
+               phase};
+    core::run_pass_worker(view, w, ops);
+    order.work = Order::Work::stop;
     cta_barrier();
   } else {
     for (;;) {
       cta_barrier();
-      if (!tile.go) break;
-      compute_tile(tile, tensor, phase, view.timeout_ns);
+      if (order.work == Order::Work::stop) break;
+      if (order.work == Order::Work::rows)
+        share_rows(order.rows, view);
+      else
+        compute_tile(order.gemm, tensor, phase, view.timeout_ns);
       cta_barrier();
     }
   }

@@ -36,6 +36,14 @@ int thread_limit_from_env() {
   return spec ? std::atoi(spec) : -1;
 }
 
+// MOK_HOST_ROW_PARTS="<n>": each row job (core's run_rows) run as n parts, one after another, as a CTA's threads
+// share it at once; "-<n>": the last part first. A test's way of checking that the parts are independent.
+int row_parts_from_env() {
+  const char* spec = std::getenv("MOK_HOST_ROW_PARTS");
+  int n = spec ? std::atoi(spec) : 0;
+  return n == 0 ? 1 : n;
+}
+
 // core's sigmoid of every bf16 value, built once per process: SwiGLU looks its sigmoids up.
 const float* sigmoid_table() {
   static const std::vector<float> table = [] {
@@ -65,8 +73,13 @@ struct HostOps {
   float* sums;
   int64_t stall_after;  // MOK_HOST_FAULT_STALL on this worker; -1 = off
   int64_t slow_us;      // MOK_HOST_FAULT_SLOW on this rank; -1 = off
+  int row_parts;        // MOK_HOST_ROW_PARTS
 
   void gemm(const core::Gemm& g) { host::gemm(g, scratch, scratch_floats); }
+  void rows(const core::PassView& v, const core::RowJob& job) const {
+    int count = row_parts < 0 ? -row_parts : row_parts;
+    for (int i = 0; i < count; ++i) core::run_rows(v, job, core::Part{row_parts < 0 ? count - 1 - i : i, count});
+  }
 
   // With fault injection, the worker starts each task `slow_us` late (a slow rank that keeps working),
   // and stalls after `stall_after` tasks, or when its queue runs out first: the rank hangs whatever the
@@ -97,7 +110,8 @@ void run_worker(void* job, int worker) {
               v.chunk + static_cast<size_t>(worker) * v.chunk_values,
               v.sums + static_cast<size_t>(worker) * v.sums_floats,
               worker == 0 ? j.layer->stall_after_tasks : -1,
-              j.layer->slow_task_us};
+              j.layer->slow_task_us,
+              j.layer->row_parts};
   core::run_pass_worker(*j.view, worker, ops);
 }
 
@@ -139,6 +153,7 @@ mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mok
   l->stall_after_tasks = fault_from_env("MOK_HOST_FAULT_STALL", shape.rank);
   l->exit_worker = static_cast<int>(fault_from_env("MOK_HOST_FAULT_EXIT", shape.rank));
   l->slow_task_us = fault_from_env("MOK_HOST_FAULT_SLOW", shape.rank);
+  l->row_parts = row_parts_from_env();
   if (memory.peer_bases) {
     l->memory.adopt(memory.peer_bases, shape.world);
   } else if (mokStatus_t s = l->memory.rendezvous(memory.shm_name, shape, l->peer.bytes, timeout_ns, why);

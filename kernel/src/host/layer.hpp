@@ -23,10 +23,11 @@ struct Layer {
   uint64_t timeout_ns = 0;
   core::GroupState group{};  // epochs, formation, schedule and context, the error record
   ThreadPool pool;           // comm_workers + compute_workers threads, for the life of the layer
-  // Fault injection (tests of the timeout and abort paths), from the environment at creation:
+  // Fault injection (tests of the timeout and abort paths) and the row-part split, from the environment at creation:
   int64_t stall_after_tasks = -1;  // MOK_HOST_FAULT_STALL: worker 0 stops after this many tasks; -1 = off
   int exit_worker = -1;            // MOK_HOST_FAULT_EXIT: this worker leaves every pass at once; -1 = off
   int64_t slow_task_us = -1;       // MOK_HOST_FAULT_SLOW: every worker starts each task this late; -1 = off
+  int row_parts = 1;               // MOK_HOST_ROW_PARTS: each row job in this many parts, < 0 last part first
   std::mutex reason_lock;          // the own header's reason has one writer at a time (stamp_reason)
 };
 
