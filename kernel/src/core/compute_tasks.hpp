@@ -328,10 +328,11 @@ MOK_HD inline WgradBlock wgrad_block(const LayerShape& s, int task) {
                     matrix == 0 ? s.intermediate : s.hidden};
 }
 
-// A bias gradient's sums over a tile: sums[i] += a(i, k) for k = 0, 1, ..., depth - 1 in order, fp32, the
-// values as the weight gradient's GEMM reads them (in MXFP8 mode the codes quantised along the tokens).
-MOK_HD inline void add_columns(const Operand& a, int rows, int depth, float* sums) {
-  for (int i = 0; i < rows; ++i) {
+// Part `part` of a bias gradient's sums over a tile (its sums i = part.index, part.index + part.count, ...):
+// sums[i] += a(i, k) for k = 0, 1, ..., depth - 1 in order, fp32, the values as the weight gradient's GEMM reads
+// them (in MXFP8 mode the codes quantised along the tokens).
+MOK_HD inline void add_columns(const Operand& a, int rows, int depth, float* sums, Part part) {
+  for (int i = part.index; i < rows; i += part.count) {
     float sum = sums[i];
     for (int k = 0; k < depth; ++k) sum = add_rn(sum, stored_value(a, i, k));
     sums[i] = sum;
@@ -343,39 +344,68 @@ MOK_HD inline void* bias_gradient(const PassArgs& a, int matrix) {
   return matrix == 0 ? a.ddown_bias : (matrix == 1 ? a.dgate_bias : a.dup_bias);
 }
 
-// Tile t's rows added to the block's sums, in row order (and, with bias_sums, the block's bias gradient:
-// the column sums of dy, dg or du over the same rows): dW_down += dyᵀ h, dW_gate += dgᵀ x,
-// dW_up += duᵀ x. A tile's rows are contiguous in the ring (tiles never straddle its end), and in MXFP8
-// mode a tile starts a 32-row block of its segment (expert_padding % 32 == 0): dy and x are read as
-// dispatch quantised them along the tokens, h, dg and du as swiglu_bwd did, the tile slot's blocks.
-template <class Ops>
-MOK_HD void add_tile(const PassView& v, const WgradBlock& b, int64_t tile, int expert, float* sums, float* bias_sums,
-                     Ops& ops) {
-  int64_t row0 = tile * v.s.expert_padding;
-  int rows = tile_rows(v.s, v.sched, tile, expert);
+// The block's first operand over the tile whose rows start at ring row row0, read down its columns: dy for dW_down,
+// dg or du for dW_gate or dW_up, from the block's first row on.
+MOK_HD inline Operand wgrad_rows(const PassView& v, const WgradBlock& b, int64_t row0) {
   int h = v.s.hidden, in = v.s.intermediate;
   Operand a = b.matrix == 0 ? ring_columns(v, v.ring_dy, v.mx_dy, row0, h)
                             : (b.matrix == 1 ? ring_columns(v, v.ring_g, v.mx_g, row0, in)
                                              : ring_columns(v, v.ring_u, v.mx_u, row0, in));
-  a = from_row(a, b.row0);
-  Operand other =
-      b.matrix == 0 ? ring_columns(v, v.ring_h, v.mx_h, row0, in) : ring_columns(v, v.ring_x, v.mx_x, row0, h);
-  ops.gemm(gemm_one(b.rows, b.cols, a, other, rows, sums, b.cols, Epilogue::accumulate_f32));
-  if (bias_sums) add_columns(a, b.rows, rows, bias_sums);
+  return from_row(a, b.row0);
 }
 
-// The block's sums into the caller's gradient: bf16, or added into fp32 main_grad.
-MOK_HD inline void write_block(const PassView& v, const WgradBlock& b, int expert, const float* sums) {
+// Tile t's rows added to the block's sums, in row order (and, with bias_sums, the block's bias gradient:
+// the column sums of dy, dg or du over the same rows, by ops.rows): dW_down += dyᵀ h, dW_gate += dgᵀ x,
+// dW_up += duᵀ x. A tile's rows are contiguous in the ring (tiles never straddle its end), and in MXFP8
+// mode a tile starts a 32-row block of its segment (expert_padding % 32 == 0): dy and x are read as
+// dispatch quantised them along the tokens, h, dg and du as swiglu_bwd did, the tile slot's blocks.
+template <class Ops>
+MOK_HD void add_tile(const PassView& v, const Task& task, int64_t tile, int expert, float* sums, float* bias_sums,
+                     Ops& ops) {
+  WgradBlock b = wgrad_block(v.s, task.block);
+  int64_t row0 = tile * v.s.expert_padding;
+  int rows = tile_rows(v.s, v.sched, tile, expert);
+  Operand other = b.matrix == 0 ? ring_columns(v, v.ring_h, v.mx_h, row0, v.s.intermediate)
+                                : ring_columns(v, v.ring_x, v.mx_x, row0, v.s.hidden);
+  ops.gemm(gemm_one(b.rows, b.cols, wgrad_rows(v, b, row0), other, rows, sums, b.cols, Epilogue::accumulate_f32));
+  if (bias_sums) ops.rows(v, wgrad_job(RowWork::bias_columns, task.block, expert, tile, sums, bias_sums));
+}
+
+// Part `part` of tile `tile`'s columns added into the block's bias sums (add_tile).
+MOK_HD inline void add_bias_columns(const PassView& v, const RowJob& job, Part part) {
+  WgradBlock b = wgrad_block(v.s, job.block);
+  add_columns(wgrad_rows(v, b, job.first * v.s.expert_padding), b.rows, tile_rows(v.s, v.sched, job.first, job.expert),
+              job.bias_sums, part);
+}
+
+// Part `part` of the block's sums (and bias sums) zeroed: the expert's first part starts them.
+MOK_HD inline void start_block(const PassView& v, const RowJob& job, Part part) {
+  WgradBlock b = wgrad_block(v.s, job.block);
+  auto zero = [&](float* sums, int64_t n) {
+    each_piece(part, n, kPieceValues, [&](int64_t first, int count) {
+      for (int i = 0; i < count; ++i) sums[first + i] = 0.0f;
+    });
+  };
+  zero(job.sums, static_cast<int64_t>(b.rows) * b.cols);
+  if (job.bias_sums) zero(job.bias_sums, b.rows);
+}
+
+// Part `part` of the block's sums into the caller's gradient (and of its bias sums into the bias gradient): bf16, or
+// added into fp32 main_grad.
+MOK_HD inline void write_block(const PassView& v, const RowJob& job, Part part) {
   const PassArgs& a = *v.args;
-  void* grad = b.matrix == 0 ? a.ddown : (b.matrix == 1 ? a.dgate : a.dup);
-  int64_t at = (static_cast<int64_t>(expert) * (b.matrix == 0 ? v.s.hidden : v.s.intermediate) + b.row0) * b.cols;
-  write_gradient(sums, static_cast<int64_t>(b.rows) * b.cols, a.accumulate != 0, grad, at);
-}
-
-MOK_HD inline void write_bias_block(const PassView& v, const WgradBlock& b, int expert, const float* bias_sums) {
+  WgradBlock b = wgrad_block(v.s, job.block);
   int height = b.matrix == 0 ? v.s.hidden : v.s.intermediate;
-  write_gradient(bias_sums, b.rows, v.args->accumulate != 0, bias_gradient(*v.args, b.matrix),
-                 static_cast<int64_t>(expert) * height + b.row0);
+  auto write = [&](const float* sums, int64_t n, void* grad, int64_t at) {
+    each_piece(part, n, kPieceValues, [&](int64_t first, int count) {
+      write_gradient(sums + first, count, a.accumulate != 0, grad, at + first);
+    });
+  };
+  void* grad = b.matrix == 0 ? a.ddown : (b.matrix == 1 ? a.dgate : a.dup);
+  write(job.sums, static_cast<int64_t>(b.rows) * b.cols, grad,
+        (static_cast<int64_t>(job.expert) * height + b.row0) * b.cols);
+  if (job.bias_sums)
+    write(job.bias_sums, b.rows, bias_gradient(a, b.matrix), static_cast<int64_t>(job.expert) * height + b.row0);
 }
 
 // One block of an expert's weight gradient over one part of its rows, rows in order. The sums start at
@@ -402,13 +432,9 @@ MOK_HD Failure run_wgrad(const PassView& v, const Task& task, Ops& ops) {
   float* bias_sums = bias_gradient(*v.args, b.matrix) == nullptr
                          ? nullptr
                          : (slot ? slot + 3 * ih + bias_slot_offset(v.s, b.matrix) + b.row0 : ops.sums + n);
-  if (p.first) {
-    for (int64_t i = 0; i < n; ++i) sums[i] = 0.0f;
-    for (int i = 0; bias_sums && i < b.rows; ++i) bias_sums[i] = 0.0f;
-  }
-  for (int64_t t = p.first_tile; t < p.end_tile; ++t) add_tile(v, b, t, p.expert, sums, bias_sums, ops);
-  if (p.last) write_block(v, b, p.expert, sums);
-  if (p.last && bias_sums) write_bias_block(v, b, p.expert, bias_sums);
+  if (p.first) ops.rows(v, wgrad_job(RowWork::wgrad_start, task.block, p.expert, 0, sums, bias_sums));
+  for (int64_t t = p.first_tile; t < p.end_tile; ++t) add_tile(v, task, t, p.expert, sums, bias_sums, ops);
+  if (p.last) ops.rows(v, wgrad_job(RowWork::wgrad_write, task.block, p.expert, 0, sums, bias_sums));
   if (chain) publish(chain, static_cast<uint32_t>(p.number + 1));
   // The part's ring rows may now be overwritten, as far as this task is concerned.
   if (p.end_tile > p.first_tile)
@@ -443,61 +469,103 @@ MOK_HD_NOINLINE void add_router_gradient_row(float dlogit, const bf16_t* x, int 
   for (int i = 0; i < h; ++i) dr[i] = add_rn(dr[i], mul_rn(dlogit, bf16_to_float(x[i])));
 }
 
-// Chunk c: the local tokens [c * P, min((c + 1) * P, tokens)), P = expert_padding. Per chunk: g, u,
-// h (and in backward dh, then dg, du in place of g, u) in the worker's chunk rows; the output (or dx)
+// Chunk c of the shared expert: the local tokens [c * P, min((c + 1) * P, tokens)), P = expert_padding; its g, u,
+// h, dh ([P, I_s] bf16 each), the gated backward's scaled dout ([P, H] bf16) and dlogit ([P] fp32) in the worker's
+// chunk rows; the tokens' x, dout and shared output (or dx) rows.
+struct SharedChunk {
+  int64_t first;
+  int rows;
+  bf16_t *g, *u, *hr, *dh, *scaled;
+  float* dlogit;
+  const bf16_t *xs, *dout;
+  bf16_t* out;
+};
+
+MOK_HD inline SharedChunk shared_chunk(const PassView& v, int64_t chunk, bf16_t* chunk_rows) {
+  int h = v.s.hidden;
+  int64_t p = v.s.expert_padding, rows = p * v.s.shared_intermediate;
+  SharedChunk c;
+  c.first = chunk * p;
+  c.rows = static_cast<int>((c.first + p < v.tokens ? c.first + p : v.tokens) - c.first);
+  c.g = chunk_rows, c.u = c.g + rows, c.hr = c.u + rows, c.dh = c.hr + rows, c.scaled = c.dh + rows;
+  c.dlogit = reinterpret_cast<float*>(c.scaled + (p * h + 1) / 2 * 2);
+  c.xs = peer_array<const bf16_t>(v, v.s.rank, v.peer.x) + c.first * h;
+  c.dout = is_backward(v.kind) ? peer_array<const bf16_t>(v, v.s.rank, v.peer.dout) + c.first * h : nullptr;
+  c.out = v.shared_out + c.first * h;
+  return c;
+}
+
+// Part `part` of a row stage of the shared expert's chunk `job.first` (rows in `job.staging`): its pieces of each
+// token's row, or (the gate's backward, a dot over the row) its tokens; the router's gradient adds the tokens in order
+// into each of its pieces.
+MOK_HD inline void shared_rows(const PassView& v, const RowJob& job, Part part) {
+  SharedChunk c = shared_chunk(v, job.first, job.staging);
+  int h = v.s.hidden, is = v.s.shared_intermediate;
+  Swiglu sw = layer_swiglu(v.s, v.sigmoid_table);
+  const bf16_t* router = v.w.shared_router;
+  if (job.work == RowWork::shared_gate) {
+    for (int r = part.index; r < c.rows; r += part.count)
+      c.dlogit[r] = gate_backward_row(c.xs + r * h, router, c.dout + r * h, c.out + r * h, h, c.scaled + r * h);
+    return;
+  }
+  if (job.work == RowWork::shared_router)
+    return each_piece(part, h, kPieceValues, [&](int64_t i, int n) {
+      for (int r = 0; r < c.rows; ++r) add_router_gradient_row(c.dlogit[r], c.xs + r * h + i, n, v.acc.srouter + i);
+    });
+  for (int r = 0; r < c.rows; ++r) {
+    int64_t at = static_cast<int64_t>(r) * is;
+    if (job.work == RowWork::shared_gate_dx)
+      each_piece(part, h, kPieceValues,
+                 [&](int64_t i, int n) { add_gate_dx_row(c.dlogit[r], router + i, n, c.out + r * h + i); });
+    else if (job.work == RowWork::shared_swiglu)
+      each_piece(part, is, kPieceValues,
+                 [&](int64_t i, int n) { swiglu_row(sw, c.g + at + i, c.u + at + i, n, c.hr + at + i); });
+    else
+      each_piece(part, is, kPieceValues,
+                 [&](int64_t i, int n) { swiglu_gradient_row(sw, c.g + at + i, c.u + at + i, c.dh + at + i, n); });
+  }
+}
+
+// Chunk c: g, u, h (and in backward dh, then dg, du in place of g, u) in the worker's chunk rows; the output (or dx)
 // in shared_out; in backward then the weight gradients, chunks in order.
 template <class Ops>
 MOK_HD Failure run_shared(const PassView& v, int64_t chunk, Ops& ops) {
   int h = v.s.hidden, is = v.s.shared_intermediate;
   bool backward = is_backward(v.kind);
-  int64_t first = chunk * v.s.expert_padding;
-  int rows = static_cast<int>((first + v.s.expert_padding < v.tokens ? first + v.s.expert_padding : v.tokens) - first);
-  bf16_t *g = ops.chunk, *u = g + static_cast<int64_t>(v.s.expert_padding) * is,
-         *hr = u + static_cast<int64_t>(v.s.expert_padding) * is,
-         *dh = hr + static_cast<int64_t>(v.s.expert_padding) * is;
-  const bf16_t* xs = peer_array<const bf16_t>(v, v.s.rank, v.peer.x) + first * h;
-  bf16_t* out = v.shared_out + first * h;
-  Operand x = bf16_operand(xs, h, 1, false);
+  SharedChunk c = shared_chunk(v, chunk, ops.chunk);
+  auto rows = [&](RowWork work) { ops.rows(v, rows_job(work, chunk, 0, ops.chunk)); };
+  Operand x = bf16_operand(c.xs, h, 1, false);
   Operand wgate = bf16_operand(v.w.shared_gate, h, 1, false), wup = bf16_operand(v.w.shared_up, h, 1, false);
-  ops.gemm(gemm_one(rows, is, x, wgate, h, g, is, Epilogue::store_bf16));
-  ops.gemm(gemm_one(rows, is, x, wup, h, u, is, Epilogue::store_bf16));
-  Swiglu sw = layer_swiglu(v.s, v.sigmoid_table);
-  for (int r = 0; r < rows; ++r) swiglu_row(sw, g + r * is, u + r * is, is, hr + r * is);
+  ops.gemm(gemm_one(c.rows, is, x, wgate, h, c.g, is, Epilogue::store_bf16));
+  ops.gemm(gemm_one(c.rows, is, x, wup, h, c.u, is, Epilogue::store_bf16));
+  rows(RowWork::shared_swiglu);
   // The shared output: the forward's result, and in the gated backward what ds_t reads (in out, which the
   // input gradient overwrites below).
   bool gated = v.w.shared_router != nullptr;
   if (!backward || gated)
-    ops.gemm(gemm_one(rows, h, bf16_operand(hr, is, 1, false), bf16_operand(v.w.shared_down, is, 1, false), is, out, h,
-                      Epilogue::store_bf16));
+    ops.gemm(gemm_one(c.rows, h, bf16_operand(c.hr, is, 1, false), bf16_operand(v.w.shared_down, is, 1, false), is,
+                      c.out, h, Epilogue::store_bf16));
   if (!backward) return kNoFailure;
-  const bf16_t* dout = peer_array<const bf16_t>(v, v.s.rank, v.peer.dout) + first * h;
-  // Gated: the shared expert's dout is bf16(s_t * dout_t), its chunk rows after dh; dlogit_t after them.
-  bf16_t* scaled = dh + static_cast<int64_t>(v.s.expert_padding) * is;
-  float* dlogit = reinterpret_cast<float*>(scaled + (static_cast<int64_t>(v.s.expert_padding) * h + 1) / 2 * 2);
-  if (gated) {
-    for (int r = 0; r < rows; ++r)
-      dlogit[r] = gate_backward_row(xs + r * h, v.w.shared_router, dout + r * h, out + r * h, h, scaled + r * h);
-  }
-  const bf16_t* sdout = gated ? scaled : dout;
-  ops.gemm(gemm_one(rows, is, bf16_operand(sdout, h, 1, false), bf16_operand(v.w.shared_down, 1, is, false), h, dh, is,
-                    Epilogue::store_bf16));
-  for (int r = 0; r < rows; ++r) swiglu_gradient_row(sw, g + r * is, u + r * is, dh + r * is, is);
-  GemmPart dgate{bf16_operand(g, is, 1, false), bf16_operand(v.w.shared_gate, 1, h, false), is};
-  GemmPart dup{bf16_operand(u, is, 1, false), bf16_operand(v.w.shared_up, 1, h, false), is};
-  ops.gemm(gemm_two(rows, h, dgate, dup, out, h));
-  if (gated)
-    for (int r = 0; r < rows; ++r) add_gate_dx_row(dlogit[r], v.w.shared_router, h, out + r * h);
+  // Gated: the shared expert's dout is bf16(s_t * dout_t), in the chunk's scaled rows, and dlogit_t.
+  if (gated) rows(RowWork::shared_gate);
+  const bf16_t* sdout = gated ? c.scaled : c.dout;
+  ops.gemm(gemm_one(c.rows, is, bf16_operand(sdout, h, 1, false), bf16_operand(v.w.shared_down, 1, is, false), h, c.dh,
+                    is, Epilogue::store_bf16));
+  rows(RowWork::shared_gradient);
+  GemmPart dgate{bf16_operand(c.g, is, 1, false), bf16_operand(v.w.shared_gate, 1, h, false), is};
+  GemmPart dup{bf16_operand(c.u, is, 1, false), bf16_operand(v.w.shared_up, 1, h, false), is};
+  ops.gemm(gemm_two(c.rows, h, dgate, dup, c.out, h));
+  if (gated) rows(RowWork::shared_gate_dx);
   // Only the weight gradients need the chunks in order: everything above runs on any worker at once.
   Failure f = wait_local(v, v.c.shared, static_cast<uint32_t>(chunk), WaitId::shared_order);
   if (!f.ok()) return f;
-  Operand xt = bf16_operand(xs, 1, h, false);
-  ops.gemm(gemm_one(h, is, bf16_operand(sdout, 1, h, false), bf16_operand(hr, 1, is, false), rows, v.acc.sdown, is,
+  Operand xt = bf16_operand(c.xs, 1, h, false);
+  ops.gemm(gemm_one(h, is, bf16_operand(sdout, 1, h, false), bf16_operand(c.hr, 1, is, false), c.rows, v.acc.sdown, is,
                     Epilogue::accumulate_f32));
   // dr += dlogit_t x_t, tokens in order (chunks in order, rows in order): fp32, deterministic.
-  if (gated)
-    for (int r = 0; r < rows; ++r) add_router_gradient_row(dlogit[r], xs + r * h, h, v.acc.srouter);
-  ops.gemm(gemm_one(is, h, bf16_operand(g, 1, is, false), xt, rows, v.acc.sgate, h, Epilogue::accumulate_f32));
-  ops.gemm(gemm_one(is, h, bf16_operand(u, 1, is, false), xt, rows, v.acc.sup, h, Epilogue::accumulate_f32));
+  if (gated) rows(RowWork::shared_router);
+  ops.gemm(gemm_one(is, h, bf16_operand(c.g, 1, is, false), xt, c.rows, v.acc.sgate, h, Epilogue::accumulate_f32));
+  ops.gemm(gemm_one(is, h, bf16_operand(c.u, 1, is, false), xt, c.rows, v.acc.sup, h, Epilogue::accumulate_f32));
   publish(v.c.shared, static_cast<uint32_t>(chunk + 1));
   return kNoFailure;
 }

@@ -42,6 +42,14 @@ MOK_HD inline void run_rows(const PassView& v, const RowJob& job, Part part) {
     case RowWork::swiglu_backward: return swiglu_backward_in_place(v, job.tile, part);
     case RowWork::stage_backward: return stage_backward_block(v, job.tile, job.first, job.staging, part);
     case RowWork::quantize_backward: return quantize_backward_block(v, job.tile, job.first, job.staging, part);
+    case RowWork::wgrad_start: return start_block(v, job, part);
+    case RowWork::bias_columns: return add_bias_columns(v, job, part);
+    case RowWork::wgrad_write: return write_block(v, job, part);
+    case RowWork::shared_swiglu:
+    case RowWork::shared_gate:
+    case RowWork::shared_gradient:
+    case RowWork::shared_gate_dx:
+    case RowWork::shared_router: return shared_rows(v, job, part);
     case RowWork::zero: return zero_accumulators(v, job.worker, part);
     case RowWork::finish: return finish_share(v, job.worker, part);
   }

@@ -53,6 +53,14 @@ enum class RowWork : uint8_t {
   swiglu_backward,    // bf16 mode: `tile`'s dg, du and h in place
   stage_backward,     // MXFP8 mode: `tile`'s g, u and dh of the 32-row block from ring row `first` staged
   quantize_backward,  // MXFP8 mode: ... and become dg, du and h, quantised into the ring
+  wgrad_start,        // a weight-gradient block's sums (and bias sums) zeroed: `block` of `expert`
+  bias_columns,       // ... tile `first`'s columns added into its bias sums
+  wgrad_write,        // ... its sums into the caller's gradients
+  shared_swiglu,      // the shared expert's chunk `first` (rows in `staging`): h = SwiGLU(g, u)
+  shared_gate,        // ... the gated backward's scaled dout and dlogit, a token each
+  shared_gradient,    // ... dg, du in place of g, u
+  shared_gate_dx,     // ... the gate's term added into dx
+  shared_router,      // ... the router's gradient, tokens in order
   zero,               // `worker`'s share of the shared expert's weight-gradient accumulators zeroed
   finish,             // `worker`'s share of the home sums and the gradient write-out
 };
@@ -60,18 +68,25 @@ struct RowJob {
   RowWork work;
   int64_t first, end;
   TileInfo tile;
-  int worker;
-  bf16_t* staging;  // the worker's block of rows on their way to MXFP8 quantisation (pull, swiglu stages)
+  int worker;         // zero, finish
+  int block, expert;  // the wgrad jobs: a wgrad task's block of an expert's gradients
+  bf16_t* staging;    // the worker's block of rows on their way to MXFP8 quantisation (pull, the SwiGLU stages), or
+                      // its chunk rows (the shared expert's)
+  float* sums;        // the wgrad jobs: the block's weight sums, and its bias sums (null without a bias)
+  float* bias_sums;
 };
 
 MOK_HD inline RowJob rows_job(RowWork work, int64_t first, int64_t end, bf16_t* staging) {
-  return RowJob{work, first, end, TileInfo{}, 0, staging};
+  return RowJob{work, first, end, TileInfo{}, 0, 0, 0, staging, nullptr, nullptr};
 }
 MOK_HD inline RowJob tile_job(RowWork work, const TileInfo& tile, bf16_t* staging, int64_t block) {
-  return RowJob{work, block, 0, tile, 0, staging};
+  return RowJob{work, block, 0, tile, 0, 0, 0, staging, nullptr, nullptr};
 }
 MOK_HD inline RowJob share_job(RowWork work, int worker) {
-  return RowJob{work, 0, 0, TileInfo{}, worker, nullptr};
+  return RowJob{work, 0, 0, TileInfo{}, worker, 0, 0, nullptr, nullptr, nullptr};
+}
+MOK_HD inline RowJob wgrad_job(RowWork work, int block, int expert, int64_t tile, float* sums, float* bias_sums) {
+  return RowJob{work, tile, 0, TileInfo{}, 0, block, expert, nullptr, sums, bias_sums};
 }
 
 // ---- rows -------------------------------------------------------------------------------------------
