@@ -498,7 +498,7 @@ MOK_HD inline SharedChunk shared_chunk(const PassView& v, int64_t chunk, bf16_t*
 // Part `part` of a row stage of the shared expert's chunk `job.first` (rows in `job.staging`): its pieces of each
 // token's row, or (the gate's backward, a dot over the row) its tokens; the router's gradient adds the tokens in order
 // into each of its pieces.
-MOK_HD inline void shared_rows(const PassView& v, const RowJob& job, Part part) {
+MOK_HD inline void shared_row_stage(const PassView& v, const RowJob& job, Part part) {
   SharedChunk c = shared_chunk(v, job.first, job.staging);
   int h = v.s.hidden, is = v.s.shared_intermediate;
   Swiglu sw = layer_swiglu(v.s, v.sigmoid_table);

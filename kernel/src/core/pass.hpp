@@ -49,7 +49,7 @@ MOK_HD inline void run_rows(const PassView& v, const RowJob& job, Part part) {
     case RowWork::shared_gate:
     case RowWork::shared_gradient:
     case RowWork::shared_gate_dx:
-    case RowWork::shared_router: return shared_rows(v, job, part);
+    case RowWork::shared_router: return shared_row_stage(v, job, part);
     case RowWork::zero: return zero_accumulators(v, job.worker, part);
     case RowWork::finish: return finish_share(v, job.worker, part);
   }
