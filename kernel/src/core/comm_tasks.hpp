@@ -103,10 +103,10 @@ MOK_HD inline uint32_t wgrad_tasks_over(const PassView& v, int64_t m) {
   return experts * static_cast<uint32_t>(wgrad_tasks_per_part(v.s));
 }
 
-// Pull minibatch m's rows into the ring: bf16, or in MXFP8 mode the e4m3 bytes of x and dy, through
-// `staging` (the worker's, mx_staging_values bf16), by ops.rows (pass.hpp).
+// Pull minibatch m's rows into the ring: bf16, or in MXFP8 mode the e4m3 bytes of x and dy, through the worker's
+// scratch (mx_staging_values bf16), by ops.rows (pass.hpp).
 template <class Ops>
-MOK_HD Failure run_dispatch(const PassView& v, int64_t m, bf16_t* staging, Ops& ops) {
+MOK_HD Failure run_dispatch(const PassView& v, int64_t m, Ops& ops) {
   int64_t ring = ring_minibatches(v.s);
   if (m >= ring) {
     Failure f = wait_local(v, &v.c.freed[m - ring], 1, WaitId::ring_slot_free);
@@ -116,7 +116,7 @@ MOK_HD Failure run_dispatch(const PassView& v, int64_t m, bf16_t* staging, Ops& 
   }
   int64_t lo = m * v.s.minibatch,
           hi = lo + v.s.minibatch < v.sched.total_rows ? lo + v.s.minibatch : v.sched.total_rows;
-  ops.rows(v, rows_job(RowWork::pull, lo, hi, staging));
+  ops.rows(v, rows_job(RowWork::pull, lo, hi, reinterpret_cast<bf16_t*>(ops.scratch)));
   publish(&v.c.ready[m], 1);
   return kNoFailure;
 }

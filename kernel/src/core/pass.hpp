@@ -19,7 +19,7 @@ template <class Ops>
 MOK_HD Failure run_task(const PassView& v, Task task, Ops& ops) {
   int h = v.s.hidden, in = v.s.intermediate;
   switch (task.kind) {
-    case TaskKind::dispatch: return run_dispatch(v, task.index, reinterpret_cast<bf16_t*>(ops.scratch), ops);
+    case TaskKind::dispatch: return run_dispatch(v, task.index, ops);
     case TaskKind::combine: return run_combine(v, task.index, ops);
     case TaskKind::shared: return run_shared(v, task.index, ops);
     case TaskKind::wgrad: return run_wgrad(v, task, ops);
