@@ -52,13 +52,10 @@ Counts run_tensor_tile(const core::Gemm& g, std::mt19937_64& rng) {
                                      core::bf16_to_float(panels[kPanelValues + core::panel_offset(j, k)]);
     }
     int row0 = core::chunk_row0(g, chunk), col0 = core::chunk_col0(g, chunk);
-    for (int i = 0; i < kMmaRows; ++i)
-      for (int j = 0; j < kMmaCols; ++j) {
-        if (exact)
-          core::tensor_epilogue(g, row0 + i, col0 + j, static_cast<float>(acc[i * kMmaCols + j]));
-        else if (row0 + i < g.rows && col0 + j < g.cols)
-          core::gemm_element(g, row0 + i, col0 + j);
-      }
+    if (!exact) core::gemm_elements(g, row0, col0, kMmaRows, kMmaCols, core::kWhole);
+    for (int i = 0; exact && i < kMmaRows; ++i)
+      for (int j = 0; j < kMmaCols; ++j)
+        core::tensor_epilogue(g, row0 + i, col0 + j, static_cast<float>(acc[i * kMmaCols + j]));
     ++(exact ? n.tensor : n.elements);
   }
   return n;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "core/gemm.hpp"
+#include "core/tile.hpp"
 
 namespace mok::core {
 
@@ -31,6 +32,15 @@ MOK_HD inline void gemm_element(const Gemm& g, int i, int j) {
     static_cast<bf16_t*>(g.c)[at] = float_to_bf16(with_bias(g, j, sum));
   else
     static_cast<float*>(g.c)[at] = sum;
+}
+
+// Part `part` of g's elements in the window of `rows` x `cols` from (row0, col0), those inside g: element e of the
+// window, row by row, to part e mod count (neighbouring parts on neighbouring elements of a row).
+MOK_HD inline void gemm_elements(const Gemm& g, int row0, int col0, int rows, int cols, Part part) {
+  for (int64_t e = part.index, n = static_cast<int64_t>(rows) * cols; e < n; e += part.count) {
+    int i = row0 + static_cast<int>(e / cols), j = col0 + static_cast<int>(e % cols);
+    if (i < g.rows && j < g.cols) gemm_element(g, i, j);
+  }
 }
 
 }  // namespace mok::core

@@ -25,12 +25,6 @@ struct Order {
   core::RowJob rows;
 };
 
-// This thread's elements of the tile: element e of the tile to thread e mod blockDim.
-__device__ void share_tile(const core::Gemm& g) {
-  for (int64_t e = threadIdx.x, n = static_cast<int64_t>(g.rows) * g.cols; e < n; e += blockDim.x)
-    core::gemm_element(g, static_cast<int>(e / g.cols), static_cast<int>(e % g.cols));
-}
-
 // A tile GEMM by every thread of the CTA: on tensor cores where core's tensor tile takes it, else an element each;
 // fenced at the device's scope, so that thread 0's release after the CTA's barrier publishes every thread's writes to
 // the other CTAs whatever the barrier orders. One copy of it, called from core's every GEMM site and the serving loop.
@@ -38,8 +32,8 @@ __device__ __noinline__ void compute_tile(const core::Gemm& g, tensor_tile::Stor
                                           uint64_t timeout_ns) {
   if (core::tensor_gemm(g))
     tensor_tile::compute(g, tensor, phase, timeout_ns, cta_barrier);
-  else
-    share_tile(g);
+  else  // an element each
+    core::gemm_elements(g, 0, 0, g.rows, g.cols, tensor_tile::cta_part());
   __threadfence();
 }
 

@@ -63,6 +63,11 @@ struct Storage {
   int failed;                                                 // an MMA did not finish in time
 };
 
+// This thread's part of work the CTA's threads share: thread t part t of blockDim.
+__device__ inline core::Part cta_part() {
+  return core::Part{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x)};
+}
+
 __device__ inline int warp() {
   return static_cast<int>(threadIdx.x) / 32;
 }
@@ -176,10 +181,7 @@ __device__ void compute(const core::Gemm& g, Storage& s, uint32_t& phase, uint64
     if (!s.inexact)
       write_chunk(g, s, row0, col0);
     else
-      for (int e = threadIdx.x; e < core::kMmaRows * core::kMmaCols; e += blockDim.x) {
-        int i = row0 + e / core::kMmaCols, j = col0 + e % core::kMmaCols;
-        if (i < g.rows && j < g.cols) core::gemm_element(g, i, j);
-      }
+      core::gemm_elements(g, row0, col0, core::kMmaRows, core::kMmaCols, cta_part());
     barrier();
     if (threadIdx.x == 0) s.inexact = 0;  // read by all before the barrier above; set again after the next
   }
