@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "api/layer_checks.hpp"
 #include "check.hpp"
 #include "core/mxfp8_layout.hpp"
 #include "core/shape.hpp"
@@ -197,7 +198,8 @@ inline mok::core::LayerShape shape_of(const mokLayerConfig_t& c) {
                                oai ? 1 : 0,
                                oai ? c.swiglu_alpha : 0.0f,
                                c.backward_comm_workers,
-                               c.routing_scale == mokRoutingScaleInput ? 1 : 0};
+                               c.routing_scale == mokRoutingScaleInput ? 1 : 0,
+                               mok::api::pass_form(c.executor)};
 }
 
 struct AlignedBuffer {

@@ -1,7 +1,8 @@
 // The cuda executor (mokExecutorCuda) and the fused one (mokExecutorSm100, its layer with core's whole pass as one
-// kernel) through the C ABI. Without a GPU: its sizes (core's workspace and the split executor's own after it, a
-// group's tables; the fused executor's the same), the layers it refuses and why, by field, and creation's refusals
-// (shared memory, no GPU).
+// kernel) through the C ABI. Without a GPU: its sizes (core's workspace without the workers' buffers and the split
+// executor's own after it, a group's tables; the fused executor's core workspace without the host's GEMM scratch and
+// only the tables after it), the layers it refuses and why, by field, and creation's refusals (shared memory, no
+// GPU).
 // On a GPU (skipped here, saying so): the self-test's stages over the layer (a group of three ranks on one GPU and
 // one rank on every GPU against the host executor, the same bits across runs), host memory
 // refused by name, and an MXFP8 layer created on 10.x and 9.0 alike, its backward refusing host colwise weights by
@@ -13,6 +14,7 @@
 
 #include "check.hpp"
 #include "core/split_workspace.hpp"
+#include "group.hpp"
 #include "mok/mok.h"
 #include "small_config.h"
 
@@ -33,14 +35,14 @@ void expect(mokStatus_t got, mokStatus_t want, const char* needle, const char* w
             what, mokGetStatusString(got), mokGetLastError(), mokGetStatusString(want), needle);
 }
 
-// The fields of a config the split executor's layout depends on.
-mok::core::LayerShape shape_of(const mokLayerConfig_t& c) {
-  mok::core::LayerShape s{};
-  s.world = c.world, s.experts_per_rank = c.experts_per_rank, s.hidden = c.hidden, s.intermediate = c.intermediate;
-  s.top_k = c.top_k, s.max_tokens = c.max_tokens, s.shared_intermediate = c.shared_intermediate;
-  s.expert_padding = c.expert_padding, s.minibatch = c.minibatch, s.macrobatch = c.macrobatch;
-  s.mxfp8 = c.precision == mokPrecisionMXFP8 ? 1 : 0;
-  return s;
+// A workspace's bytes per worker, as mokLayerGetSizes gives them: its growth from 1 to 9 compute workers, over 8.
+size_t bytes_per_worker(mokLayerConfig_t c) {
+  mokLayerSizes_t one = MOK_LAYER_SIZES_INIT, nine = MOK_LAYER_SIZES_INIT;
+  c.compute_workers = 1;
+  CHECK_MSG(mokLayerGetSizes(&c, &one) == mokSuccess, "%s", mokGetLastError());
+  c.compute_workers = 9;
+  CHECK_MSG(mokLayerGetSizes(&c, &nine) == mokSuccess, "%s", mokGetLastError());
+  return (nine.workspace_bytes - one.workspace_bytes) / 8;
 }
 
 bool have_gpu(const char* test) {
@@ -70,8 +72,15 @@ TEST(cuda_executor_is_compiled_and_sizes_core_then_its_own_buffers) {
   size_t rows = mok::core::shared_rows(s), own = (mok::core::out_ring_rows(s) * s.hidden + sums) * 4 +
                                                  rows * (4 * 24 + s.hidden) * 2 + rows * (1 + s.hidden) * 4 +
                                                  mok::core::kSigmoidTableSize * 4;
-  CHECK_MSG(on_cuda.workspace_bytes >= on_host.workspace_bytes + own, "cuda workspace %zu, host %zu + own %zu",
-            on_cuda.workspace_bytes, on_host.workspace_bytes, own);
+  size_t core = mok::core::local_layout(s).bytes;
+  CHECK_MSG(on_cuda.workspace_bytes >= core + own, "cuda workspace %zu, core %zu + own %zu", on_cuda.workspace_bytes,
+            core, own);
+  // Its kernels run no core worker: core's part holds no worker's buffers, weight-gradient slots or accumulators,
+  // so it is smaller than the host executor's and does not grow with the config's workers.
+  CHECK_MSG(core < on_host.workspace_bytes, "core's part %zu, the host executor's workspace %zu", core,
+            on_host.workspace_bytes);
+  CHECK_MSG(bytes_per_worker(cuda) == 0 && bytes_per_worker(host) > 0, "per worker: cuda %zu, host %zu",
+            bytes_per_worker(cuda), bytes_per_worker(host));
 }
 
 TEST(layers_it_does_not_run_are_refused_by_field_when_sized) {
@@ -127,9 +136,10 @@ TEST(an_mxfp8_layer_of_128_row_tiles_is_sized) {
   CHECK_MSG(a == 256u * 64 && b == (weights > a ? weights : a) && own.dequantised_b >= own.dequantised_a + 2 * a &&
                 own.bytes >= own.dequantised_b + 2 * b,
             "dequantised scratch of %zu and %zu values at %zu and %zu", a, b, own.dequantised_a, own.dequantised_b);
-  CHECK_MSG(on_cuda.peer_bytes == on_host.peer_bytes && on_cuda.workspace_bytes >= on_host.workspace_bytes + own.bytes,
-            "cuda %zu / %zu, host %zu / %zu, own %zu", on_cuda.workspace_bytes, on_cuda.peer_bytes,
-            on_host.workspace_bytes, on_host.peer_bytes, own.bytes);
+  size_t core = mok::core::local_layout(s).bytes;
+  CHECK_MSG(on_cuda.peer_bytes == on_host.peer_bytes && on_cuda.workspace_bytes >= core + own.bytes,
+            "cuda %zu / %zu, host's peer %zu, core %zu, own %zu", on_cuda.workspace_bytes, on_cuda.peer_bytes,
+            on_host.peer_bytes, core, own.bytes);
 }
 
 // A group: every rank's peer pointer and token count in the device's tables, the group's state after them; the
@@ -148,8 +158,8 @@ TEST(a_group_is_sized_with_its_tables) {
   CHECK(l.headers >= l.peers + 3 * sizeof(char*) && l.routing_ids >= l.headers + 3 * sizeof(void*));
   CHECK(l.routing_tokens >= l.routing_ids + 3 * sizeof(void*) && l.group >= l.routing_tokens + 3 * sizeof(int32_t));
   CHECK(l.group % alignof(mok::core::GroupState) == 0 && l.gemm_arguments >= l.group + sizeof(mok::core::GroupState));
-  CHECK_MSG(b.workspace_bytes >= h.workspace_bytes + l.bytes, "cuda %zu, host %zu + own %zu", b.workspace_bytes,
-            h.workspace_bytes, l.bytes);
+  size_t core = mok::core::local_layout(s).bytes;
+  CHECK_MSG(b.workspace_bytes >= core + l.bytes, "cuda %zu, core %zu + own %zu", b.workspace_bytes, core, l.bytes);
 }
 
 TEST(creation_wants_peer_pointers_and_a_device_that_runs_it) {
@@ -176,21 +186,48 @@ TEST(creation_wants_peer_pointers_and_a_device_that_runs_it) {
   CHECK(layer == nullptr);
 }
 
-// The fused executor runs on the cuda executor's workspace and peer buffer, and its query and creation refuse a machine
-// without a usable GPU as the cuda executor's do, naming it.
-TEST(fused_executor_is_sized_and_refused_as_the_cuda_executor) {
+// The fused executor's workspace holds what its pass uses: core's buffers without the host's tile-GEMM scratch (its
+// tiles live in shared and tensor memory; a worker keeps MXFP8's staging, the shared expert's chunk and a
+// weight-gradient task's sums), then of the split executor's only the device's tables. Its peer buffer is the cuda
+// executor's, and its query and creation refuse a machine without a usable GPU as the cuda executor's do, naming it.
+TEST(fused_executor_is_sized_for_its_pass_and_refused_as_the_cuda_executor) {
   int compiled = 0;
   CHECK(mokExecutorCompiled(mokExecutorSm100, &compiled) == mokSuccess);
   if (!compiled) {  // a build without a Blackwell target
     std::printf("  skipped: this libmok has no fused executor\n");
     return;
   }
-  mokLayerConfig_t cuda = cuda_config(), fused = cuda;
+  mokLayerConfig_t bf16 = cuda_config(), mx = bf16;
+  mx.precision = mokPrecisionMXFP8, mx.hidden = 64, mx.intermediate = 32;
+  mx.expert_padding = 128, mx.minibatch = 128, mx.macrobatch = 256;
+  for (mokLayerConfig_t cuda : {bf16, mx}) {
+    mokLayerConfig_t fused = cuda, host = cuda;
+    fused.executor = mokExecutorSm100, host.executor = mokExecutorHost;
+    mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT, on_cuda = MOK_LAYER_SIZES_INIT;
+    CHECK_MSG(mokLayerGetSizes(&fused, &sizes) == mokSuccess, "%s", mokGetLastError());
+    CHECK(mokLayerGetSizes(&cuda, &on_cuda) == mokSuccess);
+    CHECK(sizes.peer_bytes == on_cuda.peer_bytes);
+    mok::core::LayerShape s = shape_of(fused);
+    mok::core::LocalLayout core = mok::core::local_layout(s);
+    size_t tables = mok::core::kSigmoidTableSize * 4 + static_cast<size_t>(s.world) * (3 * sizeof(void*) + 4) +
+                    sizeof(mok::core::GroupState) + sizeof(mok::core::TaskGraph) + 7 * mok::core::kGemmArgumentAlign;
+    CHECK_MSG(sizes.workspace_bytes <= core.bytes + mok::core::kGemmArgumentAlign + tables,
+              "%s: fused workspace %zu, core's %zu + the tables' %zu",
+              cuda.precision == mokPrecisionMXFP8 ? "MXFP8" : "BF16", sizes.workspace_bytes, core.bytes, tables);
+    size_t staging = cuda.precision == mokPrecisionMXFP8
+                         ? 2 * std::max(mok::core::mx_staging_values(s), mok::core::mx_swiglu_staging_values(s))
+                         : 0;
+    size_t worker = staging + core.chunk_values * 2 + core.sums_floats * 4;
+    size_t gemm = 4 * mok::core::gemm_scratch_floats(s.expert_padding, s.hidden, s.hidden, true);
+    CHECK_MSG(core.scratch_floats * 4 >= staging && bytes_per_worker(fused) <= worker + 3 * mok::core::kAlign &&
+                  bytes_per_worker(host) >= worker - staging + gemm,  // the host's scratch holds either
+              "per worker: fused %zu (its staging %zu, chunk and sums %zu), host %zu (a tile's GEMM scratch %zu)",
+              bytes_per_worker(fused), staging, worker - staging, bytes_per_worker(host), gemm);
+  }
+  mokLayerConfig_t fused = bf16;
   fused.executor = mokExecutorSm100;
-  mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT, on_cuda = MOK_LAYER_SIZES_INIT;
-  CHECK_MSG(mokLayerGetSizes(&fused, &sizes) == mokSuccess, "%s", mokGetLastError());
-  CHECK(mokLayerGetSizes(&cuda, &on_cuda) == mokSuccess);
-  CHECK(sizes.workspace_bytes == on_cuda.workspace_bytes && sizes.peer_bytes == on_cuda.peer_bytes);
+  mokLayerSizes_t sizes = MOK_LAYER_SIZES_INIT;
+  CHECK(mokLayerGetSizes(&fused, &sizes) == mokSuccess);
   int supported = 0;
   mokStatus_t query = mokExecutorSupportsDevice(mokExecutorSm100, 0, &supported);
   if (query == mokSuccess) return;  // a Blackwell GPU: the tests on a GPU run its layer

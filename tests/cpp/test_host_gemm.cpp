@@ -317,19 +317,20 @@ TEST(host_gemm_is_bitwise_the_reference) {
   }
 }
 
-// core::gemm_element, the fused executor's CUDA-core tile (an element per thread), against the reference bit for bit
-// on the same random tiles: those that do not quantise on read (that executor runs the rest with reference_gemm).
+// core::gemm_element, the fused executor's CUDA-core tile (an element per thread, no scratch), against the reference
+// bit for bit on the same random tiles, those that quantise on read included (a block's round trip per element).
 TEST(gemm_elements_are_bitwise_the_reference) {
   std::mt19937_64 rng(seed() + 3);
-  int checked = 0;
+  int quantised = 0;
   for (int n = 0; n < 1500; ++n) {
     Tile t;
     make_case(t, rng);
-    if (mok::core::quantises_on_read(t.g)) continue;
+    bool quantises = false;
+    for (int p = 0; p < t.g.num_parts; ++p) quantises |= t.g.parts[p].a.quantize || t.g.parts[p].b.quantize;
     if (!agrees(t, run_elements(t, rng), run(t, true, GemmIsa::scalar, false, 0), "gemm_element")) return;
-    ++checked;
+    quantised += quantises;
   }
-  CHECK_MSG(checked > 300, "only %d of 1500 cases without quantisation on read", checked);
+  CHECK_MSG(quantised > 100, "only %d of 1500 cases quantise on read", quantised);
 }
 
 // Real tile heights and depths: many row panels, several chunks of the scratch, deep sums.

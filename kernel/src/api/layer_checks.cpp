@@ -196,7 +196,8 @@ mokStatus_t check_config(const mokLayerConfig_t* config, const char* func, mokLa
                             static_cast<int>(activation),
                             activation == core::Activation::swiglu_oai ? c->swiglu_alpha : 0.0f,
                             c->backward_comm_workers,
-                            routing_scale};
+                            routing_scale,
+                            pass_form(c->executor)};
   return mokSuccess;
 }
 

@@ -12,6 +12,14 @@ namespace mok::api {
 // Each stamped struct is checked on a copy in this libmok's layout (api/stamp.hpp: an older caller's struct gets
 // defaults for the fields it lacks); the copy is what the executor is given.
 
+// The pass an executor runs, which decides what its workspace holds (core::PassForm).
+inline core::PassForm pass_form(mokExecutor_t executor) {
+  switch (executor) {
+    case mokExecutorCuda: return core::PassForm::split;
+    case mokExecutorSm100: return core::PassForm::fused;
+    default: return core::PassForm::host;
+  }
+}
 // The config as a core shape; fails on a broken rule.
 mokStatus_t check_config(const mokLayerConfig_t* config, const char* func, mokLayerConfig_t* copy,
                          core::LayerShape* shape);

@@ -36,15 +36,20 @@ MOK_HD inline float mx_load_float(const bf16_t* v, int64_t i) {
 
 // The largest |v| of a block (fp32 or bf16 values), or NaN when the block holds a NaN or an infinity
 // (fmaxf would skip a NaN).
-template <class T>
-MOK_HD float mx_block_amax(const T* v, int n, int64_t stride) {
+// `load(i)`: value i of n.
+template <class Load>
+MOK_HD float mx_amax(int n, Load load) {
   float amax = 0.0f;
   for (int i = 0; i < n; ++i) {
-    float a = fabsf(mx_load_float(v, i * stride));
+    float a = fabsf(load(i));
     if (!(a <= kFloatMax)) return quiet_nan();
     amax = a > amax ? a : amax;
   }
   return amax;
+}
+template <class T>
+MOK_HD float mx_block_amax(const T* v, int n, int64_t stride) {
+  return mx_amax(n, [&](int i) { return mx_load_float(v, i * stride); });
 }
 
 // The scale exponent e for a block whose largest magnitude is `amax` (finite, >= 0). Exact: from
@@ -118,6 +123,12 @@ MOK_HD uint8_t mx_quantize_block(const T* v, int n, int64_t stride, uint8_t* q, 
   return e8m0_encode(e);
 }
 
+// One value of a finite block whose scale exponent is e (mx_scale_exponent) after the MXFP8 round trip.
+MOK_HD inline float mx_round_trip_value(float value, int e) {
+  float scaled = fminf(fmaxf(ldexpf(value, -e), -kE4m3Max), kE4m3Max);
+  return ldexpf(e4m3_decode(e4m3_encode(scaled)), e);
+}
+
 // What a block becomes after an MXFP8 round trip, in place (the operand a GEMM actually sees).
 MOK_HD inline void mx_round_trip_block(float* v, int n, int stride) {
   float amax = mx_block_amax(v, n, stride);
@@ -126,10 +137,7 @@ MOK_HD inline void mx_round_trip_block(float* v, int n, int stride) {
     return;
   }
   int e = mx_scale_exponent(amax);
-  for (int i = 0; i < n; ++i) {
-    float scaled = fminf(fmaxf(ldexpf(v[i * stride], -e), -kE4m3Max), kE4m3Max);
-    v[i * stride] = ldexpf(e4m3_decode(e4m3_encode(scaled)), e);
-  }
+  for (int i = 0; i < n; ++i) v[i * stride] = mx_round_trip_value(v[i * stride], e);
 }
 
 // A row of n values quantised along itself (blocks of 32 from its start), in place.

@@ -153,7 +153,7 @@ MOK_HD inline PassView pass_view_at(const LayerShape& s, PassKind kind, char* lo
                                     PeerHeader* const* headers, GroupState* group, int tokens, int64_t total_rows,
                                     uint64_t timeout_ns, ErrorRecord* error) {
   LocalLayout l = local_layout(s);
-  auto at = [local](size_t offset) { return local + offset; };
+  auto at = [local](size_t offset) { return offset == kAbsent ? nullptr : local + offset; };
   PassView v{};
   v.s = s;
   v.kind = kind;
@@ -183,7 +183,7 @@ MOK_HD inline PassView pass_view_at(const LayerShape& s, PassKind kind, char* lo
   v.mx_h = mx_ring(l.mx_h, 2 * static_cast<int64_t>(s.intermediate));
   float* shared_acc = reinterpret_cast<float*>(at(l.shared_acc));
   int64_t is_h = static_cast<int64_t>(s.shared_intermediate) * s.hidden;
-  v.acc = Accumulators{shared_acc, shared_acc + is_h, shared_acc + 2 * is_h, shared_acc + 3 * is_h};
+  if (shared_acc) v.acc = Accumulators{shared_acc, shared_acc + is_h, shared_acc + 2 * is_h, shared_acc + 3 * is_h};
   v.slots = reinterpret_cast<float*>(at(l.slots));
   v.shared_out = reinterpret_cast<bf16_t*>(at(l.shared_out));
   v.scratch = reinterpret_cast<float*>(at(l.scratch));

@@ -15,6 +15,14 @@ constexpr size_t kAlign = 64;
 constexpr size_t kPeerHeaderBytes = 4096;  // room for core::PeerHeader (protocol.hpp)
 constexpr size_t kWgradPartBytes = 24;     // core::WgradPart (tasks.hpp)
 
+// Which pass the layer's executor runs, which decides what its workspace holds (local_layout, split_layout):
+//   host:  core's workers on host threads; a worker's scratch holds its tile GEMMs' operands and sums;
+//   split: the split executor's kernels, which run no core worker (no slots, accumulators or per-worker buffers)
+//          and keep their own buffers after core's;
+//   fused: core's workers as one kernel's CTAs, whose tiles live in shared and tensor memory (a worker's scratch is
+//          MXFP8's staging only), with the split executor's device tables but none of its buffers.
+enum class PassForm : int { host = 0, split = 1, fused = 2 };
+
 struct LayerShape {
   int world, rank;
   int experts_per_rank;  // E_local; global expert e lives on rank e / E_local
@@ -33,6 +41,7 @@ struct LayerShape {
   // Per-worker scratch is sized by the total, so the layout does not depend on either split.
   int backward_comm_workers = 0;
   int routing_scale = 0;  // RoutingScale: 0 the weights scale the expert outputs, 1 their inputs (Llama4)
+  PassForm form = PassForm::host;
 };
 
 // mok.h's mokRoutingScale_t: where the routing weight w_k applies.
@@ -114,6 +123,10 @@ MOK_HD inline int64_t shared_chunks(const LayerShape& s) {
 }
 
 // Hands out aligned byte ranges in order; offsets only, so the same layout serves any base address.
+// The offset of a buffer a form's workspace does not hold (PassForm): its view's pointer is null, so a use of it
+// faults instead of reaching another buffer's bytes.
+constexpr size_t kAbsent = ~static_cast<size_t>(0);
+
 struct Carver {
   size_t used = 0;
   MOK_HD size_t take(size_t bytes, size_t align = kAlign) {
@@ -121,6 +134,7 @@ struct Carver {
     used = at + bytes;
     return at;
   }
+  MOK_HD size_t take_if(bool held, size_t bytes, size_t align = kAlign) { return held ? take(bytes, align) : kAbsent; }
   MOK_HD size_t total() const { return align_up(used, kAlign); }
 };
 
@@ -220,11 +234,12 @@ MOK_HD inline size_t mx_swiglu_staging_values(const LayerShape& s) {
 }
 
 // The private workspace of one rank: schedule, task graph, counters, ring buffers, weight-gradient
-// accumulators, the shared expert's output, worker scratch. Weights are read in place from the caller's
-// tensors; rows are bf16 (every value a ring holds is a bf16 store of the layer, DESIGN 1), except in
-// MXFP8 mode where a GEMM reads them: x and dy are held only as the e4m3 bytes their GEMMs read (mx_x,
-// mx_dy) and the bf16 rings x and dy are empty; h (forward), and dg, du, h (backward) are turned by their
-// SwiGLU stage into e4m3 codes in their bf16 ring's own bytes, with scales in mx_g, mx_u, mx_h.
+// accumulators, the shared expert's output, worker scratch (kAbsent where the layer's PassForm has no use for
+// one). Weights are read in place from the caller's tensors; rows are bf16 (every value a ring holds is a bf16
+// store of the layer, DESIGN 1), except in MXFP8 mode where a GEMM reads them: x and dy are held only as the e4m3
+// bytes their GEMMs read (mx_x, mx_dy) and the bf16 rings x and dy are empty; h (forward), and dg, du, h
+// (backward) are turned by their SwiGLU stage into e4m3 codes in their bf16 ring's own bytes, with scales in mx_g,
+// mx_u, mx_h.
 struct LocalLayout {
   size_t schedule_experts;                         // int32 [E_local][2]: count, first row
   size_t rows;                                     // RowRef [max_recv_rows]
@@ -238,7 +253,7 @@ struct LocalLayout {
   size_t slots;       // fp32 [max_slots][slot_floats]: dW_down, dW_gate, dW_up, db_down, db_gate, db_up
   size_t shared_acc;  // fp32 shared weight-gradient accumulators (3 x I_s x H)
   size_t shared_out;  // bf16 [max_tokens, H]: shared output (forward) or its dx (backward)
-  size_t scratch;     // fp32 per worker: the executor's tile GEMM scratch
+  size_t scratch;     // fp32 per worker: MXFP8's staging, and the host executor's tile GEMM scratch
   size_t scratch_floats;
   size_t chunk;  // bf16 per worker: the shared expert's g, u, h, dh over one chunk of tokens
   size_t chunk_values;
@@ -296,25 +311,31 @@ MOK_HD inline LocalLayout local_layout(const LayerShape& s) {
   l.mx_h = take_mx_scales(c, s, l.ring_h);
   l.ring_y = c.take(static_cast<size_t>(out_ring_rows(s)) * h * 2);
   l.parts = c.take(static_cast<size_t>(max_parts(s)) * kWgradPartBytes);
-  l.slots = c.take(static_cast<size_t>(max_slots(s) * slot_floats(s)) * f);
+  bool workers = s.form != PassForm::split;  // the split executor's kernels run no core worker
+  l.slots = c.take_if(workers, static_cast<size_t>(max_slots(s) * slot_floats(s)) * f);
   // With a shared expert also its gate's router gradient [H] (used only when a call gives the gate).
-  l.shared_acc = c.take((3 * is * h + (is > 0 ? h : 0)) * f);
+  l.shared_acc = c.take_if(workers, (3 * is * h + (is > 0 ? h : 0)) * f);
   l.shared_out = c.take(static_cast<size_t>(s.max_tokens) * h * 2);
-  // The largest GEMM of a pass: a tile of p rows against H, I or I_s columns over H, 2 I or 2 I_s (dgrad_x
-  // sums two parts), or a weight-gradient tile of H, I or I_s rows over p tokens, which accumulates in place.
-  size_t wide = max_value(max_value(h, i), is), deep = max_value(h, 2 * max_value(i, is));
-  l.scratch_floats = max_value(gemm_scratch_floats(p, wide, deep, true), gemm_scratch_floats(wide, wide, p, false));
-  // In MXFP8 mode a comm worker's dispatch stages its blocks of x and dy rows in it, a compute worker's
-  // SwiGLU stage its blocks of dg, du, h (already far larger).
-  size_t staging = max_value(mx_staging_values(s), mx_swiglu_staging_values(s));
-  l.scratch_floats = max_value(l.scratch_floats, (staging * 2 + f - 1) / f);
-  l.scratch = c.take(static_cast<size_t>(s.comm_workers + s.compute_workers) * l.scratch_floats * f);
+  // A worker's scratch: in MXFP8 mode a comm worker's dispatch stages its blocks of x and dy rows in it, a compute
+  // worker's SwiGLU stage its blocks of dg, du, h.
+  size_t staging = s.mxfp8 ? max_value(mx_staging_values(s), mx_swiglu_staging_values(s)) : 0;
+  l.scratch_floats = (staging * 2 + f - 1) / f;
+  if (s.form == PassForm::host) {
+    // And the host's tile GEMMs, the largest of a pass: a tile of p rows against H, I or I_s columns over H, 2 I or
+    // 2 I_s (dgrad_x sums two parts), or a weight-gradient tile of H, I or I_s rows over p tokens, which
+    // accumulates in place.
+    size_t wide = max_value(max_value(h, i), is), deep = max_value(h, 2 * max_value(i, is));
+    size_t gemm = max_value(gemm_scratch_floats(p, wide, deep, true), gemm_scratch_floats(wide, wide, p, false));
+    l.scratch_floats = max_value(l.scratch_floats, gemm);
+  }
+  size_t each = workers ? static_cast<size_t>(s.comm_workers + s.compute_workers) : 0;
+  l.scratch = c.take_if(each * l.scratch_floats > 0, each * l.scratch_floats * f);
   // g, u, h, dh; with a shared expert then the gated backward's s_t * dout rows (rounded up to an even
   // count) and the chunk's dlogit_t (fp32, two values each).
   l.chunk_values = 4 * p * is + (is > 0 ? (p * h + 1) / 2 * 2 + 2 * p : 0);
-  l.chunk = c.take(static_cast<size_t>(s.comm_workers + s.compute_workers) * l.chunk_values * 2);
+  l.chunk = c.take_if(each * l.chunk_values > 0, each * l.chunk_values * 2);
   l.sums_floats = static_cast<size_t>(kColumnBlock) * max_value(h, i) + kColumnBlock;  // and the bias sums
-  l.sums = c.take(static_cast<size_t>(s.comm_workers + s.compute_workers) * l.sums_floats * f);
+  l.sums = c.take_if(workers, each * l.sums_floats * f);
   l.bytes = c.total();
   return l;
 }

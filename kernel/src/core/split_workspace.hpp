@@ -1,12 +1,12 @@
-// The split executor's own buffers, which a layer on it keeps in the caller's workspace after core's (local_layout):
-// dx's fp32 first term, the weight gradients' fp32 sums (a backward with bf16 gradients), the shared expert's
-// buffers, in MXFP8 the dequantised operands' scratch (split_dequantise.hpp), the expert biases' fp32 products and
-// gradient sums (split_bias.hpp), SwiGLU's sigmoid table, the row steps'
-// staging, the device's tables of peer pointers, the group's state (its barriers' formation and epoch,
-// core/group_state.hpp), the fused executor's laid-out task graph (it runs on the same workspace) and the grouped
-// GEMMs' argument block. Offsets only, from the extras' first byte, so the same
-// layout serves the device's workspace and a host test's block; mokLayerGetSizes adds it to core's workspace for the
-// cuda and sm100 executors.
+// The GPU executors' buffers after core's (local_layout) in the caller's workspace. The device's tables, which both
+// keep: SwiGLU's sigmoid table, the peer pointers, the group's state (its barriers' formation and epoch,
+// core/group_state.hpp) and the fused executor's laid-out task graph. The split executor's own, which the fused
+// executor's layer (PassForm::fused) leaves kAbsent: dx's fp32 first term, the weight gradients' fp32 sums (a
+// backward with bf16 gradients), the shared expert's buffers, in MXFP8 the dequantised operands' scratch
+// (split_dequantise.hpp), the expert biases' fp32 products and gradient sums (split_bias.hpp), the row steps'
+// staging and the grouped GEMMs' argument block. Offsets only, from the extras' first byte, so the same layout
+// serves the device's workspace and a host test's block; mokLayerGetSizes adds it to core's workspace for the cuda
+// and sm100 executors.
 #pragma once
 
 #include <cstddef>
@@ -64,28 +64,30 @@ MOK_HD inline SplitLayout split_layout(const LayerShape& s, size_t gemm_argument
   size_t world = static_cast<size_t>(s.world);
   int64_t sums = 0;
   for (int i = 0; i < kGradientSums; ++i) sums += gradient_sum_values(s, i);
-  l.dx_partial = c.take(static_cast<size_t>(out_ring_rows(s)) * h * sizeof(float));
-  l.sums = c.take(static_cast<size_t>(sums) * sizeof(float));
-  l.shared_bf16 = c.take((4 * rows * is + rows * h) * sizeof(bf16_t));
-  l.shared_dlogit = c.take(rows * sizeof(float));
-  l.shared_dx_partial = c.take(rows * h * sizeof(float));
-  l.shared_schedule = c.take(2 * sizeof(int32_t));
-  l.dequantised_a = c.take(dequantised_a_values(s) * sizeof(bf16_t));
-  l.dequantised_b = c.take(dequantised_b_values(s) * sizeof(bf16_t));
-  l.biased = c.take(static_cast<size_t>(s.macrobatch) * static_cast<size_t>(s.intermediate) * sizeof(float));
-  l.bias_sums =
-      c.take(static_cast<size_t>(s.experts_per_rank) * (2 * static_cast<size_t>(s.intermediate) + h) * sizeof(float));
+  bool own = s.form != PassForm::fused;  // the fused executor's layer holds only the device's tables
+  l.dx_partial = c.take_if(own, static_cast<size_t>(out_ring_rows(s)) * h * sizeof(float));
+  l.sums = c.take_if(own, static_cast<size_t>(sums) * sizeof(float));
+  l.shared_bf16 = c.take_if(own, (4 * rows * is + rows * h) * sizeof(bf16_t));
+  l.shared_dlogit = c.take_if(own, rows * sizeof(float));
+  l.shared_dx_partial = c.take_if(own, rows * h * sizeof(float));
+  l.shared_schedule = c.take_if(own, 2 * sizeof(int32_t));
+  l.dequantised_a = c.take_if(own, dequantised_a_values(s) * sizeof(bf16_t));
+  l.dequantised_b = c.take_if(own, dequantised_b_values(s) * sizeof(bf16_t));
+  l.biased = c.take_if(own, static_cast<size_t>(s.macrobatch) * static_cast<size_t>(s.intermediate) * sizeof(float));
+  l.bias_sums = c.take_if(
+      own, static_cast<size_t>(s.experts_per_rank) * (2 * static_cast<size_t>(s.intermediate) + h) * sizeof(float));
   l.sigmoid_table = c.take(kSigmoidTableSize * sizeof(float));
   l.ctas = max_tiles(s) < 1024 ? max_tiles(s) : 1024;
-  l.staging_values = s.mxfp8 ? static_cast<int64_t>(max_value(mx_staging_values(s), mx_swiglu_staging_values(s))) : 0;
-  l.staging = c.take(static_cast<size_t>(l.ctas * l.staging_values) * sizeof(bf16_t));
+  l.staging_values =
+      s.mxfp8 && own ? static_cast<int64_t>(max_value(mx_staging_values(s), mx_swiglu_staging_values(s))) : 0;
+  l.staging = c.take_if(own, static_cast<size_t>(l.ctas * l.staging_values) * sizeof(bf16_t));
   l.peers = c.take(world * sizeof(char*));
   l.headers = c.take(world * sizeof(PeerHeader*));
   l.routing_ids = c.take(world * sizeof(const int32_t*));
   l.routing_tokens = c.take(world * sizeof(int32_t));
   l.group = c.take(sizeof(GroupState), alignof(GroupState));
   l.fused_graph = c.take(sizeof(TaskGraph), alignof(TaskGraph));
-  l.gemm_arguments = c.take(gemm_argument_bytes, kGemmArgumentAlign);
+  l.gemm_arguments = c.take_if(own, gemm_argument_bytes, kGemmArgumentAlign);
   l.bytes = c.total();
   return l;
 }
@@ -110,41 +112,43 @@ struct SplitBuffers {
 };
 
 MOK_HD inline SplitBuffers split_buffers_at(const LayerShape& s, const SplitLayout& l, char* extras) {
+  auto at = [extras](size_t offset) { return offset == kAbsent ? nullptr : extras + offset; };
   SplitBuffers b{};
-  b.dx_partial = reinterpret_cast<float*>(extras + l.dx_partial);
-  float* sum = reinterpret_cast<float*>(extras + l.sums);
-  for (int i = 0; i < kGradientSums; ++i) {
+  b.dx_partial = reinterpret_cast<float*>(at(l.dx_partial));
+  float* sum = reinterpret_cast<float*>(at(l.sums));
+  for (int i = 0; sum && i < kGradientSums; ++i) {
     b.sums[i] = gradient_sum_values(s, i) > 0 ? sum : nullptr;
     sum += gradient_sum_values(s, i);
   }
-  if (s.shared_intermediate > 0) {
+  if (s.shared_intermediate > 0 && l.shared_bf16 != kAbsent) {
     int64_t rows = shared_rows(s), is = s.shared_intermediate;
-    bf16_t* at = reinterpret_cast<bf16_t*>(extras + l.shared_bf16);
-    b.shared = SplitShared{at,
-                           at + rows * is,
-                           at + 2 * rows * is,
-                           at + 3 * rows * is,
-                           at + 4 * rows * is,
-                           reinterpret_cast<float*>(extras + l.shared_dlogit),
-                           reinterpret_cast<float*>(extras + l.shared_dx_partial),
-                           reinterpret_cast<int32_t*>(extras + l.shared_schedule)};
+    bf16_t* first = reinterpret_cast<bf16_t*>(at(l.shared_bf16));
+    b.shared = SplitShared{first,
+                           first + rows * is,
+                           first + 2 * rows * is,
+                           first + 3 * rows * is,
+                           first + 4 * rows * is,
+                           reinterpret_cast<float*>(at(l.shared_dlogit)),
+                           reinterpret_cast<float*>(at(l.shared_dx_partial)),
+                           reinterpret_cast<int32_t*>(at(l.shared_schedule))};
   }
   if (s.mxfp8)
-    b.dequantised = SplitDequantised{reinterpret_cast<bf16_t*>(extras + l.dequantised_a),
-                                     reinterpret_cast<bf16_t*>(extras + l.dequantised_b)};
-  b.biased = reinterpret_cast<float*>(extras + l.biased);
-  float* bias = reinterpret_cast<float*>(extras + l.bias_sums);
-  int64_t ei = static_cast<int64_t>(s.experts_per_rank) * s.intermediate;
-  b.bias_sums[0] = bias, b.bias_sums[1] = bias + ei, b.bias_sums[2] = bias + 2 * ei;
-  b.sigmoid_table = reinterpret_cast<float*>(extras + l.sigmoid_table);
-  b.staging = l.staging_values > 0 ? reinterpret_cast<bf16_t*>(extras + l.staging) : nullptr;
-  b.peers = reinterpret_cast<char**>(extras + l.peers);
-  b.headers = reinterpret_cast<PeerHeader**>(extras + l.headers);
-  b.routing_ids = reinterpret_cast<const int32_t**>(extras + l.routing_ids);
-  b.routing_tokens = reinterpret_cast<int32_t*>(extras + l.routing_tokens);
-  b.group = reinterpret_cast<GroupState*>(extras + l.group);
-  b.fused_graph = reinterpret_cast<TaskGraph*>(extras + l.fused_graph);
-  b.gemm_arguments = extras + l.gemm_arguments;
+    b.dequantised = SplitDequantised{reinterpret_cast<bf16_t*>(at(l.dequantised_a)),
+                                     reinterpret_cast<bf16_t*>(at(l.dequantised_b))};
+  b.biased = reinterpret_cast<float*>(at(l.biased));
+  if (float* bias = reinterpret_cast<float*>(at(l.bias_sums))) {
+    int64_t ei = static_cast<int64_t>(s.experts_per_rank) * s.intermediate;
+    b.bias_sums[0] = bias, b.bias_sums[1] = bias + ei, b.bias_sums[2] = bias + 2 * ei;
+  }
+  b.sigmoid_table = reinterpret_cast<float*>(at(l.sigmoid_table));
+  b.staging = l.staging_values > 0 ? reinterpret_cast<bf16_t*>(at(l.staging)) : nullptr;
+  b.peers = reinterpret_cast<char**>(at(l.peers));
+  b.headers = reinterpret_cast<PeerHeader**>(at(l.headers));
+  b.routing_ids = reinterpret_cast<const int32_t**>(at(l.routing_ids));
+  b.routing_tokens = reinterpret_cast<int32_t*>(at(l.routing_tokens));
+  b.group = reinterpret_cast<GroupState*>(at(l.group));
+  b.fused_graph = reinterpret_cast<TaskGraph*>(at(l.fused_graph));
+  b.gemm_arguments = at(l.gemm_arguments);
   return b;
 }
 

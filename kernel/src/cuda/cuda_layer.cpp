@@ -18,7 +18,9 @@
 // 10.x, every other MXFP8 GEMM over dequantised operands: core/split_dequantise.hpp); expert biases in their own steps
 // (core/split_bias.hpp); H, I and I_s multiples of 8 (H and I of 32 in MXFP8).
 // The fused executor (mokExecutorSm100) is this layer with another pass: core's whole pass as one persistent kernel
-// (fused_pass.hpp) over the same workspace and peer buffer, on compute capability 10.x.
+// (fused_pass.hpp) over the same peer buffer, on compute capability 10.x. Its workspace is laid out for that pass
+// (core::PassForm::fused): core's buffers without the host's GEMM scratch, and of the split executor's only the
+// device's tables; it allocates no CUTLASS workspace.
 // Nothing of it has run on a GPU (docs/gpu.md).
 #include <cuda_runtime_api.h>
 
@@ -255,15 +257,8 @@ class CudaLayer final : public LayerExecutor {
   CudaLayer(const CudaLayer&) = delete;
   CudaLayer& operator=(const CudaLayer&) = delete;
 
-  // The device's tables, the header and the sigmoid table written, the CUTLASS workspace and the record allocated.
-  mokStatus_t set_up(const char* func) {
-    OnDevice on(device_);
-    if (cudaError_t e = cuda::create_mapped_record(&record_); e != cudaSuccess)
-      return cuda_failed(func, "allocating the host-mapped error record", e);
-    if (mokStatus_t s = read_architecture(func); s != mokSuccess) return s;
-    if (fused()) {
-      if (mokStatus_t s = read_residency(func); s != mokSuccess) return s;
-    }
+  // The grouped GEMMs' CUTLASS workspace, which the split pass's launches share.
+  mokStatus_t allocate_gemm_workspace(const char* func) {
     cudaError_t error = cudaSuccess;
     if (cuda::GemmStatus st = cuda::split_gemm_workspace_bytes(s_, architecture_, &gemm_workspace_bytes_, &error);
         st != cuda::GemmStatus::ok)
@@ -273,6 +268,21 @@ class CudaLayer final : public LayerExecutor {
     if (gemm_workspace_bytes_ > 0)
       if (cudaError_t e = cudaMalloc(&gemm_workspace_, gemm_workspace_bytes_); e != cudaSuccess)
         return cuda_failed(func, "allocating the grouped GEMMs' workspace", e);
+    return mokSuccess;
+  }
+
+  // The device's tables, the header and the sigmoid table written, the record (and for the split pass the CUTLASS
+  // workspace) allocated.
+  mokStatus_t set_up(const char* func) {
+    OnDevice on(device_);
+    if (cudaError_t e = cuda::create_mapped_record(&record_); e != cudaSuccess)
+      return cuda_failed(func, "allocating the host-mapped error record", e);
+    if (mokStatus_t s = read_architecture(func); s != mokSuccess) return s;
+    if (fused()) {
+      if (mokStatus_t s = read_residency(func); s != mokSuccess) return s;
+    }
+    if (!fused())  // the fused pass runs no grouped GEMM
+      if (mokStatus_t s = allocate_gemm_workspace(func); s != mokSuccess) return s;
     if (s_.world > 1)  // where mokLayerAbort and a refused call tell the peers, whatever the caller's streams hold
       if (cudaError_t e = cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking); e != cudaSuccess)
         return cuda_failed(func, "creating the stream that tells the peers of an abort", e);

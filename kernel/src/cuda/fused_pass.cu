@@ -46,9 +46,8 @@ __device__ __noinline__ void share_rows(const core::RowJob& job, const core::Pas
 }
 
 // The operations of thread 0: every tile GEMM and row job over the CTA's threads (their writes done before the
-// second cta_barrier, so thread 0's later release publishes them all); a GEMM that quantises on read (which core's
-// tasks never ask for) on thread 0 alone with the reference. A tensor-core tile whose MMAs did not finish fails the
-// pass.
+// second cta_barrier, so thread 0's later release publishes them all). A tensor-core tile whose MMAs did not finish
+// fails the pass. `scratch`: the worker's MXFP8 staging (core's row jobs); the tiles take none.
 struct CtaOps {
   float* scratch;
   core::bf16_t* chunk;
@@ -59,7 +58,6 @@ struct CtaOps {
   uint32_t phase;  // the MMA barrier's next phase, as every thread of the CTA keeps it
 
   __device__ void gemm(const core::Gemm& g) {
-    if (core::quantises_on_read(g)) return core::reference_gemm(g, scratch);
     if (tensor->failed) return;
     order->work = Order::Work::gemm;
     order->gemm = g;
