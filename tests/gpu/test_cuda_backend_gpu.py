@@ -120,12 +120,22 @@ def test_variants_on_cuda_match_the_host_executor(mxfp8, biased):
     assert all(error <= TOLERANCE for error in errors.values()), errors
 
 
+def skip_unless_fused():
+    usable, reason = FusedExecutor().usable(torch.device("cuda", 0))
+    if not usable:
+        pytest.skip(f"libmok's fused executor does not run on cuda:0: {reason}")
+
+
+@pytest.mark.parametrize("backend", ["cuda", "sm100"])
 @pytest.mark.parametrize("mxfp8", [False, True], ids=["bf16", "mxfp8"])
-def test_recompute_on_cuda_matches_the_host_executor(mxfp8):
-    """Activation recompute (mokLayerRecompute) on CUDA, with another forward run in the same layer between the
-    forward and the recompute, against the host executor's forward and backward on a kept context."""
+def test_recompute_on_cuda_matches_the_host_executor(mxfp8, backend):
+    """Inference forwards (need_context=False) and activation recompute (mokLayerRecompute) on CUDA, with another
+    forward run in the same layer between the forward and the recompute, against the host executor's forward and
+    backward on a kept context; on the split executor and on the fused one."""
+    if backend == "sm100":
+        skip_unless_fused()
     tensors = inputs(8)
-    got = recomputed(tensors, inputs(9), "cuda", "cuda", mxfp8)
+    got = recomputed(tensors, inputs(9), "cuda", backend, mxfp8)
     want = layer(tensors, "cpu", "host", mxfp8)
     errors = {name: relative(g, w) for name, g, w in zip(NAMES, got, want, strict=True)}
     assert all(error <= TOLERANCE for error in errors.values()), errors
@@ -153,9 +163,7 @@ def test_main_grads_on_cuda_match_the_host_executor(mxfp8):
 def test_moe_on_the_fused_executor_matches_the_host_executor(mxfp8, biased):
     """backend="sm100" (libmok's fused executor, compute capability 10.x), forward and backward through autograd,
     within the cuda tests' bound: its tiles sum in the tensor cores' order, as the cuda executor's GEMMs do."""
-    usable, reason = FusedExecutor().usable(torch.device("cuda", 0))
-    if not usable:
-        pytest.skip(f"libmok's fused executor does not run on cuda:0: {reason}")
+    skip_unless_fused()
     errors = variant_errors("sm100", 12, mxfp8, biased)
     assert all(error <= TOLERANCE for error in errors.values()), errors
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import mok
 from mok import functional, ops, perf, tune
 from mok.experts import RoutedExperts
 from mok.functional import MoKConfig
@@ -50,6 +51,24 @@ def test_auto_config_resolves_to_what_the_tuner_says(profile):
     assert got.bwd_num_comm_sms == host_share(want.bwd_comm_sms, 31, profile)
     assert dataclasses.replace(got, **AUTO) == config  # nothing else changed
     functional._close(ws)
+
+
+@needs_graph
+def test_the_fused_executor_takes_the_tuners_sms_as_its_ctas():
+    # backend="sm100" is a GPU executor: its "auto" fields are the tuner's own numbers for the profile (not a host's
+    # share of them), and its CTAs split the profile's SMs by them. No GPU needed: only the config is resolved.
+    from mok.cuda import FusedExecutor, fused_workers
+
+    config = MoKConfig(**AUTO, expert_padding=128, gpu_profile="GB200")
+    key = functional.WorkspaceKey(0, torch.device("cuda"), LAYER["max_tokens"], LAYER["hidden"], LAYER["topk"],
+                                  LAYER["num_local_experts"], LAYER["intermediate"], 0, False, "sm100")
+    got = functional._resolve_auto(config, key, mok.LOCAL, FusedExecutor())
+    want = tune.best(layer_shape(), "GB200")
+    assert (got.fwd_num_comm_sms, got.bwd_num_comm_sms) == (want.fwd_comm_sms, want.bwd_comm_sms)
+    assert (got.minibatch_size, got.macrobatch_size) == (want.minibatch, want.macrobatch)
+    sms = perf.PROFILES["GB200"].sms
+    assert fused_workers(got, sms) == {"comm_workers": want.fwd_comm_sms, "compute_workers": sms - want.fwd_comm_sms,
+                                       "backward_comm_workers": want.bwd_comm_sms}
 
 
 @needs_graph
