@@ -41,6 +41,7 @@ core::LayerShape shape() {
   s.macrobatch = 2 * kP;
   s.comm_workers = 1;
   s.compute_workers = 1;
+  s.form = core::PassForm::fused;  // the tightest scratch: MXFP8's staging alone (the host's holds its GEMMs too)
   return s;
 }
 
@@ -209,7 +210,10 @@ void run_tiles(bool backward, int parts, bool reverse) {
   core::PassView& v = f.v;
   core::TaskKind kind = backward ? core::TaskKind::swiglu_bwd : core::TaskKind::swiglu;
   uint32_t start = core::stage_start(f.s, v.kind, kind);
-  std::vector<float> scratch(f.l.scratch_floats);
+  // The worker's scratch as its layout sizes it, then guard words that no stage may write.
+  constexpr size_t kGuard = 64;
+  constexpr uint32_t kGuardWord = 0x7fa5a5a5u;
+  std::vector<uint32_t> scratch(f.l.scratch_floats + kGuard, kGuardWord);
   for (int64_t tile = 0; tile < 3; ++tile) {
     std::vector<uint16_t> g = draw(rng), u = draw(rng), dh = draw(rng);
     put_rows(f, v.ring_g, tile, g);
@@ -218,9 +222,12 @@ void run_tiles(bool backward, int parts, bool reverse) {
     v.c.stage[tile] = start;
     core::TileInfo t = core::tile_info(v, core::Task{kind, 0, static_cast<int32_t>(tile)}, kI);
     CHECK(t.rows == (tile == 0 ? 50 : tile == 1 ? 64 : 13));
-    PartedRows ops{scratch.data(), parts, reverse};
+    PartedRows ops{reinterpret_cast<float*>(scratch.data()), parts, reverse};
     core::Failure failure = backward ? core::run_swiglu_bwd(v, t, ops) : core::run_swiglu(v, t, ops);
     CHECK(failure.ok());
+    for (size_t i = f.l.scratch_floats; i < scratch.size(); ++i)
+      CHECK_MSG(scratch[i] == kGuardWord, "the stage wrote past its scratch of %zu floats, at %zu", f.l.scratch_floats,
+                i);
     Outputs o = swiglu_outputs(f.s, g, u, dh, t.rows, backward);
     Mismatches bad;
     check_bytes(f, "h", v.ring_h, v.mx_h, tile, o.h, backward, bad);

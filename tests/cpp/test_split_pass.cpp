@@ -344,6 +344,10 @@ struct Group {
         core::pass_view_at(s, kind, static_cast<char*>(workspaces[r]), reinterpret_cast<char* const*>(bases.data()),
                            headers, nullptr, p.tokens[r], 0, 0, error);
     v.sched.total_rows = core::schedule_rows(s, v.sched);
+    // The split executor's workspace holds none of what only core's workers use (core::PassForm::split): null here
+    // too, so that a split step using one faults in this test.
+    v.slots = v.scratch = v.sums = nullptr, v.chunk = nullptr, v.acc = core::Accumulators{};
+    v.scratch_floats = v.chunk_values = v.sums_floats = 0;
     v.w = core::LayerWeights{};
     v.w.gate = p.gate[r].data();
     v.w.up = p.up[r].data();

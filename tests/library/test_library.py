@@ -273,12 +273,14 @@ def test_fused_pass_shares_its_tiles_through_a_named_barrier(libmok, cuda_bin):
 
 
 # What the fused pass's tensor-core tile (kernel/src/cuda/tensor_tile.cuh) must hold: UTCATOMSWS.FIND_AND_SET and
-# UTCATOMSWS.AND, tensor memory's allocation and release (tcgen05.alloc, dealloc); FENCE.VIEW.ASYNC.S, the proxy fence
-# between the threads' stores into the panels and the MMA's reads of them; UTCHMMA, the 1-CTA tcgen05 BF16 MMA (no
-# .2CTA: the tile is one CTA's); UTCBAR, its commit to the shared-memory barrier that SYNCS...TRYWAIT polls; LDTM, the
-# accumulator's load from tensor memory.
-FUSED_TENSOR_SASS = (r"UTCATOMSWS\.FIND_AND_SET", r"UTCATOMSWS\.AND", r"FENCE\.VIEW\.ASYNC\.S", r"UTCHMMA",
-                     r"UTCBAR", r"SYNCS\.PHASECHK\S*TRYWAIT", r"LDTM")
+# UTCATOMSWS.AND, tensor memory's allocation and release (tcgen05.alloc, dealloc); LDGSTS, a panel piece's
+# asynchronous 16-byte copy (cp.async.cg), and LDGDEPBAR with DEPBAR.LE, the wait for a thread's copies;
+# FENCE.VIEW.ASYNC.S, the proxy fence between the threads' writes into the panels and the MMA's reads of them; UTCHMMA,
+# the 1-CTA tcgen05 BF16 MMA (no .2CTA: the tile is one CTA's); UTCBAR, its commit to the shared-memory barrier that
+# SYNCS...TRYWAIT polls; LDTM, the accumulator's load from tensor memory.
+FUSED_TENSOR_SASS = (r"UTCATOMSWS\.FIND_AND_SET", r"UTCATOMSWS\.AND", r"LDGSTS\.E\.BYPASS\S*\.128", r"LDGDEPBAR",
+                     r"DEPBAR\.LE", r"FENCE\.VIEW\.ASYNC\.S", r"UTCHMMA", r"UTCBAR", r"SYNCS\.PHASECHK\S*TRYWAIT",
+                     r"LDTM")
 
 
 def test_fused_pass_runs_its_tiles_on_tensor_cores(libmok, cuda_bin):

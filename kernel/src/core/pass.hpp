@@ -12,9 +12,9 @@ namespace mok::core {
 // Ops is the executor's tile interface (docs/core.md, "The pass and the executor seam"): ops.gemm(const
 // Gemm&) computes one tile GEMM; ops.rows(v, const RowJob&) runs a row stage or a worker's share (run_rows
 // below, over parts that together are the whole job); ops.scratch (scratch_floats fp32) is the worker's
-// GEMM scratch, which a comm worker's dispatch and a SwiGLU stage use in MXFP8 mode to stage a block of rows
-// (mx_staging_values, mx_swiglu_staging_values bf16); ops.chunk (chunk_values bf16) and ops.sums (sums_floats
-// fp32) are the worker's rows for the shared expert and its weight-gradient sums.
+// scratch, which a comm worker's dispatch and a SwiGLU stage use in MXFP8 mode to stage a block of rows
+// (mx_staging_values, mx_swiglu_staging_values bf16) and the host executor's tile GEMMs too; ops.chunk (chunk_values
+// bf16) and ops.sums (sums_floats fp32) are the worker's rows for the shared expert and its weight-gradient sums.
 template <class Ops>
 MOK_HD Failure run_task(const PassView& v, Task task, Ops& ops) {
   int h = v.s.hidden, in = v.s.intermediate;

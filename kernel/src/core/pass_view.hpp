@@ -128,7 +128,7 @@ struct PassView {
   Accumulators acc;
   float* slots;        // max_slots x slot_floats fp32 (shape.hpp): experts with several parts
   bf16_t* shared_out;  // [tokens, H]: shared output (forward) or its input gradient (backward)
-  float* scratch;      // per worker, scratch_floats each: the executor's tile-GEMM scratch
+  float* scratch;      // per worker, scratch_floats each: MXFP8's staging, the host's tile GEMMs
   size_t scratch_floats;
   bf16_t* chunk;  // per worker, chunk_values each: the shared expert's rows of one chunk
   size_t chunk_values;

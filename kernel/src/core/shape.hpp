@@ -224,7 +224,7 @@ MOK_HD inline MxRingLayout take_mx_scales(Carver& c, const LayerShape& s, size_t
 }
 
 // bf16 values of a block's staging in MXFP8 mode: a dispatch's (comm_tasks.hpp) one 32-row block of x
-// and one of dy, a SwiGLU stage's (compute_tasks.hpp) one of dg, du and h; in the worker's GEMM scratch.
+// and one of dy, a SwiGLU stage's (compute_tasks.hpp) one of dg, du and h; in the worker's scratch.
 constexpr int kMxStagingRows = kMxBlock;
 MOK_HD inline size_t mx_staging_values(const LayerShape& s) {
   return 2 * static_cast<size_t>(kMxStagingRows) * static_cast<size_t>(s.hidden);
@@ -316,26 +316,27 @@ MOK_HD inline LocalLayout local_layout(const LayerShape& s) {
   // With a shared expert also its gate's router gradient [H] (used only when a call gives the gate).
   l.shared_acc = c.take_if(workers, (3 * is * h + (is > 0 ? h : 0)) * f);
   l.shared_out = c.take(static_cast<size_t>(s.max_tokens) * h * 2);
-  // A worker's scratch: in MXFP8 mode a comm worker's dispatch stages its blocks of x and dy rows in it, a compute
-  // worker's SwiGLU stage its blocks of dg, du, h.
-  size_t staging = s.mxfp8 ? max_value(mx_staging_values(s), mx_swiglu_staging_values(s)) : 0;
+  // Per worker (none in the split form, whose sizes are then 0 too): the scratch, in MXFP8 mode where a comm
+  // worker's dispatch stages its blocks of x and dy rows, a compute worker's SwiGLU stage its blocks of dg, du, h;
+  // in the host form also the host's tile GEMMs, the largest of a pass: a tile of p rows against H, I or I_s columns
+  // over H, 2 I or 2 I_s (dgrad_x sums two parts), or a weight-gradient tile of H, I or I_s rows over p tokens,
+  // which accumulates in place.
+  size_t each = workers ? static_cast<size_t>(s.comm_workers + s.compute_workers) : 0;
+  size_t staging = s.mxfp8 && workers ? max_value(mx_staging_values(s), mx_swiglu_staging_values(s)) : 0;
   l.scratch_floats = (staging * 2 + f - 1) / f;
   if (s.form == PassForm::host) {
-    // And the host's tile GEMMs, the largest of a pass: a tile of p rows against H, I or I_s columns over H, 2 I or
-    // 2 I_s (dgrad_x sums two parts), or a weight-gradient tile of H, I or I_s rows over p tokens, which
-    // accumulates in place.
     size_t wide = max_value(max_value(h, i), is), deep = max_value(h, 2 * max_value(i, is));
     size_t gemm = max_value(gemm_scratch_floats(p, wide, deep, true), gemm_scratch_floats(wide, wide, p, false));
     l.scratch_floats = max_value(l.scratch_floats, gemm);
   }
-  size_t each = workers ? static_cast<size_t>(s.comm_workers + s.compute_workers) : 0;
   l.scratch = c.take_if(each * l.scratch_floats > 0, each * l.scratch_floats * f);
   // g, u, h, dh; with a shared expert then the gated backward's s_t * dout rows (rounded up to an even
   // count) and the chunk's dlogit_t (fp32, two values each).
-  l.chunk_values = 4 * p * is + (is > 0 ? (p * h + 1) / 2 * 2 + 2 * p : 0);
+  l.chunk_values = workers ? 4 * p * is + (is > 0 ? (p * h + 1) / 2 * 2 + 2 * p : 0) : 0;
   l.chunk = c.take_if(each * l.chunk_values > 0, each * l.chunk_values * 2);
-  l.sums_floats = static_cast<size_t>(kColumnBlock) * max_value(h, i) + kColumnBlock;  // and the bias sums
-  l.sums = c.take_if(workers, each * l.sums_floats * f);
+  // A weight-gradient task's [kColumnBlock, max(H, I)] sums, then its bias sums.
+  l.sums_floats = workers ? static_cast<size_t>(kColumnBlock) * max_value(h, i) + kColumnBlock : 0;
+  l.sums = c.take_if(each * l.sums_floats > 0, each * l.sums_floats * f);
   l.bytes = c.total();
   return l;
 }

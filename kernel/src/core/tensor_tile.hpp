@@ -86,11 +86,18 @@ MOK_HD inline MmaBlock chunk_block(const Gemm& g, int chunk, int block) {
 // together.
 constexpr int kBlockPieces = 2 * kPanelValues / kPieceValues;  // a's panel's, then b's
 
+// A piece's one copy into its panel: a plain 16-byte move (the host's; the device's is asynchronous,
+// cuda/tensor_tile.cuh).
+struct PieceMove {
+  MOK_HD void operator()(Piece* to, const Piece* from) const { *to = *from; }
+};
+
 // Piece `p` (0 <= p < kBlockPieces) of a block into the panel pair: a's panel then b's, each walked row by row. A
-// K-major bf16 operand's piece that lies whole inside the tile and on 16 bytes is one copy; any other is read value by
-// value (panel_value: `exact` cleared where a value is not a bf16). Threads split the pieces any way they like;
-// neighbouring threads taking neighbouring pieces read a row's 128 bytes together.
-MOK_HD inline void fill_piece(const Gemm& g, const MmaBlock& b, int p, bf16_t* panels, bool& exact) {
+// K-major bf16 operand's piece that lies whole inside the tile and on 16 bytes is one copy (`move`); any other is read
+// value by value (panel_value: `exact` cleared where a value is not a bf16). Threads split the pieces any way they
+// like; neighbouring threads taking neighbouring pieces read a row's 128 bytes together.
+template <class Move = PieceMove>
+MOK_HD inline void fill_piece(const Gemm& g, const MmaBlock& b, int p, bf16_t* panels, bool& exact, Move move = {}) {
   bool second = p >= kBlockPieces / 2;
   int local = second ? p - kBlockPieces / 2 : p;
   int row = local / (kMmaDepth / kPieceValues), k = local % (kMmaDepth / kPieceValues) * kPieceValues;
@@ -100,7 +107,7 @@ MOK_HD inline void fill_piece(const Gemm& g, const MmaBlock& b, int p, bf16_t* p
   Piece* out = reinterpret_cast<Piece*>(panels + (second ? kPanelValues : 0) + panel_offset(row, k));
   if (o.dtype == Dtype::bf16 && o.depth_stride == 1 && i < rows && b.k0 + k + kPieceValues <= depth) {
     const bf16_t* from = static_cast<const bf16_t*>(o.data) + static_cast<int64_t>(i) * o.row_stride + b.k0 + k;
-    if (on_piece(from)) return void(*out = *reinterpret_cast<const Piece*>(from));
+    if (on_piece(from)) return move(out, reinterpret_cast<const Piece*>(from));
   }
   Piece piece;
   for (int v = 0; v < kPieceValues; ++v) piece.values[v] = panel_value(o, rows, depth, i, b.k0 + k + v, exact);

@@ -34,6 +34,7 @@
 #include "api/error.hpp"
 #include "api/error_record.hpp"
 #include "api/executor.hpp"
+#include "api/layer_checks.hpp"
 #include "core/pass_worker.hpp"
 #include "core/split_workspace.hpp"
 #include "cuda/driver.hpp"
@@ -778,6 +779,9 @@ template <mokExecutor_t executor>
 mokStatus_t create_device_layer(const core::LayerShape& shape, uint64_t timeout_ns, const mokLayerMemory_t& memory,
                                 std::unique_ptr<LayerExecutor>* out) {
   const char* func = "mokLayerCreate";  // the shape passed device_workspace_bytes' checks before
+  // The workspace is laid out for this executor's pass (core::PassForm).
+  if (shape.form != pass_form(executor))
+    return fail(mokInternalError, "%s: a shape laid out for another executor's pass", func);
   if (memory.peer_bases == nullptr)
     return fail(mokInvalidArgument,
                 "%s: argument 'memory.shm_name' must be NULL with a GPU executor: give 'memory.peer_bases' (device "

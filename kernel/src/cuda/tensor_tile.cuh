@@ -8,6 +8,7 @@
 
 #include <cutlass/arch/barrier.h>
 
+#include <cute/arch/copy_sm80.hpp>
 #include <cute/arch/tmem_allocator_sm100.hpp>
 #include <cute/tensor.hpp>
 
@@ -61,6 +62,21 @@ struct Storage {
   uint32_t tmem;                                              // the accumulator's base in tensor memory
   int inexact;                                                // a value of this chunk is not a bf16
   int failed;                                                 // an MMA did not finish in time
+};
+
+// A piece's one copy as an asynchronous 16-byte copy (CuTe's SM80_CP_ASYNC_CACHEGLOBAL, cp.async): a thread issues
+// every copy of its pieces of a block before it waits for them (land), where a load then a store each would wait
+// for the load before the next piece.
+struct AsyncPieceMove {
+  __device__ void operator()(core::Piece* to, const core::Piece* from) const {
+    cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(*reinterpret_cast<const cute::uint128_t*>(from),
+                                                           *reinterpret_cast<cute::uint128_t*>(to));
+  }
+  // This thread's copies in shared memory, before the proxy fence that hands the panels to the MMA.
+  __device__ static void land() {
+    cute::cp_async_fence();
+    cute::cp_async_wait<0>();
+  }
 };
 
 // This thread's part of work the CTA's threads share: thread t part t of blockDim.
@@ -156,7 +172,9 @@ __device__ void compute(const core::Gemm& g, Storage& s, uint32_t& phase, uint64
     bool exact = true;
     for (int block = 0, blocks = core::chunk_blocks(g); block < blocks; ++block) {
       core::MmaBlock b = core::chunk_block(g, chunk, block);
-      for (int p = threadIdx.x; p < core::kBlockPieces; p += blockDim.x) core::fill_piece(g, b, p, s.panels, exact);
+      for (int p = threadIdx.x; p < core::kBlockPieces; p += blockDim.x)
+        core::fill_piece(g, b, p, s.panels, exact, AsyncPieceMove{});
+      AsyncPieceMove::land();
       cutlass::arch::fence_view_async_shared();  // the generic proxy's stores, before the MMA's reads
       barrier();
       if (warp() == kMmaWarp) {
