@@ -279,7 +279,7 @@ def test_fused_pass_shares_its_tiles_through_a_named_barrier(libmok, cuda_bin):
 # the 1-CTA tcgen05 BF16 MMA (no .2CTA: the tile is one CTA's); UTCBAR, its commit to the shared-memory barrier that
 # SYNCS...TRYWAIT polls; LDTM, the accumulator's load from tensor memory.
 FUSED_TENSOR_SASS = (r"UTCATOMSWS\.FIND_AND_SET", r"UTCATOMSWS\.AND", r"LDGSTS\.E\.BYPASS\S*\.128", r"LDGDEPBAR",
-                     r"DEPBAR\.LE", r"FENCE\.VIEW\.ASYNC\.S", r"UTCHMMA", r"UTCBAR", r"SYNCS\.PHASECHK\S*TRYWAIT",
+                     r"DEPBAR\.LE SB0", r"FENCE\.VIEW\.ASYNC\.S", r"UTCHMMA", r"UTCBAR", r"SYNCS\.PHASECHK\S*TRYWAIT",
                      r"LDTM")
 
 

@@ -115,6 +115,7 @@ __device__ inline void open(Storage& s) {
   }
   if (threadIdx.x == 0) {
     cute::initialize_barrier(s.mma_done, 1);
+    cutlass::arch::fence_barrier_init();  // the init before the MMA's commit arrives, as CUTLASS's pipelines order it
     s.failed = 0;
     s.inexact = 0;
   }
