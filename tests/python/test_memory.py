@@ -32,3 +32,21 @@ def test_the_rings_dominate_and_no_per_expert_fp32_buffer_remains():
     rings = 131072 * (2 * 7168 + 3 * 3072) * 2
     peer, workspace = sizes(8, False)
     assert rings <= workspace < rings + GIB // 2, f"workspace {workspace / GIB:.2f} GiB, rings {rings / GIB:.2f} GiB"
+
+
+def test_the_memory_report_gives_libmoks_sizes_per_executor():
+    """python -m mok.memory (docs/core.md's table of the executors' workspaces): one line per executor with
+    mokLayerGetSizes' bytes in GiB and the ratio to the host executor's, or why libmok does not size it here."""
+    from mok import memory
+
+    shape = memory.PRESETS["mok-w8"]
+    lines = memory.report(shape, True, 40, 108)
+    assert [line.split()[0] for line in lines] == list(memory.EXECUTORS)
+    host = memory.sizes(shape, True, "host", 40, 108)[1]
+    for executor, line in zip(memory.EXECUTORS, lines, strict=True):
+        got = memory.sizes(shape, True, executor, 40, 108)
+        if isinstance(got, str):
+            assert "not sized" in line and got in line
+            continue
+        assert f"peer {got[0] / GIB:6.2f} GiB" in line and f"workspace {got[1] / GIB:6.2f} GiB" in line, line
+        assert f"{got[1] / host:5.2f}x host" in line, line
