@@ -14,16 +14,16 @@ namespace mok::core {
 struct BlockReader {
   const Operand* o;
   int64_t row;
-  bool quantize, finite;
+  bool finite;
   int exponent;
   MOK_HD float operator()(int64_t k) const {
     float value = stored_value(*o, row, k);
-    if (!quantize) return value;
+    if (!o->quantize) return value;
     return finite ? mx_round_trip_value(value, exponent) : quiet_nan();
   }
 };
 MOK_HD inline BlockReader block_reader(const Operand& o, int64_t i, int k0, int n) {
-  BlockReader r{&o, i, o.quantize, true, 0};
+  BlockReader r{&o, i, true, 0};
   if (!o.quantize) return r;
   float amax = mx_amax(n, [&](int k) { return stored_value(o, i, k0 + k); });
   r.finite = amax == amax;

@@ -153,7 +153,7 @@ MOK_HD inline PassView pass_view_at(const LayerShape& s, PassKind kind, char* lo
                                     PeerHeader* const* headers, GroupState* group, int tokens, int64_t total_rows,
                                     uint64_t timeout_ns, ErrorRecord* error) {
   LocalLayout l = local_layout(s);
-  auto at = [local](size_t offset) { return offset == kAbsent ? nullptr : local + offset; };
+  auto at = [local](size_t offset) { return buffer_at(local, offset); };
   PassView v{};
   v.s = s;
   v.kind = kind;

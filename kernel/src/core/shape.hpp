@@ -138,6 +138,11 @@ struct Carver {
   MOK_HD size_t total() const { return align_up(used, kAlign); }
 };
 
+// The buffer at `offset` from `base`, or null where the layout leaves it kAbsent.
+MOK_HD inline char* buffer_at(char* base, size_t offset) {
+  return offset == kAbsent ? nullptr : base + offset;
+}
+
 // The peer-visible buffer of one rank. Peers read its inputs and write its slots. Nothing in it needs
 // to be zero when a group is created: the owner resets its header, and every other range is written
 // (inputs by the owner before the barrier that publishes them, slots by the combine of every routed

@@ -112,7 +112,7 @@ struct SplitBuffers {
 };
 
 MOK_HD inline SplitBuffers split_buffers_at(const LayerShape& s, const SplitLayout& l, char* extras) {
-  auto at = [extras](size_t offset) { return offset == kAbsent ? nullptr : extras + offset; };
+  auto at = [extras](size_t offset) { return buffer_at(extras, offset); };
   SplitBuffers b{};
   b.dx_partial = reinterpret_cast<float*>(at(l.dx_partial));
   float* sum = reinterpret_cast<float*>(at(l.sums));

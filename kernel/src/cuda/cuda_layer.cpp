@@ -279,11 +279,8 @@ class CudaLayer final : public LayerExecutor {
     if (cudaError_t e = cuda::create_mapped_record(&record_); e != cudaSuccess)
       return cuda_failed(func, "allocating the host-mapped error record", e);
     if (mokStatus_t s = read_architecture(func); s != mokSuccess) return s;
-    if (fused()) {
-      if (mokStatus_t s = read_residency(func); s != mokSuccess) return s;
-    }
-    if (!fused())  // the fused pass runs no grouped GEMM
-      if (mokStatus_t s = allocate_gemm_workspace(func); s != mokSuccess) return s;
+    // The fused pass needs its CTAs resident together, and runs no grouped GEMM.
+    if (mokStatus_t s = fused() ? read_residency(func) : allocate_gemm_workspace(func); s != mokSuccess) return s;
     if (s_.world > 1)  // where mokLayerAbort and a refused call tell the peers, whatever the caller's streams hold
       if (cudaError_t e = cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking); e != cudaSuccess)
         return cuda_failed(func, "creating the stream that tells the peers of an abort", e);
