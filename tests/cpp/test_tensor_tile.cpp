@@ -1,13 +1,15 @@
 // core's tensor-core tile (core/tensor_tile.hpp) run on the host as the fused executor's CTA runs it: the chunks and
-// blocks of core's walk, the panels filled by core::fill_piece in a shuffled order (threads split them any way), the
-// MMA's sum over the panels as core::panel_offset lays them out (test_tensor_tile_cute holds that against CuTe's
-// MMA), and core's epilogue; a chunk with a value that is not a bf16 goes to core::gemm_element.
+// blocks of core's walk (core::sum_chunk, over two stages of panels and tensor cores that run asynchronously), the
+// panels filled by core::fill_piece in a shuffled order (threads split them any way), the MMA's sum over the panels as
+// core::panel_offset lays them out (test_tensor_tile_cute holds that against CuTe's MMA), and core's epilogue; a chunk
+// with a value that is not a bf16 goes to core::gemm_element.
 //
 // The tensor cores' order of the fp32 sum is not the contract's, so the emulation sums in double, and the operands
 // are integers (bf16, and e4m3 with scales 1 and 2): every partial sum is then exact in fp32 whatever its order, and
 // the tile must give reference_gemm's bits. A wrong walk, orientation, offset, padding, part order, bias or epilogue
 // changes them.
 #include <algorithm>
+#include <deque>
 #include <numeric>
 #include <random>
 #include <string>
@@ -28,36 +30,117 @@ namespace {
 
 struct Counts {
   int tensor = 0, elements = 0;  // chunks through the tensor cores, and through gemm_element
+  int overlaps = 0;              // fills while MMAs were still to run (EmulatedCta)
 };
 
+// core::sum_chunk's steps on the host, one thread for the whole CTA, over tensor cores that run asynchronously: the
+// MMAs a multiply commits to a stage run later, in order, at a pace drawn at random, and read the stage's panels only
+// when they run; a stage's barrier completes a phase as its commit's MMAs finish, and a wait is an mbarrier's parity
+// wait on it. So a panel filled before the MMAs that read it ran, a wait for the wrong phase or one skipped, or an
+// accumulator read before its last MMAs ran, changes the sums or fails a check here.
+struct EmulatedCta {
+  struct Job {
+    int stage;
+    bool first;
+  };
+  const core::Gemm& g;
+  std::mt19937_64& rng;
+  std::vector<core::Piece> pieces = std::vector<core::Piece>(core::kPanelStages * core::kBlockPieces);
+  std::vector<int> order = std::vector<int>(core::kBlockPieces);
+  std::vector<double> acc = std::vector<double>(kMmaRows * kMmaCols);
+  std::deque<Job> queued;                // committed, not yet run
+  int commits[core::kPanelStages] = {};  // per stage: its multiplies
+  int phases[core::kPanelStages] = {};   // per stage: its barrier's completed phases
+  int waited[core::kPanelStages] = {};   // per stage: its commits up to the last a wait passed
+  int run = 0, stall = -1;               // MMAs run; the tensor cores stop before MMA number `stall`
+  int overlaps = 0;                      // fills while MMAs of another stage were still to run
+  int last_multiplied = -1;              // the stage of the last multiply
+  bool exact = true;
+  std::string error;
+
+  EmulatedCta(const core::Gemm& gemm, std::mt19937_64& r) : g(gemm), rng(r) {
+    std::iota(order.begin(), order.end(), 0);
+  }
+  core::bf16_t* panels(int stage) { return pieces[stage * core::kBlockPieces].values; }
+  bool run_one() {
+    if (queued.empty() || run == stall) return false;
+    Job job = queued.front();
+    queued.pop_front();
+    const core::bf16_t* a = panels(job.stage);
+    const core::bf16_t* b = a + kPanelValues;
+    if (job.first) std::fill(acc.begin(), acc.end(), 0.0);
+    for (int i = 0; i < kMmaRows; ++i)
+      for (int j = 0; j < kMmaCols; ++j)
+        for (int k = 0; k < kMmaDepth; ++k)
+          acc[i * kMmaCols + j] += static_cast<double>(core::bf16_to_float(a[core::panel_offset(i, k)])) *
+                                   core::bf16_to_float(b[core::panel_offset(j, k)]);
+    ++phases[job.stage];
+    ++run;
+    return true;
+  }
+  void progress() {  // the tensor cores at their own pace
+    while (rng() % 3 == 0 && run_one()) {
+    }
+  }
+  void fail(const std::string& what) {
+    if (error.empty()) error = what;
+  }
+
+  bool wait(int stage, uint32_t parity) {
+    if (commits[stage] == 0 || parity != static_cast<uint32_t>((commits[stage] - 1) % 2))
+      fail("stage " + std::to_string(stage) + ": a wait for parity " + std::to_string(parity) + " after " +
+           std::to_string(commits[stage]) + " commits, not for the last one's phase");
+    while (static_cast<uint32_t>(phases[stage] % 2) == parity)  // the phase of that parity has not completed
+      if (!run_one()) return false;                             // the time out
+    waited[stage] = commits[stage];
+    return true;
+  }
+  void fill(const core::MmaBlock& b, int stage) {
+    for (const Job& job : queued)
+      if (job.stage == stage) fail("stage " + std::to_string(stage) + " filled under MMAs that still read it");
+    overlaps += !queued.empty();
+    bool first = b.part == 0 && b.k0 == 0;  // a chunk's first block: nothing of the chunk multiplied yet
+    if (!first && stage == last_multiplied)
+      fail("stage " + std::to_string(stage) + " filled right after its MMAs were issued: no overlap");
+    std::fill(panels(stage), panels(stage) + 2 * kPanelValues, core::bf16_t(0x7fc0));  // NaN: a missed value shows
+    std::shuffle(order.begin(), order.end(), rng);  // threads split the pieces any way
+    for (int p : order) core::fill_piece(g, b, p, panels(stage), exact);
+    progress();
+  }
+  bool sync(bool ok) {
+    progress();
+    return ok;
+  }
+  void multiply(int stage, bool first) {
+    if (waited[stage] != commits[stage])  // its barrier would be two phases on: a parity wait cannot tell them apart
+      fail("stage " + std::to_string(stage) + " committed again before its last commit was waited for");
+    queued.push_back(Job{stage, first});
+    last_multiplied = stage;
+    ++commits[stage];
+    progress();
+  }
+};
+
+// The tile g as the fused executor's CTA runs it (cuda/tensor_tile.cuh compute): chunk by chunk, core::sum_chunk
+// over the emulated CTA, then core's epilogue from its accumulator, or gemm_element for a chunk with a value that is
+// not a bf16. The stages' state carries from chunk to chunk, as on the device.
 Counts run_tensor_tile(const core::Gemm& g, std::mt19937_64& rng) {
   Counts n;
-  std::vector<core::Piece> pieces(core::kBlockPieces);  // the panels, 16-byte aligned as in shared memory
-  core::bf16_t* panels = pieces[0].values;
-  std::vector<int> order(core::kBlockPieces);
-  std::iota(order.begin(), order.end(), 0);
-  std::vector<double> acc(kMmaRows * kMmaCols);
+  EmulatedCta cta(g, rng);
+  core::PanelStages stages;
   for (int chunk = 0; chunk < core::tensor_chunks(g); ++chunk) {
-    bool exact = true;
-    std::fill(acc.begin(), acc.end(), 0.0);
-    for (int block = 0; block < core::chunk_blocks(g); ++block) {
-      core::MmaBlock b = core::chunk_block(g, chunk, block);
-      std::fill(panels, panels + 2 * kPanelValues, core::bf16_t(0x7fc0));  // NaN: a value the fill misses shows
-      std::shuffle(order.begin(), order.end(), rng);
-      for (int p : order) core::fill_piece(g, b, p, panels, exact);
-      for (int i = 0; i < kMmaRows; ++i)
-        for (int j = 0; j < kMmaCols; ++j)
-          for (int k = 0; k < kMmaDepth; ++k)
-            acc[i * kMmaCols + j] += static_cast<double>(core::bf16_to_float(panels[core::panel_offset(i, k)])) *
-                                     core::bf16_to_float(panels[kPanelValues + core::panel_offset(j, k)]);
-    }
+    cta.exact = true;
+    CHECK_MSG(core::sum_chunk(g, chunk, stages, cta), "chunk %d: a wait ran out with no stall", chunk);
+    CHECK_MSG(cta.queued.empty(), "chunk %d: %zu MMAs still to run when the epilogue reads", chunk, cta.queued.size());
+    CHECK_MSG(cta.error.empty(), "chunk %d: %s", chunk, cta.error.c_str());
     int row0 = core::chunk_row0(g, chunk), col0 = core::chunk_col0(g, chunk);
-    if (!exact) core::gemm_elements(g, row0, col0, kMmaRows, kMmaCols, core::kWhole);
-    for (int i = 0; exact && i < kMmaRows; ++i)
+    if (!cta.exact) core::gemm_elements(g, row0, col0, kMmaRows, kMmaCols, core::kWhole);
+    for (int i = 0; cta.exact && i < kMmaRows; ++i)
       for (int j = 0; j < kMmaCols; ++j)
-        core::tensor_epilogue(g, row0 + i, col0 + j, static_cast<float>(acc[i * kMmaCols + j]));
-    ++(exact ? n.tensor : n.elements);
+        core::tensor_epilogue(g, row0 + i, col0 + j, static_cast<float>(cta.acc[i * kMmaCols + j]));
+    ++(cta.exact ? n.tensor : n.elements);
   }
+  n.overlaps = cta.overlaps;
   return n;
 }
 
@@ -152,7 +235,7 @@ bool same_as_reference(TileCase& t, std::mt19937_64& rng, Counts* counts) {
 
 TEST(tensor_tiles_give_the_references_bits_on_integers) {
   std::mt19937_64 rng(seed() + 7);
-  int chunks = 0;
+  int chunks = 0, overlaps = 0;
   for (int n = 0; n < 24; ++n) {
     TileCase t;
     make_case(t, rng);
@@ -160,8 +243,12 @@ TEST(tensor_tiles_give_the_references_bits_on_integers) {
     if (!same_as_reference(t, rng, &counts)) return;
     CHECK_MSG(counts.elements == 0, "%s: %d integer chunks left to gemm_element", t.text.c_str(), counts.elements);
     chunks += counts.tensor;
+    overlaps += counts.overlaps;
   }
   CHECK_MSG(chunks > 24, "only %d chunks", chunks);
+  // The stages' point: the threads fill a block while the MMAs of the one before may still run (EmulatedCta::fill
+  // checks each block's stage; here that the MMAs did run meanwhile, some of the time).
+  CHECK_MSG(overlaps > 0, "no fill of %d chunks' blocks overlapped MMAs", chunks);
 }
 
 // Rows 128 and on of an e4m3 a hold 1.875 x 2^-6 scaled by 2^-127: 1.875 x 2^-133, an fp32 but no bf16 (whose
@@ -194,6 +281,35 @@ TEST(chunks_with_values_that_are_not_bf16_are_computed_element_by_element) {
   if (!same_as_reference(t, rng, &counts)) return;
   CHECK_MSG(counts.tensor == 1 && counts.elements == 1, "%d tensor chunks, %d element chunks", counts.tensor,
             counts.elements);
+}
+
+// Tensor cores that stop (an MMA that never finishes): the wait that needs it runs out, sum_chunk says so, and the
+// stages it leaves busy are every stage with MMAs still to run, which tensor_tile::close waits for once more before
+// it frees the tensor memory. Once the tensor cores go on (slow, not dead), those waits pass and nothing is left.
+TEST(a_wait_that_runs_out_leaves_busy_every_stage_with_mmas_still_to_run) {
+  std::mt19937_64 rng(seed() + 9);
+  int stalled = 0;
+  for (int n = 0; n < 24; ++n) {
+    TileCase t;
+    make_case(t, rng);
+    EmulatedCta cta(t.g, rng);
+    int mmas = core::tensor_chunks(t.g) * core::chunk_blocks(t.g);
+    cta.stall = static_cast<int>(rng() % std::min(6, mmas));  // before the last MMA, which the last drain waits for
+    core::PanelStages stages;
+    int chunk = 0;
+    while (chunk < core::tensor_chunks(t.g) && core::sum_chunk(t.g, chunk, stages, cta)) ++chunk;
+    CHECK_MSG(cta.error.empty(), "%s: %s", t.text.c_str(), cta.error.c_str());
+    CHECK_MSG(chunk < core::tensor_chunks(t.g), "%s: every chunk summed past a stall at MMA %d of %d", t.text.c_str(),
+              cta.stall, mmas);
+    stalled += chunk < core::tensor_chunks(t.g);
+    CHECK_MSG(!cta.queued.empty(), "%s: a wait ran out with no MMA to run", t.text.c_str());
+    for (const auto& job : cta.queued)
+      CHECK_MSG(stages.busy(job.stage), "%s: stage %d has MMAs to run but is not busy", t.text.c_str(), job.stage);
+    cta.stall = -1;
+    CHECK(core::wait_busy(stages, cta));  // as tensor_tile::close
+    CHECK_MSG(cta.queued.empty(), "%s: %zu MMAs left after close's waits", t.text.c_str(), cta.queued.size());
+  }
+  CHECK_MSG(stalled == 24, "only %d of 24 tiles stalled", stalled);
 }
 
 // What the tensor cores cannot take stays with gemm_element: an MXFP8 round trip on read, an fp32 operand, no depth.

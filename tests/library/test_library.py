@@ -277,10 +277,11 @@ def test_fused_pass_shares_its_tiles_through_a_named_barrier(libmok, cuda_bin):
 # asynchronous 16-byte copy (cp.async.cg), and LDGDEPBAR with DEPBAR.LE, the wait for a thread's copies;
 # FENCE.VIEW.ASYNC.S, the proxy fence between the threads' writes into the panels and the MMA's reads of them; UTCHMMA,
 # the 1-CTA tcgen05 BF16 MMA (no .2CTA: the tile is one CTA's); UTCBAR, its commit to the shared-memory barrier that
-# SYNCS...TRYWAIT polls; LDTM, the accumulator's load from tensor memory.
+# SYNCS...TRYWAIT polls; LDTM, the accumulator's load from tensor memory; BAR.RED.OR on barrier 1, the CTA's vote
+# after each fill of a stage (a wait for the MMAs that ran out stops every thread alike).
 FUSED_TENSOR_SASS = (r"UTCATOMSWS\.FIND_AND_SET", r"UTCATOMSWS\.AND", r"LDGSTS\.E\.BYPASS\S*\.128", r"LDGDEPBAR",
                      r"DEPBAR\.LE SB0", r"FENCE\.VIEW\.ASYNC\.S", r"UTCHMMA", r"UTCBAR", r"SYNCS\.PHASECHK\S*TRYWAIT",
-                     r"LDTM")
+                     r"LDTM", r"BAR\.RED\.OR\S* 0x1\b")
 
 
 def test_fused_pass_runs_its_tiles_on_tensor_cores(libmok, cuda_bin):
@@ -296,6 +297,32 @@ def test_fused_pass_runs_its_tiles_on_tensor_cores(libmok, cuda_bin):
         for instruction in FUSED_TENSOR_SASS:
             assert re.search(instruction, sass), f"{arch}: {instruction} missing from the fused pass's SASS"
         assert not re.search(r"UTCHMMA\S*\.2CTA", sass), f"{arch}: a 2-CTA MMA in the fused pass's 1-CTA tile"
+
+
+FUSED_NOTE = r"mok_fused pass shared=(\d+) threads=(\d+)"
+
+
+def min_ctas_per_sm() -> int:
+    """The CTAs an SM the fused pass's launch bounds promise (kernel/src/cuda/fused_pass.cu)."""
+    text = (ROOT / "kernel" / "src" / "cuda" / "fused_pass.cu").read_text()
+    return int(re.search(r"constexpr int kMinCtasPerSm = (\d+);", text).group(1))
+
+
+def test_fused_pass_shared_memory_lets_its_ctas_share_an_sm(libmok, cuda_bin):
+    """The fused pass's panels (two stages of a's and b's) are dynamic shared memory, which cuobjdump does not count:
+    the kernel writes what it asks for into the binary (kernel/src/cuda/resource_note.hpp). With its static shared
+    memory, the CTAs its launch bounds promise an SM must fit the SM's 228 KB, or fewer are resident (fused_residency's
+    occupancy query) and the pass has fewer workers than its registers allow."""
+    notes = re.findall(FUSED_NOTE, run("strings", libmok).stdout)
+    assert len(notes) == 1, f"{len(notes)} resource notes of the fused pass"
+    dynamic, threads = (int(n) for n in notes[0])
+    assert threads == 256 and 0 < dynamic <= SHARED_BYTES, notes[0]
+    usage = resource_usage(libmok, cuda_bin)
+    ctas = min_ctas_per_sm()
+    for arch in ("sm_100a", "sm_103a"):
+        (r,) = [r for k, r in usage[arch].items() if re.search(r"\dfused_pass", k)]
+        assert ctas * (r["SHARED"] + dynamic) <= SM_SHARED_BYTES, \
+            f"{arch}: {ctas} x ({r['SHARED']} + {dynamic}) bytes of shared memory, above {SM_SHARED_BYTES}"
 
 
 def test_only_mok_symbols_are_exported(libmok):

@@ -3,10 +3,10 @@
 // (cuda/tensor_tile.cuh) only moves these bytes and issues the MMAs; the host runs this file in tests.
 //
 // The tile is cut into chunks of kMmaRows x kMmaCols outputs; each chunk's accumulator sums every part's depth in
-// blocks of kMmaDepth, one block of a and b at a time in shared memory. Operands are read as bf16: a bf16 operand
-// as stored, an e4m3 one as its value (code times scale), which is a bf16 except at extreme scales. A chunk with a
-// value that is not exactly a bf16 is computed element by element instead (gemm_element.hpp), so the products the
-// tensor cores sum are always the operands' own.
+// blocks of kMmaDepth, kPanelStages blocks of a and b at a time in shared memory (sum_chunk). Operands are read as
+// bf16: a bf16 operand as stored, an e4m3 one as its value (code times scale), which is a bf16 except at extreme
+// scales. A chunk with a value that is not exactly a bf16 is computed element by element instead (gemm_element.hpp), so
+// the products the tensor cores sum are always the operands' own.
 #pragma once
 
 #include "core/gemm.hpp"
@@ -112,6 +112,69 @@ MOK_HD inline void fill_piece(const Gemm& g, const MmaBlock& b, int p, bf16_t* p
   Piece piece;
   for (int v = 0; v < kPieceValues; ++v) piece.values[v] = panel_value(o, rows, depth, i, b.k0 + k + v, exact);
   *out = piece;
+}
+
+// The panels' stages: kPanelStages pairs of panels in shared memory, so that a CTA's threads fill a chunk's next block
+// while its MMAs read the block before (which hides the MMAs' time behind the fills, not the fills' latency: that
+// would take more blocks' copies in flight). Block b of a chunk goes to stage b % kPanelStages. Each stage has a
+// barrier whose phase the MMAs' commit completes, once per block they take from the stage.
+constexpr int kPanelStages = 2;
+
+// What every thread of a CTA knows alike of the stages' barriers (kept across chunks and tiles): the parity of each
+// one's next phase, and which stages hold a block whose MMAs were committed and not yet waited for. An mbarrier's
+// parity wait names one of two phases, so a stage never has more than one such block: its next fill waits first.
+struct PanelStages {
+  uint32_t parities = 0;  // bit s: the parity of stage s's next phase
+  uint32_t pending = 0;   // bit s: stage s's last MMAs not yet waited for
+
+  MOK_HD bool busy(int stage) const { return (pending >> stage) & 1u; }
+  MOK_HD uint32_t parity(int stage) const { return (parities >> stage) & 1u; }
+  MOK_HD void committed(int stage) { pending |= 1u << stage; }
+  MOK_HD void waited(int stage) {
+    pending &= ~(1u << stage);
+    parities ^= 1u << stage;
+  }
+};
+
+// This thread's waits for every busy stage's MMAs, up to the first that runs out (the MMAs run in order: a later one
+// would run out too); false then. Only the CTA's vote after them (drain_stages) marks the stages waited.
+template <class Cta>
+MOK_HD bool wait_busy(const PanelStages& stages, Cta& cta) {
+  for (int stage = 0; stage < kPanelStages; ++stage)
+    if (stages.busy(stage) && !cta.wait(stage, stages.parity(stage))) return false;
+  return true;
+}
+
+// Every busy stage's MMAs waited for, by every thread of a CTA (`cta` as in sum_chunk); false when a wait ran out.
+template <class Cta>
+MOK_HD bool drain_stages(PanelStages& stages, Cta& cta) {
+  if (!cta.sync(wait_busy(stages, cta))) return false;
+  for (int stage = 0; stage < kPanelStages; ++stage)
+    if (stages.busy(stage)) stages.waited(stage);
+  return true;
+}
+
+// A chunk's sum in the accumulator, by every thread of a CTA alike: block b's panels are filled into its stage while
+// the MMAs of block b - 1 read the other, once the MMAs of block b - kPanelStages, which read this stage, are done.
+// `cta` is how a CTA takes each step:
+//   bool wait(stage, parity)     the stage's barrier passed its phase of that parity (false: not in time)
+//   void fill(block, stage)      this thread's pieces of the MmaBlock into the stage's panels
+//   bool sync(ok)                the CTA's barrier after every thread's fill; false for all when `ok` was false for one
+//   void multiply(stage, first)  the MMAs over the stage's panels (first: into a zeroed accumulator), then their
+//                                commit to the stage's barrier; by the threads that issue MMAs, nothing by the others
+// Returns false when a wait ran out; `stages` then names each stage whose MMAs may still run.
+template <class Cta>
+MOK_HD bool sum_chunk(const Gemm& g, int chunk, PanelStages& stages, Cta& cta) {
+  for (int block = 0, blocks = chunk_blocks(g); block < blocks; ++block) {
+    int stage = block % kPanelStages;
+    bool ok = !stages.busy(stage) || cta.wait(stage, stages.parity(stage));
+    if (ok) cta.fill(chunk_block(g, chunk, block), stage);
+    if (!cta.sync(ok)) return false;
+    if (stages.busy(stage)) stages.waited(stage);
+    cta.multiply(stage, block == 0);
+    stages.committed(stage);
+  }
+  return drain_stages(stages, cta);  // the accumulator whole before the epilogue reads it
 }
 
 // Element (i, j) of the chunk from its accumulator: store_bf16 adds the bias and rounds once, as reference_gemm;

@@ -2,6 +2,7 @@
 #include "core/gemm_element.hpp"
 #include "core/pass_worker.hpp"
 #include "cuda/fused_pass.hpp"
+#include "cuda/resource_note.hpp"
 #include "cuda/tensor_tile.cuh"
 
 namespace mok::cuda {
@@ -10,12 +11,12 @@ namespace fused_detail {  // named: nvcc names an anonymous one after the file's
 constexpr int kThreads = 256;
 // 2 CTAs per SM at most: caps the registers at 128 a thread (the budget of core's device code, test_library).
 constexpr int kMinCtasPerSm = 2;
+// The dynamic shared memory the pass kernel asks for, where test_library reads it (it must let kMinCtasPerSm CTAs
+// share an SM).
+__attribute__((used)) constexpr Note kResourceNote =
+    resource_note("mok_fused ", "pass", tensor_tile::kDynamicSharedBytes, kThreads);
 
-// A barrier of every thread of the CTA that may be reached from different places in the code: thread 0 enters it
-// from inside core's body, the others from their serving loop. Non-aligned (barrier.sync), unlike __syncthreads.
-__device__ void cta_barrier() {
-  asm volatile("barrier.sync 1;" ::: "memory");
-}
+using tensor_tile::cta_barrier;
 
 // Thread 0's order to the CTA's threads: a tile GEMM or a row job to share, or the pass is over.
 struct Order {
@@ -28,10 +29,10 @@ struct Order {
 // A tile GEMM by every thread of the CTA: on tensor cores where core's tensor tile takes it, else an element each;
 // fenced at the device's scope, so that thread 0's release after the CTA's barrier publishes every thread's writes to
 // the other CTAs whatever the barrier orders. One copy of it, called from core's every GEMM site and the serving loop.
-__device__ __noinline__ void compute_tile(const core::Gemm& g, tensor_tile::Storage& tensor, uint32_t& phase,
+__device__ __noinline__ void compute_tile(const core::Gemm& g, tensor_tile::Storage& tensor, core::PanelStages& stages,
                                           uint64_t timeout_ns) {
   if (core::tensor_gemm(g))
-    tensor_tile::compute(g, tensor, phase, timeout_ns, cta_barrier);
+    tensor_tile::compute(g, tensor, stages, timeout_ns);
   else  // an element each
     core::gemm_elements(g, 0, 0, g.rows, g.cols, tensor_tile::cta_part());
   __threadfence();
@@ -55,14 +56,14 @@ struct CtaOps {
   Order* order;                  // shared memory
   tensor_tile::Storage* tensor;  // shared memory
   const core::PassView* view;
-  uint32_t phase;  // the MMA barrier's next phase, as every thread of the CTA keeps it
+  core::PanelStages stages;  // as every thread of the CTA keeps them
 
   __device__ void gemm(const core::Gemm& g) {
     if (tensor->failed) return;
     order->work = Order::Work::gemm;
     order->gemm = g;
     cta_barrier();
-    compute_tile(order->gemm, *tensor, phase, view->timeout_ns);
+    compute_tile(order->gemm, *tensor, stages, view->timeout_ns);
     cta_barrier();
     if (tensor->failed)
       core::fail_pass(*view, core::Failure{core::Outcome::timeout, core::WaitId::tensor_core}, nullptr);
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   view.sched.total_rows = view.group->total_rows;
   tensor_tile::open(tensor);
   cta_barrier();
-  uint32_t phase = 0;
+  core::PanelStages stages;
   if (threadIdx.x == 0) {
     int w = static_cast<int>(blockIdx.x);
     CtaOps ops{view.scratch + w * view.scratch_floats,
@@ -112,7 +113,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
                &order,
                &tensor,
                &view,
-               phase};
+               stages};
     core::run_pass_worker(view, w, ops);
     order.work = Order::Work::stop;
     cta_barrier();
@@ -123,11 +124,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
       if (order.work == Order::Work::rows)
         share_rows(order.rows, view);
       else
-        compute_tile(order.gemm, tensor, phase, view.timeout_ns);
+        compute_tile(order.gemm, tensor, stages, view.timeout_ns);
       cta_barrier();
     }
   }
-  tensor_tile::close(tensor, phase, view.timeout_ns);  // warp 1's phase: the serving loop's
+  tensor_tile::close(tensor, stages, view.timeout_ns);  // warp 1's stages: the serving loop's
 }
 
 cudaError_t fused_residency(int* ctas) {
@@ -135,7 +136,13 @@ cudaError_t fused_residency(int* ctas) {
   int device = 0, per_sm = 0, sms = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_pass, kThreads, 0);
+  // The panels' stages are above the 48 KB of shared memory a kernel may take without asking. Asked for once, at the
+  // layer's creation on its device: the attribute stays with the kernel there, and a pass calls no driver to launch.
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(reinterpret_cast<const void*>(fused_pass), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             tensor_tile::kDynamicSharedBytes);
+  if (e == cudaSuccess)
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_pass, kThreads, tensor_tile::kDynamicSharedBytes);
   if (e == cudaSuccess) *ctas = per_sm * sms;
   return e;
 }
@@ -151,7 +158,7 @@ cudaError_t enqueue_fused_pass(const FusedDevice& d) {
   const core::TaskGraph* graph = d.graph;
   void* params[] = {&view, &args, &graph};
   return cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(fused_pass), dim3(core::workers_of(view)),
-                                     dim3(kThreads), params, 0, d.stream);
+                                     dim3(kThreads), params, tensor_tile::kDynamicSharedBytes, d.stream);
 }
 
 }  // namespace mok::cuda

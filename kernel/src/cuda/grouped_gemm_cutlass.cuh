@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "cuda/grouped_gemm_instances.hpp"
+#include "cuda/resource_note.hpp"
 
 // clang-format off
 #include "cutlass/cutlass.h"
@@ -83,33 +84,13 @@ struct Instantiation : Config {
   static_assert(kSharedBytes <= kSharedBudget, "the grouped GEMM's shared storage exceeds a CTA's 227 KB");
 };
 
-// "mok_gemm_FAMILY_ARCH NAME shared=NNNNNNN threads=NNNN" (G::kNote the family and architecture: bf16_sm100,
-// mxfp8_sm100, bf16_sm90), the digits
-// written from the instantiation's constants: one per unit, so a test finds every instantiation's budget
-// without knowing the units.
-struct Note {
-  char text[96];
-};
-
-constexpr void put_digits(char* at, int digits, size_t value) {
-  for (int i = digits - 1; i >= 0; --i, value /= 10) at[i] = static_cast<char>('0' + value % 10);
-}
-
+// "mok_gemm_FAMILY_ARCH NAME shared=NNNNNNN threads=NNNN" (resource_note.hpp; G::kNote the family and
+// architecture: bf16_sm100, mxfp8_sm100, bf16_sm90), the digits written from the instantiation's constants: one per
+// unit, so a test finds every instantiation's budget without knowing the units.
+using mok::cuda::Note;
 template <class G>
 constexpr Note resource_note(const char* name) {
-  Note n{};
-  int at = 0;
-  auto put = [&](const char* s) {
-    while (*s && at < 80) n.text[at++] = *s++;
-  };
-  put(G::kNote);
-  put(name);
-  put(" shared=");
-  put_digits(n.text + at, 7, G::kSharedBytes);
-  at += 7;
-  put(" threads=");
-  put_digits(n.text + at, 4, G::kThreads);
-  return n;
+  return mok::cuda::resource_note(G::kNote, name, G::kSharedBytes, G::kThreads);
 }
 
 // The argument arrays, each 128-byte aligned, in one device block.

@@ -1,6 +1,7 @@
-// A tile GEMM on the tensor cores of one CTA (sm_100a / sm_103a): core's blocks (core/tensor_tile.hpp) through
-// shared memory into a 1-CTA tcgen05 MMA (CuTe's SM100_MMA_F16BF16_SS, 128 x 128 x 16, fp32 accumulator in tensor
-// memory), then core's epilogue from the accumulator, loaded by CuTe's tensor-memory load atom.
+// A tile GEMM on the tensor cores of one CTA (sm_100a / sm_103a): core's blocks (core/tensor_tile.hpp) through two
+// stages of shared memory (core::sum_chunk: the threads fill one while the MMAs read the other) into a 1-CTA tcgen05
+// MMA (CuTe's SM100_MMA_F16BF16_SS, 128 x 128 x 16, fp32 accumulator in tensor memory), then core's epilogue from the
+// accumulator, loaded by CuTe's tensor-memory load atom.
 //
 // The types (the MMA, the panels' shared-memory layout, the accumulator's load) compile on the host too:
 // test_tensor_tile_cute holds them against core's layouts there.
@@ -38,6 +39,7 @@ constexpr int kMmaWarp = 1;
 constexpr int kFirstEpilogueWarp = 4;
 
 static_assert(cute::cosize_v<PanelLayout> == core::kPanelValues, "a panel is kMmaRows x kMmaDepth values");
+static_assert(core::kPanelValues * sizeof(core::bf16_t) % 1024 == 0, "every panel of the stages starts on 1024 bytes");
 
 // The (row, column) coordinates of the accumulator and its tensor-memory view at `tmem`, as the MMA partitions them.
 CUTE_HOST_DEVICE auto accumulator_coordinates() {
@@ -55,14 +57,34 @@ CUTE_HOST_DEVICE auto accumulator_load(uint32_t tmem) {
 
 #if defined(__CUDACC__)  // the device side: nvcc only (the host tests include the types above)
 
-// Shared memory of one CTA's tensor tile. The 128-byte swizzle repeats every 1024 bytes: the panels start on one.
-struct Storage {
-  alignas(1024) core::bf16_t panels[2 * core::kPanelValues];  // a's, then b's
-  alignas(8) uint64_t mma_done;                               // the MMAs of a block have read the panels
-  uint32_t tmem;                                              // the accumulator's base in tensor memory
-  int inexact;                                                // a value of this chunk is not a bf16
-  int failed;                                                 // an MMA did not finish in time
+// The stages' panels, in dynamic shared memory (64 KB: above the 48 KB a kernel's static shared memory may hold).
+// The 128-byte swizzle repeats every 1024 bytes: each panel starts on one.
+struct Panels {
+  alignas(1024) core::bf16_t stages[core::kPanelStages][2 * core::kPanelValues];  // each stage: a's panel, then b's
 };
+// The dynamic shared memory a CTA asks for: the panels, and room to move them to a 1024-byte boundary.
+constexpr int kDynamicSharedBytes = static_cast<int>(sizeof(Panels)) + 1024;
+
+// The rest of one CTA's tensor tile, in static shared memory.
+struct Storage {
+  alignas(8) uint64_t mma_done[core::kPanelStages];  // a stage's MMAs have read its panels
+  uint32_t tmem;                                     // the accumulator's base in tensor memory
+  int inexact;                                       // a value of this chunk is not a bf16
+  int failed;                                        // an MMA did not finish in time
+};
+
+// The stages' panels at the first 1024-byte boundary of the CTA's dynamic shared memory (which starts on 16): a
+// kernel that computes tensor tiles gives its whole dynamic shared memory to them (kDynamicSharedBytes).
+__device__ inline Panels& panels() {
+  extern __shared__ __align__(16) uint8_t dynamic_shared[];
+  uint32_t at = cute::cast_smem_ptr_to_uint(dynamic_shared);
+  return *reinterpret_cast<Panels*>(dynamic_shared + ((1024u - at % 1024u) % 1024u));
+}
+
+// A panel as the MMA reads it.
+__device__ inline auto panel(core::bf16_t* values) {
+  return cute::make_tensor(cute::make_smem_ptr(reinterpret_cast<Value*>(values)), PanelLayout{});
+}
 
 // A piece's one copy as an asynchronous 16-byte copy (CuTe's SM80_CP_ASYNC_CACHEGLOBAL, cp.async): a thread issues
 // every copy of its pieces of a block before it waits for them (land), where a load then a store each would wait
@@ -88,6 +110,27 @@ __device__ inline int warp() {
   return static_cast<int>(threadIdx.x) / 32;
 }
 
+// The barrier of every thread of the CTA, which thread 0 enters from inside core's body and the others from their
+// serving loop (fused_pass.cu): the non-aligned named barrier 1 (barrier.sync), unlike __syncthreads' aligned 0.
+__device__ inline void cta_barrier() {
+  asm volatile("barrier.sync 1;" ::: "memory");
+}
+// The same barrier with a vote: true for every thread when `yes` was true for one (barrier.red.or).
+__device__ inline bool cta_any(bool yes) {
+  uint32_t any;
+  asm volatile(
+      "{\n"
+      ".reg .pred yes, any;\n"
+      "setp.ne.u32 yes, %1, 0;\n"
+      "barrier.red.or.pred any, 1, yes;\n"
+      "selp.u32 %0, 1, 0, any;\n"
+      "}"
+      : "=r"(any)
+      : "r"(static_cast<uint32_t>(yes))
+      : "memory");
+  return any != 0;
+}
+
 __device__ inline void fence_before_sync() {
   asm volatile("tcgen05.fence::before_thread_sync;" ::: "memory");
 }
@@ -95,16 +138,17 @@ __device__ inline void fence_after_sync() {
   asm volatile("tcgen05.fence::after_thread_sync;" ::: "memory");
 }
 
-// Wait for the MMAs' commit to flip the barrier's phase, for at most `timeout_ns`; false when it did not come.
-__device__ inline bool await_mma(Storage& s, uint32_t phase, uint64_t timeout_ns) {
+// Wait for the MMAs' commit to complete the stage barrier's phase of `parity`, for at most `timeout_ns`; false when
+// it did not come.
+__device__ inline bool await_mma(Storage& s, int stage, uint32_t parity, uint64_t timeout_ns) {
   uint64_t start = core::now_ns();
-  while (!cutlass::arch::ClusterBarrier::try_wait(&s.mma_done, phase))
+  while (!cutlass::arch::ClusterBarrier::try_wait(&s.mma_done[stage], parity))
     if (core::now_ns() - start > timeout_ns) return false;
   return true;
 }
 
-// Before the pass: warp 1 takes kTensorColumns of tensor memory (2 CTAs an SM: 256 of its 512) and the MMA barrier
-// is set up; the CTA's barrier that follows publishes both.
+// Before the pass: warp 1 takes kTensorColumns of tensor memory (2 CTAs an SM: 256 of its 512) and the stages'
+// barriers are set up; the CTA's barrier that follows publishes both.
 __device__ inline void open(Storage& s) {
   if (warp() == kMmaWarp) {
     __syncwarp();
@@ -114,19 +158,27 @@ __device__ inline void open(Storage& s) {
     fence_before_sync();
   }
   if (threadIdx.x == 0) {
-    cute::initialize_barrier(s.mma_done, 1);
+    for (uint64_t& barrier : s.mma_done) cute::initialize_barrier(barrier, 1);
     cutlass::arch::fence_barrier_init();  // the init before the MMA's commit arrives, as CUTLASS's pipelines order it
     s.failed = 0;
     s.inexact = 0;
   }
 }
 
-// After the pass, once every thread has left its last tile (the CTA's barrier before): the tensor memory back. After
-// an MMA that ran out of time (`phase`: the phase after it) its commit is given one more timeout to come, so that the
-// memory is not freed under an MMA that still writes it where the hardware is only slow.
-__device__ inline void close(Storage& s, uint32_t phase, uint64_t timeout_ns) {
+// core::wait_busy's wait on this CTA.
+struct StageWait {
+  Storage& s;
+  uint64_t timeout_ns;
+  __device__ bool wait(int stage, uint32_t parity) { return await_mma(s, stage, parity, timeout_ns); }
+};
+
+// After the pass, once every thread has left its last tile (the CTA's barrier before): the tensor memory back. The
+// stages still busy (a wait for their MMAs ran out) give the MMAs one more timeout to finish, so that the memory is
+// not freed under an MMA that still writes it where the hardware is only slow.
+__device__ inline void close(Storage& s, const core::PanelStages& stages, uint64_t timeout_ns) {
   if (warp() == kMmaWarp) {
-    if (s.failed) await_mma(s, phase ^ 1, timeout_ns);
+    StageWait waits{s, timeout_ns};
+    core::wait_busy(stages, waits);
     __syncwarp();
     fence_after_sync();
     cute::TMEM::Allocator1Sm{}.free(s.tmem, kTensorColumns);
@@ -157,51 +209,58 @@ __device__ inline void write_chunk(const core::Gemm& g, const Storage& s, int ro
   fence_before_sync();
 }
 
-// The tile g on tensor cores, by every thread of the CTA (`barrier` is the CTA's): chunk by chunk, block by block,
-// the panels filled by all, the MMAs by warp 1, the accumulator out by warps 4 to 7. A chunk with a value that is
-// not a bf16 is left to gemm_element; an MMA that does not finish in `timeout_ns` leaves `failed` set and the tile.
-template <class Barrier>
-__device__ void compute(const core::Gemm& g, Storage& s, uint32_t& phase, uint64_t timeout_ns, Barrier barrier) {
-  auto panels = cute::make_tensor(cute::make_smem_ptr(reinterpret_cast<Value*>(s.panels)), PanelLayout{});
-  auto b_panels =
-      cute::make_tensor(cute::make_smem_ptr(reinterpret_cast<Value*>(s.panels + core::kPanelValues)), PanelLayout{});
-  auto slice = Mma{}.get_slice(0);
-  auto a_view = slice.make_fragment_A(panels);
-  auto b_view = slice.make_fragment_B(b_panels);
-  auto acc = accumulator(s.tmem);
-  for (int chunk = 0; chunk < core::tensor_chunks(g); ++chunk) {
-    bool exact = true;
-    for (int block = 0, blocks = core::chunk_blocks(g); block < blocks; ++block) {
-      core::MmaBlock b = core::chunk_block(g, chunk, block);
-      for (int p = threadIdx.x; p < core::kBlockPieces; p += blockDim.x)
-        core::fill_piece(g, b, p, s.panels, exact, AsyncPieceMove{});
-      AsyncPieceMove::land();
-      cutlass::arch::fence_view_async_shared();  // the generic proxy's stores, before the MMA's reads
-      barrier();
-      if (warp() == kMmaWarp) {
-        __syncwarp();
-        fence_after_sync();
-        Mma mma;
-        mma.accumulate_ = block == 0 ? cute::UMMA::ScaleOut::Zero : cute::UMMA::ScaleOut::One;
-        for (int k = 0; k < cute::size<2>(a_view); ++k) {
-          cute::gemm(mma, a_view(cute::_, cute::_, k), b_view(cute::_, cute::_, k), acc);
-          mma.accumulate_ = cute::UMMA::ScaleOut::One;
-        }
-        cutlass::arch::umma_arrive(&s.mma_done);
-      }
-      if (!await_mma(s, phase, timeout_ns)) s.failed = 1;
-      phase ^= 1;
-      barrier();  // every thread leaves together when one gave up
-      if (s.failed) return;
+// core::sum_chunk's steps on this CTA: the panels filled by all, the MMAs issued by warp 1.
+struct ChunkSteps : StageWait {
+  const core::Gemm& g;
+  Panels& panels;
+  bool exact;  // every value this thread put in a panel of the chunk is the operand's own
+
+  __device__ void fill(const core::MmaBlock& b, int stage) {
+    for (int p = threadIdx.x; p < core::kBlockPieces; p += blockDim.x)
+      core::fill_piece(g, b, p, panels.stages[stage], exact, AsyncPieceMove{});
+    AsyncPieceMove::land();
+    cutlass::arch::fence_view_async_shared();  // the generic proxy's stores, before the MMA's reads
+  }
+  // One vote: a flag in shared memory read after a plain barrier could already hold a later step's failure.
+  __device__ bool sync(bool ok) {
+    bool failed = cta_any(!ok);
+    if (failed && threadIdx.x == 0) s.failed = 1;
+    return !failed;
+  }
+  __device__ void multiply(int stage, bool first) {
+    if (warp() != kMmaWarp) return;
+    __syncwarp();
+    fence_after_sync();
+    auto slice = Mma{}.get_slice(0);
+    auto a = slice.make_fragment_A(panel(panels.stages[stage]));
+    auto b = slice.make_fragment_B(panel(panels.stages[stage] + core::kPanelValues));
+    auto acc = accumulator(s.tmem);
+    Mma mma;
+    mma.accumulate_ = first ? cute::UMMA::ScaleOut::Zero : cute::UMMA::ScaleOut::One;
+    for (int k = 0; k < cute::size<2>(a); ++k) {
+      cute::gemm(mma, a(cute::_, cute::_, k), b(cute::_, cute::_, k), acc);
+      mma.accumulate_ = cute::UMMA::ScaleOut::One;
     }
-    if (!exact) atomicOr(&s.inexact, 1);
-    barrier();
+    cutlass::arch::umma_arrive(&s.mma_done[stage]);
+  }
+};
+
+// The tile g on tensor cores, by every thread of the CTA: chunk by chunk, each summed by core::sum_chunk, then its
+// accumulator out by warps 4 to 7. A chunk with a value that is not a bf16 is left to gemm_element; an MMA that does
+// not finish in `timeout_ns` leaves `failed` set, `stages` naming the stages it may still write, and the tile.
+__device__ inline void compute(const core::Gemm& g, Storage& s, core::PanelStages& stages, uint64_t timeout_ns) {
+  ChunkSteps steps{{s, timeout_ns}, g, panels(), true};
+  for (int chunk = 0; chunk < core::tensor_chunks(g); ++chunk) {
+    steps.exact = true;
+    if (!core::sum_chunk(g, chunk, stages, steps)) return;
+    if (!steps.exact) atomicOr(&s.inexact, 1);
+    cta_barrier();
     int row0 = core::chunk_row0(g, chunk), col0 = core::chunk_col0(g, chunk);
     if (!s.inexact)
       write_chunk(g, s, row0, col0);
     else
       core::gemm_elements(g, row0, col0, core::kMmaRows, core::kMmaCols, cta_part());
-    barrier();
+    cta_barrier();
     if (threadIdx.x == 0) s.inexact = 0;  // read by all before the barrier above; set again after the next
   }
 }
