@@ -131,6 +131,7 @@ struct Problem {
 
 struct Result {
   std::vector<Vec> out, dx, dw;           // per rank
+  std::vector<Vec> dw_terms;              // per rank, each dw's sum of its terms' magnitudes
   std::vector<Vec> dgate, dup, ddown;     // per rank, its local experts (fp32 sums)
   std::vector<Vec> dsgate, dsup, dsdown;  // per rank (fp32 sums)
   std::vector<Vec> dbgate, dbup, dbdown;  // per rank, its local experts' bias gradients (sums)
@@ -270,6 +271,7 @@ class Layer {
     r.out.resize(p.world);
     r.dx.resize(p.world);
     r.dw.resize(p.world);
+    r.dw_terms.resize(p.world);
     r.dgate.assign(p.world, Vec(static_cast<size_t>(p.experts) * I * H, 0.0));
     r.dup = r.dgate;
     r.ddown = r.dgate;
@@ -290,6 +292,7 @@ class Layer {
       r.out[rk].assign(static_cast<size_t>(T) * H, 0);
       r.dx[rk].assign(static_cast<size_t>(T) * H, 0);
       r.dw[rk].assign(static_cast<size_t>(T) * K, 0);
+      r.dw_terms[rk].assign(static_cast<size_t>(T) * K, 0);
       for (int t = 0; t < T; ++t) {
         Vec x = values(p.x[rk], static_cast<size_t>(t) * H, H), d = values(p.dout[rk], static_cast<size_t>(t) * H, H);
         Vec out(H, 0.0), dx(H, 0.0);
@@ -307,11 +310,12 @@ class Layer {
           gate_up(xk, ex.gate, ex.up, I, g, u, h, true, &ex.gate_bias, &ex.up_bias);
           Vec y = times_wt(operand(h), ex.down, H, &ex.down_bias);
           Vec dy(H);
-          double dw = 0;
+          double dw = 0, terms = 0;
           for (int o = 0; o < H; ++o) {
             out[o] += (p.input_scale ? 1.0 : w) * y[o];
             dy[o] = p.input_scale ? d[o] : bf16(w * d[o]);
             dw += d[o] * y[o];
+            terms += std::fabs(d[o] * y[o]);
           }
           Vec dh = times_w(operand(dy), ex.bdown, I);
           for (double& v : dh) v = bf16(v);
@@ -320,13 +324,14 @@ class Layer {
           Vec a = times_w(operand(dg), ex.bgate, H), b = times_w(operand(du), ex.bup, H);
           // dx_k: the slot's bf16 gradient w.r.t. its input row; with input scaling x gets w dx_k and the
           // weight <x, dx_k> (x unscaled).
-          if (p.input_scale) dw = 0;
+          if (p.input_scale) dw = terms = 0;
           for (int o = 0; o < H; ++o) {
             double dxk = bf16(a[o] + b[o]);
             dx[o] += (p.input_scale ? w : 1.0) * dxk;
-            if (p.input_scale) dw += x[o] * dxk;
+            if (p.input_scale) dw += x[o] * dxk, terms += std::fabs(x[o] * dxk);
           }
           r.dw[rk][t * K + k] = dw;
+          r.dw_terms[rk][t * K + k] = terms;
           rows[id].push_back(Row{xk, dy, h, dg, du});
         }
         for (int o = 0; o < H; ++o) {

@@ -43,7 +43,7 @@ void check_shape(int hidden, int inter, int shared_inter, bool mxfp8) {
   for (int r = 0; r < p.world; ++r) {
     close("out", r, from_bf16(o.out[r]), want.out[r], tol, kMinExact, p.hidden);
     close("dx", r, from_bf16(o.dx[r]), want.dx[r], tol, kMinExact, p.hidden);
-    close("dtopk_weights", r, from_float(o.dw[r]), want.dw[r], tol);
+    close_dw(r, from_float(o.dw[r]), want, tol);
     close("dgate", r, from_bf16(o.dgate[r]), rounded(want.dgate[r]), tol, kMinExact, p.hidden);
     close("dup", r, from_bf16(o.dup[r]), rounded(want.dup[r]), tol, kMinExact, p.hidden);
     close("ddown", r, from_bf16(o.ddown[r]), rounded(want.ddown[r]), tol, kMinExact, p.inter);
