@@ -1,5 +1,6 @@
 // core's tensor-core tile (core/tensor_tile.hpp) run on the host as the fused executor's CTA runs it: the chunks and
-// blocks of core's walk (core::sum_chunk, over two stages of panels and tensor cores that run asynchronously), the
+// blocks of core's walk (core::sum_chunk, over the stages of panels, with copies and tensor cores that run
+// asynchronously), the
 // panels filled by core::fill_piece in a shuffled order (threads split them any way), the MMA's sum over the panels as
 // core::panel_offset lays them out (test_tensor_tile_cute holds that against CuTe's MMA), and core's epilogue; a chunk
 // with a value that is not a bf16 goes to core::gemm_element.
@@ -36,12 +37,22 @@ struct Counts {
 // core::sum_chunk's steps on the host, one thread for the whole CTA, over tensor cores that run asynchronously: the
 // MMAs a multiply commits to a stage run later, in order, at a pace drawn at random, and read the stage's panels only
 // when they run; a stage's barrier completes a phase as its commit's MMAs finish, and a wait is an mbarrier's parity
-// wait on it. So a panel filled before the MMAs that read it ran, a wait for the wrong phase or one skipped, or an
-// accumulator read before its last MMAs ran, changes the sums or fails a check here.
+// wait on it. A fill's one-copy pieces land only when land lets their group land (cp.async's groups; the others are
+// written at once, as on the device). So a panel filled before the MMAs that read it ran, MMAs before their panels
+// landed, a wait for the wrong phase or one skipped, or an accumulator read before its last MMAs ran, changes the
+// sums or fails a check here.
 struct EmulatedCta {
   struct Job {
     int stage;
     bool first;
+  };
+  struct Group {  // one fill's one-copy pieces, in flight
+    int stage;
+    std::vector<std::pair<core::Piece*, core::Piece>> copies;
+  };
+  struct DeferredMove {  // fill_piece's Move: the copy joins the group, to land with it
+    Group* group;
+    void operator()(core::Piece* to, const core::Piece* from) const { group->copies.emplace_back(to, *from); }
   };
   const core::Gemm& g;
   std::mt19937_64& rng;
@@ -49,12 +60,14 @@ struct EmulatedCta {
   std::vector<int> order = std::vector<int>(core::kBlockPieces);
   std::vector<double> acc = std::vector<double>(kMmaRows * kMmaCols);
   std::deque<Job> queued;                // committed, not yet run
+  std::deque<Group> flying;              // started, not yet landed
+  int block = -1;                        // the chunk's block of the last multiply
   int commits[core::kPanelStages] = {};  // per stage: its multiplies
   int phases[core::kPanelStages] = {};   // per stage: its barrier's completed phases
   int waited[core::kPanelStages] = {};   // per stage: its commits up to the last a wait passed
   int run = 0, stall = -1;               // MMAs run; the tensor cores stop before MMA number `stall`
   int overlaps = 0;                      // fills while MMAs of another stage were still to run
-  int last_multiplied = -1;              // the stage of the last multiply
+  int last_multiplied = -1;              // the stage of the chunk's last multiply (-1 between chunks)
   bool exact = true;
   std::string error;
 
@@ -99,13 +112,17 @@ struct EmulatedCta {
     for (const Job& job : queued)
       if (job.stage == stage) fail("stage " + std::to_string(stage) + " filled under MMAs that still read it");
     overlaps += !queued.empty();
-    bool first = b.part == 0 && b.k0 == 0;  // a chunk's first block: nothing of the chunk multiplied yet
-    if (!first && stage == last_multiplied)
+    if (stage == last_multiplied)
       fail("stage " + std::to_string(stage) + " filled right after its MMAs were issued: no overlap");
     std::fill(panels(stage), panels(stage) + 2 * kPanelValues, core::bf16_t(0x7fc0));  // NaN: a missed value shows
     std::shuffle(order.begin(), order.end(), rng);  // threads split the pieces any way
-    for (int p : order) core::fill_piece(g, b, p, panels(stage), exact);
+    flying.push_back(Group{stage, {}});
+    for (int p : order) core::fill_piece(g, b, p, panels(stage), exact, DeferredMove{&flying.back()});
     progress();
+  }
+  void land(int groups) {
+    for (; static_cast<int>(flying.size()) > groups; flying.pop_front())
+      for (auto& [to, piece] : flying.front().copies) *to = piece;
   }
   bool sync(bool ok) {
     progress();
@@ -114,6 +131,15 @@ struct EmulatedCta {
   void multiply(int stage, bool first) {
     if (waited[stage] != commits[stage])  // its barrier would be two phases on: a parity wait cannot tell them apart
       fail("stage " + std::to_string(stage) + " committed again before its last commit was waited for");
+    for (const Group& group : flying)
+      if (group.stage == stage) fail("stage " + std::to_string(stage) + " multiplied before its copies landed");
+    // The later blocks' copies in flight meanwhile: as many as the stages hold (all but this block's and the one
+    // before's), or the chunk has left.
+    block = first ? 0 : block + 1;
+    size_t ahead = static_cast<size_t>(std::min(core::kPanelStages - 2, core::chunk_blocks(g) - 1 - block));
+    if (flying.size() != ahead)
+      fail("block " + std::to_string(block) + " multiplied with " + std::to_string(flying.size()) +
+           " later blocks' copies in flight, not " + std::to_string(ahead));
     queued.push_back(Job{stage, first});
     last_multiplied = stage;
     ++commits[stage];
@@ -131,6 +157,7 @@ Counts run_tensor_tile(const core::Gemm& g, std::mt19937_64& rng) {
   for (int chunk = 0; chunk < core::tensor_chunks(g); ++chunk) {
     cta.exact = true;
     CHECK_MSG(core::sum_chunk(g, chunk, stages, cta), "chunk %d: a wait ran out with no stall", chunk);
+    cta.last_multiplied = -1;
     CHECK_MSG(cta.queued.empty(), "chunk %d: %zu MMAs still to run when the epilogue reads", chunk, cta.queued.size());
     CHECK_MSG(cta.error.empty(), "chunk %d: %s", chunk, cta.error.c_str());
     int row0 = core::chunk_row0(g, chunk), col0 = core::chunk_col0(g, chunk);
@@ -297,7 +324,8 @@ TEST(a_wait_that_runs_out_leaves_busy_every_stage_with_mmas_still_to_run) {
     cta.stall = static_cast<int>(rng() % std::min(6, mmas));  // before the last MMA, which the last drain waits for
     core::PanelStages stages;
     int chunk = 0;
-    while (chunk < core::tensor_chunks(t.g) && core::sum_chunk(t.g, chunk, stages, cta)) ++chunk;
+    for (; chunk < core::tensor_chunks(t.g) && core::sum_chunk(t.g, chunk, stages, cta); ++chunk)
+      cta.last_multiplied = -1;
     CHECK_MSG(cta.error.empty(), "%s: %s", t.text.c_str(), cta.error.c_str());
     CHECK_MSG(chunk < core::tensor_chunks(t.g), "%s: every chunk summed past a stall at MMA %d of %d", t.text.c_str(),
               cta.stall, mmas);

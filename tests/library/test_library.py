@@ -309,7 +309,7 @@ def min_ctas_per_sm() -> int:
 
 
 def test_fused_pass_shared_memory_lets_its_ctas_share_an_sm(libmok, cuda_bin):
-    """The fused pass's panels (two stages of a's and b's) are dynamic shared memory, which cuobjdump does not count:
+    """The fused pass's panels (its stages of a's and b's) are dynamic shared memory, which cuobjdump does not count:
     the kernel writes what it asks for into the binary (kernel/src/cuda/resource_note.hpp). With its static shared
     memory, the CTAs its launch bounds promise an SM must fit the SM's 228 KB, or fewer are resident (fused_residency's
     occupancy query) and the pass has fewer workers than its registers allow."""

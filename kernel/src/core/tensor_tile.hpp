@@ -114,11 +114,13 @@ MOK_HD inline void fill_piece(const Gemm& g, const MmaBlock& b, int p, bf16_t* p
   *out = piece;
 }
 
-// The panels' stages: kPanelStages pairs of panels in shared memory, so that a CTA's threads fill a chunk's next block
-// while its MMAs read the block before (which hides the MMAs' time behind the fills, not the fills' latency: that
-// would take more blocks' copies in flight). Block b of a chunk goes to stage b % kPanelStages. Each stage has a
-// barrier whose phase the MMAs' commit completes, once per block they take from the stage.
-constexpr int kPanelStages = 2;
+// The panels' stages: kPanelStages pairs of panels in shared memory. While the MMAs of a chunk's block b run, the
+// copies of blocks b + 1 to b + kPanelStages - 2 fly into stages of their own and b - 1's stage, whose MMAs ran before
+// b's, takes the copies of the next: the blocks' latencies overlap each other and the MMAs. Block b of a chunk goes to
+// stage b % kPanelStages. Each stage has a barrier whose phase the MMAs' commit completes, once per block they take
+// from the stage.
+constexpr int kPanelStages = 3;
+static_assert(kPanelStages >= 2, "a block's MMAs read one stage while the next block's copies fill another");
 
 // What every thread of a CTA knows alike of the stages' barriers (kept across chunks and tiles): the parity of each
 // one's next phase, and which stages hold a block whose MMAs were committed and not yet waited for. An mbarrier's
@@ -130,9 +132,11 @@ struct PanelStages {
   MOK_HD bool busy(int stage) const { return (pending >> stage) & 1u; }
   MOK_HD uint32_t parity(int stage) const { return (parities >> stage) & 1u; }
   MOK_HD void committed(int stage) { pending |= 1u << stage; }
-  MOK_HD void waited(int stage) {
-    pending &= ~(1u << stage);
-    parities ^= 1u << stage;
+  // The busy stages among `stages` (a bit each) waited for.
+  MOK_HD void waited(uint32_t stages) {
+    stages &= pending;
+    pending &= ~stages;
+    parities ^= stages;
   }
 };
 
@@ -149,30 +153,50 @@ MOK_HD bool wait_busy(const PanelStages& stages, Cta& cta) {
 template <class Cta>
 MOK_HD bool drain_stages(PanelStages& stages, Cta& cta) {
   if (!cta.sync(wait_busy(stages, cta))) return false;
-  for (int stage = 0; stage < kPanelStages; ++stage)
-    if (stages.busy(stage)) stages.waited(stage);
+  stages.waited(stages.pending);
   return true;
 }
 
-// A chunk's sum in the accumulator, by every thread of a CTA alike: block b's panels are filled into its stage while
-// the MMAs of block b - 1 read the other, once the MMAs of block b - kPanelStages, which read this stage, are done.
-// `cta` is how a CTA takes each step:
+// This thread's copies of a chunk's block started into its stage, once the MMAs that read the stage before are done:
+// false when that wait ran out. `waits` gathers the stage waited for, which the CTA's next vote marks.
+template <class Cta>
+MOK_HD bool start_fill(const Gemm& g, int chunk, int block, const PanelStages& stages, Cta& cta, uint32_t& waits) {
+  int stage = block % kPanelStages;
+  if (stages.busy(stage)) {
+    if (!cta.wait(stage, stages.parity(stage))) return false;
+    waits |= 1u << stage;
+  }
+  cta.fill(chunk_block(g, chunk, block), stage);
+  return true;
+}
+
+// A chunk's sum in the accumulator, by every thread of a CTA alike, its blocks through the stages: a block's copies
+// start kPanelStages - 1 steps before its MMAs, into the stage whose MMAs were issued the step before (waited for
+// first), and land just before its MMAs. `cta` is how a CTA takes each step:
 //   bool wait(stage, parity)     the stage's barrier passed its phase of that parity (false: not in time)
-//   void fill(block, stage)      this thread's pieces of the MmaBlock into the stage's panels
-//   bool sync(ok)                the CTA's barrier after every thread's fill; false for all when `ok` was false for one
+//   void fill(block, stage)      this thread's copies of the MmaBlock started into the stage's panels, as one group
+//   void land(groups)            this thread's groups of copies landed, but the last `groups` started
+//   bool sync(ok)                the CTA's barrier after every thread's landing; false for all when `ok` was false for
+//                                one
 //   void multiply(stage, first)  the MMAs over the stage's panels (first: into a zeroed accumulator), then their
 //                                commit to the stage's barrier; by the threads that issue MMAs, nothing by the others
 // Returns false when a wait ran out; `stages` then names each stage whose MMAs may still run.
 template <class Cta>
 MOK_HD bool sum_chunk(const Gemm& g, int chunk, PanelStages& stages, Cta& cta) {
-  for (int block = 0, blocks = chunk_blocks(g); block < blocks; ++block) {
-    int stage = block % kPanelStages;
-    bool ok = !stages.busy(stage) || cta.wait(stage, stages.parity(stage));
-    if (ok) cta.fill(chunk_block(g, chunk, block), stage);
+  int blocks = chunk_blocks(g), started = 0;
+  uint32_t waits = 0;  // stages waited for since the last vote
+  bool ok = true;
+  for (; ok && started < blocks && started < kPanelStages - 1; ++started)
+    ok = start_fill(g, chunk, started, stages, cta, waits);
+  for (int block = 0; block < blocks; ++block) {
+    cta.land(ok ? started - block - 1 : 0);
     if (!cta.sync(ok)) return false;
-    if (stages.busy(stage)) stages.waited(stage);
-    cta.multiply(stage, block == 0);
-    stages.committed(stage);
+    stages.waited(waits);
+    waits = 0;
+    cta.multiply(block % kPanelStages, block == 0);
+    stages.committed(block % kPanelStages);
+    // Block b + kPanelStages - 1 into b - 1's stage: never in the last block's step, so the next step's vote has `ok`.
+    if (started < blocks) ok = start_fill(g, chunk, started++, stages, cta, waits);
   }
   return drain_stages(stages, cta);  // the accumulator whole before the epilogue reads it
 }

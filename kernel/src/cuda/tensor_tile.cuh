@@ -1,5 +1,5 @@
-// A tile GEMM on the tensor cores of one CTA (sm_100a / sm_103a): core's blocks (core/tensor_tile.hpp) through two
-// stages of shared memory (core::sum_chunk: the threads fill one while the MMAs read the other) into a 1-CTA tcgen05
+// A tile GEMM on the tensor cores of one CTA (sm_100a / sm_103a): core's blocks (core/tensor_tile.hpp) through
+// stages of shared memory (core::sum_chunk: later blocks' copies fly while the MMAs read one) into a 1-CTA tcgen05
 // MMA (CuTe's SM100_MMA_F16BF16_SS, 128 x 128 x 16, fp32 accumulator in tensor memory), then core's epilogue from the
 // accumulator, loaded by CuTe's tensor-memory load atom.
 //
@@ -57,7 +57,8 @@ CUTE_HOST_DEVICE auto accumulator_load(uint32_t tmem) {
 
 #if defined(__CUDACC__)  // the device side: nvcc only (the host tests include the types above)
 
-// The stages' panels, in dynamic shared memory (64 KB: above the 48 KB a kernel's static shared memory may hold).
+// The stages' panels, in dynamic shared memory (32 KB a stage: above the 48 KB a kernel's static shared memory may
+// hold).
 // The 128-byte swizzle repeats every 1024 bytes: each panel starts on one.
 struct Panels {
   alignas(1024) core::bf16_t stages[core::kPanelStages][2 * core::kPanelValues];  // each stage: a's panel, then b's
@@ -86,20 +87,23 @@ __device__ inline auto panel(core::bf16_t* values) {
   return cute::make_tensor(cute::make_smem_ptr(reinterpret_cast<Value*>(values)), PanelLayout{});
 }
 
-// A piece's one copy as an asynchronous 16-byte copy (CuTe's SM80_CP_ASYNC_CACHEGLOBAL, cp.async): a thread issues
-// every copy of its pieces of a block before it waits for them (land), where a load then a store each would wait
-// for the load before the next piece.
+// A piece's one copy as an asynchronous 16-byte copy (CuTe's SM80_CP_ASYNC_CACHEGLOBAL, cp.async): a thread's
+// copies of a block are one group, which lands blocks later (ChunkSteps::land), where a load then a store each would
+// wait for the load before the next piece.
 struct AsyncPieceMove {
   __device__ void operator()(core::Piece* to, const core::Piece* from) const {
     cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(*reinterpret_cast<const cute::uint128_t*>(from),
                                                            *reinterpret_cast<cute::uint128_t*>(to));
   }
-  // This thread's copies in shared memory, before the proxy fence that hands the panels to the MMA.
-  __device__ static void land() {
-    cute::cp_async_fence();
-    cute::cp_async_wait<0>();
-  }
 };
+
+// cp.async.wait_group with a count known only at run time (0 to N): the instruction takes an immediate.
+template <int N>
+__device__ inline void cp_async_wait_at_most(int groups) {
+  if constexpr (N > 0)
+    if (groups < N) return cp_async_wait_at_most<N - 1>(groups);
+  cute::cp_async_wait<N>();
+}
 
 // This thread's part of work the CTA's threads share: thread t part t of blockDim.
 __device__ inline core::Part cta_part() {
@@ -218,7 +222,10 @@ struct ChunkSteps : StageWait {
   __device__ void fill(const core::MmaBlock& b, int stage) {
     for (int p = threadIdx.x; p < core::kBlockPieces; p += blockDim.x)
       core::fill_piece(g, b, p, panels.stages[stage], exact, AsyncPieceMove{});
-    AsyncPieceMove::land();
+    cute::cp_async_fence();  // the block's copies, one group
+  }
+  __device__ void land(int groups) {
+    cp_async_wait_at_most<core::kPanelStages - 2>(groups);
     cutlass::arch::fence_view_async_shared();  // the generic proxy's stores, before the MMA's reads
   }
   // One vote: a flag in shared memory read after a plain barrier could already hold a later step's failure.
