@@ -1,9 +1,8 @@
 // core's tensor-core tile (core/tensor_tile.hpp) run on the host as the fused executor's CTA runs it: the chunks and
 // blocks of core's walk (core::sum_chunk, over the stages of panels, with copies and tensor cores that run
-// asynchronously), the
-// panels filled by core::fill_piece in a shuffled order (threads split them any way), the MMA's sum over the panels as
-// core::panel_offset lays them out (test_tensor_tile_cute holds that against CuTe's MMA), and core's epilogue; a chunk
-// with a value that is not a bf16 goes to core::gemm_element.
+// asynchronously), the panels filled by core::fill_piece in a shuffled order (threads split them any way), the MMA's
+// sum over the panels as core::panel_offset lays them out (test_tensor_tile_cute holds that against CuTe's MMA), and
+// core's epilogue; a chunk with a value that is not a bf16 goes to core::gemm_element.
 //
 // The tensor cores' order of the fp32 sum is not the contract's, so the emulation sums in double, and the operands
 // are integers (bf16, and e4m3 with scales 1 and 2): every partial sum is then exact in fp32 whatever its order, and
@@ -37,10 +36,11 @@ struct Counts {
 // core::sum_chunk's steps on the host, one thread for the whole CTA, over tensor cores that run asynchronously: the
 // MMAs a multiply commits to a stage run later, in order, at a pace drawn at random, and read the stage's panels only
 // when they run; a stage's barrier completes a phase as its commit's MMAs finish, and a wait is an mbarrier's parity
-// wait on it. A fill's one-copy pieces land only when land lets their group land (cp.async's groups; the others are
-// written at once, as on the device). So a panel filled before the MMAs that read it ran, MMAs before their panels
-// landed, a wait for the wrong phase or one skipped, or an accumulator read before its last MMAs ran, changes the
-// sums or fails a check here.
+// wait on it. A fill's one-copy pieces land as a group, any time after the fill and at the latest when land waits
+// for it (cp.async's groups; the others are written at once, as on the device), and are the other threads' only after
+// the CTA's barrier (sync). A sync may also lose its vote to another thread whose wait ran out (`refuse`). So a panel
+// filled before the MMAs that read it ran, MMAs before their panels landed and were published, a wait for the wrong
+// phase or one skipped, or an accumulator read before its last MMAs ran, changes the sums or fails a check here.
 struct EmulatedCta {
   struct Job {
     int stage;
@@ -49,6 +49,11 @@ struct EmulatedCta {
   struct Group {  // one fill's one-copy pieces, in flight
     int stage;
     std::vector<std::pair<core::Piece*, core::Piece>> copies;
+    bool landed = false;
+    void land_now() {
+      for (auto& [to, piece] : copies) *to = piece;
+      landed = true;
+    }
   };
   struct DeferredMove {  // fill_piece's Move: the copy joins the group, to land with it
     Group* group;
@@ -60,7 +65,10 @@ struct EmulatedCta {
   std::vector<int> order = std::vector<int>(core::kBlockPieces);
   std::vector<double> acc = std::vector<double>(kMmaRows * kMmaCols);
   std::deque<Job> queued;                // committed, not yet run
-  std::deque<Group> flying;              // started, not yet landed
+  std::deque<Group> flying;              // started, not yet waited for by land
+  uint32_t unpublished = 0;              // stages whose copies land waited for since the last sync
+  uint32_t waited_since_vote = 0;        // stages whose waits passed since the last vote that passed
+  int syncs = 0, refuse = -1;            // syncs so far; the one whose vote another thread's timeout fails
   int block = -1;                        // the chunk's block of the last multiply
   int commits[core::kPanelStages] = {};  // per stage: its multiplies
   int phases[core::kPanelStages] = {};   // per stage: its barrier's completed phases
@@ -91,9 +99,10 @@ struct EmulatedCta {
     ++run;
     return true;
   }
-  void progress() {  // the tensor cores at their own pace
+  void progress() {  // the tensor cores and the copies at their own pace
     while (rng() % 3 == 0 && run_one()) {
     }
+    if (!flying.empty() && rng() % 4 == 0) flying[rng() % flying.size()].land_now();
   }
   void fail(const std::string& what) {
     if (error.empty()) error = what;
@@ -106,6 +115,7 @@ struct EmulatedCta {
     while (static_cast<uint32_t>(phases[stage] % 2) == parity)  // the phase of that parity has not completed
       if (!run_one()) return false;                             // the time out
     waited[stage] = commits[stage];
+    waited_since_vote |= 1u << stage;
     return true;
   }
   void fill(const core::MmaBlock& b, int stage) {
@@ -121,11 +131,16 @@ struct EmulatedCta {
     progress();
   }
   void land(int groups) {
-    for (; static_cast<int>(flying.size()) > groups; flying.pop_front())
-      for (auto& [to, piece] : flying.front().copies) *to = piece;
+    for (; static_cast<int>(flying.size()) > groups; flying.pop_front()) {
+      if (!flying.front().landed) flying.front().land_now();
+      unpublished |= 1u << flying.front().stage;
+    }
   }
   bool sync(bool ok) {
     progress();
+    unpublished = 0;
+    if (syncs++ == refuse) ok = false;
+    if (ok) waited_since_vote = 0;
     return ok;
   }
   void multiply(int stage, bool first) {
@@ -133,6 +148,8 @@ struct EmulatedCta {
       fail("stage " + std::to_string(stage) + " committed again before its last commit was waited for");
     for (const Group& group : flying)
       if (group.stage == stage) fail("stage " + std::to_string(stage) + " multiplied before its copies landed");
+    if (unpublished >> stage & 1u)
+      fail("stage " + std::to_string(stage) + " multiplied before the CTA's barrier after its copies landed");
     // The later blocks' copies in flight meanwhile: as many as the stages hold (all but this block's and the one
     // before's), or the chunk has left.
     block = first ? 0 : block + 1;
@@ -273,8 +290,9 @@ TEST(tensor_tiles_give_the_references_bits_on_integers) {
     overlaps += counts.overlaps;
   }
   CHECK_MSG(chunks > 24, "only %d chunks", chunks);
-  // The stages' point: the threads fill a block while the MMAs of the one before may still run (EmulatedCta::fill
-  // checks each block's stage; here that the MMAs did run meanwhile, some of the time).
+  // The stages' point: block b + 2's copies start while the MMAs of block b may still run (EmulatedCta checks each
+  // block's stage and the copies in flight at each block's MMAs; here that the MMAs did run meanwhile, some of the
+  // time).
   CHECK_MSG(overlaps > 0, "no fill of %d chunks' blocks overlapped MMAs", chunks);
 }
 
@@ -338,6 +356,33 @@ TEST(a_wait_that_runs_out_leaves_busy_every_stage_with_mmas_still_to_run) {
     CHECK_MSG(cta.queued.empty(), "%s: %zu MMAs left after close's waits", t.text.c_str(), cta.queued.size());
   }
   CHECK_MSG(stalled == 24, "only %d of 24 tiles stalled", stalled);
+}
+
+// Another thread's wait runs out (the vote of a sync fails at a step drawn at random): sum_chunk stops with none of
+// this thread's copies in flight, and the stages as the last vote that passed left them (a wait this thread passed
+// since is not marked, as for the thread whose wait ran out), so close's waits drain every MMA.
+TEST(a_vote_lost_to_another_thread_leaves_no_copies_in_flight) {
+  std::mt19937_64 rng(seed() + 10);
+  for (int n = 0; n < 24; ++n) {
+    TileCase t;
+    make_case(t, rng);
+    EmulatedCta cta(t.g, rng);
+    int syncs = core::tensor_chunks(t.g) * (core::chunk_blocks(t.g) + 1);  // a block's and the drain's
+    cta.refuse = static_cast<int>(rng() % syncs);
+    core::PanelStages stages;
+    int chunk = 0;
+    for (; chunk < core::tensor_chunks(t.g) && core::sum_chunk(t.g, chunk, stages, cta); ++chunk)
+      cta.last_multiplied = -1;
+    CHECK_MSG(cta.error.empty(), "%s: %s", t.text.c_str(), cta.error.c_str());
+    CHECK_MSG(chunk < core::tensor_chunks(t.g), "%s: no vote lost at sync %d of %d", t.text.c_str(), cta.refuse, syncs);
+    CHECK_MSG(cta.flying.empty(), "%s: %zu groups of copies in flight after a lost vote", t.text.c_str(),
+              cta.flying.size());
+    for (int stage = 0; stage < core::kPanelStages; ++stage)
+      if (cta.waited_since_vote >> stage & 1u)
+        CHECK_MSG(stages.busy(stage), "%s: stage %d marked waited without a vote", t.text.c_str(), stage);
+    CHECK(core::wait_busy(stages, cta));  // as tensor_tile::close
+    CHECK_MSG(cta.queued.empty(), "%s: %zu MMAs left after close's waits", t.text.c_str(), cta.queued.size());
+  }
 }
 
 // What the tensor cores cannot take stays with gemm_element: an MXFP8 round trip on read, an fp32 operand, no depth.

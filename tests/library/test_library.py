@@ -274,13 +274,15 @@ def test_fused_pass_shares_its_tiles_through_a_named_barrier(libmok, cuda_bin):
 
 # What the fused pass's tensor-core tile (kernel/src/cuda/tensor_tile.cuh) must hold: UTCATOMSWS.FIND_AND_SET and
 # UTCATOMSWS.AND, tensor memory's allocation and release (tcgen05.alloc, dealloc); LDGSTS, a panel piece's
-# asynchronous 16-byte copy (cp.async.cg), and LDGDEPBAR with DEPBAR.LE, the wait for a thread's copies;
+# asynchronous 16-byte copy (cp.async.cg), and LDGDEPBAR with DEPBAR.LE SB0, 0x1 and 0x0, the waits for a thread's
+# copies but the last block's group (the next block's still in flight) and for all of them;
 # FENCE.VIEW.ASYNC.S, the proxy fence between the threads' writes into the panels and the MMA's reads of them; UTCHMMA,
 # the 1-CTA tcgen05 BF16 MMA (no .2CTA: the tile is one CTA's); UTCBAR, its commit to the shared-memory barrier that
 # SYNCS...TRYWAIT polls; LDTM, the accumulator's load from tensor memory; BAR.RED.OR on barrier 1, the CTA's vote
 # after each fill of a stage (a wait for the MMAs that ran out stops every thread alike).
 FUSED_TENSOR_SASS = (r"UTCATOMSWS\.FIND_AND_SET", r"UTCATOMSWS\.AND", r"LDGSTS\.E\.BYPASS\S*\.128", r"LDGDEPBAR",
-                     r"DEPBAR\.LE SB0", r"FENCE\.VIEW\.ASYNC\.S", r"UTCHMMA", r"UTCBAR", r"SYNCS\.PHASECHK\S*TRYWAIT",
+                     r"DEPBAR\.LE SB0, 0x1", r"DEPBAR\.LE SB0, 0x0", r"FENCE\.VIEW\.ASYNC\.S", r"UTCHMMA", r"UTCBAR",
+                     r"SYNCS\.PHASECHK\S*TRYWAIT",
                      r"LDTM", r"BAR\.RED\.OR\S* 0x1\b")
 
 

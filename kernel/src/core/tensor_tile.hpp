@@ -121,6 +121,7 @@ MOK_HD inline void fill_piece(const Gemm& g, const MmaBlock& b, int p, bf16_t* p
 // from the stage.
 constexpr int kPanelStages = 3;
 static_assert(kPanelStages >= 2, "a block's MMAs read one stage while the next block's copies fill another");
+static_assert(kPanelStages <= 32, "PanelStages keeps a bit a stage");
 
 // What every thread of a CTA knows alike of the stages' barriers (kept across chunks and tiles): the parity of each
 // one's next phase, and which stages hold a block whose MMAs were committed and not yet waited for. An mbarrier's
@@ -171,8 +172,9 @@ MOK_HD bool start_fill(const Gemm& g, int chunk, int block, const PanelStages& s
 }
 
 // A chunk's sum in the accumulator, by every thread of a CTA alike, its blocks through the stages: a block's copies
-// start kPanelStages - 1 steps before its MMAs, into the stage whose MMAs were issued the step before (waited for
-// first), and land just before its MMAs. `cta` is how a CTA takes each step:
+// start kPanelStages - 1 steps before its MMAs (the chunk's first blocks' before any), after the later ones' into the
+// stage whose MMAs were issued the step before (waited for first), and land just before its MMAs. `cta` is how a CTA
+// takes each step:
 //   bool wait(stage, parity)     the stage's barrier passed its phase of that parity (false: not in time)
 //   void fill(block, stage)      this thread's copies of the MmaBlock started into the stage's panels, as one group
 //   void land(groups)            this thread's groups of copies landed, but the last `groups` started
@@ -180,7 +182,8 @@ MOK_HD bool start_fill(const Gemm& g, int chunk, int block, const PanelStages& s
 //                                one
 //   void multiply(stage, first)  the MMAs over the stage's panels (first: into a zeroed accumulator), then their
 //                                commit to the stage's barrier; by the threads that issue MMAs, nothing by the others
-// Returns false when a wait ran out; `stages` then names each stage whose MMAs may still run.
+// Returns false when a wait ran out, with none of this thread's copies in flight; `stages` then names each stage whose
+// MMAs may still run.
 template <class Cta>
 MOK_HD bool sum_chunk(const Gemm& g, int chunk, PanelStages& stages, Cta& cta) {
   int blocks = chunk_blocks(g), started = 0;
@@ -190,12 +193,16 @@ MOK_HD bool sum_chunk(const Gemm& g, int chunk, PanelStages& stages, Cta& cta) {
     ok = start_fill(g, chunk, started, stages, cta, waits);
   for (int block = 0; block < blocks; ++block) {
     cta.land(ok ? started - block - 1 : 0);
-    if (!cta.sync(ok)) return false;
+    if (!cta.sync(ok)) {  // another thread's wait ran out: nothing left to write into the panels
+      cta.land(0);
+      return false;
+    }
     stages.waited(waits);
     waits = 0;
     cta.multiply(block % kPanelStages, block == 0);
     stages.committed(block % kPanelStages);
-    // Block b + kPanelStages - 1 into b - 1's stage: never in the last block's step, so the next step's vote has `ok`.
+    // Block b + kPanelStages - 1 into b - 1's stage. The last starts in step blocks - kPanelStages, so a later step's
+    // vote has `ok`.
     if (started < blocks) ok = start_fill(g, chunk, started++, stages, cta, waits);
   }
   return drain_stages(stages, cta);  // the accumulator whole before the epilogue reads it

@@ -137,10 +137,14 @@ cudaError_t fused_residency(int* ctas) {
   cudaError_t e = cudaGetDevice(&device);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   // The panels' stages are above the 48 KB of shared memory a kernel may take without asking. Asked for once, at the
-  // layer's creation on its device: the attribute stays with the kernel there, and a pass calls no driver to launch.
+  // layer's creation on its device: the attributes stay with the kernel there, and a pass calls no driver to launch.
+  // Two CTAs' shared memory takes the SM's largest carve-out (L1 keeps 28 KB): asked for, so that the occupancy the
+  // layer reads does not depend on the driver's default.
+  auto kernel = reinterpret_cast<const void*>(fused_pass);
   if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(reinterpret_cast<const void*>(fused_pass), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             tensor_tile::kDynamicSharedBytes);
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, tensor_tile::kDynamicSharedBytes);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
   if (e == cudaSuccess)
     e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_pass, kThreads, tensor_tile::kDynamicSharedBytes);
   if (e == cudaSuccess) *ctas = per_sm * sms;

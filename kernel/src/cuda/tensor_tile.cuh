@@ -57,8 +57,8 @@ CUTE_HOST_DEVICE auto accumulator_load(uint32_t tmem) {
 
 #if defined(__CUDACC__)  // the device side: nvcc only (the host tests include the types above)
 
-// The stages' panels, in dynamic shared memory (32 KB a stage: above the 48 KB a kernel's static shared memory may
-// hold).
+// The stages' panels (32 KB a stage), in dynamic shared memory: all of them are above the 48 KB a kernel's static
+// shared memory may hold.
 // The 128-byte swizzle repeats every 1024 bytes: each panel starts on one.
 struct Panels {
   alignas(1024) core::bf16_t stages[core::kPanelStages][2 * core::kPanelValues];  // each stage: a's panel, then b's
