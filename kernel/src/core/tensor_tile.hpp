@@ -171,10 +171,10 @@ MOK_HD bool start_fill(const Gemm& g, int chunk, int block, const PanelStages& s
   return true;
 }
 
-// A chunk's sum in the accumulator, by every thread of a CTA alike, its blocks through the stages: a block's copies
-// start kPanelStages - 1 steps before its MMAs (the chunk's first blocks' before any), after the later ones' into the
-// stage whose MMAs were issued the step before (waited for first), and land just before its MMAs. `cta` is how a CTA
-// takes each step:
+// A chunk's sum in the accumulator, by every thread of a CTA alike, its blocks through the stages. The first
+// kPanelStages - 1 blocks' copies start before any MMA; each later block's start kPanelStages - 1 steps before its
+// MMAs, into the stage whose MMAs were issued the step before (once they are done). A block's copies land just
+// before its MMAs. `cta` is how a CTA takes each step:
 //   bool wait(stage, parity)     the stage's barrier passed its phase of that parity (false: not in time)
 //   void fill(block, stage)      this thread's copies of the MmaBlock started into the stage's panels, as one group
 //   void land(groups)            this thread's groups of copies landed, but the last `groups` started
