@@ -1,8 +1,8 @@
 // core's tensor-core tile (core/tensor_tile.hpp) run on the host as the fused executor's CTA runs it: the chunks and
-// blocks of core's walk (core::sum_chunk, over the stages of panels, with copies and tensor cores that run
-// asynchronously), the panels filled by core::fill_piece in a shuffled order (threads split them any way), the MMA's
-// sum over the panels as core::panel_offset lays them out (test_tensor_tile_cute holds that against CuTe's MMA), and
-// core's epilogue; a chunk with a value that is not a bf16 goes to core::gemm_element.
+// blocks of core's walk (core::sum_tile, over the stages of panels and two accumulators, with copies and tensor cores
+// that run asynchronously), the panels filled by core::fill_piece in a shuffled order (threads split them any way), the
+// MMA's sum over the panels as core::panel_offset lays them out (test_tensor_tile_cute holds that against CuTe's MMA),
+// and core's epilogue; a chunk with a value that is not a bf16 goes to core::gemm_element.
 //
 // The tensor cores' order of the fp32 sum is not the contract's, so the emulation sums in double, and the operands
 // are integers (bf16, and e4m3 with scales 1 and 2): every partial sum is then exact in fp32 whatever its order, and
@@ -31,19 +31,22 @@ namespace {
 struct Counts {
   int tensor = 0, elements = 0;  // chunks through the tensor cores, and through gemm_element
   int overlaps = 0;              // fills while MMAs were still to run (EmulatedCta)
+  int epilogue_overlaps = 0;     // epilogue slices written while the next chunk's MMAs were still to run
 };
 
-// core::sum_chunk's steps on the host, one thread for the whole CTA, over tensor cores that run asynchronously: the
+// core::sum_tile's steps on the host, one thread for the whole CTA, over tensor cores that run asynchronously: the
 // MMAs a multiply commits to a stage run later, in order, at a pace drawn at random, and read the stage's panels only
 // when they run; a stage's barrier completes a phase as its commit's MMAs finish, and a wait is an mbarrier's parity
 // wait on it. A fill's one-copy pieces land as a group, any time after the fill and at the latest when land waits
 // for it (cp.async's groups; the others are written at once, as on the device), and are the other threads' only after
-// the CTA's barrier (sync). A sync may also lose its vote to another thread whose wait ran out (`refuse`). So a panel
-// filled before the MMAs that read it ran, MMAs before their panels landed and were published, a wait for the wrong
-// phase or one skipped, or an accumulator read before its last MMAs ran, changes the sums or fails a check here.
+// the CTA's barrier (sync). A sync may also lose its vote to another thread whose wait ran out (`refuse`). The
+// epilogue writes from an accumulator as it is when write is called. So a panel filled before the MMAs that read it
+// ran, MMAs before their panels landed and were published, a wait for the wrong phase or one skipped, an accumulator
+// read before its chunk's last MMAs ran, or summed into before its epilogue read it all, changes the sums or fails a
+// check here.
 struct EmulatedCta {
   struct Job {
-    int stage;
+    int stage, accumulator;
     bool first;
   };
   struct Group {  // one fill's one-copy pieces, in flight
@@ -59,24 +62,30 @@ struct EmulatedCta {
     Group* group;
     void operator()(core::Piece* to, const core::Piece* from) const { group->copies.emplace_back(to, *from); }
   };
+  struct Accumulator {
+    std::vector<double> sums = std::vector<double>(kMmaRows * kMmaCols);
+    int chunk = -1;   // the chunk its MMAs sum
+    int written = 0;  // that chunk's epilogue slices written
+  };
   const core::Gemm& g;
   std::mt19937_64& rng;
   std::vector<core::Piece> pieces = std::vector<core::Piece>(core::kPanelStages * core::kBlockPieces);
   std::vector<int> order = std::vector<int>(core::kBlockPieces);
-  std::vector<double> acc = std::vector<double>(kMmaRows * kMmaCols);
-  std::deque<Job> queued;                // committed, not yet run
-  std::deque<Group> flying;              // started, not yet waited for by land
+  Accumulator accumulators[core::kAccumulators];
+  std::vector<int> exact_chunks = std::vector<int>(core::tensor_chunks(g), 1);  // every value of the chunk a bf16
+  std::deque<Job> queued;                                                       // committed, not yet run
+  std::deque<Group> flying;                                                     // started, not yet waited for by land
   uint32_t unpublished = 0;              // stages whose copies land waited for since the last sync
   uint32_t waited_since_vote = 0;        // stages whose waits passed since the last vote that passed
   int syncs = 0, refuse = -1;            // syncs so far; the one whose vote another thread's timeout fails
-  int block = -1;                        // the chunk's block of the last multiply
+  int block = -1;                        // the tile's block of the last multiply
+  int filled = 0;                        // the tile's blocks filled
   int commits[core::kPanelStages] = {};  // per stage: its multiplies
   int phases[core::kPanelStages] = {};   // per stage: its barrier's completed phases
   int waited[core::kPanelStages] = {};   // per stage: its commits up to the last a wait passed
   int run = 0, stall = -1;               // MMAs run; the tensor cores stop before MMA number `stall`
-  int overlaps = 0;                      // fills while MMAs of another stage were still to run
-  int last_multiplied = -1;              // the stage of the chunk's last multiply (-1 between chunks)
-  bool exact = true;
+  int last_multiplied = -1;              // the stage of the last multiply
+  Counts counts;
   std::string error;
 
   EmulatedCta(const core::Gemm& gemm, std::mt19937_64& r) : g(gemm), rng(r) {
@@ -89,12 +98,13 @@ struct EmulatedCta {
     queued.pop_front();
     const core::bf16_t* a = panels(job.stage);
     const core::bf16_t* b = a + kPanelValues;
-    if (job.first) std::fill(acc.begin(), acc.end(), 0.0);
+    std::vector<double>& sums = accumulators[job.accumulator].sums;
+    if (job.first) std::fill(sums.begin(), sums.end(), 0.0);
     for (int i = 0; i < kMmaRows; ++i)
       for (int j = 0; j < kMmaCols; ++j)
         for (int k = 0; k < kMmaDepth; ++k)
-          acc[i * kMmaCols + j] += static_cast<double>(core::bf16_to_float(a[core::panel_offset(i, k)])) *
-                                   core::bf16_to_float(b[core::panel_offset(j, k)]);
+          sums[i * kMmaCols + j] += static_cast<double>(core::bf16_to_float(a[core::panel_offset(i, k)])) *
+                                    core::bf16_to_float(b[core::panel_offset(j, k)]);
     ++phases[job.stage];
     ++run;
     return true;
@@ -118,17 +128,21 @@ struct EmulatedCta {
     waited_since_vote |= 1u << stage;
     return true;
   }
-  void fill(const core::MmaBlock& b, int stage) {
+  bool fill(const core::MmaBlock& b, int stage) {
     for (const Job& job : queued)
       if (job.stage == stage) fail("stage " + std::to_string(stage) + " filled under MMAs that still read it");
-    overlaps += !queued.empty();
+    counts.overlaps += !queued.empty();
     if (stage == last_multiplied)
       fail("stage " + std::to_string(stage) + " filled right after its MMAs were issued: no overlap");
     std::fill(panels(stage), panels(stage) + 2 * kPanelValues, core::bf16_t(0x7fc0));  // NaN: a missed value shows
     std::shuffle(order.begin(), order.end(), rng);  // threads split the pieces any way
     flying.push_back(Group{stage, {}});
+    bool exact = true;
     for (int p : order) core::fill_piece(g, b, p, panels(stage), exact, DeferredMove{&flying.back()});
+    if (!exact) exact_chunks[filled / core::chunk_blocks(g)] = 0;
+    ++filled;
     progress();
+    return exact;
   }
   void land(int groups) {
     for (; static_cast<int>(flying.size()) > groups; flying.pop_front()) {
@@ -143,7 +157,11 @@ struct EmulatedCta {
     if (ok) waited_since_vote = 0;
     return ok;
   }
-  void multiply(int stage, bool first) {
+  bool agree(bool yes) {
+    progress();
+    return yes;
+  }
+  void multiply(int stage, int accumulator, bool first) {
     if (waited[stage] != commits[stage])  // its barrier would be two phases on: a parity wait cannot tell them apart
       fail("stage " + std::to_string(stage) + " committed again before its last commit was waited for");
     for (const Group& group : flying)
@@ -151,41 +169,62 @@ struct EmulatedCta {
     if (unpublished >> stage & 1u)
       fail("stage " + std::to_string(stage) + " multiplied before the CTA's barrier after its copies landed");
     // The later blocks' copies in flight meanwhile: as many as the stages hold (all but this block's and the one
-    // before's), or the chunk has left.
-    block = first ? 0 : block + 1;
-    size_t ahead = static_cast<size_t>(std::min(core::kPanelStages - 2, core::chunk_blocks(g) - 1 - block));
+    // before's), or the tile has left.
+    int blocks = core::tensor_chunks(g) * core::chunk_blocks(g);
+    size_t ahead = static_cast<size_t>(std::min(core::kPanelStages - 2, blocks - 1 - ++block));
     if (flying.size() != ahead)
       fail("block " + std::to_string(block) + " multiplied with " + std::to_string(flying.size()) +
            " later blocks' copies in flight, not " + std::to_string(ahead));
-    queued.push_back(Job{stage, first});
+    Accumulator& into = accumulators[accumulator];
+    if (first) {
+      if (into.chunk >= 0 && into.written != core::kEpilogueSlices)
+        fail("accumulator " + std::to_string(accumulator) + " summed into before chunk " + std::to_string(into.chunk) +
+             "'s epilogue read it all");
+      into.chunk = block / core::chunk_blocks(g);
+      into.written = 0;
+    } else if (into.chunk != block / core::chunk_blocks(g)) {
+      fail("block " + std::to_string(block) + " added to another chunk's accumulator");
+    }
+    queued.push_back(Job{stage, accumulator, first});
     last_multiplied = stage;
     ++commits[stage];
     progress();
   }
+  void write(int chunk, int accumulator, int from, int to, bool exact) {
+    const Accumulator& acc = accumulators[accumulator];
+    if (acc.chunk != chunk) fail("chunk " + std::to_string(chunk) + " written from another chunk's accumulator");
+    for (const Job& job : queued)
+      if (job.accumulator == accumulator) fail("chunk " + std::to_string(chunk) + " written before its last MMAs ran");
+    if (from != acc.written || to <= from || to > core::kEpilogueSlices)
+      fail("chunk " + std::to_string(chunk) + ": slices [" + std::to_string(from) + ", " + std::to_string(to) +
+           ") written after " + std::to_string(acc.written));
+    if (exact != (exact_chunks[chunk] != 0)) fail("chunk " + std::to_string(chunk) + " judged by another's values");
+    accumulators[accumulator].written = to;
+    if (from == 0) ++(exact ? counts.tensor : counts.elements);
+    counts.epilogue_overlaps += !queued.empty();  // the next chunk's MMAs still to run
+    int row0 = core::chunk_row0(g, chunk), col0 = core::chunk_col0(g, chunk);
+    if (!exact) core::chunk_elements(g, chunk, from, to, core::kWhole);
+    for (int i = 0; exact && i < kMmaRows; ++i)
+      for (int j = from * core::kEpilogueColumns; j < to * core::kEpilogueColumns; ++j)
+        core::tensor_epilogue(g, row0 + i, col0 + j, static_cast<float>(acc.sums[i * kMmaCols + j]));
+    progress();
+  }
 };
 
-// The tile g as the fused executor's CTA runs it (cuda/tensor_tile.cuh compute): chunk by chunk, core::sum_chunk
-// over the emulated CTA, then core's epilogue from its accumulator, or gemm_element for a chunk with a value that is
-// not a bf16. The stages' state carries from chunk to chunk, as on the device.
+// The tile g as the fused executor's CTA runs it (cuda/tensor_tile.cuh compute): core::sum_tile over the emulated CTA.
 Counts run_tensor_tile(const core::Gemm& g, std::mt19937_64& rng) {
-  Counts n;
   EmulatedCta cta(g, rng);
   core::PanelStages stages;
-  for (int chunk = 0; chunk < core::tensor_chunks(g); ++chunk) {
-    cta.exact = true;
-    CHECK_MSG(core::sum_chunk(g, chunk, stages, cta), "chunk %d: a wait ran out with no stall", chunk);
-    cta.last_multiplied = -1;
-    CHECK_MSG(cta.queued.empty(), "chunk %d: %zu MMAs still to run when the epilogue reads", chunk, cta.queued.size());
-    CHECK_MSG(cta.error.empty(), "chunk %d: %s", chunk, cta.error.c_str());
-    int row0 = core::chunk_row0(g, chunk), col0 = core::chunk_col0(g, chunk);
-    if (!cta.exact) core::gemm_elements(g, row0, col0, kMmaRows, kMmaCols, core::kWhole);
-    for (int i = 0; cta.exact && i < kMmaRows; ++i)
-      for (int j = 0; j < kMmaCols; ++j)
-        core::tensor_epilogue(g, row0 + i, col0 + j, static_cast<float>(cta.acc[i * kMmaCols + j]));
-    ++(cta.exact ? n.tensor : n.elements);
-  }
-  n.overlaps = cta.overlaps;
-  return n;
+  CHECK_MSG(core::sum_tile(g, stages, cta), "a wait ran out with no stall");
+  CHECK_MSG(cta.error.empty(), "%s", cta.error.c_str());
+  CHECK_MSG(cta.queued.empty(), "%zu MMAs still to run after the tile", cta.queued.size());
+  int chunks = core::tensor_chunks(g);
+  CHECK_MSG(cta.counts.tensor + cta.counts.elements == chunks, "%d of %d chunks written",
+            cta.counts.tensor + cta.counts.elements, chunks);
+  for (const auto& acc : cta.accumulators)
+    CHECK_MSG(acc.chunk < 0 || acc.written == core::kEpilogueSlices, "chunk %d: %d of %d slices written", acc.chunk,
+              acc.written, core::kEpilogueSlices);
+  return cta.counts;
 }
 
 // One operand's storage: [rows, depth] values, bf16 (K- or MN-major) or e4m3 (K-major, scales 2^0 or 2^1).
@@ -279,7 +318,7 @@ bool same_as_reference(TileCase& t, std::mt19937_64& rng, Counts* counts) {
 
 TEST(tensor_tiles_give_the_references_bits_on_integers) {
   std::mt19937_64 rng(seed() + 7);
-  int chunks = 0, overlaps = 0;
+  int chunks = 0, overlaps = 0, epilogue_overlaps = 0;
   for (int n = 0; n < 24; ++n) {
     TileCase t;
     make_case(t, rng);
@@ -288,47 +327,54 @@ TEST(tensor_tiles_give_the_references_bits_on_integers) {
     CHECK_MSG(counts.elements == 0, "%s: %d integer chunks left to gemm_element", t.text.c_str(), counts.elements);
     chunks += counts.tensor;
     overlaps += counts.overlaps;
+    epilogue_overlaps += counts.epilogue_overlaps;
   }
   CHECK_MSG(chunks > 24, "only %d chunks", chunks);
   // The stages' point: block b + 2's copies start while the MMAs of block b may still run (EmulatedCta checks each
   // block's stage and the copies in flight at each block's MMAs; here that the MMAs did run meanwhile, some of the
-  // time).
+  // time). The accumulators': a chunk's epilogue is written while the next chunk's MMAs may still run.
   CHECK_MSG(overlaps > 0, "no fill of %d chunks' blocks overlapped MMAs", chunks);
+  CHECK_MSG(epilogue_overlaps > 0, "no epilogue of %d chunks overlapped the next chunk's MMAs", chunks);
 }
 
-// Rows 128 and on of an e4m3 a hold 1.875 x 2^-6 scaled by 2^-127: 1.875 x 2^-133, an fp32 but no bf16 (whose
-// subnormals step by 2^-133). Their chunks go to gemm_element, the others to the tensor cores, and the whole tile is
-// still reference_gemm's bits.
+// Every third chunk of an e4m3 a from chunk 1 (rows 128 to 255, 512 to 639, ...) holds 1.875 x 2^-6 scaled by 2^-127:
+// 1.875 x 2^-133, an fp32 but no bf16 (whose subnormals step by 2^-133). Those chunks go to gemm_element, the others to
+// the tensor cores, and the whole tile is still reference_gemm's bits. With one to four blocks a chunk, the blocks of
+// up to three chunks are filled before the first of them is judged; 34 chunks reuse the first ones' bits (chunk % 32)
+// with another verdict (chunk 33 is exact, chunk 1 not).
 TEST(chunks_with_values_that_are_not_bf16_are_computed_element_by_element) {
   std::mt19937_64 rng(seed() + 8);
-  TileCase t;
-  t.g.rows = 200;
-  t.g.cols = 100;
-  t.g.num_parts = 1;
-  t.g.epilogue = core::Epilogue::store_bf16;
-  t.g.c_stride = t.g.cols;
-  t.operands.resize(2);
-  make_operand(t.operands[0], true, false, t.g.rows, 96, rng);
-  make_operand(t.operands[1], false, false, t.g.cols, 96, rng);
-  Stored& a = t.operands[0];
-  core::MxScaleLayout layout = core::MxScaleLayout::of(t.g.rows, 96);
-  for (int r = kMmaRows; r < t.g.rows; ++r)
-    for (int k = 0; k < 96; ++k) {
-      a.codes[static_cast<size_t>(r) * 96 + k] = core::e4m3_encode(1.875f * 0x1p-6f);
-      a.scales[layout.offset(r, k / 32)] = 0;  // e8m0 0: 2^-127
-    }
-  t.g.parts[0] = core::GemmPart{a.op, t.operands[1].op, 96};
-  t.c.assign(static_cast<size_t>(t.g.rows) * t.g.c_stride, 0.0f);
-  t.g.c = t.c.data();
-  t.text = "200x100, rows 128.. below bf16";
-  CHECK(core::stored_value(a.op, 150, 3) == 1.875f * 0x1p-133f);
-  Counts counts;
-  if (!same_as_reference(t, rng, &counts)) return;
-  CHECK_MSG(counts.tensor == 1 && counts.elements == 1, "%d tensor chunks, %d element chunks", counts.tensor,
-            counts.elements);
+  for (int depth : {40, 96, 200}) {
+    TileCase t;
+    int chunks = 34, inexact = (chunks + 1) / 3;
+    t.g.rows = chunks * kMmaRows;
+    t.g.cols = 100;
+    t.g.num_parts = 1;
+    t.g.epilogue = core::Epilogue::store_bf16;
+    t.g.c_stride = t.g.cols;
+    t.operands.resize(2);
+    make_operand(t.operands[0], true, false, t.g.rows, depth, rng);
+    make_operand(t.operands[1], false, false, t.g.cols, depth, rng);
+    Stored& a = t.operands[0];
+    core::MxScaleLayout layout = core::MxScaleLayout::of(t.g.rows, depth);
+    for (int r = 0; r < t.g.rows; ++r)
+      for (int k = 0; r / kMmaRows % 3 == 1 && k < depth; ++k) {
+        a.codes[static_cast<size_t>(r) * depth + k] = core::e4m3_encode(1.875f * 0x1p-6f);
+        a.scales[layout.offset(r, k / 32)] = 0;  // e8m0 0: 2^-127
+      }
+    t.g.parts[0] = core::GemmPart{a.op, t.operands[1].op, depth};
+    t.c.assign(static_cast<size_t>(t.g.rows) * t.g.c_stride, 0.0f);
+    t.g.c = t.c.data();
+    t.text = std::to_string(t.g.rows) + "x100, depth " + std::to_string(depth) + ", chunks 1, 4, ... below bf16";
+    CHECK(core::stored_value(a.op, 150, 3) == 1.875f * 0x1p-133f);
+    Counts counts;
+    if (!same_as_reference(t, rng, &counts)) return;
+    CHECK_MSG(counts.tensor == chunks - inexact && counts.elements == inexact,
+              "%s: %d tensor chunks, %d element chunks", t.text.c_str(), counts.tensor, counts.elements);
+  }
 }
 
-// Tensor cores that stop (an MMA that never finishes): the wait that needs it runs out, sum_chunk says so, and the
+// Tensor cores that stop (an MMA that never finishes): the wait that needs it runs out, sum_tile says so, and the
 // stages it leaves busy are every stage with MMAs still to run, which tensor_tile::close waits for once more before
 // it frees the tensor memory. Once the tensor cores go on (slow, not dead), those waits pass and nothing is left.
 TEST(a_wait_that_runs_out_leaves_busy_every_stage_with_mmas_still_to_run) {
@@ -341,13 +387,10 @@ TEST(a_wait_that_runs_out_leaves_busy_every_stage_with_mmas_still_to_run) {
     int mmas = core::tensor_chunks(t.g) * core::chunk_blocks(t.g);
     cta.stall = static_cast<int>(rng() % std::min(6, mmas));  // before the last MMA, which the last drain waits for
     core::PanelStages stages;
-    int chunk = 0;
-    for (; chunk < core::tensor_chunks(t.g) && core::sum_chunk(t.g, chunk, stages, cta); ++chunk)
-      cta.last_multiplied = -1;
+    bool summed = core::sum_tile(t.g, stages, cta);
     CHECK_MSG(cta.error.empty(), "%s: %s", t.text.c_str(), cta.error.c_str());
-    CHECK_MSG(chunk < core::tensor_chunks(t.g), "%s: every chunk summed past a stall at MMA %d of %d", t.text.c_str(),
-              cta.stall, mmas);
-    stalled += chunk < core::tensor_chunks(t.g);
+    CHECK_MSG(!summed, "%s: every chunk summed past a stall at MMA %d of %d", t.text.c_str(), cta.stall, mmas);
+    stalled += !summed;
     CHECK_MSG(!cta.queued.empty(), "%s: a wait ran out with no MMA to run", t.text.c_str());
     for (const auto& job : cta.queued)
       CHECK_MSG(stages.busy(job.stage), "%s: stage %d has MMAs to run but is not busy", t.text.c_str(), job.stage);
@@ -358,7 +401,7 @@ TEST(a_wait_that_runs_out_leaves_busy_every_stage_with_mmas_still_to_run) {
   CHECK_MSG(stalled == 24, "only %d of 24 tiles stalled", stalled);
 }
 
-// Another thread's wait runs out (the vote of a sync fails at a step drawn at random): sum_chunk stops with none of
+// Another thread's wait runs out (the vote of a sync fails at a step drawn at random): sum_tile stops with none of
 // this thread's copies in flight, and the stages as the last vote that passed left them (a wait this thread passed
 // since is not marked, as for the thread whose wait ran out), so close's waits drain every MMA.
 TEST(a_vote_lost_to_another_thread_leaves_no_copies_in_flight) {
@@ -367,14 +410,13 @@ TEST(a_vote_lost_to_another_thread_leaves_no_copies_in_flight) {
     TileCase t;
     make_case(t, rng);
     EmulatedCta cta(t.g, rng);
-    int syncs = core::tensor_chunks(t.g) * (core::chunk_blocks(t.g) + 1);  // a block's and the drain's
+    // A block's, and each chunk's when its last MMAs are done (the last chunk's in the drain).
+    int syncs = core::tensor_chunks(t.g) * (core::chunk_blocks(t.g) + 1);
     cta.refuse = static_cast<int>(rng() % syncs);
     core::PanelStages stages;
-    int chunk = 0;
-    for (; chunk < core::tensor_chunks(t.g) && core::sum_chunk(t.g, chunk, stages, cta); ++chunk)
-      cta.last_multiplied = -1;
+    bool summed = core::sum_tile(t.g, stages, cta);
     CHECK_MSG(cta.error.empty(), "%s: %s", t.text.c_str(), cta.error.c_str());
-    CHECK_MSG(chunk < core::tensor_chunks(t.g), "%s: no vote lost at sync %d of %d", t.text.c_str(), cta.refuse, syncs);
+    CHECK_MSG(!summed, "%s: no vote lost at sync %d of %d", t.text.c_str(), cta.refuse, syncs);
     CHECK_MSG(cta.flying.empty(), "%s: %zu groups of copies in flight after a lost vote", t.text.c_str(),
               cta.flying.size());
     for (int stage = 0; stage < core::kPanelStages; ++stage)

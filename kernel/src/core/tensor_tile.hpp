@@ -3,13 +3,15 @@
 // (cuda/tensor_tile.cuh) only moves these bytes and issues the MMAs; the host runs this file in tests.
 //
 // The tile is cut into chunks of kMmaRows x kMmaCols outputs; each chunk's accumulator sums every part's depth in
-// blocks of kMmaDepth, kPanelStages blocks of a and b at a time in shared memory (sum_chunk). Operands are read as
+// blocks of kMmaDepth, kPanelStages blocks of a and b at a time in shared memory, and two chunks' accumulators in
+// tensor memory, one summed while the other is written out (sum_tile). Operands are read as
 // bf16: a bf16 operand as stored, an e4m3 one as its value (code times scale), which is a bf16 except at extreme
 // scales. A chunk with a value that is not exactly a bf16 is computed element by element instead (gemm_element.hpp), so
 // the products the tensor cores sum are always the operands' own.
 #pragma once
 
 #include "core/gemm.hpp"
+#include "core/gemm_element.hpp"
 #include "core/tile.hpp"
 
 namespace mok::core {
@@ -150,7 +152,7 @@ MOK_HD bool wait_busy(const PanelStages& stages, Cta& cta) {
   return true;
 }
 
-// Every busy stage's MMAs waited for, by every thread of a CTA (`cta` as in sum_chunk); false when a wait ran out.
+// Every busy stage's MMAs waited for, by every thread of a CTA (`cta` as in sum_tile); false when a wait ran out.
 template <class Cta>
 MOK_HD bool drain_stages(PanelStages& stages, Cta& cta) {
   if (!cta.sync(wait_busy(stages, cta))) return false;
@@ -158,54 +160,17 @@ MOK_HD bool drain_stages(PanelStages& stages, Cta& cta) {
   return true;
 }
 
-// This thread's copies of a chunk's block started into its stage, once the MMAs that read the stage before are done:
-// false when that wait ran out. `waits` gathers the stage waited for, which the CTA's next vote marks.
-template <class Cta>
-MOK_HD bool start_fill(const Gemm& g, int chunk, int block, const PanelStages& stages, Cta& cta, uint32_t& waits) {
-  int stage = block % kPanelStages;
-  if (stages.busy(stage)) {
-    if (!cta.wait(stage, stages.parity(stage))) return false;
-    waits |= 1u << stage;
-  }
-  cta.fill(chunk_block(g, chunk, block), stage);
-  return true;
-}
+// Two accumulators in tensor memory: chunk c sums into accumulator c % 2 while the epilogue reads chunk c - 1's from
+// the other.
+constexpr int kAccumulators = 2;
+// A chunk's epilogue in slices of kEpilogueColumns columns (one tensor-memory load of 8 columns a thread), spread
+// over the next chunk's blocks so that the tensor cores sum that chunk meanwhile.
+constexpr int kEpilogueColumns = 8;
+constexpr int kEpilogueSlices = kMmaCols / kEpilogueColumns;
 
-// A chunk's sum in the accumulator, by every thread of a CTA alike, its blocks through the stages. The first
-// kPanelStages - 1 blocks' copies start before any MMA; each later block's start kPanelStages - 1 steps before its
-// MMAs, into the stage whose MMAs were issued the step before (once they are done). A block's copies land just
-// before its MMAs. `cta` is how a CTA takes each step:
-//   bool wait(stage, parity)     the stage's barrier passed its phase of that parity (false: not in time)
-//   void fill(block, stage)      this thread's copies of the MmaBlock started into the stage's panels, as one group
-//   void land(groups)            this thread's groups of copies landed, but the last `groups` started
-//   bool sync(ok)                the CTA's barrier after every thread's landing; false for all when `ok` was false for
-//                                one
-//   void multiply(stage, first)  the MMAs over the stage's panels (first: into a zeroed accumulator), then their
-//                                commit to the stage's barrier; by the threads that issue MMAs, nothing by the others
-// Returns false when a wait ran out, with none of this thread's copies in flight; `stages` then names each stage whose
-// MMAs may still run.
-template <class Cta>
-MOK_HD bool sum_chunk(const Gemm& g, int chunk, PanelStages& stages, Cta& cta) {
-  int blocks = chunk_blocks(g), started = 0;
-  uint32_t waits = 0;  // stages waited for since the last vote
-  bool ok = true;
-  for (; ok && started < blocks && started < kPanelStages - 1; ++started)
-    ok = start_fill(g, chunk, started, stages, cta, waits);
-  for (int block = 0; block < blocks; ++block) {
-    cta.land(ok ? started - block - 1 : 0);
-    if (!cta.sync(ok)) {  // another thread's wait ran out: nothing left to write into the panels
-      cta.land(0);
-      return false;
-    }
-    stages.waited(waits);
-    waits = 0;
-    cta.multiply(block % kPanelStages, block == 0);
-    stages.committed(block % kPanelStages);
-    // Block b + kPanelStages - 1 into b - 1's stage. The last starts in step blocks - kPanelStages, so a later step's
-    // vote has `ok`.
-    if (started < blocks) ok = start_fill(g, chunk, started++, stages, cta, waits);
-  }
-  return drain_stages(stages, cta);  // the accumulator whole before the epilogue reads it
+// The slices of a chunk's epilogue written by the end of step `step` of `steps`: all of them by the last step.
+MOK_HD inline int slices_by(int step, int steps) {
+  return static_cast<int>(static_cast<int64_t>(kEpilogueSlices) * (step + 1) / steps);
 }
 
 // Element (i, j) of the chunk from its accumulator: store_bf16 adds the bias and rounds once, as reference_gemm;
@@ -217,6 +182,123 @@ MOK_HD inline void tensor_epilogue(const Gemm& g, int i, int j, float sum) {
     static_cast<bf16_t*>(g.c)[at] = float_to_bf16(with_bias(g, j, sum));
   else
     static_cast<float*>(g.c)[at] = add_rn(static_cast<float*>(g.c)[at], sum);
+}
+
+// Slices [from, to) of chunk `chunk` element by element (gemm_element), part `part` of them: the epilogue of a chunk
+// with a value that is not a bf16, whose accumulator is not the operands' sum.
+MOK_HD inline void chunk_elements(const Gemm& g, int chunk, int from, int to, Part part) {
+  gemm_elements(g, chunk_row0(g, chunk), chunk_col0(g, chunk) + from * kEpilogueColumns, kMmaRows,
+                (to - from) * kEpilogueColumns, part);
+}
+
+// The state of one thread's walk over a tile's blocks (sum_tile): the tile's chunks one after the other, each chunk's
+// blocks in the order its accumulator sums them, block q of the tile in stage q % kPanelStages.
+template <class Cta>
+struct TileWalk {
+  const Gemm& g;
+  PanelStages& stages;
+  Cta& cta;
+  int per_chunk;       // the blocks of a chunk (chunk_blocks: every chunk has as many)
+  int blocks;          // the tile's
+  int started = 0;     // blocks whose copies this thread started
+  uint32_t waits = 0;  // stages whose MMAs this thread waited for since the CTA's last vote
+  // Bit c % 32: this thread put a value that is not a bf16 into chunk c's panels. The chunks filled and not yet
+  // judged (by agree) are at most kPanelStages: fills run kPanelStages - 1 blocks ahead.
+  uint32_t inexact = 0;
+  bool exact = true;  // the chunk being written is the operands' own values, for every thread
+
+  // Stage `stage`'s MMAs waited for, unless this thread did since the last vote; false when the wait ran out.
+  MOK_HD bool await(int stage) {
+    if (!stages.busy(stage) || (waits >> stage & 1u)) return true;
+    if (!cta.wait(stage, stages.parity(stage))) return false;
+    waits |= 1u << stage;
+    return true;
+  }
+  // The next block's copies started into its stage, once the MMAs that read the stage before are done; false when
+  // that wait ran out.
+  MOK_HD bool start_next() {
+    int stage = started % kPanelStages, chunk = started / per_chunk;
+    if (!await(stage)) return false;
+    MmaBlock block = chunk_block(g, chunk, started % per_chunk);
+    if (!cta.fill(block, stage)) inexact |= 1u << (chunk % 32);
+    ++started;
+    return true;
+  }
+  // The CTA's vote: true when every thread was `ok`, the stages waited for since the last vote then marked; false
+  // (another thread's wait ran out, or this one's) with this thread's copies landed: nothing writes the panels after.
+  MOK_HD bool vote(bool ok) {
+    if (!cta.sync(ok)) {
+      cta.land(0);
+      return false;
+    }
+    stages.waited(waits);
+    waits = 0;
+    return true;
+  }
+  // After a vote: whether chunk `chunk`'s panels held only bf16 values, from every thread.
+  MOK_HD void judge(int chunk) {
+    uint32_t bit = 1u << (chunk % 32);
+    exact = cta.agree(!(inexact & bit));
+    inexact &= ~bit;
+  }
+  // Step `step` of `steps` of chunk `chunk`'s epilogue: its slices from the last step's on.
+  MOK_HD void write(int chunk, int step, int steps) {
+    int from = step == 0 ? 0 : slices_by(step - 1, steps), to = slices_by(step, steps);
+    if (from < to) cta.write(chunk, chunk % kAccumulators, from, to, exact);
+  }
+};
+
+// A tile's sum and epilogue on tensor cores, by every thread of a CTA alike: every chunk's blocks, one after the
+// other through the stages, into the chunk's accumulator, the chunk then written out from it. The copies of a block
+// start kPanelStages - 1 steps before its MMAs (the tile's first blocks' before any MMA), into the stage whose MMAs
+// were issued the step before (once they are done), and land just before its MMAs, from one chunk into the next: the
+// blocks' latencies overlap each other and the MMAs. Chunk c's epilogue is written in slices over chunk c + 1's
+// steps, from the other accumulator, while the tensor cores sum c + 1; the last chunk's after every MMA is done. `cta`
+// is how a CTA takes each step:
+//   bool wait(stage, parity)     the stage's barrier passed its phase of that parity (false: not in time)
+//   bool fill(block, stage)      this thread's copies of the MmaBlock started into the stage's panels, as one group;
+//                                false when a value it put there is not the operand's own (panel_value)
+//   void land(groups)            this thread's groups of copies landed, but the last `groups` started
+//   bool sync(ok)                the CTA's barrier after every thread's landing; false for all when `ok` was false for
+//                                one
+//   bool agree(yes)              the CTA's barrier; true for all when `yes` was true for every one
+//   void multiply(stage, accumulator, first)
+//                                the MMAs over the stage's panels into the accumulator (first: zeroed before), then
+//                                their commit to the stage's barrier; by the threads that issue MMAs
+//   void write(chunk, accumulator, from, to, exact)
+//                                the chunk's epilogue slices [from, to) into c: core's tensor_epilogue from the
+//                                accumulator, or (not exact) gemm_element's, by the CTA's threads
+// Returns false when a wait ran out, with none of this thread's copies in flight; `stages` then names each stage whose
+// MMAs may still run.
+template <class Cta>
+MOK_HD bool sum_tile(const Gemm& g, PanelStages& stages, Cta& cta) {
+  int per_chunk = chunk_blocks(g);
+  TileWalk<Cta> walk{g, stages, cta, per_chunk, tensor_chunks(g) * per_chunk};
+  if (walk.blocks == 0) return true;  // no rows or no columns
+  bool ok = true;
+  while (ok && walk.started < walk.blocks && walk.started < kPanelStages - 1) ok = walk.start_next();
+  for (int block = 0; block < walk.blocks; ++block) {
+    cta.land(ok ? walk.started - block - 1 : 0);
+    if (!walk.vote(ok)) return false;
+    int chunk = block / per_chunk, step = block % per_chunk, stage = block % kPanelStages;
+    cta.multiply(stage, chunk % kAccumulators, step == 0);
+    stages.committed(stage);
+    if (chunk > 0) {  // the chunk before's epilogue, once its last MMAs (the step before's) are done
+      if (step == 0) {
+        if (!walk.vote(walk.await((block - 1) % kPanelStages))) return false;
+        walk.judge(chunk - 1);
+      }
+      walk.write(chunk - 1, step, per_chunk);
+    }
+    // Block q + kPanelStages - 1 into q - 1's stage. The last starts in step blocks - kPanelStages, so a later step's
+    // vote has `ok`.
+    if (walk.started < walk.blocks) ok = walk.start_next();
+  }
+  if (!drain_stages(stages, cta)) return false;
+  int last = walk.blocks / per_chunk - 1;
+  walk.judge(last);
+  walk.write(last, 0, 1);
+  return true;
 }
 
 }  // namespace mok::core

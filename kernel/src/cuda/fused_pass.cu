@@ -9,8 +9,14 @@ namespace mok::cuda {
 namespace fused_detail {  // named: nvcc names an anonymous one after the file's absolute path (test_repro)
 
 constexpr int kThreads = 256;
-// 2 CTAs per SM at most: caps the registers at 128 a thread (the budget of core's device code, test_library).
+// At least 2 CTAs an SM: caps the registers at 128 a thread (the budget of core's device code, test_library).
 constexpr int kMinCtasPerSm = 2;
+// And at most 2: as many as the SM's shared memory holds (228 KB, less 1 KB the system keeps for each CTA), which must
+// all hold their tensor memory at once, or a CTA's allocation would wait for another's end, which never comes.
+constexpr int kSmSharedBytes = 228 * 1024;
+constexpr int kMaxCtasPerSm = kSmSharedBytes / (tensor_tile::kDynamicSharedBytes + 1024);
+static_assert(kMaxCtasPerSm >= kMinCtasPerSm, "the panels let two CTAs share an SM");
+static_assert(kMaxCtasPerSm * tensor_tile::kTensorColumns <= 512, "every resident CTA's tensor memory at once");
 // The dynamic shared memory the pass kernel asks for, where test_library reads it (it must let kMinCtasPerSm CTAs
 // share an SM).
 __attribute__((used)) constexpr Note kResourceNote =

@@ -1,7 +1,7 @@
 // A tile GEMM on the tensor cores of one CTA (sm_100a / sm_103a): core's blocks (core/tensor_tile.hpp) through
-// stages of shared memory (core::sum_chunk: later blocks' copies fly while the MMAs read one) into a 1-CTA tcgen05
-// MMA (CuTe's SM100_MMA_F16BF16_SS, 128 x 128 x 16, fp32 accumulator in tensor memory), then core's epilogue from the
-// accumulator, loaded by CuTe's tensor-memory load atom.
+// stages of shared memory (core::sum_tile: later blocks' copies fly while the MMAs read one) into a 1-CTA tcgen05
+// MMA (CuTe's SM100_MMA_F16BF16_SS, 128 x 128 x 16, fp32 accumulators in tensor memory), and core's epilogue from a
+// chunk's accumulator, loaded by CuTe's tensor-memory load atom while the MMAs sum the next chunk into the other.
 //
 // The types (the MMA, the panels' shared-memory layout, the accumulator's load) compile on the host too:
 // test_tensor_tile_cute holds them against core's layouts there.
@@ -30,7 +30,12 @@ using PanelLayout = decltype(cute::UMMA::tile_to_mma_shape(cute::UMMA::Layout_K_
 using AccumulatorLoad = cute::SM100_TMEM_LOAD_32dp32b8x;
 using AccumulatorShape = cute::Shape<cute::Int<core::kMmaRows>, cute::Int<core::kMmaCols>>;
 constexpr int kEpilogueThreads = 128;  // four warps, one lane quadrant of tensor memory each
-constexpr int kTensorColumns = core::kMmaCols;
+// The accumulators side by side: 256 of the SM's 512 columns, all of them at two CTAs an SM.
+constexpr int kTensorColumns = core::kAccumulators * core::kMmaCols;
+// Accumulator `index` of those at `tmem`: kMmaCols columns on (an address's low half is its column).
+CUTE_HOST_DEVICE uint32_t accumulator_address(uint32_t tmem, int index) {
+  return tmem + static_cast<uint32_t>(index * core::kMmaCols);
+}
 
 // Roles of a 256-thread CTA: warp 1 allocates tensor memory and issues the MMAs; warps 4 to 7 (lane quadrant
 // warp % 4) load the accumulator. Warp 0, whose thread 0 runs core's body, only fills panels and writes elements:
@@ -69,8 +74,7 @@ constexpr int kDynamicSharedBytes = static_cast<int>(sizeof(Panels)) + 1024;
 // The rest of one CTA's tensor tile, in static shared memory.
 struct Storage {
   alignas(8) uint64_t mma_done[core::kPanelStages];  // a stage's MMAs have read its panels
-  uint32_t tmem;                                     // the accumulator's base in tensor memory
-  int inexact;                                       // a value of this chunk is not a bf16
+  uint32_t tmem;                                     // the accumulators' base in tensor memory
   int failed;                                        // an MMA did not finish in time
 };
 
@@ -88,7 +92,7 @@ __device__ inline auto panel(core::bf16_t* values) {
 }
 
 // A piece's one copy as an asynchronous 16-byte copy (CuTe's SM80_CP_ASYNC_CACHEGLOBAL, cp.async): a thread's
-// copies of a block are one group, which lands blocks later (ChunkSteps::land), where a load then a store each would
+// copies of a block are one group, which lands blocks later (TileSteps::land), where a load then a store each would
 // wait for the load before the next piece.
 struct AsyncPieceMove {
   __device__ void operator()(core::Piece* to, const core::Piece* from) const {
@@ -151,8 +155,8 @@ __device__ inline bool await_mma(Storage& s, int stage, uint32_t parity, uint64_
   return true;
 }
 
-// Before the pass: warp 1 takes kTensorColumns of tensor memory (2 CTAs an SM: 256 of its 512) and the stages'
-// barriers are set up; the CTA's barrier that follows publishes both.
+// Before the pass: warp 1 takes kTensorColumns of tensor memory (two CTAs an SM: all of its 512 columns) and the
+// stages' barriers are set up; the CTA's barrier that follows publishes both.
 __device__ inline void open(Storage& s) {
   if (warp() == kMmaWarp) {
     __syncwarp();
@@ -165,7 +169,6 @@ __device__ inline void open(Storage& s) {
     for (uint64_t& barrier : s.mma_done) cute::initialize_barrier(barrier, 1);
     cutlass::arch::fence_barrier_init();  // the init before the MMA's commit arrives, as CUTLASS's pipelines order it
     s.failed = 0;
-    s.inexact = 0;
   }
 }
 
@@ -189,19 +192,21 @@ __device__ inline void close(Storage& s, const core::PanelStages& stages, uint64
   }
 }
 
-// The chunk's accumulator into c by core's epilogue, warps 4 to 7, 8 columns of one row per load.
-__device__ inline void write_chunk(const core::Gemm& g, const Storage& s, int row0, int col0) {
+// Slices [from, to) of a chunk's accumulator at `tmem` into c by core's epilogue, warps 4 to 7, 8 columns of one row
+// per load.
+__device__ inline void write_slices(const core::Gemm& g, uint32_t tmem, int row0, int col0, int from, int to) {
   if (warp() < kFirstEpilogueWarp) return;
   __syncwarp();
   fence_after_sync();
-  auto tiled = accumulator_load(s.tmem);
+  auto tiled = accumulator_load(tmem);
   auto load = tiled.get_slice(threadIdx.x % kEpilogueThreads);
-  auto from = load.partition_S(accumulator(s.tmem));
+  auto source = load.partition_S(accumulator(tmem));
   auto where = load.partition_D(accumulator_coordinates());
+  static_assert(decltype(cute::size<1>(source))::value == core::kEpilogueSlices, "a load a slice");
   auto values = cute::make_tensor<float>(cute::shape(where(cute::_, 0, 0, 0)));
-  for (int n = 0; n < cute::size<1>(from); ++n) {
+  for (int n = from; n < to; ++n) {
     __syncwarp();  // the load and its wait are warp-aligned; the writes below diverge at the tile's edge
-    cute::copy(tiled, from(cute::_, n, 0, 0), values);
+    cute::copy(tiled, source(cute::_, n, 0, 0), values);
     cutlass::arch::fence_view_async_tmem_load();
     // Unrolled: the values stay in registers, each at a static index.
 #pragma unroll
@@ -210,19 +215,21 @@ __device__ inline void write_chunk(const core::Gemm& g, const Storage& s, int ro
       core::tensor_epilogue(g, row0 + cute::get<0>(at), col0 + cute::get<1>(at), values(v));
     }
   }
-  fence_before_sync();
+  fence_before_sync();  // the loads done before the CTA's next barrier, after which an MMA may write the accumulator
 }
 
-// core::sum_chunk's steps on this CTA: the panels filled by all, the MMAs issued by warp 1.
-struct ChunkSteps : StageWait {
+// core::sum_tile's steps on this CTA: the panels filled by all, the MMAs issued by warp 1, the epilogue written by
+// warps 4 to 7 (or an element each by all).
+struct TileSteps : StageWait {
   const core::Gemm& g;
   Panels& panels;
-  bool exact;  // every value this thread put in a panel of the chunk is the operand's own
 
-  __device__ void fill(const core::MmaBlock& b, int stage) {
+  __device__ bool fill(const core::MmaBlock& b, int stage) {
+    bool exact = true;
     for (int p = threadIdx.x; p < core::kBlockPieces; p += blockDim.x)
       core::fill_piece(g, b, p, panels.stages[stage], exact, AsyncPieceMove{});
     cute::cp_async_fence();  // the block's copies, one group
+    return exact;
   }
   __device__ void land(int groups) {
     cp_async_wait_at_most<core::kPanelStages - 2>(groups);
@@ -234,14 +241,15 @@ struct ChunkSteps : StageWait {
     if (failed && threadIdx.x == 0) s.failed = 1;
     return !failed;
   }
-  __device__ void multiply(int stage, bool first) {
+  __device__ bool agree(bool yes) { return !cta_any(!yes); }
+  __device__ void multiply(int stage, int accumulator_index, bool first) {
     if (warp() != kMmaWarp) return;
     __syncwarp();
     fence_after_sync();
     auto slice = Mma{}.get_slice(0);
     auto a = slice.make_fragment_A(panel(panels.stages[stage]));
     auto b = slice.make_fragment_B(panel(panels.stages[stage] + core::kPanelValues));
-    auto acc = accumulator(s.tmem);
+    auto acc = accumulator(accumulator_address(s.tmem, accumulator_index));
     Mma mma;
     mma.accumulate_ = first ? cute::UMMA::ScaleOut::Zero : cute::UMMA::ScaleOut::One;
     for (int k = 0; k < cute::size<2>(a); ++k) {
@@ -250,26 +258,21 @@ struct ChunkSteps : StageWait {
     }
     cutlass::arch::umma_arrive(&s.mma_done[stage]);
   }
+  __device__ void write(int chunk, int accumulator_index, int from, int to, bool exact) {
+    if (exact)
+      write_slices(g, accumulator_address(s.tmem, accumulator_index), core::chunk_row0(g, chunk),
+                   core::chunk_col0(g, chunk), from, to);
+    else
+      core::chunk_elements(g, chunk, from, to, cta_part());
+  }
 };
 
-// The tile g on tensor cores, by every thread of the CTA: chunk by chunk, each summed by core::sum_chunk, then its
-// accumulator out by warps 4 to 7. A chunk with a value that is not a bf16 is left to gemm_element; an MMA that does
-// not finish in `timeout_ns` leaves `failed` set, `stages` naming the stages it may still write, and the tile.
+// The tile g on tensor cores, by every thread of the CTA (core::sum_tile). A chunk with a value that is not a bf16 is
+// left to gemm_element; an MMA that does not finish in `timeout_ns` leaves `failed` set, `stages` naming the stages it
+// may still write, and the tile.
 __device__ inline void compute(const core::Gemm& g, Storage& s, core::PanelStages& stages, uint64_t timeout_ns) {
-  ChunkSteps steps{{s, timeout_ns}, g, panels(), true};
-  for (int chunk = 0; chunk < core::tensor_chunks(g); ++chunk) {
-    steps.exact = true;
-    if (!core::sum_chunk(g, chunk, stages, steps)) return;
-    if (!steps.exact) atomicOr(&s.inexact, 1);
-    cta_barrier();
-    int row0 = core::chunk_row0(g, chunk), col0 = core::chunk_col0(g, chunk);
-    if (!s.inexact)
-      write_chunk(g, s, row0, col0);
-    else
-      core::gemm_elements(g, row0, col0, core::kMmaRows, core::kMmaCols, cta_part());
-    cta_barrier();
-    if (threadIdx.x == 0) s.inexact = 0;  // read by all before the barrier above; set again after the next
-  }
+  TileSteps steps{{s, timeout_ns}, g, panels()};
+  core::sum_tile(g, stages, steps);
 }
 
 #endif  // __CUDACC__
