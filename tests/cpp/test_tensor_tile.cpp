@@ -8,6 +8,9 @@
 // are integers (bf16, and e4m3 with scales 1 and 2): every partial sum is then exact in fp32 whatever its order, and
 // the tile must give reference_gemm's bits. A wrong walk, orientation, offset, padding, part order, bias or epilogue
 // changes them.
+//
+// One thread stands for the CTA here: that every thread which reads tensor memory waited for the MMAs itself, the
+// fences, and the warps' uniformity are the device code's (cuda/tensor_tile.cuh), checked only statically.
 #include <algorithm>
 #include <deque>
 #include <numeric>
@@ -64,17 +67,18 @@ struct EmulatedCta {
   };
   struct Accumulator {
     std::vector<double> sums = std::vector<double>(kMmaRows * kMmaCols);
-    int chunk = -1;   // the chunk its MMAs sum
-    int written = 0;  // that chunk's epilogue slices written
+    int chunk = -1;     // the chunk its MMAs sum
+    int written = 0;    // that chunk's epilogue slices written
+    bool read = false;  // a slice read it since the CTA's last barrier
   };
-  const core::Gemm& g;
+  const core::Gemm* gemm = nullptr;  // the tile (start)
   std::mt19937_64& rng;
   std::vector<core::Piece> pieces = std::vector<core::Piece>(core::kPanelStages * core::kBlockPieces);
   std::vector<int> order = std::vector<int>(core::kBlockPieces);
   Accumulator accumulators[core::kAccumulators];
-  std::vector<int> exact_chunks = std::vector<int>(core::tensor_chunks(g), 1);  // every value of the chunk a bf16
-  std::deque<Job> queued;                                                       // committed, not yet run
-  std::deque<Group> flying;                                                     // started, not yet waited for by land
+  std::vector<int> exact_chunks;         // per chunk of the tile: every value a bf16
+  std::deque<Job> queued;                // committed, not yet run
+  std::deque<Group> flying;              // started, not yet waited for by land
   uint32_t unpublished = 0;              // stages whose copies land waited for since the last sync
   uint32_t waited_since_vote = 0;        // stages whose waits passed since the last vote that passed
   int syncs = 0, refuse = -1;            // syncs so far; the one whose vote another thread's timeout fails
@@ -88,8 +92,15 @@ struct EmulatedCta {
   Counts counts;
   std::string error;
 
-  EmulatedCta(const core::Gemm& gemm, std::mt19937_64& r) : g(gemm), rng(r) {
-    std::iota(order.begin(), order.end(), 0);
+  explicit EmulatedCta(std::mt19937_64& r) : rng(r) { std::iota(order.begin(), order.end(), 0); }
+  // The next tile, on the stages and accumulators as the last one left them (as the device's CTA keeps them).
+  void start(const core::Gemm& g) {
+    gemm = &g;
+    exact_chunks.assign(static_cast<size_t>(core::tensor_chunks(g)), 1);
+    block = -1;
+    filled = 0;
+    last_multiplied = -1;
+    counts = Counts{};
   }
   core::bf16_t* panels(int stage) { return pieces[stage * core::kBlockPieces].values; }
   bool run_one() {
@@ -138,8 +149,8 @@ struct EmulatedCta {
     std::shuffle(order.begin(), order.end(), rng);  // threads split the pieces any way
     flying.push_back(Group{stage, {}});
     bool exact = true;
-    for (int p : order) core::fill_piece(g, b, p, panels(stage), exact, DeferredMove{&flying.back()});
-    if (!exact) exact_chunks[filled / core::chunk_blocks(g)] = 0;
+    for (int p : order) core::fill_piece(*gemm, b, p, panels(stage), exact, DeferredMove{&flying.back()});
+    if (!exact) exact_chunks[filled / core::chunk_blocks(*gemm)] = 0;
     ++filled;
     progress();
     return exact;
@@ -150,7 +161,11 @@ struct EmulatedCta {
       unpublished |= 1u << flying.front().stage;
     }
   }
+  void barrier() {  // the CTA's barrier: the epilogue's loads before it are done
+    for (Accumulator& acc : accumulators) acc.read = false;
+  }
   bool sync(bool ok) {
+    barrier();
     progress();
     unpublished = 0;
     if (syncs++ == refuse) ok = false;
@@ -158,6 +173,7 @@ struct EmulatedCta {
     return ok;
   }
   bool agree(bool yes) {
+    barrier();
     progress();
     return yes;
   }
@@ -170,7 +186,7 @@ struct EmulatedCta {
       fail("stage " + std::to_string(stage) + " multiplied before the CTA's barrier after its copies landed");
     // The later blocks' copies in flight meanwhile: as many as the stages hold (all but this block's and the one
     // before's), or the tile has left.
-    int blocks = core::tensor_chunks(g) * core::chunk_blocks(g);
+    int blocks = core::tensor_chunks(*gemm) * core::chunk_blocks(*gemm);
     size_t ahead = static_cast<size_t>(std::min(core::kPanelStages - 2, blocks - 1 - ++block));
     if (flying.size() != ahead)
       fail("block " + std::to_string(block) + " multiplied with " + std::to_string(flying.size()) +
@@ -180,9 +196,11 @@ struct EmulatedCta {
       if (into.chunk >= 0 && into.written != core::kEpilogueSlices)
         fail("accumulator " + std::to_string(accumulator) + " summed into before chunk " + std::to_string(into.chunk) +
              "'s epilogue read it all");
-      into.chunk = block / core::chunk_blocks(g);
+      if (into.read)
+        fail("accumulator " + std::to_string(accumulator) + " summed into before the CTA's barrier after its reads");
+      into.chunk = block / core::chunk_blocks(*gemm);
       into.written = 0;
-    } else if (into.chunk != block / core::chunk_blocks(g)) {
+    } else if (into.chunk != block / core::chunk_blocks(*gemm)) {
       fail("block " + std::to_string(block) + " added to another chunk's accumulator");
     }
     queued.push_back(Job{stage, accumulator, first});
@@ -200,21 +218,22 @@ struct EmulatedCta {
            ") written after " + std::to_string(acc.written));
     if (exact != (exact_chunks[chunk] != 0)) fail("chunk " + std::to_string(chunk) + " judged by another's values");
     accumulators[accumulator].written = to;
+    accumulators[accumulator].read = true;
     if (from == 0) ++(exact ? counts.tensor : counts.elements);
     counts.epilogue_overlaps += !queued.empty();  // the next chunk's MMAs still to run
-    int row0 = core::chunk_row0(g, chunk), col0 = core::chunk_col0(g, chunk);
-    if (!exact) core::chunk_elements(g, chunk, from, to, core::kWhole);
+    int row0 = core::chunk_row0(*gemm, chunk), col0 = core::chunk_col0(*gemm, chunk);
+    if (!exact) core::chunk_elements(*gemm, chunk, from, to, core::kWhole);
     for (int i = 0; exact && i < kMmaRows; ++i)
       for (int j = from * core::kEpilogueColumns; j < to * core::kEpilogueColumns; ++j)
-        core::tensor_epilogue(g, row0 + i, col0 + j, static_cast<float>(acc.sums[i * kMmaCols + j]));
+        core::tensor_epilogue(*gemm, row0 + i, col0 + j, static_cast<float>(acc.sums[i * kMmaCols + j]));
     progress();
   }
 };
 
-// The tile g as the fused executor's CTA runs it (cuda/tensor_tile.cuh compute): core::sum_tile over the emulated CTA.
-Counts run_tensor_tile(const core::Gemm& g, std::mt19937_64& rng) {
-  EmulatedCta cta(g, rng);
-  core::PanelStages stages;
+// The tile g as the fused executor's CTA runs it (cuda/tensor_tile.cuh compute): core::sum_tile over the emulated CTA,
+// on the stages and accumulators as the CTA's last tile left them.
+Counts run_tensor_tile(const core::Gemm& g, EmulatedCta& cta, core::PanelStages& stages) {
+  cta.start(g);
   CHECK_MSG(core::sum_tile(g, stages, cta), "a wait ran out with no stall");
   CHECK_MSG(cta.error.empty(), "%s", cta.error.c_str());
   CHECK_MSG(cta.queued.empty(), "%zu MMAs still to run after the tile", cta.queued.size());
@@ -262,16 +281,20 @@ struct TileCase {
   std::string text;
 };
 
-void make_case(TileCase& t, std::mt19937_64& rng) {
+// A tile up to 300 x 300 of parts up to 200 deep, or (`deep`) up to 200 x 200 whose first part is 17 to 20 blocks deep:
+// more blocks a chunk than the epilogue has slices, so that some steps write none.
+void make_case(TileCase& t, std::mt19937_64& rng, bool deep = false) {
   core::Gemm& g = t.g;
-  g.rows = 1 + static_cast<int>(rng() % 300);
-  g.cols = 1 + static_cast<int>(rng() % 300);
+  int most = deep ? 200 : 300;
+  g.rows = 1 + static_cast<int>(rng() % most);
+  g.cols = 1 + static_cast<int>(rng() % most);
   g.num_parts = 1 + static_cast<int>(rng() % 2);
   g.epilogue = rng() % 2 ? core::Epilogue::store_bf16 : core::Epilogue::accumulate_f32;
   t.text = std::to_string(g.rows) + "x" + std::to_string(g.cols);
   t.operands.resize(2 * g.num_parts);
   for (int p = 0; p < g.num_parts; ++p) {
-    int depth = 1 + static_cast<int>(rng() % 200);
+    int depth = deep && p == 0 ? 16 * kMmaDepth + 1 + static_cast<int>(rng() % (4 * kMmaDepth))
+                               : 1 + static_cast<int>(rng() % 200);
     if (rng() % 2) depth = (depth + 7) / 8 * 8;  // K-major bf16 rows on 16 bytes: fill_piece's one copy
     bool a_e4m3 = rng() % 2, b_e4m3 = rng() % 2, a_mn = rng() % 2, b_mn = rng() % 2;
     make_operand(t.operands[2 * p], a_e4m3, a_mn, g.rows, depth, rng);
@@ -299,10 +322,10 @@ void make_case(TileCase& t, std::mt19937_64& rng) {
   t.text += g.epilogue == core::Epilogue::store_bf16 ? "; store bf16" : "; accumulate fp32";
 }
 
-// The tile's c against reference_gemm's from the same start, every word.
-bool same_as_reference(TileCase& t, std::mt19937_64& rng, Counts* counts) {
-  std::vector<float> start = t.c, scratch(core::gemm_scratch_floats(t.g.rows, t.g.cols, 400, true));
-  *counts = run_tensor_tile(t.g, rng);
+// The tile's c, run on `cta` and `stages`, against reference_gemm's from the same start, every word.
+bool same_as_reference(TileCase& t, EmulatedCta& cta, core::PanelStages& stages, Counts* counts) {
+  std::vector<float> start = t.c, scratch(core::gemm_scratch_floats(t.g.rows, t.g.cols, 1600, true));
+  *counts = run_tensor_tile(t.g, cta, stages);
   std::vector<float> tiled = t.c;
   t.c = start;
   core::reference_gemm(t.g, scratch.data());
@@ -316,14 +339,18 @@ bool same_as_reference(TileCase& t, std::mt19937_64& rng, Counts* counts) {
 
 }  // namespace
 
+// The tiles one after another on one CTA, as the fused pass runs a worker's tiles: its stages' barriers and its
+// accumulators carry from one into the next.
 TEST(tensor_tiles_give_the_references_bits_on_integers) {
   std::mt19937_64 rng(seed() + 7);
+  EmulatedCta cta(rng);
+  core::PanelStages stages;
   int chunks = 0, overlaps = 0, epilogue_overlaps = 0;
   for (int n = 0; n < 24; ++n) {
     TileCase t;
-    make_case(t, rng);
+    make_case(t, rng, n % 8 == 0);
     Counts counts;
-    if (!same_as_reference(t, rng, &counts)) return;
+    if (!same_as_reference(t, cta, stages, &counts)) return;
     CHECK_MSG(counts.elements == 0, "%s: %d integer chunks left to gemm_element", t.text.c_str(), counts.elements);
     chunks += counts.tensor;
     overlaps += counts.overlaps;
@@ -344,6 +371,8 @@ TEST(tensor_tiles_give_the_references_bits_on_integers) {
 // with another verdict (chunk 33 is exact, chunk 1 not).
 TEST(chunks_with_values_that_are_not_bf16_are_computed_element_by_element) {
   std::mt19937_64 rng(seed() + 8);
+  EmulatedCta cta(rng);
+  core::PanelStages stages;
   for (int depth : {40, 96, 200}) {
     TileCase t;
     int chunks = 34, inexact = (chunks + 1) / 3;
@@ -368,7 +397,7 @@ TEST(chunks_with_values_that_are_not_bf16_are_computed_element_by_element) {
     t.text = std::to_string(t.g.rows) + "x100, depth " + std::to_string(depth) + ", chunks 1, 4, ... below bf16";
     CHECK(core::stored_value(a.op, 150, 3) == 1.875f * 0x1p-133f);
     Counts counts;
-    if (!same_as_reference(t, rng, &counts)) return;
+    if (!same_as_reference(t, cta, stages, &counts)) return;
     CHECK_MSG(counts.tensor == chunks - inexact && counts.elements == inexact,
               "%s: %d tensor chunks, %d element chunks", t.text.c_str(), counts.tensor, counts.elements);
   }
@@ -383,7 +412,8 @@ TEST(a_wait_that_runs_out_leaves_busy_every_stage_with_mmas_still_to_run) {
   for (int n = 0; n < 24; ++n) {
     TileCase t;
     make_case(t, rng);
-    EmulatedCta cta(t.g, rng);
+    EmulatedCta cta(rng);
+    cta.start(t.g);
     int mmas = core::tensor_chunks(t.g) * core::chunk_blocks(t.g);
     cta.stall = static_cast<int>(rng() % std::min(6, mmas));  // before the last MMA, which the last drain waits for
     core::PanelStages stages;
@@ -409,7 +439,8 @@ TEST(a_vote_lost_to_another_thread_leaves_no_copies_in_flight) {
   for (int n = 0; n < 24; ++n) {
     TileCase t;
     make_case(t, rng);
-    EmulatedCta cta(t.g, rng);
+    EmulatedCta cta(rng);
+    cta.start(t.g);
     // A block's, and each chunk's when its last MMAs are done (the last chunk's in the drain).
     int syncs = core::tensor_chunks(t.g) * (core::chunk_blocks(t.g) + 1);
     cta.refuse = static_cast<int>(rng() % syncs);

@@ -286,22 +286,45 @@ FUSED_TENSOR_SASS = (r"UTCATOMSWS\.FIND_AND_SET", r"UTCATOMSWS\.AND", r"LDGSTS\.
                      r"LDTM", r"BAR\.RED\.OR\S* 0x1\b")
 
 
+FUSED_NOTE = r"mok_fused pass shared=(\d+) threads=(\d+)"
+SM_TENSOR_COLUMNS = 512
+
+
+def fused_dynamic_shared(libmok) -> int:
+    """The dynamic shared memory the fused pass asks for, from its resource note (kernel/src/cuda/resource_note.hpp):
+    cuobjdump does not count it."""
+    notes = re.findall(FUSED_NOTE, run("strings", libmok).stdout)
+    assert len(notes) == 1, f"{len(notes)} resource notes of the fused pass"
+    dynamic, threads = (int(n) for n in notes[0])
+    assert threads == 256 and 0 < dynamic <= SHARED_BYTES, notes[0]
+    return dynamic
+
+
+def fused_tensor_columns() -> int:
+    """The tensor-memory columns a fused CTA holds for the whole pass: its accumulators (core/tensor_tile.hpp)."""
+    text = (ROOT / "kernel" / "src" / "core" / "tensor_tile.hpp").read_text()
+    accumulators = int(re.search(r"constexpr int kAccumulators = (\d+);", text).group(1))
+    columns = int(re.search(r"constexpr int kMmaCols = (\d+);", text).group(1))
+    return accumulators * columns
+
+
 def test_fused_pass_runs_its_tiles_on_tensor_cores(libmok, cuda_bin):
     """The fused pass's tiles are tcgen05 MMAs of one CTA, on every Blackwell target (feature-gate stubs are refused
-    for all of libmok's cubins by test_grouped_gemms_for_every_target). Every CTA holds 128 tensor-memory columns for
-    the whole pass, and an SM has 512: its registers must keep a fifth CTA off the SM, or that CTA's allocation would
-    wait for columns that the four before it never give back."""
+    for all of libmok's cubins by test_grouped_gemms_for_every_target). Every CTA holds its accumulators' tensor-memory
+    columns for the whole pass, and an SM has 512: the CTAs that its registers and shared memory let share an SM must
+    all hold theirs at once, or a CTA's allocation would wait for columns that the ones before it never give back."""
     usage = resource_usage(libmok, cuda_bin)
+    dynamic, columns = fused_dynamic_shared(libmok), fused_tensor_columns()
     for arch in ("sm_100a", "sm_103a"):
         (r,) = [r for k, r in usage[arch].items() if re.search(r"\dfused_pass", k)]
-        assert r["REG"] * 256 * 5 > REGISTER_FILE, f"{arch}: {r['REG']} registers let 5 fused CTAs share an SM"
+        resident = min(REGISTER_FILE // (r["REG"] * 256), SM_SHARED_BYTES // (r["SHARED"] + dynamic))
+        assert resident * columns <= SM_TENSOR_COLUMNS, \
+            f"{arch}: {resident} fused CTAs an SM ({r['REG']} registers, {r['SHARED']} + {dynamic} bytes of shared " \
+            f"memory) hold {resident * columns} tensor-memory columns"
     for arch, sass in fused_pass_sass(libmok, cuda_bin).items():
         for instruction in FUSED_TENSOR_SASS:
             assert re.search(instruction, sass), f"{arch}: {instruction} missing from the fused pass's SASS"
         assert not re.search(r"UTCHMMA\S*\.2CTA", sass), f"{arch}: a 2-CTA MMA in the fused pass's 1-CTA tile"
-
-
-FUSED_NOTE = r"mok_fused pass shared=(\d+) threads=(\d+)"
 
 
 def min_ctas_per_sm() -> int:
@@ -315,10 +338,7 @@ def test_fused_pass_shared_memory_lets_its_ctas_share_an_sm(libmok, cuda_bin):
     the kernel writes what it asks for into the binary (kernel/src/cuda/resource_note.hpp). With its static shared
     memory, the CTAs its launch bounds promise an SM must fit the SM's 228 KB, or fewer are resident (fused_residency's
     occupancy query) and the pass has fewer workers than its registers allow."""
-    notes = re.findall(FUSED_NOTE, run("strings", libmok).stdout)
-    assert len(notes) == 1, f"{len(notes)} resource notes of the fused pass"
-    dynamic, threads = (int(n) for n in notes[0])
-    assert threads == 256 and 0 < dynamic <= SHARED_BYTES, notes[0]
+    dynamic = fused_dynamic_shared(libmok)
     usage = resource_usage(libmok, cuda_bin)
     ctas = min_ctas_per_sm()
     for arch in ("sm_100a", "sm_103a"):

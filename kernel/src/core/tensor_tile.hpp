@@ -116,11 +116,11 @@ MOK_HD inline void fill_piece(const Gemm& g, const MmaBlock& b, int p, bf16_t* p
   *out = piece;
 }
 
-// The panels' stages: kPanelStages pairs of panels in shared memory. While the MMAs of a chunk's block b run, the
+// The panels' stages: kPanelStages pairs of panels in shared memory. While the MMAs of a tile's block b run, the
 // copies of blocks b + 1 to b + kPanelStages - 2 fly into stages of their own and b - 1's stage, whose MMAs ran before
-// b's, takes the copies of the next: the blocks' latencies overlap each other and the MMAs. Block b of a chunk goes to
-// stage b % kPanelStages. Each stage has a barrier whose phase the MMAs' commit completes, once per block they take
-// from the stage.
+// b's, takes the copies of the next: the blocks' latencies overlap each other and the MMAs. Block b of a tile (its
+// chunks' blocks one after the other) goes to stage b % kPanelStages. Each stage has a barrier whose phase the MMAs'
+// commit completes, once per block they take from the stage.
 constexpr int kPanelStages = 3;
 static_assert(kPanelStages >= 2, "a block's MMAs read one stage while the next block's copies fill another");
 static_assert(kPanelStages <= 32, "PanelStages keeps a bit a stage");
@@ -167,6 +167,7 @@ constexpr int kAccumulators = 2;
 // over the next chunk's blocks so that the tensor cores sum that chunk meanwhile.
 constexpr int kEpilogueColumns = 8;
 constexpr int kEpilogueSlices = kMmaCols / kEpilogueColumns;
+static_assert(kMmaCols % kEpilogueColumns == 0, "a chunk's columns are whole slices");
 
 // The slices of a chunk's epilogue written by the end of step `step` of `steps`: all of them by the last step.
 MOK_HD inline int slices_by(int step, int steps) {
@@ -241,8 +242,8 @@ struct TileWalk {
     exact = cta.agree(!(inexact & bit));
     inexact &= ~bit;
   }
-  // Step `step` of `steps` of chunk `chunk`'s epilogue: its slices from the last step's on.
-  MOK_HD void write(int chunk, int step, int steps) {
+  // Step `step` of `steps` of chunk `chunk`'s epilogue: its share of the slices, from the last step's on.
+  MOK_HD void write_share(int chunk, int step, int steps) {
     int from = step == 0 ? 0 : slices_by(step - 1, steps), to = slices_by(step, steps);
     if (from < to) cta.write(chunk, chunk % kAccumulators, from, to, exact);
   }
@@ -260,8 +261,9 @@ struct TileWalk {
 //                                false when a value it put there is not the operand's own (panel_value)
 //   void land(groups)            this thread's groups of copies landed, but the last `groups` started
 //   bool sync(ok)                the CTA's barrier after every thread's landing; false for all when `ok` was false for
-//                                one
-//   bool agree(yes)              the CTA's barrier; true for all when `yes` was true for every one
+//                                one: the tile has failed (a wait ran out)
+//   bool agree(yes)              the CTA's barrier; true for all when `yes` was true for every one: a verdict, not a
+//                                failure
 //   void multiply(stage, accumulator, first)
 //                                the MMAs over the stage's panels into the accumulator (first: zeroed before), then
 //                                their commit to the stage's barrier; by the threads that issue MMAs
@@ -288,16 +290,16 @@ MOK_HD bool sum_tile(const Gemm& g, PanelStages& stages, Cta& cta) {
         if (!walk.vote(walk.await((block - 1) % kPanelStages))) return false;
         walk.judge(chunk - 1);
       }
-      walk.write(chunk - 1, step, per_chunk);
+      walk.write_share(chunk - 1, step, per_chunk);
     }
-    // Block q + kPanelStages - 1 into q - 1's stage. The last starts in step blocks - kPanelStages, so a later step's
-    // vote has `ok`.
+    // Block `block` + kPanelStages - 1 into the stage of the block before. The last starts in step blocks -
+    // kPanelStages, so a later step's vote has `ok`.
     if (walk.started < walk.blocks) ok = walk.start_next();
   }
   if (!drain_stages(stages, cta)) return false;
-  int last = walk.blocks / per_chunk - 1;
+  int last = tensor_chunks(g) - 1;
   walk.judge(last);
-  walk.write(last, 0, 1);
+  walk.write_share(last, 0, 1);
   return true;
 }
 

@@ -32,6 +32,8 @@ using AccumulatorShape = cute::Shape<cute::Int<core::kMmaRows>, cute::Int<core::
 constexpr int kEpilogueThreads = 128;  // four warps, one lane quadrant of tensor memory each
 // The accumulators side by side: 256 of the SM's 512 columns, all of them at two CTAs an SM.
 constexpr int kTensorColumns = core::kAccumulators * core::kMmaCols;
+static_assert(kTensorColumns >= 32 && (kTensorColumns & (kTensorColumns - 1)) == 0,
+              "tcgen05.alloc takes a power of two of at least 32 columns");
 // Accumulator `index` of those at `tmem`: kMmaCols columns on (an address's low half is its column).
 CUTE_HOST_DEVICE uint32_t accumulator_address(uint32_t tmem, int index) {
   return tmem + static_cast<uint32_t>(index * core::kMmaCols);
