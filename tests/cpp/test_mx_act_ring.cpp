@@ -11,8 +11,11 @@
 // the wrong dimension or starting a row off has other scales and codes. The workspace starts as 0xA5
 // bytes, which no quantised block leaves behind. Each stage runs whole and in parts (core::run_rows, as a CTA's
 // threads share it), the parts in both orders: every split must give those bytes.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <initializer_list>
+#include <random>
 
 #include "check.hpp"
 #include "core/pass.hpp"
@@ -267,5 +270,52 @@ TEST(backward_dg_du_h_ring_bytes_equal_the_codec_in_both_orientations) {
 }
 
 }  // namespace
+
+// A CTA's 255 threads share a 32-row block 256 columns wide (core::quantize_ring_block, both orientations): each
+// thread alone writes some of the row-direction bytes (codes or scales) and some of the token-direction ones, and
+// the threads' bytes together are the whole call's. A split by scale block (a part every 32 columns) leaves all but 8
+// threads idle and fails it.
+TEST(every_thread_of_a_cta_quantises_part_of_a_wide_block) {
+  std::mt19937_64 rng(mok_test::seed() + 5);
+  constexpr int kWidth = 256, kParts = 255;
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  std::uniform_int_distribution<int> e(-10, 10);
+  std::vector<bf16_t> block(static_cast<size_t>(core::kMxBlock) * kWidth);
+  for (bf16_t& value : block) value = ref::bf16_bits(std::ldexp(u(rng), e(rng)));
+  core::MxScaleLayout rows = core::MxScaleLayout::of(core::kMxBlock, kWidth);
+  core::MxScaleLayout tokens = core::MxScaleLayout::of(kWidth, core::kMxBlock);
+  struct Bytes {  // what one call writes: rows then tokens, each codes then scales
+    std::vector<uint8_t> codes, row_scales, token_codes, token_scales;
+  };
+  auto quantise = [&](int part, int parts) {
+    Bytes b{std::vector<uint8_t>(block.size(), 0xA5), std::vector<uint8_t>(rows.matrix_bytes(), 0xA5),
+            std::vector<uint8_t>(block.size(), 0xA5), std::vector<uint8_t>(tokens.matrix_bytes(), 0xA5)};
+    core::quantize_ring_block(core::kMxBlock, core::kMxBlock, kWidth, 0, block.data(), b.codes.data(),
+                              b.row_scales.data(), b.token_codes.data(), b.token_scales.data(), kWidth, part, parts);
+    return b;
+  };
+  auto changed = [](const std::vector<uint8_t>& bytes) {
+    return std::count_if(bytes.begin(), bytes.end(), [](uint8_t x) { return x != 0xA5; });
+  };
+  Bytes whole = quantise(0, 1), joined = quantise(0, kParts);
+  int idle_rows = 0, idle_tokens = 0;
+  for (int part = 0; part < kParts; ++part) {
+    Bytes mine = quantise(part, kParts);
+    idle_rows += changed(mine.codes) + changed(mine.row_scales) == 0;
+    idle_tokens += changed(mine.token_codes) + changed(mine.token_scales) == 0;
+    auto join = [](std::vector<uint8_t>& into, const std::vector<uint8_t>& from) {
+      for (size_t i = 0; i < into.size(); ++i)
+        if (from[i] != 0xA5) into[i] = from[i];
+    };
+    join(joined.codes, mine.codes);
+    join(joined.row_scales, mine.row_scales);
+    join(joined.token_codes, mine.token_codes);
+    join(joined.token_scales, mine.token_scales);
+  }
+  CHECK_MSG(idle_rows == 0 && idle_tokens == 0,
+            "of %d threads, %d quantise nothing along the rows, %d along the tokens", kParts, idle_rows, idle_tokens);
+  CHECK(joined.codes == whole.codes && joined.row_scales == whole.row_scales);
+  CHECK(joined.token_codes == whole.token_codes && joined.token_scales == whole.token_scales);
+}
 
 MOK_TEST_MAIN

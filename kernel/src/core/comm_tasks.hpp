@@ -21,7 +21,7 @@ MOK_HD inline void pull_row(const PassView& v, int64_t j, bf16_t* x_dst, bf16_t*
   float weight = input || is_backward(v.kind) ? peer_array<const float>(v, ref.rank, v.peer.topk_weights)[slot] : 0.0f;
   // src's part into dst, scaled by w_k or copied.
   auto move = [&](const bf16_t* src, bf16_t* dst, bool scaled) {
-    each_piece(part, h, row_piece(v.s), [&](int64_t first, int n) {
+    each_piece(part, h, kPieceValues, [&](int64_t first, int n) {
       if (scaled)
         scaled_row(weight, src + first, n, dst + first);
       else
@@ -61,34 +61,45 @@ MOK_HD inline void pull_rows(const PassView& v, int64_t lo, int64_t hi, bf16_t* 
 
 // ---- MXFP8 mode: x and dy quantised as they arrive -----------------------------------------------
 
-// Rows [lo, hi) (whole 32-row blocks) pulled a block at a time into the worker's `staging` (2 x [32, H]
-// bf16: x and dy) and quantised from there into mx_x and mx_dy: the bf16 values never reach the ring.
-// A part pulls and quantises its own 32-column blocks (row_piece), so it reads only what it wrote.
-MOK_HD inline void pull_quantized(const PassView& v, int64_t lo, int64_t hi, bf16_t* staging, Part part) {
+// The 32 ring rows from b (a whole 32-row block) pulled into the worker's `staging` (2 x [32, H] bf16: x and dy;
+// a padding row zeros), on their way to quantize_pulled: the bf16 values never reach the ring.
+MOK_HD inline void stage_pulled(const PassView& v, int64_t b, bf16_t* staging, Part part) {
   int h = v.s.hidden;
-  bf16_t *xs = staging, *dys = staging + static_cast<int64_t>(kMxStagingRows) * h;
-  bool pull_x = v.kind != PassKind::backward_kept, backward = is_backward(v.kind);
-  for (int64_t b = lo; b < hi; b += kMxBlock) {
-    for (int r = 0; r < kMxBlock; ++r)
-      if (v.sched.rows[b + r].rank < 0)
-        each_piece(part, h, kMxBlock, [&](int64_t first, int n) {
-          zero_rows(xs + r * h + first, n);
-          zero_rows(dys + r * h + first, n);
-        });
-    pull_rows(v, b, b + kMxBlock, staging, part);
-    if (pull_x) quantize_ring_block(v.s, v.mx_x, h, b, xs, true, part);
-    if (backward) quantize_ring_block(v.s, v.mx_dy, h, b, dys, true, part);
-  }
+  for (int r = 0; r < kMxBlock; ++r)
+    if (v.sched.rows[b + r].rank < 0)
+      each_piece(part, h, kPieceValues, [&](int64_t first, int n) {
+        zero_rows(staging + r * h + first, n);
+        zero_rows(staging + (kMxStagingRows + r) * h + first, n);
+      });
+  pull_rows(v, b, b + kMxBlock, staging, part);
 }
 
-// Part `part` of rows [lo, hi) into the ring, bf16 or (MXFP8 mode, whole 32-row blocks) quantised through
-// `staging`: dispatch's body without its waits, which the split executor runs over a window after the launches
-// it follows.
-MOK_HD inline void pull_window(const PassView& v, int64_t lo, int64_t hi, bf16_t* staging, Part part = kWhole) {
+// The staged block (stage_pulled, a row job before: a column along the tokens reads every part's rows) quantised
+// into mx_x and mx_dy.
+MOK_HD inline void quantize_pulled(const PassView& v, int64_t b, const bf16_t* staging, Part part) {
+  int h = v.s.hidden;
+  if (v.kind != PassKind::backward_kept) quantize_ring_block(v.s, v.mx_x, h, b, staging, true, part);
+  if (is_backward(v.kind))
+    quantize_ring_block(v.s, v.mx_dy, h, b, staging + static_cast<int64_t>(kMxStagingRows) * h, true, part);
+}
+
+// Part `part` of dispatch's row job: rows [lo, hi) into the ring (bf16), or in MXFP8 mode the 32-row block from lo
+// staged.
+MOK_HD inline void pull_block(const PassView& v, int64_t lo, int64_t hi, bf16_t* staging, Part part) {
   if (v.s.mxfp8)
-    pull_quantized(v, lo, hi, staging, part);
+    stage_pulled(v, lo, staging, part);
   else
     pull_rows(v, lo, hi, nullptr, part);
+}
+
+// Rows [lo, hi) into the ring, bf16 or (MXFP8 mode, whole 32-row blocks) quantised through `staging`: dispatch's body
+// without its waits, on one thread, which the split executor runs over a window after the launches it follows.
+MOK_HD inline void pull_window(const PassView& v, int64_t lo, int64_t hi, bf16_t* staging) {
+  if (!v.s.mxfp8) return pull_rows(v, lo, hi, nullptr, kWhole);
+  for (int64_t b = lo; b < hi; b += kMxBlock) {
+    stage_pulled(v, b, staging, kWhole);
+    quantize_pulled(v, b, staging, kWhole);
+  }
 }
 
 // The wgrad tasks that read minibatch m's rows: every part holding them, one per expert with tiles in m.
@@ -116,7 +127,12 @@ MOK_HD Failure run_dispatch(const PassView& v, int64_t m, Ops& ops) {
   }
   int64_t lo = m * v.s.minibatch,
           hi = lo + v.s.minibatch < v.sched.total_rows ? lo + v.s.minibatch : v.sched.total_rows;
-  ops.rows(v, rows_job(RowWork::pull, lo, hi, reinterpret_cast<bf16_t*>(ops.scratch)));
+  bf16_t* staging = reinterpret_cast<bf16_t*>(ops.scratch);
+  if (!v.s.mxfp8) ops.rows(v, rows_job(RowWork::pull, lo, hi, staging));
+  for (int64_t b = lo; v.s.mxfp8 && b < hi; b += kMxBlock) {  // two jobs a block: staged whole, then quantised
+    ops.rows(v, rows_job(RowWork::pull, b, b + kMxBlock, staging));
+    ops.rows(v, rows_job(RowWork::quantize_pulled, b, b + kMxBlock, staging));
+  }
   publish(&v.c.ready[m], 1);
   return kNoFailure;
 }
@@ -132,7 +148,7 @@ MOK_HD inline void push_rows(const PassView& v, int64_t lo, int64_t hi, Part par
     int64_t slot = static_cast<int64_t>(ref.token) * v.s.top_k + ref.k;
     const bf16_t* row = out_row(v, j);
     bf16_t* home = peer_array<bf16_t>(v, ref.rank, slots) + slot * h;
-    each_piece(part, h, row_piece(v.s), [&](int64_t first, int n) { copy_row(row + first, n, home + first); });
+    each_piece(part, h, kPieceValues, [&](int64_t first, int n) { copy_row(row + first, n, home + first); });
   }
 }
 

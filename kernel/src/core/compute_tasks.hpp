@@ -160,25 +160,28 @@ MOK_HD inline int block_rows(const TileInfo& t, int64_t b) {
 // 32-row block is computed into `staging` (the worker's, mx_swiglu_staging_values bf16) and written as
 // its rowwise codes and scales into mx_h (ring_h's bytes); its bf16 values never reach the ring.
 // The stage's body, without its waits: the split executor runs it after the launches it reads. Part `part`
-// takes its pieces of every row (row_piece: in MXFP8 mode whole scale blocks, which it quantises itself).
+// takes its 16-byte pieces of every row, or in MXFP8 mode its (row, scale block) pairs of each block
+// (each_scale_block), which it then quantises itself.
 MOK_HD inline void swiglu_rows(const PassView& v, const TileInfo& t, bf16_t* staging, Part part = kWhole) {
-  int in = v.s.intermediate, piece = row_piece(v.s);
-  bool mx = v.s.mxfp8 != 0;
+  int in = v.s.intermediate;
   Swiglu sw = layer_swiglu(v.s, v.sigmoid_table);
-  // One loop for both modes (one call site of the row function): bf16 rows go straight to the ring.
-  for (int64_t b = t.row0; b < t.row0 + (mx ? v.s.expert_padding : t.rows); b += kMxBlock) {
+  // h of ring row `row` from column `first` into `h` (that row's), or zeros for a padding row: one call site of the
+  // row function for both modes.
+  auto piece = [&](int64_t row, bool real, bf16_t* h, int64_t first, int count) {
+    if (real)
+      swiglu_row(sw, ring_row(v, v.ring_g, row, in) + first, ring_row(v, v.ring_u, row, in) + first, count, h + first);
+    else
+      zero_rows(h + first, count);
+  };
+  for (int64_t row = t.row0; !v.s.mxfp8 && row < t.row0 + t.rows; ++row)
+    each_piece(part, in, kPieceValues,
+               [&](int64_t first, int count) { piece(row, true, ring_row(v, v.ring_h, row, in), first, count); });
+  for (int64_t b = t.row0; v.s.mxfp8 && b < t.row0 + v.s.expert_padding; b += kMxBlock) {
     int n = block_rows(t, b);
-    for (int r = 0; r < kMxBlock && (r < n || mx); ++r) {
-      const bf16_t *g = ring_row(v, v.ring_g, b + r, in), *u = ring_row(v, v.ring_u, b + r, in);
-      bf16_t* h = mx ? staging + r * in : ring_row(v, v.ring_h, b + r, in);
-      each_piece(part, in, piece, [&](int64_t first, int count) {
-        if (r < n)
-          swiglu_row(sw, g + first, u + first, count, h + first);
-        else
-          zero_rows(h + first, count);
-      });
-    }
-    if (mx) quantize_ring_block(v.s, v.mx_h, in, b, staging, false, part);
+    each_scale_block(part, in, [&](int r, int64_t first, int count) {
+      if (count > 0) piece(b + r, r < n, staging + r * in, first, count);
+    });
+    quantize_ring_block(v.s, v.mx_h, in, b, staging, false, part);
   }
 }
 
@@ -222,40 +225,36 @@ MOK_HD Failure run_dgrad_h(const PassView& v, const TileInfo& t, Ops& ops) {
 
 // g, u, dh become dg, du and h over the tile's rows. In MXFP8 mode they are only read by dgrad_x (dg,
 // du along I) and the weight gradients (dg, du, h along the tokens): each 32-row block's g, u, dh are
-// copied into `staging` (the worker's, mx_swiglu_staging_values bf16; stage_backward_block), become dg, du, h
-// there, and are written in both orientations into mx_g, mx_u, mx_h, whose codes fill exactly the block's
-// bf16 bytes (quantize_backward_block). A part's codes land on other columns' bf16 values, so the whole block is
-// staged before any part writes: two row jobs per block (run_swiglu_bwd). The stage's body, without its waits
-// (see swiglu_rows, also for `part`).
+// copied into `staging` (the worker's, mx_swiglu_staging_values bf16) and become dg, du, h there
+// (stage_backward_block), then are written in both orientations into mx_g, mx_u, mx_h, whose codes fill exactly the
+// block's bf16 bytes (quantize_backward_block). A part's codes land on other columns' bf16 values, and a column
+// along the tokens reads every row of the block, so the whole block is staged before any part quantises: two row
+// jobs per block (run_swiglu_bwd). The stage's body, without its waits (see swiglu_rows); a part takes 16-byte
+// pieces of each row to stage, and quantize_ring_block's share to quantise.
 MOK_HD inline void stage_backward_block(const PassView& v, const TileInfo& t, int64_t b, bf16_t* staging, Part part) {
   int in = v.s.intermediate, n = block_rows(t, b);
   int64_t block = static_cast<int64_t>(kMxBlock) * in;
+  Swiglu sw = layer_swiglu(v.s, v.sigmoid_table);
   for (int r = 0; r < kMxBlock; ++r)
-    each_piece(part, in, kMxBlock, [&](int64_t first, int count) {
-      for (int64_t m = 0; m < 3; ++m) {  // g, u, dh: the padding rows zeros
-        bf16_t* to = staging + m * block + r * in + first;
+    each_piece(part, in, kPieceValues, [&](int64_t first, int count) {
+      bf16_t *dg = staging + r * in + first, *du = dg + block, *hd = du + block;  // g, u, dh until the last line
+      for (int64_t m = 0; m < 3; ++m) {                                           // the padding rows zeros
+        bf16_t* to = dg + m * block;
         if (r < n)
           copy_row(ring_row(v, m == 0 ? v.ring_g : (m == 1 ? v.ring_u : v.ring_h), b + r, in) + first, count, to);
         else
           zero_rows(to, count);
       }
+      if (r < n) swiglu_backward_row(sw, dg, du, hd, count);
     });
 }
 
-MOK_HD inline void quantize_backward_block(const PassView& v, const TileInfo& t, int64_t b, bf16_t* staging,
-                                           Part part) {
-  int in = v.s.intermediate, n = block_rows(t, b);
+MOK_HD inline void quantize_backward_block(const PassView& v, int64_t b, const bf16_t* staging, Part part) {
+  int in = v.s.intermediate;
   int64_t block = static_cast<int64_t>(kMxBlock) * in;
-  bf16_t *dg = staging, *du = staging + block, *hd = staging + 2 * block;
-  Swiglu sw = layer_swiglu(v.s, v.sigmoid_table);
-  for (int r = 0; r < n; ++r)
-    each_piece(part, in, kMxBlock, [&](int64_t first, int count) {
-      int64_t at = r * in + first;
-      swiglu_backward_row(sw, dg + at, du + at, hd + at, count);
-    });
-  quantize_ring_block(v.s, v.mx_g, in, b, dg, true, part);
-  quantize_ring_block(v.s, v.mx_u, in, b, du, true, part);
-  quantize_ring_block(v.s, v.mx_h, in, b, hd, true, part);
+  quantize_ring_block(v.s, v.mx_g, in, b, staging, true, part);
+  quantize_ring_block(v.s, v.mx_u, in, b, staging + block, true, part);
+  quantize_ring_block(v.s, v.mx_h, in, b, staging + 2 * block, true, part);
 }
 
 // bf16 mode: in place in the ring, row by row.
@@ -275,7 +274,7 @@ MOK_HD inline void swiglu_backward_rows(const PassView& v, const TileInfo& t, bf
   if (!v.s.mxfp8) return swiglu_backward_in_place(v, t, kWhole);
   for (int64_t b = t.row0; b < t.row0 + v.s.expert_padding; b += kMxBlock) {
     stage_backward_block(v, t, b, staging, kWhole);
-    quantize_backward_block(v, t, b, staging, kWhole);
+    quantize_backward_block(v, b, staging, kWhole);
   }
 }
 

@@ -36,12 +36,13 @@ MOK_HD Failure run_task(const PassView& v, Task task, Ops& ops) {
 // Part `part` of a row job (tile.hpp): a host worker runs it whole, a CTA's threads each their part at once.
 MOK_HD inline void run_rows(const PassView& v, const RowJob& job, Part part) {
   switch (job.work) {
-    case RowWork::pull: return pull_window(v, job.first, job.end, job.staging, part);
+    case RowWork::pull: return pull_block(v, job.first, job.end, job.staging, part);
+    case RowWork::quantize_pulled: return quantize_pulled(v, job.first, job.staging, part);
     case RowWork::push: return push_rows(v, job.first, job.end, part);
     case RowWork::swiglu: return swiglu_rows(v, job.tile, job.staging, part);
     case RowWork::swiglu_backward: return swiglu_backward_in_place(v, job.tile, part);
     case RowWork::stage_backward: return stage_backward_block(v, job.tile, job.first, job.staging, part);
-    case RowWork::quantize_backward: return quantize_backward_block(v, job.tile, job.first, job.staging, part);
+    case RowWork::quantize_backward: return quantize_backward_block(v, job.first, job.staging, part);
     case RowWork::wgrad_start: return start_block(v, job, part);
     case RowWork::bias_columns: return add_bias_columns(v, job, part);
     case RowWork::wgrad_write: return write_block(v, job, part);

@@ -217,10 +217,18 @@ MOK_HD inline bf16_t* out_row(const PassView& v, int64_t row) {
   return v.ring_y + (row % out_ring_rows(v.s)) * v.s.hidden;
 }
 
-// The values of a row a part of a row stage takes at a time (tile.hpp's each_piece): a Piece's 8 (16 bytes of
-// bf16), or in MXFP8 mode a scale block's 32, so that a part quantises the blocks it wrote.
-MOK_HD inline int row_piece(const LayerShape& s) {
-  return s.mxfp8 ? kMxBlock : kPieceValues;
+// Part `part`'s scale blocks of a [kMxBlock, width] block of rows that MXFP8 quantises along its rows:
+// (row, scale block) pairs, neighbouring parts on neighbouring blocks of a row, every padding block of the
+// scale layout's rows included. body(row, first column, columns): columns <= 0 for a padding block. A stage
+// that writes each pair's values with this split and then quantises them along the rows (quantize_ring_block
+// without tokens) reads only what the part wrote, in one row job.
+template <class Body>
+MOK_HD void each_scale_block(Part part, int width, Body body) {
+  int64_t blocks = MxScaleLayout::of(kMxBlock, width).padded_k_blocks();
+  each_piece(part, kMxBlock * blocks, 1, [&](int64_t pair, int) {
+    int64_t first = pair % blocks * kMxBlock;
+    body(static_cast<int>(pair / blocks), first, static_cast<int>(width - first < kMxBlock ? width - first : kMxBlock));
+  });
 }
 
 // Ring rows [row0, row0 + 32) of an MXFP8 ring of `width` columns from their bf16 values (`block`,
@@ -230,9 +238,10 @@ MOK_HD inline int row_piece(const LayerShape& s) {
 // blocks a GEMM that starts at the tile's first row reads. A zero row changes no block's scale and
 // decodes to 0, so the codes are those of the tile's real rows alone, and a GPU that reads whole blocks
 // reads zeros past them. `block` must not overlap the ring's rows; without token_codes the rows only.
-// Part `part` of `parts` writes column blocks part, part + parts, ... (32 columns each, up to the scale
-// layout's padding): their row scales and codes, and their columns' token scales and codes; it reads only
-// those columns of `block`.
+// Part `part` of `parts` writes its row scale blocks (each_scale_block: codes and scale), and its columns
+// (every parts-th from `part`, up to the scale layout's padding: token codes and scales). So every part has
+// work on a block wider than parts / 32 columns; along the tokens a part reads other parts' rows: the block is
+// staged whole, by a job before, unless only the rows are quantised.
 // Scalars only (ring_row_scales(s, width) and ring_token_scales(s, width) from macrobatch and padding): a
 // struct passed to a call that is not inlined is copied onto a device thread's stack
 // (tests/library/test_library.py holds fused_pass' stack).
@@ -241,23 +250,21 @@ MOK_HD_NOINLINE void quantize_ring_block(int64_t macrobatch, int padding, int wi
                                          uint8_t* token_scales, int64_t stride, int part, int parts) {
   int64_t at = row0 % macrobatch;
   MxScaleLayout rows = MxScaleLayout::of(macrobatch, width), columns = MxScaleLayout::of(width, padding);
-  uint8_t* scales = token_codes ? token_scales + (at / padding) * columns.matrix_bytes() : nullptr;
+  each_scale_block(Part{part, parts}, width, [&](int r, int64_t first, int n) {
+    row_scales[rows.offset(at + r, first / kMxBlock)] =
+        n > 0 ? mx_quantize_block(block + r * width + first, n, 1, codes + (at + r) * stride + first, 1) : kMxPadScale;
+  });
+  if (!token_codes) return;
+  uint8_t* scales = token_scales + (at / padding) * columns.matrix_bytes();
   int64_t k_block = (at % padding) / kMxBlock;
   // The slot's first block also writes the padding scales the MMA reads: k blocks past P / 32, rows past the width.
   bool slot_start = at % padding == 0;
-  each_piece(Part{part, parts}, rows.padded_k_blocks() * kMxBlock, kMxBlock, [&](int64_t c0, int) {
-    int64_t b = c0 / kMxBlock;
-    int n = width - c0 < kMxBlock ? static_cast<int>(width - c0) : kMxBlock;  // <= 0: a padding block
-    for (int r = 0; r < kMxBlock; ++r)
-      row_scales[rows.offset(at + r, b)] =
-          n > 0 ? mx_quantize_block(block + r * width + c0, n, 1, codes + (at + r) * stride + c0, 1) : kMxPadScale;
-    for (int64_t c = c0; token_codes && c < c0 + kMxBlock; ++c) {
-      if (c < width)
-        scales[columns.offset(c, k_block)] =
-            mx_quantize_block(block + c, kMxBlock, width, token_codes + at * stride + c, stride);
-      for (int64_t kb = c < width ? columns.k_blocks : 0; slot_start && kb < columns.padded_k_blocks(); ++kb)
-        scales[columns.offset(c, kb)] = kMxPadScale;
-    }
+  each_piece(Part{part, parts}, rows.padded_k_blocks() * kMxBlock, 1, [&](int64_t c, int) {
+    if (c < width)
+      scales[columns.offset(c, k_block)] =
+          mx_quantize_block(block + c, kMxBlock, width, token_codes + at * stride + c, stride);
+    for (int64_t kb = c < width ? columns.k_blocks : 0; slot_start && kb < columns.padded_k_blocks(); ++kb)
+      scales[columns.offset(c, kb)] = kMxPadScale;
   });
 }
 

@@ -47,12 +47,14 @@ MOK_HD void each_piece(Part part, int64_t size, int piece, Body body) {
 // A row stage of a task, or a worker's share of the pass's elementwise work, for ops.rows (pass.hpp) to run
 // as core::run_rows (pass.hpp) over parts that together are the whole job.
 enum class RowWork : uint8_t {
-  pull,               // dispatch: ring rows [first, end) from their home ranks
+  pull,               // dispatch: ring rows [first, end) from their home ranks (MXFP8 mode: 32 of them staged)
+  quantize_pulled,    // MXFP8 mode: ... and quantised into the ring
   push,               // combine: output ring rows [first, end) into their home ranks' slots
   swiglu,             // `tile`'s h = SwiGLU(g, u)
   swiglu_backward,    // bf16 mode: `tile`'s dg, du and h in place
-  stage_backward,     // MXFP8 mode: `tile`'s g, u and dh of the 32-row block from ring row `first` staged
-  quantize_backward,  // MXFP8 mode: ... and become dg, du and h, quantised into the ring
+  stage_backward,     // MXFP8 mode: `tile`'s g, u and dh of the 32-row block from ring row `first` staged, and
+                      // dg, du and h there
+  quantize_backward,  // MXFP8 mode: ... as dg, du and h, quantised into the ring
   wgrad_start,        // a weight-gradient block's sums (and bias sums) zeroed: `block` of `expert`
   bias_columns,       // ... tile `first`'s columns added into its bias sums
   wgrad_write,        // ... its sums into the caller's gradients
