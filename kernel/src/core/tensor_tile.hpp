@@ -285,16 +285,15 @@ MOK_HD bool sum_tile(const Gemm& g, PanelStages& stages, Cta& cta) {
     int chunk = block / per_chunk, step = block % per_chunk, stage = block % kPanelStages;
     cta.multiply(stage, chunk % kAccumulators, step == 0);
     stages.committed(stage);
-    if (chunk > 0) {  // the chunk before's epilogue, once its last MMAs (the step before's) are done
-      if (step == 0) {
-        if (!walk.vote(walk.await((block - 1) % kPanelStages))) return false;
-        walk.judge(chunk - 1);
-      }
-      walk.write_share(chunk - 1, step, per_chunk);
+    if (chunk > 0 && step == 0) {  // the chunk before's epilogue, once its last MMAs (the step before's) are done
+      if (!walk.vote(walk.await((block - 1) % kPanelStages))) return false;
+      walk.judge(chunk - 1);
     }
-    // Block `block` + kPanelStages - 1 into the stage of the block before. The last starts in step blocks -
-    // kPanelStages, so a later step's vote has `ok`.
+    // Block `block` + kPanelStages - 1 into the stage of the block before, its copies in flight while this thread
+    // writes its epilogue slices. The last starts in step blocks - kPanelStages, so a later step's vote has `ok`.
     if (walk.started < walk.blocks) ok = walk.start_next();
+    // Every thread alike, whatever its wait above: the chunk before's last MMAs were waited for by all.
+    if (chunk > 0) walk.write_share(chunk - 1, step, per_chunk);
   }
   if (!drain_stages(stages, cta)) return false;
   int last = tensor_chunks(g) - 1;
