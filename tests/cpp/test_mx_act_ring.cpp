@@ -197,7 +197,8 @@ void put_rows(Fixture& f, bf16_t* ring, int64_t tile, const std::vector<uint16_t
 }
 
 // The stages' row jobs run as `parts` parts one after another, the last first when `reverse`: as a CTA's threads
-// share them (core::run_rows), each part quantising the column blocks it wrote.
+// share them (core::run_rows): a part computes and quantises its own (row, scale block) pairs (the forward), or a
+// block is staged whole by one job and quantised by the next (the backward).
 struct PartedRows {
   float* scratch;
   int parts;
@@ -254,12 +255,13 @@ void run_tiles(bool backward, int parts, bool reverse) {
   }
 }
 
-// Whole, and in parts in both orders (I = 96: 3 column blocks and a padding block; 8 parts leave 4 with none).
+// Whole, and in parts in both orders (I = 96: 3 column blocks and a padding block, 128 pairs and 128 columns; 200
+// parts leave 72 with none).
 struct Split {
   int parts;
   bool reverse;
 };
-constexpr Split kSplits[] = {{1, false}, {2, true}, {3, false}, {3, true}, {8, true}};
+constexpr Split kSplits[] = {{1, false}, {2, true}, {3, false}, {3, true}, {8, true}, {200, true}};
 
 TEST(forward_h_ring_bytes_equal_the_codec_of_swiglu_rowwise) {
   for (Split split : kSplits) run_tiles(false, split.parts, split.reverse);
@@ -271,51 +273,63 @@ TEST(backward_dg_du_h_ring_bytes_equal_the_codec_in_both_orientations) {
 
 }  // namespace
 
-// A CTA's 255 threads share a 32-row block 256 columns wide (core::quantize_ring_block, both orientations): each
-// thread alone writes some of the row-direction bytes (codes or scales) and some of the token-direction ones, and
-// the threads' bytes together are the whole call's. A split by scale block (a part every 32 columns) leaves all but 8
-// threads idle and fails it.
+// A CTA's 255 threads share a 32-row block 200 or 256 columns wide (core::quantize_ring_block, both orientations;
+// 200 has a padding scale block and padding columns): each thread alone writes some of the row-direction bytes
+// (codes or scales) and some of the token-direction ones, no byte is written by two threads, and together they write
+// the whole call's bytes. A split by scale block (a part every 32 columns) leaves all but 8 threads idle and fails
+// it. The block is an input here: that no part reads what another writes in one job is the parted ring tests' above.
 TEST(every_thread_of_a_cta_quantises_part_of_a_wide_block) {
   std::mt19937_64 rng(mok_test::seed() + 5);
-  constexpr int kWidth = 256, kParts = 255;
+  constexpr int kParts = 255;
   std::uniform_real_distribution<double> u(-1.0, 1.0);
   std::uniform_int_distribution<int> e(-10, 10);
-  std::vector<bf16_t> block(static_cast<size_t>(core::kMxBlock) * kWidth);
-  for (bf16_t& value : block) value = ref::bf16_bits(std::ldexp(u(rng), e(rng)));
-  core::MxScaleLayout rows = core::MxScaleLayout::of(core::kMxBlock, kWidth);
-  core::MxScaleLayout tokens = core::MxScaleLayout::of(kWidth, core::kMxBlock);
-  struct Bytes {  // what one call writes: rows then tokens, each codes then scales
-    std::vector<uint8_t> codes, row_scales, token_codes, token_scales;
-  };
-  auto quantise = [&](int part, int parts) {
-    Bytes b{std::vector<uint8_t>(block.size(), 0xA5), std::vector<uint8_t>(rows.matrix_bytes(), 0xA5),
-            std::vector<uint8_t>(block.size(), 0xA5), std::vector<uint8_t>(tokens.matrix_bytes(), 0xA5)};
-    core::quantize_ring_block(core::kMxBlock, core::kMxBlock, kWidth, 0, block.data(), b.codes.data(),
-                              b.row_scales.data(), b.token_codes.data(), b.token_scales.data(), kWidth, part, parts);
-    return b;
-  };
-  auto changed = [](const std::vector<uint8_t>& bytes) {
-    return std::count_if(bytes.begin(), bytes.end(), [](uint8_t x) { return x != 0xA5; });
-  };
-  Bytes whole = quantise(0, 1), joined = quantise(0, kParts);
-  int idle_rows = 0, idle_tokens = 0;
-  for (int part = 0; part < kParts; ++part) {
-    Bytes mine = quantise(part, kParts);
-    idle_rows += changed(mine.codes) + changed(mine.row_scales) == 0;
-    idle_tokens += changed(mine.token_codes) + changed(mine.token_scales) == 0;
-    auto join = [](std::vector<uint8_t>& into, const std::vector<uint8_t>& from) {
-      for (size_t i = 0; i < into.size(); ++i)
-        if (from[i] != 0xA5) into[i] = from[i];
+  for (int width : {200, 256}) {
+    std::vector<bf16_t> block(static_cast<size_t>(core::kMxBlock) * width);
+    for (bf16_t& value : block) value = ref::bf16_bits(std::ldexp(u(rng), e(rng)));
+    core::MxScaleLayout rows = core::MxScaleLayout::of(core::kMxBlock, width);
+    core::MxScaleLayout tokens = core::MxScaleLayout::of(width, core::kMxBlock);
+    // The bytes one call writes, found by running it over two fills: the row direction's codes and scales, then the
+    // token direction's.
+    using Bytes = std::vector<std::vector<int>>;  // -1: not written
+    auto quantise = [&](int part, int parts) {
+      std::vector<std::vector<uint8_t>> runs[2];
+      for (int fill : {0xA5, 0x5A}) {
+        std::vector<std::vector<uint8_t>> b = {
+            std::vector<uint8_t>(block.size(), fill), std::vector<uint8_t>(rows.matrix_bytes(), fill),
+            std::vector<uint8_t>(block.size(), fill), std::vector<uint8_t>(tokens.matrix_bytes(), fill)};
+        core::quantize_ring_block(core::kMxBlock, core::kMxBlock, width, 0, block.data(), b[0].data(), b[1].data(),
+                                  b[2].data(), b[3].data(), width, part, parts);
+        runs[fill == 0x5A] = b;
+      }
+      Bytes written(4);
+      for (int a = 0; a < 4; ++a)
+        for (size_t i = 0; i < runs[0][a].size(); ++i)
+          written[a].push_back(runs[0][a][i] == runs[1][a][i] ? runs[0][a][i] : -1);
+      return written;
     };
-    join(joined.codes, mine.codes);
-    join(joined.row_scales, mine.row_scales);
-    join(joined.token_codes, mine.token_codes);
-    join(joined.token_scales, mine.token_scales);
+    auto count = [](const std::vector<int>& bytes) {
+      return std::count_if(bytes.begin(), bytes.end(), [](int x) { return x >= 0; });
+    };
+    Bytes whole = quantise(0, 1), joined(4);
+    for (int a = 0; a < 4; ++a) joined[a].assign(whole[a].size(), -1);
+    int idle_rows = 0, idle_tokens = 0, twice = 0;
+    for (int part = 0; part < kParts; ++part) {
+      Bytes mine = quantise(part, kParts);
+      idle_rows += count(mine[0]) + count(mine[1]) == 0;
+      idle_tokens += count(mine[2]) + count(mine[3]) == 0;
+      for (int a = 0; a < 4; ++a)
+        for (size_t i = 0; i < mine[a].size(); ++i)
+          if (mine[a][i] >= 0) {
+            twice += joined[a][i] >= 0;
+            joined[a][i] = mine[a][i];
+          }
+    }
+    CHECK_MSG(idle_rows == 0 && idle_tokens == 0,
+              "width %d: of %d threads, %d quantise nothing along the rows, %d along the tokens", width, kParts,
+              idle_rows, idle_tokens);
+    CHECK_MSG(twice == 0, "width %d: %d bytes written by two threads", width, twice);
+    CHECK_MSG(joined == whole, "width %d: the threads' bytes are not the whole call's", width);
   }
-  CHECK_MSG(idle_rows == 0 && idle_tokens == 0,
-            "of %d threads, %d quantise nothing along the rows, %d along the tokens", kParts, idle_rows, idle_tokens);
-  CHECK(joined.codes == whole.codes && joined.row_scales == whole.row_scales);
-  CHECK(joined.token_codes == whole.token_codes && joined.token_scales == whole.token_scales);
 }
 
 MOK_TEST_MAIN

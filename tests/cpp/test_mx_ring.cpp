@@ -194,10 +194,11 @@ void run_case(int padding, int minibatch, int macrobatch, uint64_t salt, const c
   mokLayerDestroy(layer);
 }
 
-// Whole, and with every row job in parts in both orders (H = 96: 3 column blocks and one of padding; 5 parts
-// leave one with none), as a CTA's threads share them: each part quantises the blocks it pulled.
+// Whole, and with every row job in parts in both orders (H = 96: 3 column blocks and one of padding, 128 pairs and
+// 128 columns to quantise; 200 parts leave 72 with none), as a CTA's threads share them: dispatch stages a block in
+// one job and quantises it in the next.
 void run_splits(int padding, int minibatch, int macrobatch, uint64_t salt) {
-  for (const char* parts : {"1", "3", "-3", "-5"}) run_case(padding, minibatch, macrobatch, salt, parts);
+  for (const char* parts : {"1", "3", "-3", "-5", "-200"}) run_case(padding, minibatch, macrobatch, salt, parts);
   unsetenv("MOK_HOST_ROW_PARTS");
 }
 

@@ -192,8 +192,8 @@ TEST(fit_workers_runs_every_class_on_the_workers_there_are) {
 // and write-out, the shared expert's row stages, the accumulators zeroed, the home sums and the write-out) cut into
 // parts run one after another, first to last and last to first (MOK_HOST_ROW_PARTS), as the fused executor's CTA runs
 // them on its threads at once: the same bits as whole, BF16 and MXFP8, a gated shared expert, biases, input scaling,
-// recompute, bf16 gradients and fp32 main_grad. 3 parts split H = 96 unevenly (12 bf16 pieces, 3 MXFP8 blocks and a
-// padding block); 200 leave most parts empty.
+// recompute, bf16 gradients and fp32 main_grad. 3 parts split H = 96 unevenly (12 bf16 pieces; in MXFP8 128 pairs and
+// 128 columns, a padding block's included); 200 leave some parts empty.
 TEST(row_jobs_in_parts_give_the_same_bits) {
   for (bool mxfp8 : {false, true})
     for (bool input_scale : {false, true}) {

@@ -240,8 +240,9 @@ MOK_HD void each_scale_block(Part part, int width, Body body) {
 // reads zeros past them. `block` must not overlap the ring's rows; without token_codes the rows only.
 // Part `part` of `parts` writes its row scale blocks (each_scale_block: codes and scale), and its columns
 // (every parts-th from `part`, up to the scale layout's padding: token codes and scales). So every part has
-// work on a block wider than parts / 32 columns; along the tokens a part reads other parts' rows: the block is
-// staged whole, by a job before, unless only the rows are quantised.
+// values to quantise once the block has as many pairs and columns as parts (all 255 of a CTA's from 255 columns
+// on); along the tokens a part reads other parts' rows: the block is staged whole, by a job before, unless only
+// the rows are quantised.
 // Scalars only (ring_row_scales(s, width) and ring_token_scales(s, width) from macrobatch and padding): a
 // struct passed to a call that is not inlined is copied onto a device thread's stack
 // (tests/library/test_library.py holds fused_pass' stack).

@@ -72,7 +72,8 @@ struct RowJob {
   TileInfo tile;
   int worker;         // zero, finish
   int block, expert;  // the wgrad jobs: a wgrad task's block of an expert's gradients
-  bf16_t* staging;    // the worker's block of rows on their way to MXFP8 quantisation (pull, the SwiGLU stages), or
+  bf16_t* staging;    // the worker's block of rows on their way to MXFP8 quantisation (pull, quantize_pulled, the
+                      // SwiGLU stages), or
                       // its chunk rows (the shared expert's)
   float* sums;        // the wgrad jobs: the block's weight sums, and its bias sums (null without a bias)
   float* bias_sums;

@@ -45,7 +45,8 @@ __device__ __noinline__ void compute_tile(const core::Gemm& g, tensor_tile::Stor
 }
 
 // A row job by every thread but thread 0, as part threadIdx - 1 of blockDim - 1 (core's run_rows: 16-byte pieces of
-// each row, neighbouring threads on neighbouring pieces), fenced as compute_tile. Thread 0 stays in core's body: a
+// each row, neighbouring threads on neighbouring pieces; MXFP8's quantisation a (row, scale block) pair or a column
+// each), fenced as compute_tile. Thread 0 stays in core's body: a
 // call from there would add this job's frame (pull_rows' cursor per rank) to the body's on every thread's stack.
 __device__ __noinline__ void share_rows(const core::RowJob& job, const core::PassView& v) {
   core::run_rows(v, job, core::Part{static_cast<int>(threadIdx.x) - 1, static_cast<int>(blockDim.x) - 1});
