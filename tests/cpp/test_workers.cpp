@@ -188,6 +188,51 @@ TEST(fit_workers_runs_every_class_on_the_workers_there_are) {
         }
 }
 
+// Only compute tasks use a worker's shared-expert rows and weight-gradient sums, so the layout holds them for the most
+// compute workers a pass runs (core::max_compute_workers, of the config's shape): every pass, fitted to however many
+// workers there are, gives each compute worker its own rows and sums inside that, and a comm worker none. Sizing them
+// by the config's compute workers alone (a backward with fewer comm workers runs more) fails it.
+TEST(compute_workers_own_rows_and_sums_inside_the_layout) {
+  constexpr size_t kRows = 3, kSums = 5;  // chunk_values and sums_floats: any sizes
+  for (int available = 2; available <= 9; ++available)
+    for (int comm = 1; comm <= 4; ++comm)
+      for (int compute = 1; compute <= 5; ++compute)
+        for (int backward = 0; backward < comm + compute; ++backward)
+          for (core::PassKind kind : {core::PassKind::forward, core::PassKind::backward}) {
+            core::LayerShape s{};
+            s.comm_workers = comm, s.compute_workers = compute, s.backward_comm_workers = backward;
+            size_t room = static_cast<size_t>(core::max_compute_workers(s));
+            std::vector<core::bf16_t> rows(room * kRows);
+            std::vector<float> sums(room * kSums);
+            core::PassView v{};
+            v.s = core::fit_workers(s, available);
+            v.kind = kind;
+            v.chunk = rows.data(), v.chunk_values = kRows;
+            v.sums = sums.data(), v.sums_floats = kSums;
+            std::set<const float*> seen;
+            bool ok = true;
+            for (int w = 0; w < v.s.comm_workers + v.s.compute_workers; ++w) {
+              core::bf16_t* r = core::worker_chunk(v, w);
+              float* m = core::worker_sums(v, w);
+              if (core::class_of(v, w) == core::WorkerClass::comm) {
+                ok = ok && !r && !m;
+                continue;
+              }
+              ok = ok && r >= rows.data() && r + kRows <= rows.data() + rows.size() && m >= sums.data() &&
+                   m + kSums <= sums.data() + sums.size() && seen.insert(m).second &&
+                   (m - sums.data()) / static_cast<long>(kSums) == (r - rows.data()) / static_cast<long>(kRows);
+            }
+            if (!ok) {
+              CHECK_MSG(false,
+                        "available %d, comm %d compute %d backward %d, %s: a worker's rows or sums outside "
+                        "the layout's %zu, shared, or given to a comm worker",
+                        available, comm, compute, backward, kind == core::PassKind::forward ? "forward" : "backward",
+                        room);
+              return;
+            }
+          }
+}
+
 // A worker's row jobs (dispatch, SwiGLU forward and backward, combine, a weight-gradient block's zeroing, bias sums
 // and write-out, the shared expert's row stages, the accumulators zeroed, the home sums and the write-out) cut into
 // parts run one after another, first to last and last to first (MOK_HOST_ROW_PARTS), as the fused executor's CTA runs

@@ -14,7 +14,8 @@ namespace mok::core {
 // below, over parts that together are the whole job); ops.scratch (scratch_floats fp32) is the worker's
 // scratch, which a comm worker's dispatch and a SwiGLU stage use in MXFP8 mode to stage a block of rows
 // (mx_staging_values, mx_swiglu_staging_values bf16) and the host executor's tile GEMMs too; ops.chunk (chunk_values
-// bf16) and ops.sums (sums_floats fp32) are the worker's rows for the shared expert and its weight-gradient sums.
+// bf16) and ops.sums (sums_floats fp32) are a compute worker's rows for the shared expert and its weight-gradient
+// sums (pass_worker.hpp's worker_chunk, worker_sums; null for a comm worker).
 template <class Ops>
 MOK_HD Failure run_task(const PassView& v, Task task, Ops& ops) {
   int h = v.s.hidden, in = v.s.intermediate;

@@ -55,6 +55,18 @@ MOK_HD inline WorkerClass class_of(const PassView& v, int worker) {
   return worker < comm_workers_of(v.s, v.kind) ? WorkerClass::comm : WorkerClass::compute;
 }
 
+// A worker's shared-expert rows (chunk_values bf16) and weight-gradient sums (sums_floats fp32), which only compute
+// tasks use: the compute workers' own, in the pass's order of them (fewer than max_compute_workers); none for a comm
+// worker.
+MOK_HD inline bf16_t* worker_chunk(const PassView& v, int worker) {
+  int place = worker - comm_workers_of(v.s, v.kind);
+  return place >= 0 && v.chunk ? v.chunk + static_cast<size_t>(place) * v.chunk_values : nullptr;
+}
+MOK_HD inline float* worker_sums(const PassView& v, int worker) {
+  int place = worker - comm_workers_of(v.s, v.kind);
+  return place >= 0 && v.sums ? v.sums + static_cast<size_t>(place) * v.sums_floats : nullptr;
+}
+
 // ---- before the workers start (the executor's calling thread, or one device thread) -------------
 
 // A range of the caller's bytes the executor copies into the own peer buffer before the pass.

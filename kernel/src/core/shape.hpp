@@ -228,6 +228,14 @@ MOK_HD inline MxRingLayout take_mx_scales(Carver& c, const LayerShape& s, size_t
   return r;
 }
 
+// The most compute workers a pass of the layer runs: its workers less the fewer of the forward's and the backward's
+// comm workers (pass_worker.hpp's comm_workers_of; fit_workers, which runs fewer, never more of either class).
+MOK_HD inline int max_compute_workers(const LayerShape& s) {
+  int comm = s.backward_comm_workers > 0 && s.backward_comm_workers < s.comm_workers ? s.backward_comm_workers
+                                                                                     : s.comm_workers;
+  return s.comm_workers + s.compute_workers - comm;
+}
+
 // bf16 values of a block's staging in MXFP8 mode: a dispatch's (comm_tasks.hpp) one 32-row block of x
 // and one of dy, a SwiGLU stage's (compute_tasks.hpp) one of dg, du and h; in the worker's scratch.
 constexpr int kMxStagingRows = kMxBlock;
@@ -260,9 +268,10 @@ struct LocalLayout {
   size_t shared_out;  // bf16 [max_tokens, H]: shared output (forward) or its dx (backward)
   size_t scratch;     // fp32 per worker: MXFP8's staging, and the host executor's tile GEMM scratch
   size_t scratch_floats;
-  size_t chunk;  // bf16 per worker: the shared expert's g, u, h, dh over one chunk of tokens
+  size_t
+      chunk;  // bf16 per compute worker (max_compute_workers): the shared expert's g, u, h, dh over one chunk of tokens
   size_t chunk_values;
-  size_t sums;  // fp32 per worker: a weight-gradient task's [kColumnBlock, max(H, I)] sums, then its bias sums
+  size_t sums;  // fp32 per compute worker: a weight-gradient task's [kColumnBlock, max(H, I)] sums, then its bias sums
   size_t sums_floats;
   size_t bytes;
 };
@@ -335,13 +344,15 @@ MOK_HD inline LocalLayout local_layout(const LayerShape& s) {
     l.scratch_floats = max_value(l.scratch_floats, gemm);
   }
   l.scratch = c.take_if(each * l.scratch_floats > 0, each * l.scratch_floats * f);
-  // g, u, h, dh; with a shared expert then the gated backward's s_t * dout rows (rounded up to an even
-  // count) and the chunk's dlogit_t (fp32, two values each).
+  // Per compute worker (only compute tasks use them; pass.hpp's worker_chunk, worker_sums): g, u, h, dh; with a
+  // shared expert then the gated backward's s_t * dout rows (rounded up to an even count) and the chunk's dlogit_t
+  // (fp32, two values each).
+  size_t computing = workers ? static_cast<size_t>(max_compute_workers(s)) : 0;
   l.chunk_values = workers ? 4 * p * is + (is > 0 ? (p * h + 1) / 2 * 2 + 2 * p : 0) : 0;
-  l.chunk = c.take_if(each * l.chunk_values > 0, each * l.chunk_values * 2);
+  l.chunk = c.take_if(computing * l.chunk_values > 0, computing * l.chunk_values * 2);
   // A weight-gradient task's [kColumnBlock, max(H, I)] sums, then its bias sums.
   l.sums_floats = workers ? static_cast<size_t>(kColumnBlock) * max_value(h, i) + kColumnBlock : 0;
-  l.sums = c.take_if(each * l.sums_floats > 0, each * l.sums_floats * f);
+  l.sums = c.take_if(computing * l.sums_floats > 0, computing * l.sums_floats * f);
   l.bytes = c.total();
   return l;
 }

@@ -115,8 +115,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   if (threadIdx.x == 0) {
     int w = static_cast<int>(blockIdx.x);
     CtaOps ops{view.scratch + w * view.scratch_floats,
-               view.chunk + w * view.chunk_values,
-               view.sums + w * view.sums_floats,
+               core::worker_chunk(view, w),
+               core::worker_sums(view, w),
                &order,
                &tensor,
                &view,

@@ -107,8 +107,8 @@ void run_worker(void* job, int worker) {
   const core::PassView& v = *j.view;
   HostOps ops{v.scratch + static_cast<size_t>(worker) * v.scratch_floats,
               v.scratch_floats,
-              v.chunk + static_cast<size_t>(worker) * v.chunk_values,
-              v.sums + static_cast<size_t>(worker) * v.sums_floats,
+              core::worker_chunk(v, worker),
+              core::worker_sums(v, worker),
               worker == 0 ? j.layer->stall_after_tasks : -1,
               j.layer->slow_task_us,
               j.layer->row_parts};
