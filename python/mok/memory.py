@@ -3,7 +3,9 @@ peer buffer and the workspace), side by side, with each workspace's ratio to the
 is allocated and no GPU is needed; an executor this libmok was built without is named as such.
 
 The workers are a GPU's (a CTA per SM): --comm-workers and --compute-workers, 40 and 108 by default (148 SMs), the
-split the fused executor runs with; the host executor is sized with the same counts for the side-by-side ratio.
+fused executor's forward split; --backward-comm-workers the backward's (0 by default: the same; mok.cuda's sm100
+layer takes 28, which holds a compute worker's buffers for 120). The host executor is sized with the same counts for
+the side-by-side ratio.
 """
 
 from __future__ import annotations
@@ -25,23 +27,25 @@ PRESETS = {
 }
 
 
-def sizes(shape: dict, mxfp8: bool, executor: str, comm_workers: int, compute_workers: int) -> tuple[int, int] | str:
+def sizes(shape: dict, mxfp8: bool, executor: str, comm_workers: int, compute_workers: int,
+          backward_comm_workers: int = 0) -> tuple[int, int] | str:
     """(peer bytes, workspace bytes) for rank 0, or why libmok refuses the executor (not compiled in, a shape it
     does not run)."""
     config = dict(rank=0, mxfp8=mxfp8, executor=executor, comm_workers=comm_workers, compute_workers=compute_workers,
-                  **shape)
+                  backward_comm_workers=backward_comm_workers, **shape)
     try:
         return _mok.layer_sizes(config)
     except (ValueError, RuntimeError) as error:
         return str(error)
 
 
-def report(shape: dict, mxfp8: bool, comm_workers: int, compute_workers: int) -> list[str]:
+def report(shape: dict, mxfp8: bool, comm_workers: int, compute_workers: int,
+           backward_comm_workers: int = 0) -> list[str]:
     """One line per executor: peer and workspace GiB and the workspace over the host executor's."""
-    host = sizes(shape, mxfp8, "host", comm_workers, compute_workers)
+    host = sizes(shape, mxfp8, "host", comm_workers, compute_workers, backward_comm_workers)
     lines = []
     for executor in EXECUTORS:
-        got = sizes(shape, mxfp8, executor, comm_workers, compute_workers)
+        got = sizes(shape, mxfp8, executor, comm_workers, compute_workers, backward_comm_workers)
         if isinstance(got, str):
             lines.append(f"  {executor:<6} not sized: {got}")
             continue
@@ -55,11 +59,15 @@ def main(argv=None) -> None:
     p.add_argument("--preset", choices=sorted(PRESETS), action="append", help="a shape (default: all of them)")
     p.add_argument("--comm-workers", type=int, default=40)
     p.add_argument("--compute-workers", type=int, default=108)
+    p.add_argument("--backward-comm-workers", type=int, default=0)
     args = p.parse_args(argv)
     for name in args.preset or sorted(PRESETS):
         for mxfp8 in (False, True):
-            print(f"{name} {'MXFP8' if mxfp8 else 'bf16'}, {args.comm_workers} + {args.compute_workers} workers:")
-            print("\n".join(report(PRESETS[name], mxfp8, args.comm_workers, args.compute_workers)))
+            split = f" (backward: {args.backward_comm_workers} comm)" if args.backward_comm_workers else ""
+            mode = "MXFP8" if mxfp8 else "bf16"
+            print(f"{name} {mode}, {args.comm_workers} + {args.compute_workers} workers{split}:")
+            print("\n".join(report(PRESETS[name], mxfp8, args.comm_workers, args.compute_workers,
+                                    args.backward_comm_workers)))
 
 
 if __name__ == "__main__":

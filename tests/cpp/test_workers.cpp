@@ -198,7 +198,8 @@ TEST(compute_workers_own_rows_and_sums_inside_the_layout) {
     for (int comm = 1; comm <= 4; ++comm)
       for (int compute = 1; compute <= 5; ++compute)
         for (int backward = 0; backward < comm + compute; ++backward)
-          for (core::PassKind kind : {core::PassKind::forward, core::PassKind::backward}) {
+          for (core::PassKind kind : {core::PassKind::forward, core::PassKind::recompute, core::PassKind::backward,
+                                      core::PassKind::backward_kept}) {
             core::LayerShape s{};
             s.comm_workers = comm, s.compute_workers = compute, s.backward_comm_workers = backward;
             size_t room = static_cast<size_t>(core::max_compute_workers(s));
@@ -226,11 +227,21 @@ TEST(compute_workers_own_rows_and_sums_inside_the_layout) {
               CHECK_MSG(false,
                         "available %d, comm %d compute %d backward %d, %s: a worker's rows or sums outside "
                         "the layout's %zu, shared, or given to a comm worker",
-                        available, comm, compute, backward, kind == core::PassKind::forward ? "forward" : "backward",
-                        room);
+                        available, comm, compute, backward, core::is_backward(kind) ? "backward" : "forward", room);
               return;
             }
           }
+  // core's layout holds that many of each, its last buffer (sums) ending inside the workspace: a shape with a shared
+  // expert whose backward moves rows on fewer workers than its forward.
+  core::LayerShape s{};
+  s.world = 1, s.experts_per_rank = 2, s.hidden = 96, s.intermediate = 64, s.shared_intermediate = 32, s.top_k = 2;
+  s.max_tokens = 64, s.expert_padding = 32, s.minibatch = 32, s.macrobatch = 64;
+  s.comm_workers = 3, s.compute_workers = 4, s.backward_comm_workers = 1, s.form = core::PassForm::fused;
+  core::LocalLayout l = core::local_layout(s);
+  size_t room = static_cast<size_t>(core::max_compute_workers(s));
+  CHECK(room == 6 && l.chunk_values > 0 && l.sums_floats > 0);
+  CHECK(l.chunk + room * l.chunk_values * sizeof(core::bf16_t) <= l.sums);
+  CHECK(l.sums + room * l.sums_floats * sizeof(float) <= l.bytes);
 }
 
 // A worker's row jobs (dispatch, SwiGLU forward and backward, combine, a weight-gradient block's zeroing, bias sums

@@ -50,3 +50,10 @@ def test_the_memory_report_gives_libmoks_sizes_per_executor():
             continue
         assert f"peer {got[0] / GIB:6.2f} GiB" in line and f"workspace {got[1] / GIB:6.2f} GiB" in line, line
         assert f"{got[1] / host:5.2f}x host" in line, line
+    # A backward that moves rows on fewer workers runs more compute workers, whose sums the workers' executors hold:
+    # their workspaces grow, the split executor's (no workers) does not.
+    for executor in ("host", "cuda"):
+        plain, split = (memory.sizes(shape, True, executor, 40, 108, backward) for backward in (0, 28))
+        if isinstance(plain, str):
+            continue
+        assert (split[1] > plain[1]) == (executor == "host"), (executor, plain, split)

@@ -130,9 +130,9 @@ struct PassView {
   bf16_t* shared_out;  // [tokens, H]: shared output (forward) or its input gradient (backward)
   float* scratch;      // per worker, scratch_floats each: MXFP8's staging, the host's tile GEMMs
   size_t scratch_floats;
-  bf16_t* chunk;  // per worker, chunk_values each: the shared expert's rows of one chunk
+  bf16_t* chunk;  // per compute worker, chunk_values each: the shared expert's rows of one chunk
   size_t chunk_values;
-  float* sums;  // per worker, sums_floats each: a weight-gradient task's sums
+  float* sums;  // per compute worker, sums_floats each: a weight-gradient task's sums
   size_t sums_floats;
   const float* sigmoid_table;  // the executor's fill_sigmoid_table, or null (SwiGLU then calls expf)
   int tokens;                  // this rank's tokens

@@ -56,7 +56,7 @@ MOK_HD inline WorkerClass class_of(const PassView& v, int worker) {
 }
 
 // A worker's shared-expert rows (chunk_values bf16) and weight-gradient sums (sums_floats fp32), which only compute
-// tasks use: the compute workers' own, in the pass's order of them (fewer than max_compute_workers); none for a comm
+// tasks use: the compute workers' own, in the pass's order of them (at most max_compute_workers); none for a comm
 // worker.
 MOK_HD inline bf16_t* worker_chunk(const PassView& v, int worker) {
   int place = worker - comm_workers_of(v.s, v.kind);

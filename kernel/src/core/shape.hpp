@@ -38,7 +38,8 @@ struct LayerShape {
   int activation = 0;         // Activation: 0 swiglu, 1 swiglu_oai
   float swiglu_alpha = 0.0f;  // swiglu_oai's alpha; 0 with swiglu (it has none)
   // The backward's split of the same comm_workers + compute_workers workers: its comm workers (0 = comm_workers).
-  // Per-worker scratch is sized by the total, so the layout does not depend on either split.
+  // Per-worker scratch is sized by the total; a compute worker's chunk and sums by the most compute workers either
+  // pass runs (max_compute_workers), so the layout depends on the fewer comm workers.
   int backward_comm_workers = 0;
   int routing_scale = 0;  // RoutingScale: 0 the weights scale the expert outputs, 1 their inputs (Llama4)
   PassForm form = PassForm::host;
@@ -344,7 +345,7 @@ MOK_HD inline LocalLayout local_layout(const LayerShape& s) {
     l.scratch_floats = max_value(l.scratch_floats, gemm);
   }
   l.scratch = c.take_if(each * l.scratch_floats > 0, each * l.scratch_floats * f);
-  // Per compute worker (only compute tasks use them; pass.hpp's worker_chunk, worker_sums): g, u, h, dh; with a
+  // Per compute worker (only compute tasks use them; pass_worker.hpp's worker_chunk, worker_sums): g, u, h, dh; with a
   // shared expert then the gated backward's s_t * dout rows (rounded up to an even count) and the chunk's dlogit_t
   // (fp32, two values each).
   size_t computing = workers ? static_cast<size_t>(max_compute_workers(s)) : 0;
