@@ -188,8 +188,9 @@ TEST(creation_wants_peer_pointers_and_a_device_that_runs_it) {
 
 // The fused executor's workspace holds what its pass uses: core's buffers without the host's tile-GEMM scratch (its
 // tiles live in shared and tensor memory; a worker keeps MXFP8's staging, a compute worker the shared expert's
-// chunk and a weight-gradient task's sums), then of the split executor's only the device's tables. Its peer buffer is the cuda
-// executor's, and its query and creation refuse a machine without a usable GPU as the cuda executor's do, naming it.
+// chunk and a weight-gradient task's sums), then of the split executor's only the device's tables. Its peer buffer is
+// the cuda executor's, and its query and creation refuse a machine without a usable GPU as the cuda executor's do,
+// naming it.
 TEST(fused_executor_is_sized_for_its_pass_and_refused_as_the_cuda_executor) {
   int compiled = 0;
   CHECK(mokExecutorCompiled(mokExecutorSm100, &compiled) == mokSuccess);
