@@ -51,6 +51,7 @@ struct EmulatedCta {
   struct Job {
     int stage, accumulator;
     bool first;
+    core::PanelMajors majors;  // how the stage's panels hold a and b
   };
   struct Group {  // one fill's one-copy pieces, in flight
     int stage;
@@ -89,6 +90,7 @@ struct EmulatedCta {
   int waited[core::kPanelStages] = {};   // per stage: its commits up to the last a wait passed
   int run = 0, stall = -1;               // MMAs run; the tensor cores stop before MMA number `stall`
   int last_multiplied = -1;              // the stage of the last multiply
+  core::PanelMajors stage_majors[core::kPanelStages] = {};  // per stage: its last fill's block's (as the device keeps)
   Counts counts;
   std::string error;
 
@@ -114,8 +116,9 @@ struct EmulatedCta {
     for (int i = 0; i < kMmaRows; ++i)
       for (int j = 0; j < kMmaCols; ++j)
         for (int k = 0; k < kMmaDepth; ++k)
-          sums[i * kMmaCols + j] += static_cast<double>(core::bf16_to_float(a[core::panel_offset(i, k)])) *
-                                    core::bf16_to_float(b[core::panel_offset(j, k)]);
+          sums[i * kMmaCols + j] +=
+              static_cast<double>(core::bf16_to_float(a[core::panel_offset(job.majors.a, i, k)])) *
+              core::bf16_to_float(b[core::panel_offset(job.majors.b, j, k)]);
     ++phases[job.stage];
     ++run;
     return true;
@@ -149,6 +152,7 @@ struct EmulatedCta {
     std::shuffle(order.begin(), order.end(), rng);  // threads split the pieces any way
     flying.push_back(Group{stage, {}});
     bool exact = true;
+    stage_majors[stage] = core::block_majors(*gemm, b);
     for (int p : order) core::fill_piece(*gemm, b, p, panels(stage), exact, DeferredMove{&flying.back()});
     if (!exact) exact_chunks[filled / core::chunk_blocks(*gemm)] = 0;
     ++filled;
@@ -203,7 +207,7 @@ struct EmulatedCta {
     } else if (into.chunk != block / core::chunk_blocks(*gemm)) {
       fail("block " + std::to_string(block) + " added to another chunk's accumulator");
     }
-    queued.push_back(Job{stage, accumulator, first});
+    queued.push_back(Job{stage, accumulator, first, stage_majors[stage]});
     last_multiplied = stage;
     ++commits[stage];
     progress();
@@ -246,31 +250,39 @@ Counts run_tensor_tile(const core::Gemm& g, EmulatedCta& cta, core::PanelStages&
   return cta.counts;
 }
 
-// One operand's storage: [rows, depth] values, bf16 (K- or MN-major) or e4m3 (K-major, scales 2^0 or 2^1).
+// One operand's storage: [rows, depth] values, bf16 or e4m3 (scales 2^0 or 2^1), K-major or MN-major; an MN-major
+// one's k is `lead` values after k - 1's (at least rows; a multiple of 8 half the time, so that its pieces lie on 16
+// bytes and fill_piece copies them whole), the padding a NaN.
 struct Stored {
   std::vector<core::bf16_t> bf16;
   std::vector<uint8_t> codes, scales;
   core::Operand op{};
 };
 
-void make_operand(Stored& s, bool e4m3, bool mn_major, int rows, int depth, std::mt19937_64& rng) {
+void make_operand(Stored& s, bool e4m3, bool mn_major, int rows, int depth, std::mt19937_64& rng, int lead = 0) {
   std::uniform_int_distribution<int> value(-8, 8);
-  size_t n = static_cast<size_t>(rows) * depth;
+  if (lead == 0) lead = mn_major ? (rng() % 2 ? (rows + 7) / 8 * 8 : rows + static_cast<int>(rng() % 3)) : depth;
+  int64_t row_stride = mn_major ? 1 : depth, depth_stride = mn_major ? lead : 1;
+  size_t n = static_cast<size_t>(mn_major ? depth : rows) * lead;
   if (!e4m3) {
-    s.bf16.resize(n);
-    for (auto& v : s.bf16) v = core::float_to_bf16(static_cast<float>(value(rng)));
-    s.op = mn_major ? core::bf16_operand(s.bf16.data(), 1, rows, false)
-                    : core::bf16_operand(s.bf16.data(), depth, 1, false);
+    s.bf16.assign(n, core::bf16_t(0x7fc0));
+    for (int i = 0; i < rows; ++i)
+      for (int k = 0; k < depth; ++k)
+        s.bf16[i * row_stride + k * depth_stride] = core::float_to_bf16(static_cast<float>(value(rng)));
+    s.op = core::bf16_operand(s.bf16.data(), row_stride, depth_stride, false);
     return;
   }
   core::MxScaleLayout layout = core::MxScaleLayout::of(rows, depth);
-  s.codes.resize(n);
-  for (auto& c : s.codes) c = core::e4m3_encode(static_cast<float>(value(rng)));
+  s.codes.assign(n, 0x7f);  // e4m3's NaN
+  for (int i = 0; i < rows; ++i)
+    for (int k = 0; k < depth; ++k)
+      s.codes[i * row_stride + k * depth_stride] = core::e4m3_encode(static_cast<float>(value(rng)));
   s.scales.assign(static_cast<size_t>(layout.matrix_bytes()), core::kMxPadScale);
   for (int r = 0; r < rows; ++r)
     for (int64_t b = 0; b < layout.k_blocks; ++b)
       s.scales[layout.offset(r, b)] = core::e8m0_encode(static_cast<int>(rng() % 2));
-  s.op = core::e4m3_operand(s.codes.data(), depth, s.scales.data(), layout);
+  s.op = core::e4m3_operand(s.codes.data(), row_stride, s.scales.data(), layout);
+  s.op.depth_stride = depth_stride;
 }
 
 struct TileCase {
@@ -300,13 +312,9 @@ void make_case(TileCase& t, std::mt19937_64& rng, bool deep = false) {
     make_operand(t.operands[2 * p], a_e4m3, a_mn, g.rows, depth, rng);
     make_operand(t.operands[2 * p + 1], b_e4m3, b_mn, g.cols, depth, rng);
     g.parts[p] = core::GemmPart{t.operands[2 * p].op, t.operands[2 * p + 1].op, depth};
-    t.text += "; part " + std::to_string(p) + " depth " + std::to_string(depth) +
-              (a_e4m3 ? " a e4m3"
-               : a_mn ? " a bf16 MN"
-                      : " a bf16") +
-              (b_e4m3 ? " b e4m3"
-               : b_mn ? " b bf16 MN"
-                      : " b bf16");
+    auto name = [](bool e4m3, bool mn) { return std::string(e4m3 ? "e4m3" : "bf16") + (mn ? " MN" : " K"); };
+    t.text += "; part " + std::to_string(p) + " depth " + std::to_string(depth) + " a " + name(a_e4m3, a_mn) + ", b " +
+              name(b_e4m3, b_mn);
   }
   g.c_stride = g.cols + static_cast<int>(rng() % 3);
   std::uniform_int_distribution<int> value(-64, 64);
@@ -456,6 +464,51 @@ TEST(a_vote_lost_to_another_thread_leaves_no_copies_in_flight) {
     CHECK(core::wait_busy(stages, cta));  // as tensor_tile::close
     CHECK_MSG(cta.queued.empty(), "%s: %zu MMAs left after close's waits", t.text.c_str(), cta.queued.size());
   }
+}
+
+// A bf16 operand's pieces go to its panel whole, in its own major, where its storage puts them on 16 bytes: a piece of
+// a K-major one is 8 values along a row, an MN-major one's 8 rows of one k. Rows 0 to 127 of a 200-row operand, 64 deep
+// from k = 64: every piece one copy, on 16 bytes (1024 of a's panel, 1024 of b's); an MN-major one whose k are 201
+// values (402 bytes) apart, only every eighth k's (256). Each value where panel_offset puts it.
+TEST(pieces_on_16_bytes_are_copied_whole_in_either_major) {
+  std::mt19937_64 rng(seed() + 11);
+  struct CountedMove {
+    int* copies;
+    void operator()(core::Piece* to, const core::Piece* from) const {
+      *to = *from;
+      ++*copies;
+    }
+  };
+  for (bool mn : {false, true})
+    for (bool aligned : {true, false}) {
+      if (!mn && !aligned) continue;  // a K-major row's 128 depth start every 256 bytes
+      Stored a, b;
+      make_operand(a, false, mn, 200, 128, rng, mn ? (aligned ? 208 : 201) : 128);
+      b = a;
+      b.op.data = b.bf16.data();
+      core::Gemm g{};
+      g.rows = g.cols = 200;
+      g.num_parts = 1;
+      g.parts[0] = core::GemmPart{a.op, b.op, 128};
+      std::vector<core::bf16_t> panels(2 * kPanelValues, core::bf16_t(0x7fc0));
+      int copies = 0;
+      bool exact = true;
+      core::MmaBlock block = core::chunk_block(g, 0, 1);
+      for (int p = 0; p < core::kBlockPieces; ++p)
+        core::fill_piece(g, block, p, panels.data(), exact, CountedMove{&copies});
+      const char* name = mn ? (aligned ? "MN-major on 16 bytes" : "MN-major off 16 bytes") : "K-major";
+      CHECK_MSG(copies == (aligned ? core::kBlockPieces : core::kBlockPieces / 8), "%s: %d of %d pieces copied whole",
+                name, copies, core::kBlockPieces);
+      core::PanelMajor major = mn ? core::PanelMajor::mn : core::PanelMajor::k;
+      CHECK(core::panel_major(a.op) == major && exact);
+      long long wrong = 0;
+      for (int panel = 0; panel < 2; ++panel)
+        for (int i = 0; i < kMmaRows; ++i)
+          for (int k = 0; k < kMmaDepth; ++k)
+            wrong += core::bf16_to_float(panels[panel * kPanelValues + core::panel_offset(major, i, k)]) !=
+                     core::stored_value(a.op, i, kMmaDepth + k);
+      CHECK_MSG(wrong == 0, "%s: %lld panel values are not the operand's", name, wrong);
+    }
 }
 
 // What the tensor cores cannot take stays with gemm_element: an MXFP8 round trip on read, an fp32 operand, no depth.

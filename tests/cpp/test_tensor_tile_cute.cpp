@@ -1,9 +1,14 @@
 // The fused executor's tensor-core tile (cuda/tensor_tile.cuh) against core's layouts, computed by CuTe on the host
-// (g++, no GPU): where CuTe's MMA reads each value of a panel in shared memory (core::panel_offset must put it
-// there), where the fp32 accumulator of (row, column) lies in tensor memory, and which elements each epilogue thread
-// loads (every element once; thread t only lane t, the lane quadrant t / 32 that its warp may read).
+// (g++, no GPU): where CuTe's MMA reads each value of a panel in shared memory, K- and MN-major (core::panel_offset
+// must put it there, and a piece's 8 values together), where the fp32 accumulator of (row, column) lies in tensor
+// memory, and which elements each epilogue thread loads (every element once; thread t only lane t, the lane quadrant t
+// / 32 that its warp may read).
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "check.hpp"
@@ -16,24 +21,137 @@ using mok::core::kMmaRows;
 
 namespace {
 
-// Every (row, k) of a panel: CuTe's address of it (the swizzle acts on the address: a 1024-byte aligned base, as
-// in shared memory) against core's offset.
-TEST(panel_offsets_are_cutes) {
+// Every (row, k) of a panel of major `major`: CuTe's address of it (the swizzle acts on the address: a 1024-byte
+// aligned base, as in shared memory) against core's offset.
+template <tile::Major M>
+void check_panel_offsets(mok::core::PanelMajor major, const char* name) {
   alignas(1024) static tile::Value panel[mok::core::kPanelValues];
-  auto view = cute::make_tensor(cute::make_smem_ptr(panel), tile::PanelLayout{});
+  auto view = cute::make_tensor(cute::make_smem_ptr(panel), tile::PanelLayoutOf<M>{});
   std::vector<int> seen(mok::core::kPanelValues, 0);
   long long wrong = 0;
   for (int row = 0; row < kMmaRows; ++row)
     for (int k = 0; k < kMmaDepth; ++k) {
       int cute_at = static_cast<int>(&view(cute::make_coord(cute::make_coord(row, k % 16), 0, k / 16)) - panel);
-      int core_at = mok::core::panel_offset(row, k);
+      int core_at = mok::core::panel_offset(major, row, k);
       if (cute_at >= 0 && cute_at < mok::core::kPanelValues) ++seen[cute_at];
       if (cute_at != core_at && wrong++ < 3)
-        std::printf("  (row %d, k %d): core %d, CuTe %d\n", row, k, core_at, cute_at);
+        std::printf("  %s (row %d, k %d): core %d, CuTe %d\n", name, row, k, core_at, cute_at);
     }
-  CHECK_MSG(wrong == 0, "%lld panel offsets differ", wrong);
+  CHECK_MSG(wrong == 0, "%s: %lld panel offsets differ", name, wrong);
   for (int at = 0; at < mok::core::kPanelValues; ++at)
-    CHECK_MSG(seen[at] == 1, "panel value %d held %d times", at, seen[at]);
+    CHECK_MSG(seen[at] == 1, "%s: panel value %d held %d times", name, at, seen[at]);
+}
+
+TEST(panel_offsets_are_cutes) {
+  check_panel_offsets<tile::Major::K>(mok::core::PanelMajor::k, "K-major");
+  check_panel_offsets<tile::Major::MN>(mok::core::PanelMajor::mn, "MN-major");
+}
+
+// A piece of either major is 8 values that the swizzle keeps together: CuTe puts (row, k)'s 8 neighbours along the
+// depth (K-major) or down the rows (MN-major) at 8 consecutive values from a multiple of 8, which fill_piece moves as
+// one 16 bytes.
+template <tile::Major M>
+void check_pieces_whole(bool mn, const char* name) {
+  alignas(1024) static tile::Value panel[mok::core::kPanelValues];
+  auto view = cute::make_tensor(cute::make_smem_ptr(panel), tile::PanelLayoutOf<M>{});
+  auto at = [&](int row, int k) {
+    return static_cast<int>(&view(cute::make_coord(cute::make_coord(row, k % 16), 0, k / 16)) - panel);
+  };
+  long long torn = 0;
+  for (int row = 0; row < kMmaRows; row += mn ? 8 : 1)
+    for (int k = 0; k < kMmaDepth; k += mn ? 1 : 8) {
+      bool whole = at(row, k) % 8 == 0;
+      for (int v = 1; v < 8; ++v) whole = whole && at(mn ? row + v : row, mn ? k : k + v) == at(row, k) + v;
+      if (!whole && torn++ < 3) std::printf("  %s piece at (row %d, k %d) is not 16 whole bytes\n", name, row, k);
+    }
+  CHECK_MSG(torn == 0, "%s: %lld pieces torn", name, torn);
+}
+
+TEST(panel_pieces_are_whole) {
+  check_pieces_whole<tile::Major::K>(false, "K-major");
+  check_pieces_whole<tile::Major::MN>(true, "MN-major");
+}
+
+// Byte (mn, k) of a panel (k within the MMA's 16) as the tensor cores address it from a shared-memory descriptor,
+// read by the PTX ISA's fields (tcgen05 shared memory descriptor: start address, leading and stride byte offsets, each
+// in 16 bytes) and its canonical layouts under the 128-byte swizzle (bits 4 to 6 of the address xor bits 7 to 9):
+// K-major, 8 rows of 128 bytes an atom, atoms `stride` apart down the rows; MN-major, 64 rows across 128 bytes, 8 k
+// an atom, atoms `leading` apart down the rows and `stride` apart along k.
+int descriptor_byte(uint64_t descriptor, bool mn_major, int mn, int k) {
+  uint32_t start = static_cast<uint32_t>(descriptor & 0x3fff) << 4;
+  uint32_t leading = static_cast<uint32_t>(descriptor >> 16 & 0x3fff) << 4;
+  uint32_t stride = static_cast<uint32_t>(descriptor >> 32 & 0x3fff) << 4;
+  uint32_t row = static_cast<uint32_t>(mn), depth = static_cast<uint32_t>(k);
+  uint32_t at = mn_major ? start + row % 64 * 2 + depth % 8 * 128 + row / 64 * leading + depth / 8 * stride
+                         : start + row % 8 * 128 + row / 8 * stride + depth * 2;
+  return static_cast<int>(at ^ ((at >> 7 & 7u) << 4));
+}
+
+// CuTe's shared-memory descriptors on the host (a panel's start address reads as 0 here): its address cast says so on
+// stdout, which is kept quiet meanwhile.
+template <class Build>
+auto quietly(Build build) {
+  std::fflush(stdout);
+  int saved = dup(1), null = open("/dev/null", O_WRONLY);
+  dup2(null, 1);
+  auto built = build();
+  std::fflush(stdout);
+  dup2(saved, 1);
+  close(null);
+  close(saved);
+  return built;
+}
+
+// Operand `name`'s descriptors, one for each MMA's 16 of the depth: every (mn, k) of the panel where core's offset
+// puts it, in the 128-byte swizzle (layout type 2), descriptor version 1, base offset 0.
+template <class Fragment>
+void check_descriptors(const Fragment& fragment, bool mn_major, const char* name) {
+  long long wrong = 0, fields = 0;
+  for (int slice = 0; slice < cute::size<2>(fragment); ++slice) {
+    uint64_t descriptor = static_cast<uint64_t>(*fragment(cute::_, cute::_, slice).data());
+    if ((descriptor >> 61 != 2 || (descriptor >> 46 & 3) != 1 || (descriptor >> 49 & 7) != 0) && fields++ < 3)
+      std::printf("  %s slice %d: descriptor %016llx\n", name, slice, static_cast<unsigned long long>(descriptor));
+    for (int mn = 0; mn < kMmaRows; ++mn)
+      for (int k = 0; k < 16; ++k) {
+        int depth = slice * 16 + k;
+        int core_at =
+            2 * mok::core::panel_offset(mn_major ? mok::core::PanelMajor::mn : mok::core::PanelMajor::k, mn, depth);
+        int read_at = descriptor_byte(descriptor, mn_major, mn, k);
+        if (read_at != core_at && wrong++ < 3)
+          std::printf("  %s (mn %d, k %d): core's byte %d, the descriptor's %d\n", name, mn, depth, core_at, read_at);
+      }
+  }
+  CHECK_MSG(fields == 0, "%s: %lld descriptors not SW128 version 1 at base offset 0", name, fields);
+  CHECK_MSG(wrong == 0, "%s: %lld values read elsewhere", name, wrong);
+}
+
+// The MMA of majors A and B (tensor_tile::issue): its instruction descriptor says them (bits 15 and 16: 1 MN-major),
+// and its operands' descriptors read core's panels.
+template <tile::Major A, tile::Major B>
+void check_mma(const char* name) {
+  using Mma = tile::MmaOf<A, B>;
+  bool a_mn = A == tile::Major::MN, b_mn = B == tile::Major::MN;
+  uint32_t instruction = Mma{}.idesc_.desc_;
+  CHECK_MSG((instruction >> 15 & 1) == a_mn && (instruction >> 16 & 1) == b_mn, "%s: instruction descriptor %08x", name,
+            instruction);
+  alignas(1024) static tile::Value panels[2 * mok::core::kPanelValues];
+  auto a = quietly([] {
+    return Mma{}.get_slice(0).make_fragment_A(cute::make_tensor(cute::make_smem_ptr(panels), tile::PanelLayoutOf<A>{}));
+  });
+  auto b = quietly([] {
+    return Mma{}.get_slice(0).make_fragment_B(
+        cute::make_tensor(cute::make_smem_ptr(panels + mok::core::kPanelValues), tile::PanelLayoutOf<B>{}));
+  });
+  CHECK(cute::size<2>(a) == kMmaDepth / 16 && cute::size<2>(b) == kMmaDepth / 16);
+  check_descriptors(a, a_mn, (std::string(name) + " a").c_str());
+  check_descriptors(b, b_mn, (std::string(name) + " b").c_str());
+}
+
+TEST(mma_descriptors_read_cores_panels) {
+  check_mma<tile::Major::K, tile::Major::K>("K, K");
+  check_mma<tile::Major::K, tile::Major::MN>("K, MN");
+  check_mma<tile::Major::MN, tile::Major::K>("MN, K");
+  check_mma<tile::Major::MN, tile::Major::MN>("MN, MN");
 }
 
 // The accumulators: (row, column) of accumulator i at tensor-memory lane row, column i x kMmaCols + column (the

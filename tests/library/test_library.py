@@ -286,6 +286,15 @@ FUSED_TENSOR_SASS = (r"UTCATOMSWS\.FIND_AND_SET", r"UTCATOMSWS\.AND", r"LDGSTS\.
                      r"LDTM", r"BAR\.RED\.OR\S* 0x1\b")
 
 
+
+
+def umma_instruction_descriptor(a_mn_major: bool, b_mn_major: bool, m: int = 128, n: int = 128) -> int:
+    """The tcgen05.mma instruction descriptor of a BF16 x BF16 -> FP32 MMA of M x N (PTX ISA, "Instruction descriptor"
+    for .kind::f16): D's format F32 (1) at bit 4, A's and B's BF16 (1) at bits 7 and 10, A's and B's major at bits 15
+    and 16 (1: MN-major), N / 8 at bit 17, M / 16 at bit 24."""
+    return 1 << 4 | 1 << 7 | 1 << 10 | a_mn_major << 15 | b_mn_major << 16 | (n >> 3) << 17 | (m >> 4) << 24
+
+
 FUSED_NOTE = r"mok_fused pass shared=(\d+) threads=(\d+)"
 SM_TENSOR_COLUMNS = 512
 
@@ -325,6 +334,13 @@ def test_fused_pass_runs_its_tiles_on_tensor_cores(libmok, cuda_bin):
         for instruction in FUSED_TENSOR_SASS:
             assert re.search(instruction, sass), f"{arch}: {instruction} missing from the fused pass's SASS"
         assert not re.search(r"UTCHMMA\S*\.2CTA", sass), f"{arch}: a 2-CTA MMA in the fused pass's 1-CTA tile"
+        # A panel is laid out as its operand is stored, K- or MN-major (core::panel_major), and the MMA reads it so:
+        # the four forms' instruction descriptors, each an immediate moved into the register the UTCHMMA reads.
+        for a_mn, b_mn in ((False, False), (False, True), (True, False), (True, True)):
+            descriptor = umma_instruction_descriptor(a_mn, b_mn)
+            assert re.search(rf"MOV\s+U?R\d+, 0x{descriptor:x}\b", sass), \
+                f"{arch}: no MMA of a {'MN' if a_mn else 'K'}-major a and {'MN' if b_mn else 'K'}-major b " \
+                f"(instruction descriptor {descriptor:#x}) in the fused pass"
 
 
 def min_ctas_per_sm() -> int:

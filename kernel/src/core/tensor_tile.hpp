@@ -43,11 +43,29 @@ MOK_HD inline bool tensor_gemm(const Gemm& g) {
   return chunk_blocks(g) > 0;
 }
 
-// Where element (row, k) of a [kMmaRows, kMmaDepth] K-major bf16 panel lies in shared memory, in values: rows of
-// 128 bytes, each 16-byte chunk k / 8 of row r moved to chunk (k / 8) xor (r mod 8): the UMMA K-major 128-byte
-// swizzle (CuTe's UMMA::Layout_K_SW128_Atom tiled down the rows; test_tensor_tile_cute holds it against CuTe).
-MOK_HD inline int panel_offset(int row, int k) {
-  return row * kMmaDepth + (((k / 8) ^ (row % 8)) * 8) + k % 8;
+// How a panel holds its operand in shared memory, in rows of 128 bytes (64 values) under the UMMA 128-byte swizzle:
+// K-major, a row of the operand's depth each (an operand stored K-major), or MN-major, 64 of its rows at one k each
+// (an operand stored MN-major: row_stride 1). The MMA reads either (cuda/tensor_tile.cuh), so a panel is laid out as
+// its operand is stored and a 16-byte piece of the panel is 16 bytes of the operand's storage.
+enum class PanelMajor : uint8_t { k, mn };
+MOK_HD inline PanelMajor panel_major(const Operand& o) {
+  return o.depth_stride != 1 && o.row_stride == 1 ? PanelMajor::mn : PanelMajor::k;
+}
+// The majors of a block's panels: a's, then b's (those of its part's operands), which its MMAs read them in.
+struct PanelMajors {
+  PanelMajor a, b;
+};
+
+// Where element (row, k) of a [kMmaRows, kMmaDepth] bf16 panel lies in shared memory, in values (test_tensor_tile_cute
+// holds both against CuTe's UMMA::Layout_K_SW128_Atom and Layout_MN_SW128_Atom tiled as cuda/tensor_tile.cuh tiles
+// them). K-major: row r's 128 bytes, each 16-byte chunk k / 8 moved to chunk (k / 8) xor (r mod 8). MN-major: blocks
+// of 64 rows, each k's 128 bytes of them, the 16-byte chunk of rows r / 8 mod 8 moved to chunk that xor (k mod 8). A
+// 16-byte chunk (8 values along the depth, K-major, or down the rows, MN-major) stays whole.
+MOK_HD inline int panel_offset(PanelMajor major, int row, int k) {
+  if (major == PanelMajor::k) return row * kMmaDepth + (((k / 8) ^ (row % 8)) * 8) + k % 8;
+  constexpr int kRowsAcross = 64;  // a 128-byte line of bf16
+  return row / kRowsAcross * (kRowsAcross * kMmaDepth) + k * kRowsAcross + (((row % kRowsAcross / 8) ^ (k % 8)) * 8) +
+         row % 8;
 }
 
 // Operand value (i, k) as the bf16 the tensor cores read, 0 outside [rows, depth) (the panel's padding), and
@@ -77,6 +95,10 @@ MOK_HD inline int chunk_col0(const Gemm& g, int chunk) {
   return chunk / ceil_div(g.rows, kMmaRows) * kMmaCols;
 }
 
+MOK_HD inline PanelMajors block_majors(const Gemm& g, const MmaBlock& b) {
+  return PanelMajors{panel_major(g.parts[b.part].a), panel_major(g.parts[b.part].b)};
+}
+
 MOK_HD inline MmaBlock chunk_block(const Gemm& g, int chunk, int block) {
   int p = 0;
   while (p + 1 < g.num_parts && block >= ceil_div(g.parts[p].depth, kMmaDepth))
@@ -84,8 +106,8 @@ MOK_HD inline MmaBlock chunk_block(const Gemm& g, int chunk, int block) {
   return MmaBlock{chunk_row0(g, chunk), chunk_col0(g, chunk), p, block * kMmaDepth};
 }
 
-// A panel's 16-byte pieces (tile.hpp's Piece): 8 values of one row, k from a multiple of 8, which the swizzle keeps
-// together.
+// A panel's 16-byte pieces (tile.hpp's Piece): 8 values the swizzle keeps together, along the depth (K-major) or down
+// the rows (MN-major).
 constexpr int kBlockPieces = 2 * kPanelValues / kPieceValues;  // a's panel's, then b's
 
 // A piece's one copy into its panel: a plain 16-byte move (the host's; the device's is asynchronous,
@@ -94,25 +116,34 @@ struct PieceMove {
   MOK_HD void operator()(Piece* to, const Piece* from) const { *to = *from; }
 };
 
-// Piece `p` (0 <= p < kBlockPieces) of a block into the panel pair: a's panel then b's, each walked row by row. A
-// K-major bf16 operand's piece that lies whole inside the tile and on 16 bytes is one copy (`move`); any other is read
-// value by value (panel_value: `exact` cleared where a value is not a bf16). Threads split the pieces any way they
-// like; neighbouring threads taking neighbouring pieces read a row's 128 bytes together.
+// Piece `p` (0 <= p < kBlockPieces) of a block into the panel pair: a's panel then b's, each in its operand's major
+// (panel_major). Neighbouring pieces are neighbours in the operand's storage: K-major, row by row, 8 pieces a row's
+// 128 bytes; MN-major, k by k, 16 pieces 128 rows. A bf16 operand's piece that lies whole inside the tile and on 16
+// bytes is one copy (`move`); any other is read value by value (panel_value: `exact` cleared where a value is not a
+// bf16). Threads split the pieces any way they like; neighbouring threads taking neighbouring pieces read 128 or 256
+// bytes together.
 template <class Move = PieceMove>
 MOK_HD inline void fill_piece(const Gemm& g, const MmaBlock& b, int p, bf16_t* panels, bool& exact, Move move = {}) {
   bool second = p >= kBlockPieces / 2;
   int local = second ? p - kBlockPieces / 2 : p;
-  int row = local / (kMmaDepth / kPieceValues), k = local % (kMmaDepth / kPieceValues) * kPieceValues;
   const GemmPart& part = g.parts[b.part];
   const Operand& o = second ? part.b : part.a;
+  PanelMajor major = panel_major(o);
+  bool mn = major == PanelMajor::mn;
+  constexpr int kDepthPieces = kMmaDepth / kPieceValues, kRowPieces = kMmaRows / kPieceValues;
+  int row = mn ? local % kRowPieces * kPieceValues : local / kDepthPieces;
+  int k = mn ? local / kRowPieces : local % kDepthPieces * kPieceValues;
   int i = (second ? b.col0 : b.row0) + row, rows = second ? g.cols : g.rows, depth = part.depth;
-  Piece* out = reinterpret_cast<Piece*>(panels + (second ? kPanelValues : 0) + panel_offset(row, k));
-  if (o.dtype == Dtype::bf16 && o.depth_stride == 1 && i < rows && b.k0 + k + kPieceValues <= depth) {
-    const bf16_t* from = static_cast<const bf16_t*>(o.data) + static_cast<int64_t>(i) * o.row_stride + b.k0 + k;
+  Piece* out = reinterpret_cast<Piece*>(panels + (second ? kPanelValues : 0) + panel_offset(major, row, k));
+  int last_i = mn ? i + kPieceValues - 1 : i, last_k = b.k0 + k + (mn ? 0 : kPieceValues - 1);
+  bool contiguous = mn || o.depth_stride == 1;  // the piece's 8 values are 16 bytes of the operand's storage
+  if (o.dtype == Dtype::bf16 && contiguous && last_i < rows && last_k < depth) {
+    const bf16_t* from = static_cast<const bf16_t*>(o.data) + i * o.row_stride + (b.k0 + k) * o.depth_stride;
     if (on_piece(from)) return move(out, reinterpret_cast<const Piece*>(from));
   }
   Piece piece;
-  for (int v = 0; v < kPieceValues; ++v) piece.values[v] = panel_value(o, rows, depth, i, b.k0 + k + v, exact);
+  for (int v = 0; v < kPieceValues; ++v)
+    piece.values[v] = panel_value(o, rows, depth, mn ? i + v : i, mn ? b.k0 + k : b.k0 + k + v, exact);
   *out = piece;
 }
 
@@ -257,16 +288,18 @@ struct TileWalk {
 // steps, from the other accumulator, while the tensor cores sum c + 1; the last chunk's after every MMA is done. `cta`
 // is how a CTA takes each step:
 //   bool wait(stage, parity)     the stage's barrier passed its phase of that parity (false: not in time)
-//   bool fill(block, stage)      this thread's copies of the MmaBlock started into the stage's panels, as one group;
-//                                false when a value it put there is not the operand's own (panel_value)
+//   bool fill(block, stage)      this thread's copies of the MmaBlock started into the stage's panels (fill_piece, in
+//                                the block's majors, block_majors), as one group; false when a value it put there is
+//                                not the operand's own (panel_value)
 //   void land(groups)            this thread's groups of copies landed, but the last `groups` started
 //   bool sync(ok)                the CTA's barrier after every thread's landing; false for all when `ok` was false for
 //                                one: the tile has failed (a wait ran out)
 //   bool agree(yes)              the CTA's barrier; true for all when `yes` was true for every one: a verdict, not a
 //                                failure
 //   void multiply(stage, accumulator, first)
-//                                the MMAs over the stage's panels into the accumulator (first: zeroed before), then
-//                                their commit to the stage's barrier; by the threads that issue MMAs
+//                                the MMAs over the stage's panels, read in the majors of the block its last fill
+//                                put there, into the accumulator (first: zeroed before), then their commit to the
+//                                stage's barrier; by the threads that issue MMAs
 //   void write(chunk, accumulator, from, to, exact)
 //                                the chunk's epilogue slices [from, to) into c: core's tensor_epilogue from the
 //                                accumulator, or (not exact) gemm_element's, by the CTA's threads

@@ -1,7 +1,8 @@
 // A tile GEMM on the tensor cores of one CTA (sm_100a / sm_103a): core's blocks (core/tensor_tile.hpp) through
 // stages of shared memory (core::sum_tile: later blocks' copies fly while the MMAs read one) into a 1-CTA tcgen05
-// MMA (CuTe's SM100_MMA_F16BF16_SS, 128 x 128 x 16, fp32 accumulators in tensor memory), and core's epilogue from a
-// chunk's accumulator, loaded by CuTe's tensor-memory load atom while the MMAs sum the next chunk into the other.
+// MMA (CuTe's SM100_MMA_F16BF16_SS, 128 x 128 x 16, each operand's panel K- or MN-major as the operand is stored, fp32
+// accumulators in tensor memory), and core's epilogue from a chunk's accumulator, loaded by CuTe's tensor-memory load
+// atom while the MMAs sum the next chunk into the other.
 //
 // The types (the MMA, the panels' shared-memory layout, the accumulator's load) compile on the host too:
 // test_tensor_tile_cute holds them against core's layouts there.
@@ -12,6 +13,7 @@
 #include <cute/arch/copy_sm80.hpp>
 #include <cute/arch/tmem_allocator_sm100.hpp>
 #include <cute/tensor.hpp>
+#include <type_traits>
 
 #include "core/gemm_element.hpp"
 #include "core/tensor_tile.hpp"
@@ -19,13 +21,23 @@
 namespace mok::cuda::tensor_tile {
 
 using Value = cute::bfloat16_t;
-using Mma =
-    decltype(cute::make_tiled_mma(cute::SM100_MMA_F16BF16_SS<Value, Value, float, core::kMmaRows, core::kMmaCols,
-                                                             cute::UMMA::Major::K, cute::UMMA::Major::K>{}));
-// A panel, as the MMA partitions it: ((rows, 16), 1, depth / 16), K-major with the 128-byte swizzle.
+using Major = cute::UMMA::Major;
+// The MMA over panels of the majors a and b (core::PanelMajor): the instruction descriptor says which.
+template <Major A, Major B>
+using MmaOf = decltype(cute::make_tiled_mma(
+    cute::SM100_MMA_F16BF16_SS<Value, Value, float, core::kMmaRows, core::kMmaCols, A, B>{}));
+using Mma = MmaOf<Major::K, Major::K>;  // its shapes, the accumulator's among them, are every major's
+// A panel, as the MMA partitions it: ((rows, 16), 1, depth / 16).
 using PanelShape = decltype(cute::partition_shape_A(
     Mma{}, cute::make_shape(cute::Int<core::kMmaRows>{}, cute::Int<core::kMmaDepth>{})));
-using PanelLayout = decltype(cute::UMMA::tile_to_mma_shape(cute::UMMA::Layout_K_SW128_Atom<Value>{}, PanelShape{}));
+// Its layout under the 128-byte swizzle: K-major, or MN-major with the atoms along the depth first (as CUTLASS's SM100
+// mainloops tile an MN-major operand's).
+template <Major M>
+using PanelLayoutOf =
+    std::conditional_t<M == Major::K,
+                       decltype(cute::UMMA::tile_to_mma_shape(cute::UMMA::Layout_K_SW128_Atom<Value>{}, PanelShape{})),
+                       decltype(cute::UMMA::tile_to_mma_shape(cute::UMMA::Layout_MN_SW128_Atom<Value>{}, PanelShape{},
+                                                              cute::Step<cute::_2, cute::_1>{}))>;
 // The accumulator in tensor memory: 8 columns of one lane per thread and load.
 using AccumulatorLoad = cute::SM100_TMEM_LOAD_32dp32b8x;
 using AccumulatorShape = cute::Shape<cute::Int<core::kMmaRows>, cute::Int<core::kMmaCols>>;
@@ -45,7 +57,9 @@ CUTE_HOST_DEVICE uint32_t accumulator_address(uint32_t tmem, int index) {
 constexpr int kMmaWarp = 1;
 constexpr int kFirstEpilogueWarp = 4;
 
-static_assert(cute::cosize_v<PanelLayout> == core::kPanelValues, "a panel is kMmaRows x kMmaDepth values");
+static_assert(cute::cosize_v<PanelLayoutOf<Major::K>> == core::kPanelValues &&
+                  cute::cosize_v<PanelLayoutOf<Major::MN>> == core::kPanelValues,
+              "a panel is kMmaRows x kMmaDepth values");
 static_assert(core::kPanelValues * sizeof(core::bf16_t) % 1024 == 0, "every panel of the stages starts on 1024 bytes");
 
 // The (row, column) coordinates of the accumulator and its tensor-memory view at `tmem`, as the MMA partitions them.
@@ -76,6 +90,7 @@ constexpr int kDynamicSharedBytes = static_cast<int>(sizeof(Panels)) + 1024;
 // The rest of one CTA's tensor tile, in static shared memory.
 struct Storage {
   alignas(8) uint64_t mma_done[core::kPanelStages];  // a stage's MMAs have read its panels
+  core::PanelMajors majors[core::kPanelStages];      // how a stage's panels hold a and b, by the fill of its block
   uint32_t tmem;                                     // the accumulators' base in tensor memory
   int failed;                                        // an MMA did not finish in time
 };
@@ -89,8 +104,9 @@ __device__ inline Panels& panels() {
 }
 
 // A panel as the MMA reads it.
+template <Major M>
 __device__ inline auto panel(core::bf16_t* values) {
-  return cute::make_tensor(cute::make_smem_ptr(reinterpret_cast<Value*>(values)), PanelLayout{});
+  return cute::make_tensor(cute::make_smem_ptr(reinterpret_cast<Value*>(values)), PanelLayoutOf<M>{});
 }
 
 // A piece's one copy as an asynchronous 16-byte copy (CuTe's SM80_CP_ASYNC_CACHEGLOBAL, cp.async): a thread's
@@ -226,7 +242,10 @@ struct TileSteps : StageWait {
   const core::Gemm& g;
   Panels& panels;
 
+  // The stage's majors, which its MMAs read them in: written by thread 0 before the CTA's barrier that lets warp 1
+  // read them (the walk's vote before the block's MMAs), and after the one that follows the stage's last MMAs' issue.
   __device__ bool fill(const core::MmaBlock& b, int stage) {
+    if (threadIdx.x == 0) s.majors[stage] = core::block_majors(g, b);
     bool exact = true;
     for (int p = threadIdx.x; p < core::kBlockPieces; p += blockDim.x)
       core::fill_piece(g, b, p, panels.stages[stage], exact, AsyncPieceMove{});
@@ -244,21 +263,35 @@ struct TileSteps : StageWait {
     return !failed;
   }
   __device__ bool agree(bool yes) { return !cta_any(!yes); }
-  __device__ void multiply(int stage, int accumulator_index, bool first) {
-    if (warp() != kMmaWarp) return;
-    __syncwarp();
-    fence_after_sync();
-    auto slice = Mma{}.get_slice(0);
-    auto a = slice.make_fragment_A(panel(panels.stages[stage]));
-    auto b = slice.make_fragment_B(panel(panels.stages[stage] + core::kPanelValues));
+  // Warp 1's MMAs over a stage's panels of majors A and B, then their commit to its barrier.
+  template <Major A, Major B>
+  __device__ void issue(int stage, int accumulator_index, bool first) {
+    using MmaAB = MmaOf<A, B>;
+    auto slice = MmaAB{}.get_slice(0);
+    auto a = slice.make_fragment_A(panel<A>(panels.stages[stage]));
+    auto b = slice.make_fragment_B(panel<B>(panels.stages[stage] + core::kPanelValues));
     auto acc = accumulator(accumulator_address(s.tmem, accumulator_index));
-    Mma mma;
+    MmaAB mma;
     mma.accumulate_ = first ? cute::UMMA::ScaleOut::Zero : cute::UMMA::ScaleOut::One;
     for (int k = 0; k < cute::size<2>(a); ++k) {
       cute::gemm(mma, a(cute::_, cute::_, k), b(cute::_, cute::_, k), acc);
       mma.accumulate_ = cute::UMMA::ScaleOut::One;
     }
     cutlass::arch::umma_arrive(&s.mma_done[stage]);
+  }
+  // Warp 1's MMAs of the stage in the majors its fill recorded. Not inlined: the four forms of the MMAs inlined into
+  // the walk spill its registers (ptxas: 8 bytes), and warps 0 and 2 to 7 do not make the call.
+  __device__ __noinline__ void issue_stage(int stage, int accumulator_index, bool first) {
+    __syncwarp();
+    fence_after_sync();
+    bool a_mn = s.majors[stage].a == core::PanelMajor::mn, b_mn = s.majors[stage].b == core::PanelMajor::mn;
+    if (!a_mn && !b_mn) return issue<Major::K, Major::K>(stage, accumulator_index, first);
+    if (!a_mn) return issue<Major::K, Major::MN>(stage, accumulator_index, first);
+    if (!b_mn) return issue<Major::MN, Major::K>(stage, accumulator_index, first);
+    issue<Major::MN, Major::MN>(stage, accumulator_index, first);
+  }
+  __device__ void multiply(int stage, int accumulator_index, bool first) {
+    if (warp() == kMmaWarp) issue_stage(stage, accumulator_index, first);
   }
   __device__ void write(int chunk, int accumulator_index, int from, int to, bool exact) {
     if (exact)
