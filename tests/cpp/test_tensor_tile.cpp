@@ -251,8 +251,8 @@ Counts run_tensor_tile(const core::Gemm& g, EmulatedCta& cta, core::PanelStages&
 }
 
 // One operand's storage: [rows, depth] values, bf16 or e4m3 (scales 2^0 or 2^1), K-major or MN-major; an MN-major
-// one's k is `lead` values after k - 1's (at least rows; a multiple of 8 half the time, so that its pieces lie on 16
-// bytes and fill_piece copies them whole), the padding a NaN.
+// one's k is `lead` values after k - 1's (at least rows; when not given, a multiple of 8 half the time, so that its
+// pieces lie on 16 bytes and fill_piece copies them whole), the padding a NaN; a K-major one's rows are `depth` apart.
 struct Stored {
   std::vector<core::bf16_t> bf16;
   std::vector<uint8_t> codes, scales;
@@ -261,7 +261,8 @@ struct Stored {
 
 void make_operand(Stored& s, bool e4m3, bool mn_major, int rows, int depth, std::mt19937_64& rng, int lead = 0) {
   std::uniform_int_distribution<int> value(-8, 8);
-  if (lead == 0) lead = mn_major ? (rng() % 2 ? (rows + 7) / 8 * 8 : rows + static_cast<int>(rng() % 3)) : depth;
+  if (!mn_major) lead = depth;
+  if (lead == 0) lead = rng() % 2 ? (rows + 7) / 8 * 8 : rows + static_cast<int>(rng() % 3);
   int64_t row_stride = mn_major ? 1 : depth, depth_stride = mn_major ? lead : 1;
   size_t n = static_cast<size_t>(mn_major ? depth : rows) * lead;
   if (!e4m3) {

@@ -24,15 +24,23 @@ namespace {
 // Every (row, k) of a panel of major `major`: CuTe's address of it (the swizzle acts on the address: a 1024-byte
 // aligned base, as in shared memory) against core's offset.
 template <tile::Major M>
-void check_panel_offsets(mok::core::PanelMajor major, const char* name) {
+int cute_panel_at(int row, int k) {
   alignas(1024) static tile::Value panel[mok::core::kPanelValues];
   auto view = cute::make_tensor(cute::make_smem_ptr(panel), tile::PanelLayoutOf<M>{});
+  return static_cast<int>(&view(cute::make_coord(cute::make_coord(row, k % 16), 0, k / 16)) - panel);
+}
+template <tile::Major M>
+constexpr mok::core::PanelMajor core_major =
+    M == tile::Major::MN ? mok::core::PanelMajor::mn : mok::core::PanelMajor::k;
+
+template <tile::Major M>
+void check_panel_offsets(const char* name) {
   std::vector<int> seen(mok::core::kPanelValues, 0);
   long long wrong = 0;
   for (int row = 0; row < kMmaRows; ++row)
     for (int k = 0; k < kMmaDepth; ++k) {
-      int cute_at = static_cast<int>(&view(cute::make_coord(cute::make_coord(row, k % 16), 0, k / 16)) - panel);
-      int core_at = mok::core::panel_offset(major, row, k);
+      int cute_at = cute_panel_at<M>(row, k);
+      int core_at = mok::core::panel_offset(core_major<M>, row, k);
       if (cute_at >= 0 && cute_at < mok::core::kPanelValues) ++seen[cute_at];
       if (cute_at != core_at && wrong++ < 3)
         std::printf("  %s (row %d, k %d): core %d, CuTe %d\n", name, row, k, core_at, cute_at);
@@ -43,20 +51,17 @@ void check_panel_offsets(mok::core::PanelMajor major, const char* name) {
 }
 
 TEST(panel_offsets_are_cutes) {
-  check_panel_offsets<tile::Major::K>(mok::core::PanelMajor::k, "K-major");
-  check_panel_offsets<tile::Major::MN>(mok::core::PanelMajor::mn, "MN-major");
+  check_panel_offsets<tile::Major::K>("K-major");
+  check_panel_offsets<tile::Major::MN>("MN-major");
 }
 
 // A piece of either major is 8 values that the swizzle keeps together: CuTe puts (row, k)'s 8 neighbours along the
 // depth (K-major) or down the rows (MN-major) at 8 consecutive values from a multiple of 8, which fill_piece moves as
 // one 16 bytes.
 template <tile::Major M>
-void check_pieces_whole(bool mn, const char* name) {
-  alignas(1024) static tile::Value panel[mok::core::kPanelValues];
-  auto view = cute::make_tensor(cute::make_smem_ptr(panel), tile::PanelLayoutOf<M>{});
-  auto at = [&](int row, int k) {
-    return static_cast<int>(&view(cute::make_coord(cute::make_coord(row, k % 16), 0, k / 16)) - panel);
-  };
+void check_pieces_whole(const char* name) {
+  constexpr bool mn = M == tile::Major::MN;
+  auto at = cute_panel_at<M>;
   long long torn = 0;
   for (int row = 0; row < kMmaRows; row += mn ? 8 : 1)
     for (int k = 0; k < kMmaDepth; k += mn ? 1 : 8) {
@@ -68,8 +73,8 @@ void check_pieces_whole(bool mn, const char* name) {
 }
 
 TEST(panel_pieces_are_whole) {
-  check_pieces_whole<tile::Major::K>(false, "K-major");
-  check_pieces_whole<tile::Major::MN>(true, "MN-major");
+  check_pieces_whole<tile::Major::K>("K-major");
+  check_pieces_whole<tile::Major::MN>("MN-major");
 }
 
 // Byte (mn, k) of a panel (k within the MMA's 16) as the tensor cores address it from a shared-memory descriptor,
@@ -103,25 +108,27 @@ auto quietly(Build build) {
 }
 
 // Operand `name`'s descriptors, one for each MMA's 16 of the depth: every (mn, k) of the panel where core's offset
-// puts it, in the 128-byte swizzle (layout type 2), descriptor version 1, base offset 0.
-template <class Fragment>
-void check_descriptors(const Fragment& fragment, bool mn_major, const char* name) {
+// puts it, in the 128-byte swizzle (layout type 2), with the fixed bits 46 to 48 at 0b001, base offset 0 and the
+// leading byte offset relative (bit 52 clear).
+template <tile::Major M, class Fragment>
+void check_descriptors(const Fragment& fragment, const char* name) {
+  constexpr bool mn_major = M == tile::Major::MN;
   long long wrong = 0, fields = 0;
   for (int slice = 0; slice < cute::size<2>(fragment); ++slice) {
     uint64_t descriptor = static_cast<uint64_t>(*fragment(cute::_, cute::_, slice).data());
-    if ((descriptor >> 61 != 2 || (descriptor >> 46 & 3) != 1 || (descriptor >> 49 & 7) != 0) && fields++ < 3)
+    bool fixed = (descriptor >> 46 & 7) == 1 && (descriptor >> 49 & 7) == 0 && (descriptor >> 52 & 1) == 0;
+    if ((descriptor >> 61 != 2 || !fixed) && fields++ < 3)
       std::printf("  %s slice %d: descriptor %016llx\n", name, slice, static_cast<unsigned long long>(descriptor));
     for (int mn = 0; mn < kMmaRows; ++mn)
       for (int k = 0; k < 16; ++k) {
         int depth = slice * 16 + k;
-        int core_at =
-            2 * mok::core::panel_offset(mn_major ? mok::core::PanelMajor::mn : mok::core::PanelMajor::k, mn, depth);
+        int core_at = 2 * mok::core::panel_offset(core_major<M>, mn, depth);
         int read_at = descriptor_byte(descriptor, mn_major, mn, k);
         if (read_at != core_at && wrong++ < 3)
           std::printf("  %s (mn %d, k %d): core's byte %d, the descriptor's %d\n", name, mn, depth, core_at, read_at);
       }
   }
-  CHECK_MSG(fields == 0, "%s: %lld descriptors not SW128 version 1 at base offset 0", name, fields);
+  CHECK_MSG(fields == 0, "%s: %lld descriptors not SW128, 0b001 at bit 46, base offset 0, relative", name, fields);
   CHECK_MSG(wrong == 0, "%s: %lld values read elsewhere", name, wrong);
 }
 
@@ -143,8 +150,8 @@ void check_mma(const char* name) {
         cute::make_tensor(cute::make_smem_ptr(panels + mok::core::kPanelValues), tile::PanelLayoutOf<B>{}));
   });
   CHECK(cute::size<2>(a) == kMmaDepth / 16 && cute::size<2>(b) == kMmaDepth / 16);
-  check_descriptors(a, a_mn, (std::string(name) + " a").c_str());
-  check_descriptors(b, b_mn, (std::string(name) + " b").c_str());
+  check_descriptors<A>(a, (std::string(name) + " a").c_str());
+  check_descriptors<B>(b, (std::string(name) + " b").c_str());
 }
 
 TEST(mma_descriptors_read_cores_panels) {
