@@ -55,16 +55,19 @@ MOK_HD inline WorkerClass class_of(const PassView& v, int worker) {
   return worker < comm_workers_of(v.s, v.kind) ? WorkerClass::comm : WorkerClass::compute;
 }
 
-// A worker's shared-expert rows (chunk_values bf16) and weight-gradient sums (sums_floats fp32), which only compute
-// tasks use: the compute workers' own, in the pass's order of them (at most max_compute_workers); none for a comm
-// worker.
-MOK_HD inline bf16_t* worker_chunk(const PassView& v, int worker) {
+// A worker's own `per` values of the buffer at `base` that only compute tasks use: the compute workers' in the pass's
+// order of them (at most max_compute_workers); none for a comm worker.
+template <class T>
+MOK_HD inline T* compute_worker_slice(const PassView& v, int worker, T* base, size_t per) {
   int place = worker - comm_workers_of(v.s, v.kind);
-  return place >= 0 && v.chunk ? v.chunk + static_cast<size_t>(place) * v.chunk_values : nullptr;
+  return place >= 0 && base ? base + static_cast<size_t>(place) * per : nullptr;
+}
+// Its shared-expert rows (chunk_values bf16) and weight-gradient sums (sums_floats fp32).
+MOK_HD inline bf16_t* worker_chunk(const PassView& v, int worker) {
+  return compute_worker_slice(v, worker, v.chunk, v.chunk_values);
 }
 MOK_HD inline float* worker_sums(const PassView& v, int worker) {
-  int place = worker - comm_workers_of(v.s, v.kind);
-  return place >= 0 && v.sums ? v.sums + static_cast<size_t>(place) * v.sums_floats : nullptr;
+  return compute_worker_slice(v, worker, v.sums, v.sums_floats);
 }
 
 // ---- before the workers start (the executor's calling thread, or one device thread) -------------
