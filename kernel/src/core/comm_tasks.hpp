@@ -21,12 +21,10 @@ MOK_HD inline void pull_row(const PassView& v, int64_t j, bf16_t* x_dst, bf16_t*
   float weight = input || is_backward(v.kind) ? peer_array<const float>(v, ref.rank, v.peer.topk_weights)[slot] : 0.0f;
   // src's part into dst, scaled by w_k or copied.
   auto move = [&](const bf16_t* src, bf16_t* dst, bool scaled) {
-    each_piece(part, h, kPieceValues, [&](int64_t first, int n) {
-      if (scaled)
-        scaled_row(weight, src + first, n, dst + first);
-      else
-        copy_row(src + first, n, dst + first);
-    });
+    if (scaled)
+      move_part(part, src, h, dst, ScaledValue{weight});
+    else
+      move_part(part, src, h, dst, SameValue{});
   };
   if (v.kind != PassKind::backward_kept)  // else the forward's x is still in the ring
     move(peer_array<const bf16_t>(v, ref.rank, v.peer.x) + static_cast<int64_t>(ref.token) * h, x_dst, input);
@@ -148,7 +146,7 @@ MOK_HD inline void push_rows(const PassView& v, int64_t lo, int64_t hi, Part par
     int64_t slot = static_cast<int64_t>(ref.token) * v.s.top_k + ref.k;
     const bf16_t* row = out_row(v, j);
     bf16_t* home = peer_array<bf16_t>(v, ref.rank, slots) + slot * h;
-    each_piece(part, h, kPieceValues, [&](int64_t first, int n) { copy_row(row + first, n, home + first); });
+    move_part(part, row, h, home, SameValue{});
   }
 }
 

@@ -147,9 +147,48 @@ MOK_HD inline void copy_row(const bf16_t* src, int n, bf16_t* dst) {
   for (; i < n; ++i) dst[i] = src[i];
 }
 
-// dst = bf16(w · src): a row of dy = w_k · dOut_t.
-MOK_HD inline void scaled_row(float w, const bf16_t* src, int n, bf16_t* dst) {
-  for (int i = 0; i < n; ++i) dst[i] = float_to_bf16(mul_rn(w, bf16_to_float(src[i])));
+// A value moved as it is, or scaled: bf16(w · value), a row of dy = w_k · dOut_t (or of x, w_k · x_t).
+struct SameValue {
+  MOK_HD bf16_t operator()(bf16_t value) const { return value; }
+};
+struct ScaledValue {
+  float weight;
+  MOK_HD bf16_t operator()(bf16_t value) const { return float_to_bf16(mul_rn(weight, bf16_to_float(value))); }
+};
+
+// The pieces a part reads before it writes any, where a row moves between lines of 16 bytes: a thread's reads
+// (a peer's row over NVLink) then overlap, where a read and its write would wait for the read piece after piece
+// (the compiler keeps a write before the next read, which it may alias).
+constexpr int kPiecesInFlight = 4;
+
+// Part `part` of n values from src into dst (which do not overlap), in each_piece's 16-byte pieces, each value
+// through `value`: where both lie on 16 bytes, the part's next kPiecesInFlight whole pieces are read before any of
+// them is written; the rest a piece at a time.
+template <class Value>
+MOK_HD void move_part(Part part, const bf16_t* src, int64_t n, bf16_t* dst, Value value) {
+  int64_t step = static_cast<int64_t>(part.count) * kPieceValues;
+  int64_t first = static_cast<int64_t>(part.index) * kPieceValues;
+  bool whole = on_piece(src) && on_piece(dst);
+  auto apply = [&](Piece& piece) {
+    for (bf16_t& v : piece.values) v = value(v);
+  };
+  for (; whole && first + (kPiecesInFlight - 1) * step + kPieceValues <= n; first += kPiecesInFlight * step) {
+    Piece held[kPiecesInFlight];
+    for (int j = 0; j < kPiecesInFlight; ++j) held[j] = *reinterpret_cast<const Piece*>(src + first + j * step);
+    for (int j = 0; j < kPiecesInFlight; ++j) {
+      apply(held[j]);
+      *reinterpret_cast<Piece*>(dst + first + j * step) = held[j];
+    }
+  }
+  for (; first < n; first += step) {
+    if (whole && first + kPieceValues <= n) {
+      Piece piece = *reinterpret_cast<const Piece*>(src + first);
+      apply(piece);
+      *reinterpret_cast<Piece*>(dst + first) = piece;
+      continue;
+    }
+    for (int64_t i = first; i < first + kPieceValues && i < n; ++i) dst[i] = value(src[i]);
+  }
 }
 
 }  // namespace mok::core
