@@ -68,15 +68,19 @@ MOK_HD inline int panel_offset(PanelMajor major, int row, int k) {
          row % 8;
 }
 
-// Operand value (i, k) as the bf16 the tensor cores read, 0 outside [rows, depth) (the panel's padding), and
-// whether it is exactly the operand's value (`exact` cleared when not; NaN stays NaN and counts as exact).
-MOK_HD inline bf16_t panel_value(const Operand& o, int rows, int depth, int i, int k, bool& exact) {
-  if (i >= rows || k >= depth) return bf16_t(0);
-  float v = stored_value(o, i, k);
+// An operand's value as the bf16 the tensor cores read, `exact` cleared when it is not that value (NaN stays NaN and
+// counts as exact).
+MOK_HD inline bf16_t tensor_value(float v, bool& exact) {
   bf16_t b = float_to_bf16(v);
   float back = bf16_to_float(b);
   if (back != v && (back == back || v == v)) exact = false;
   return b;
+}
+
+// Operand value (i, k) as the bf16 the tensor cores read, 0 outside [rows, depth) (the panel's padding).
+MOK_HD inline bf16_t panel_value(const Operand& o, int rows, int depth, int i, int k, bool& exact) {
+  if (i >= rows || k >= depth) return bf16_t(0);
+  return tensor_value(stored_value(o, i, k), exact);
 }
 
 // One block of a chunk: part `part`'s depth from k0 (at most kMmaDepth of it); the chunk's rows from row0 and
@@ -119,9 +123,9 @@ struct PieceMove {
 // Piece `p` (0 <= p < kBlockPieces) of a block into the panel pair: a's panel then b's, each in its operand's major
 // (panel_major). Neighbouring pieces are neighbours in the operand's storage: K-major, row by row, 8 pieces a row's
 // 128 bytes; MN-major, k by k, 16 pieces 128 rows. A bf16 operand's piece that lies whole inside the tile and on 16
-// bytes is one copy (`move`); any other is read value by value (panel_value: `exact` cleared where a value is not a
-// bf16). Threads split the pieces any way they like; neighbouring threads taking neighbouring pieces read 128 or 256
-// bytes together.
+// bytes is one copy (`move`); a K-major e4m3 one's 8 codes, inside one 32-value block, share one scale, read once;
+// any other is read value by value (panel_value). `exact` is cleared where a value is not a bf16. Threads split the
+// pieces any way they like; neighbouring threads taking neighbouring pieces read 128 or 256 bytes together.
 template <class Move = PieceMove>
 MOK_HD inline void fill_piece(const Gemm& g, const MmaBlock& b, int p, bf16_t* panels, bool& exact, Move move = {}) {
   bool second = p >= kBlockPieces / 2;
@@ -142,8 +146,16 @@ MOK_HD inline void fill_piece(const Gemm& g, const MmaBlock& b, int p, bf16_t* p
     if (on_piece(from)) return move(out, reinterpret_cast<const Piece*>(from));
   }
   Piece piece;
-  for (int v = 0; v < kPieceValues; ++v)
-    piece.values[v] = panel_value(o, rows, depth, mn ? i + v : i, mn ? b.k0 + k : b.k0 + k + v, exact);
+  static_assert(kMxBlock % kPieceValues == 0 && kMmaDepth % kMxBlock == 0, "a K-major piece is inside a scale block");
+  if (o.dtype == Dtype::e4m3 && !mn && last_i < rows && last_k < depth) {
+    const uint8_t* codes = static_cast<const uint8_t*>(o.data) + i * o.row_stride + (b.k0 + k) * o.depth_stride;
+    float scale = e8m0_decode(operand_scale(o, i, (b.k0 + k) / kMxBlock));
+    for (int v = 0; v < kPieceValues; ++v)
+      piece.values[v] = tensor_value(e4m3_decode(codes[v * o.depth_stride]) * scale, exact);  // as stored_value
+  } else {
+    for (int v = 0; v < kPieceValues; ++v)
+      piece.values[v] = panel_value(o, rows, depth, mn ? i + v : i, mn ? b.k0 + k : b.k0 + k + v, exact);
+  }
   *out = piece;
 }
 
