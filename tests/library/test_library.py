@@ -271,20 +271,29 @@ def pieces_in_flight() -> int:
 
 def test_fused_pass_keeps_a_row_moves_reads_in_flight(libmok, cuda_bin):
     """Dispatch's pulls of a peer's row and combine's pushes (core::move_part, run by the row jobs' threads) read
-    kPiecesInFlight 16-byte pieces before they write any: runs of that many 128-bit loads (global or generic: a peer's
-    row is read through a generic pointer) with no store between, where a read then its write per piece leaves runs of
-    one."""
+    kPiecesInFlight 16-byte pieces before they write any: that many 128-bit loads (global or generic: a peer's row is
+    read through a generic pointer) with no store of any kind between, then that many 128-bit stores with no load
+    between. A read and then its write, piece after piece, leaves no such run."""
     want = pieces_in_flight()
     assert want > 1
+    load = re.compile(r"^(@!?U?P\w+\s+)?LDG?\.E\S*\.128\b")
+    store = re.compile(r"^(@!?U?P\w+\s+)?STG?\.E\S*\.128\b")
+    any_load = re.compile(r"^(@!?U?P\w+\s+)?(LD|LDG|LDS|LDL|LDSM)\b")
+    any_store = re.compile(r"^(@!?U?P\w+\s+)?(ST|STG|STS|STL|ATOM\w*|RED\w*)\b")
     for arch, sass in fused_pass_sass(libmok, cuda_bin).items():
-        runs, loads = [], 0
-        for instruction in re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass):
-            if re.search(r"\bLDG?\.E\S*\.128\b", instruction):
-                loads += 1
-            elif re.search(r"\bSTG?\.E", instruction):
-                runs.append(loads)
-                loads = 0
-        assert max(runs, default=0) >= want, f"{arch}: at most {max(runs, default=0)} 128-bit loads before a store"
+        instructions = [i.strip() for i in re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)]
+        longest, loads, stores = 0, 0, 0  # 128-bit loads in the current run; then its 128-bit stores
+        for instruction in instructions:
+            if any_store.match(instruction):
+                stores = stores + 1 if loads >= want and store.match(instruction) else 0
+                if stores == 0:
+                    loads = 0
+                longest = max(longest, min(loads, stores))
+            elif any_load.match(instruction):
+                if stores:  # the run's stores are over
+                    loads, stores = 0, 0
+                loads = loads + 1 if load.match(instruction) else 0
+        assert longest >= want, f"{arch}: no {want} 128-bit loads, then {want} 128-bit stores, with nothing between"
 
 
 def test_fused_pass_shares_its_tiles_through_a_named_barrier(libmok, cuda_bin):

@@ -241,7 +241,8 @@ MOK_HD inline void stage_backward_block(const PassView& v, const TileInfo& t, in
       for (int64_t m = 0; m < 3; ++m) {                                           // the padding rows zeros
         bf16_t* to = dg + m * block;
         if (r < n)
-          copy_row(ring_row(v, m == 0 ? v.ring_g : (m == 1 ? v.ring_u : v.ring_h), b + r, in) + first, count, to);
+          move_part(kWhole, ring_row(v, m == 0 ? v.ring_g : (m == 1 ? v.ring_u : v.ring_h), b + r, in) + first, count,
+                    to, SameValue{});
         else
           zero_rows(to, count);
       }

@@ -86,7 +86,7 @@ MOK_HD inline float stored_value(const Operand& o, int64_t i, int64_t k) {
     case Dtype::f32: return static_cast<const float*>(o.data)[at];
     case Dtype::bf16: return bf16_to_float(static_cast<const bf16_t*>(o.data)[at]);
     case Dtype::e4m3:
-      return e4m3_decode(static_cast<const uint8_t*>(o.data)[at]) * e8m0_decode(operand_scale(o, i, k / kMxBlock));
+      return mx_value(static_cast<const uint8_t*>(o.data)[at], e8m0_decode(operand_scale(o, i, k / kMxBlock)));
   }
   return 0.0f;
 }

@@ -104,6 +104,11 @@ MOK_HD inline float e4m3_decode(uint8_t q) {
   return (q & 0x80) ? -a : a;
 }
 
+// An MXFP8 element's value: its code times its block's scale (e8m0_decode's), one fp32 product.
+MOK_HD inline float mx_value(uint8_t code, float scale) {
+  return e4m3_decode(code) * scale;
+}
+
 // One block of n <= 32 values (fp32 or bf16) read with `stride`: writes n codes (stride `qstride`) and
 // returns the e8m0 scale; a non-finite block gets the NaN scale and NaN codes. No local array: a device
 // thread quantises a column of rows in place.

@@ -95,7 +95,7 @@ MOK_HD void mx_quantize_rows(const T* src, int64_t src_stride, int64_t rows, int
 // The value element (row, k) of such an operand stands for: code times scale (NaN if either is NaN).
 MOK_HD inline float mx_decode(const uint8_t* data, int64_t data_stride, const uint8_t* scales,
                               const MxScaleLayout& layout, int64_t row, int64_t k) {
-  return e4m3_decode(data[row * data_stride + k]) * e8m0_decode(scales[layout.offset(row, k / kMxBlock)]);
+  return mx_value(data[row * data_stride + k], e8m0_decode(scales[layout.offset(row, k / kMxBlock)]));
 }
 
 }  // namespace mok::core

@@ -151,7 +151,7 @@ MOK_HD inline void fill_piece(const Gemm& g, const MmaBlock& b, int p, bf16_t* p
     const uint8_t* codes = static_cast<const uint8_t*>(o.data) + i * o.row_stride + (b.k0 + k) * o.depth_stride;
     float scale = e8m0_decode(operand_scale(o, i, (b.k0 + k) / kMxBlock));
     for (int v = 0; v < kPieceValues; ++v)
-      piece.values[v] = tensor_value(e4m3_decode(codes[v * o.depth_stride]) * scale, exact);  // as stored_value
+      piece.values[v] = tensor_value(mx_value(codes[v * o.depth_stride], scale), exact);
   } else {
     for (int v = 0; v < kPieceValues; ++v)
       piece.values[v] = panel_value(o, rows, depth, mn ? i + v : i, mn ? b.k0 + k : b.k0 + k + v, exact);

@@ -138,15 +138,6 @@ MOK_HD inline void zero_rows(bf16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = 0;
 }
 
-// n values from src to dst: whole pieces one 16-byte copy each where both lie on 16 bytes.
-MOK_HD inline void copy_row(const bf16_t* src, int n, bf16_t* dst) {
-  int i = 0;
-  if (on_piece(src) && on_piece(dst))
-    for (; i + kPieceValues <= n; i += kPieceValues)
-      *reinterpret_cast<Piece*>(dst + i) = *reinterpret_cast<const Piece*>(src + i);
-  for (; i < n; ++i) dst[i] = src[i];
-}
-
 // A value moved as it is, or scaled: bf16(w · value), a row of dy = w_k · dOut_t (or of x, w_k · x_t).
 struct SameValue {
   MOK_HD bf16_t operator()(bf16_t value) const { return value; }
@@ -156,9 +147,9 @@ struct ScaledValue {
   MOK_HD bf16_t operator()(bf16_t value) const { return float_to_bf16(mul_rn(weight, bf16_to_float(value))); }
 };
 
-// The pieces a part reads before it writes any, where a row moves between lines of 16 bytes: a thread's reads
-// (a peer's row over NVLink) then overlap, where a read and its write would wait for the read piece after piece
-// (the compiler keeps a write before the next read, which it may alias).
+// The pieces a part reads before it writes any, where src and dst lie on 16 bytes: a thread's reads (a peer's row
+// over NVLink) then overlap, where a read and its write would wait for the read piece after piece (the compiler
+// keeps a write before the next read, which it may alias).
 constexpr int kPiecesInFlight = 4;
 
 // Part `part` of n values from src into dst (which do not overlap), in each_piece's 16-byte pieces, each value
