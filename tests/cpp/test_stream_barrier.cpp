@@ -153,6 +153,36 @@ TEST(a_reason_published_after_the_claim_still_reaches_the_peers) {
             "rank 1: outcome %d, peer %d, '%s'", e.outcome, e.peer, e.detail);
 }
 
+// A refuser preempted inside raise_abort, after it acknowledged rank 0 and wrote its abort but before it came to rank
+// 2: rank 0 fails, and its own abort reaches rank 2 before the refuser has acknowledged rank 2. Rank 2 then waits
+// (bounded) until the refuser has (stamped_peer trusts only a peer that acknowledged this rank) and names it with its
+// reason. The refuser's state is set by hand; the rest of its raise_abort comes 100 ms late, as on CI's loaded machine
+// once (rank 2 named no peer and carried no reason).
+TEST(a_peer_told_of_the_abort_by_another_still_gets_the_refusers_reason) {
+  const int world = 3, refuser = 1;
+  Group g(world);
+  core::PeerHeader* own = g.headers[refuser];
+  auto incarnation = [&](int r) { return core::load_word(g.headers[r]->incarnation); };
+  std::snprintf(own->reason, sizeof(own->reason), "rank 1 rejected its call: argument 'x' is host memory");
+  core::store_word(own->reason_stamp, incarnation(refuser));
+  core::store_word(own->abort, incarnation(refuser));
+  core::store_word(own->seen[0], incarnation(0));  // raise_abort's first peer: acknowledged, then told
+  core::store_word(g.headers[0]->abort, incarnation(0));
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    core::raise_abort(g.headers.data(), world, refuser);  // the rest of it: rank 2 acknowledged, then told
+  });
+  std::vector<int> passed(world, -1);
+  g.run([&](int r) { passed[r] = g.barrier(r, kSchedule); }, refuser);
+  late.join();
+  for (int r : {0, 2}) {
+    const core::ErrorRecord& e = g.records[r];
+    CHECK_MSG(passed[r] == 0 && e.outcome == static_cast<int32_t>(Outcome::peer_abort) && e.peer == refuser &&
+                  std::strstr(e.detail, "rank 1 rejected its call: argument 'x'") != nullptr,
+              "rank %d: passed %d, outcome %d, peer %d, '%s'", r, passed[r], e.outcome, e.peer, e.detail);
+  }
+}
+
 // A rank cut short after the group formed (a launch that failed: no purpose, no reason) stops its peers at their next
 // barrier, which name no rank; the barriers before it passed.
 TEST(a_rank_cut_short_mid_context_stops_its_peers_at_the_next_barrier) {

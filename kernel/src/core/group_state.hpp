@@ -214,12 +214,15 @@ MOK_HD inline bool stream_barrier(GroupState& g, ErrorRecord* error, PeerHeader*
   if (record_claimed(error)) return leave_failed(g, error, headers, world, rank, timeout_ns), false;
   Failure f = group_barrier(g, headers, world, rank, timeout_ns, what, call);
   if (f.ok()) return true;
-  const char* reason = nullptr;  // an abort's: the rank that left on purpose, and why
-  if (f.outcome == Outcome::peer_abort) {
-    f.peer = stamped_peer(headers, world, rank);
-    reason = f.peer >= 0 ? headers[f.peer]->reason : nullptr;
-  }
-  settle_group_failure(g, error, headers, world, rank, timeout_ns, f, reason);
+  if (f.outcome != Outcome::peer_abort)
+    return settle_group_failure(g, error, headers, world, rank, timeout_ns, f, nullptr), false;
+  // An abort: settle_group_failure's steps, with the wait for every peer to join (bounded) before the record, which
+  // names the rank that left on purpose and carries its reason. The abort can come through another peer before that
+  // rank has acknowledged this one (it was preempted inside raise_abort), and stamped_peer trusts only a peer that has.
+  tell_unformed_peers(g, headers, world, rank, timeout_ns);
+  f.peer = stamped_peer(headers, world, rank);
+  record_failure(error, f, rank, -1, -1, f.peer >= 0 ? headers[f.peer]->reason : nullptr);
+  raise_abort(headers, world, rank);
   return false;
 }
 
