@@ -29,9 +29,6 @@ int cute_panel_at(int row, int k) {
   auto view = cute::make_tensor(cute::make_smem_ptr(panel), tile::PanelLayoutOf<M>{});
   return static_cast<int>(&view(cute::make_coord(cute::make_coord(row, k % 16), 0, k / 16)) - panel);
 }
-template <tile::Major M>
-constexpr mok::core::PanelMajor core_major =
-    M == tile::Major::MN ? mok::core::PanelMajor::mn : mok::core::PanelMajor::k;
 
 template <tile::Major M>
 void check_panel_offsets(const char* name) {
@@ -40,7 +37,7 @@ void check_panel_offsets(const char* name) {
   for (int row = 0; row < kMmaRows; ++row)
     for (int k = 0; k < kMmaDepth; ++k) {
       int cute_at = cute_panel_at<M>(row, k);
-      int core_at = mok::core::panel_offset(core_major<M>, row, k);
+      int core_at = mok::core::panel_offset(tile::core_major<M>, row, k);
       if (cute_at >= 0 && cute_at < mok::core::kPanelValues) ++seen[cute_at];
       if (cute_at != core_at && wrong++ < 3)
         std::printf("  %s (row %d, k %d): core %d, CuTe %d\n", name, row, k, core_at, cute_at);
@@ -122,7 +119,7 @@ void check_descriptors(const Fragment& fragment, const char* name) {
     for (int mn = 0; mn < kMmaRows; ++mn)
       for (int k = 0; k < 16; ++k) {
         int depth = slice * 16 + k;
-        int core_at = 2 * mok::core::panel_offset(core_major<M>, mn, depth);
+        int core_at = 2 * mok::core::panel_offset(tile::core_major<M>, mn, depth);
         int read_at = descriptor_byte(descriptor, mn_major, mn, k);
         if (read_at != core_at && wrong++ < 3)
           std::printf("  %s (mn %d, k %d): core's byte %d, the descriptor's %d\n", name, mn, depth, core_at, read_at);

@@ -105,16 +105,32 @@ MOK_HD inline Failure group_barrier(GroupState& g, PeerHeader* const* headers, i
   return barrier(headers, world, rank, ++g.epoch, call, timeout_ns, what);
 }
 
+// The rank that left the group on purpose (mokLayerAbort, a refused call) with its reason stamped in its header, as
+// leave_group_for stamps it; -1 when none did. Only a joined peer's header is this group's.
+MOK_HD inline int stamped_peer(PeerHeader* const* headers, int world, int rank) {
+  for (int q = 0; q < world; ++q) {
+    uint64_t incarnation = load_word(headers[q]->incarnation);
+    if (incarnation != 0 && joined(headers, rank, q) && load_word(headers[q]->reason_stamp) == incarnation) return q;
+  }
+  return -1;
+}
+
 // A failure of the group outside the workers (formation, barriers), recorded into `error` (the rank's
-// record: g.error on the host, a device executor's host-mapped one) with the executor's wording of it.
+// record: g.error on the host, a device executor's host-mapped one) with the executor's wording of it,
+// or, given none, an abort's reason as the rank that left on purpose stamped it.
 // A timeout or an abort is passed on to every rank; a mismatch is not: every rank finds it itself, and
 // an abort could reach a peer before it sees the mismatch and hide the message.
 MOK_HD inline void settle_group_failure(GroupState& g, ErrorRecord* error, PeerHeader* const* headers, int world,
                                         int rank, uint64_t timeout_ns, Failure f, const char* detail) {
+  if (f.outcome == Outcome::peer_abort) {
+    // Wait (bounded) for every peer to join before the record names the rank that left on purpose: the abort can
+    // come through another peer before that rank has acknowledged this one (it was preempted inside raise_abort),
+    // and stamped_peer trusts only a peer that has.
+    tell_unformed_peers(g, headers, world, rank, timeout_ns);
+    f.peer = stamped_peer(headers, world, rank);
+    if (!detail && f.peer >= 0) detail = headers[f.peer]->reason;
+  }
   record_failure(error, f, rank, -1, -1, detail);
-  // Before the group has formed, the peer that aborted it may not trust this rank's header yet, so
-  // its reason is not readable: wait (bounded) until every peer has joined.
-  if (f.outcome == Outcome::peer_abort) tell_unformed_peers(g, headers, world, rank, timeout_ns);
   if (f.outcome == Outcome::timeout || f.outcome == Outcome::peer_abort) raise_abort(headers, world, rank);
 }
 
@@ -166,16 +182,6 @@ MOK_HD inline bool on_purpose(int32_t outcome, int32_t wait) {
          (outcome == static_cast<int32_t>(Outcome::peer_abort) && wait == static_cast<int32_t>(WaitId::none));
 }
 
-// The rank that left the group on purpose (mokLayerAbort, a refused call) with its reason stamped in its header, as
-// leave_group_for stamps it; -1 when none did. Only a joined peer's header is this group's.
-MOK_HD inline int stamped_peer(PeerHeader* const* headers, int world, int rank) {
-  for (int q = 0; q < world; ++q) {
-    uint64_t incarnation = load_word(headers[q]->incarnation);
-    if (incarnation != 0 && joined(headers, rank, q) && load_word(headers[q]->reason_stamp) == incarnation) return q;
-  }
-  return -1;
-}
-
 // This rank leaves the group; with a `reason` (it left on purpose) that reason into its header first and stamped,
 // unless the group is aborting already (its first reason stands).
 MOK_HD inline void leave_group_for(GroupState& g, PeerHeader* const* headers, int world, int rank, uint64_t timeout_ns,
@@ -214,15 +220,7 @@ MOK_HD inline bool stream_barrier(GroupState& g, ErrorRecord* error, PeerHeader*
   if (record_claimed(error)) return leave_failed(g, error, headers, world, rank, timeout_ns), false;
   Failure f = group_barrier(g, headers, world, rank, timeout_ns, what, call);
   if (f.ok()) return true;
-  if (f.outcome != Outcome::peer_abort)
-    return settle_group_failure(g, error, headers, world, rank, timeout_ns, f, nullptr), false;
-  // An abort: settle_group_failure's steps, with the wait for every peer to join (bounded) before the record, which
-  // names the rank that left on purpose and carries its reason. The abort can come through another peer before that
-  // rank has acknowledged this one (it was preempted inside raise_abort), and stamped_peer trusts only a peer that has.
-  tell_unformed_peers(g, headers, world, rank, timeout_ns);
-  f.peer = stamped_peer(headers, world, rank);
-  record_failure(error, f, rank, -1, -1, f.peer >= 0 ? headers[f.peer]->reason : nullptr);
-  raise_abort(headers, world, rank);
+  settle_group_failure(g, error, headers, world, rank, timeout_ns, f, nullptr);
   return false;
 }
 

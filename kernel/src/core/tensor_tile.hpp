@@ -140,14 +140,15 @@ MOK_HD inline void fill_piece(const Gemm& g, const MmaBlock& b, int p, bf16_t* p
   int i = (second ? b.col0 : b.row0) + row, rows = second ? g.cols : g.rows, depth = part.depth;
   Piece* out = reinterpret_cast<Piece*>(panels + (second ? kPanelValues : 0) + panel_offset(major, row, k));
   int last_i = mn ? i + kPieceValues - 1 : i, last_k = b.k0 + k + (mn ? 0 : kPieceValues - 1);
-  bool contiguous = mn || o.depth_stride == 1;  // the piece's 8 values are 16 bytes of the operand's storage
-  if (o.dtype == Dtype::bf16 && contiguous && last_i < rows && last_k < depth) {
+  bool inside = last_i < rows && last_k < depth;  // every value of the piece is the operand's
+  bool contiguous = mn || o.depth_stride == 1;    // the piece's 8 values are 16 bytes of the operand's storage
+  if (o.dtype == Dtype::bf16 && contiguous && inside) {
     const bf16_t* from = static_cast<const bf16_t*>(o.data) + i * o.row_stride + (b.k0 + k) * o.depth_stride;
     if (on_piece(from)) return move(out, reinterpret_cast<const Piece*>(from));
   }
   Piece piece;
   static_assert(kMxBlock % kPieceValues == 0 && kMmaDepth % kMxBlock == 0, "a K-major piece is inside a scale block");
-  if (o.dtype == Dtype::e4m3 && !mn && last_i < rows && last_k < depth) {
+  if (o.dtype == Dtype::e4m3 && !mn && inside) {
     const uint8_t* codes = static_cast<const uint8_t*>(o.data) + i * o.row_stride + (b.k0 + k) * o.depth_stride;
     float scale = e8m0_decode(operand_scale(o, i, (b.k0 + k) / kMxBlock));
     for (int v = 0; v < kPieceValues; ++v)

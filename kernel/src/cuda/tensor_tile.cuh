@@ -27,6 +27,9 @@ template <Major A, Major B>
 using MmaOf = decltype(cute::make_tiled_mma(
     cute::SM100_MMA_F16BF16_SS<Value, Value, float, core::kMmaRows, core::kMmaCols, A, B>{}));
 using Mma = MmaOf<Major::K, Major::K>;  // its shapes, the accumulator's among them, are every major's
+// Core's name for the major the MMA calls M: the one map between them.
+template <Major M>
+constexpr core::PanelMajor core_major = M == Major::MN ? core::PanelMajor::mn : core::PanelMajor::k;
 // A panel, as the MMA partitions it: ((rows, 16), 1, depth / 16).
 using PanelShape = decltype(cute::partition_shape_A(
     Mma{}, cute::make_shape(cute::Int<core::kMmaRows>{}, cute::Int<core::kMmaDepth>{})));
@@ -279,16 +282,23 @@ struct TileSteps : StageWait {
     }
     cutlass::arch::umma_arrive(&s.mma_done[stage]);
   }
+  // Warp 1's MMAs of the stage when its fill recorded majors A and B; false for other majors.
+  template <Major A, Major B>
+  __device__ bool issue_if(core::PanelMajors majors, int stage, int accumulator_index, bool first) {
+    if (majors.a != core_major<A> || majors.b != core_major<B>) return false;
+    issue<A, B>(stage, accumulator_index, first);
+    return true;
+  }
   // Warp 1's MMAs of the stage in the majors its fill recorded. Not inlined: the four forms of the MMAs inlined into
   // the walk spill its registers (ptxas: 8 bytes), and warps 0 and 2 to 7 do not make the call.
   __device__ __noinline__ void issue_stage(int stage, int accumulator_index, bool first) {
     __syncwarp();
     fence_after_sync();
-    bool a_mn = s.majors[stage].a == core::PanelMajor::mn, b_mn = s.majors[stage].b == core::PanelMajor::mn;
-    if (!a_mn && !b_mn) return issue<Major::K, Major::K>(stage, accumulator_index, first);
-    if (!a_mn) return issue<Major::K, Major::MN>(stage, accumulator_index, first);
-    if (!b_mn) return issue<Major::MN, Major::K>(stage, accumulator_index, first);
-    issue<Major::MN, Major::MN>(stage, accumulator_index, first);
+    core::PanelMajors majors = s.majors[stage];
+    issue_if<Major::K, Major::K>(majors, stage, accumulator_index, first) ||
+        issue_if<Major::K, Major::MN>(majors, stage, accumulator_index, first) ||
+        issue_if<Major::MN, Major::K>(majors, stage, accumulator_index, first) ||
+        issue_if<Major::MN, Major::MN>(majors, stage, accumulator_index, first);
   }
   __device__ void multiply(int stage, int accumulator_index, bool first) {
     if (warp() == kMmaWarp) issue_stage(stage, accumulator_index, first);
