@@ -249,7 +249,8 @@ TEST(compute_workers_own_rows_and_sums_inside_the_layout) {
 // parts run one after another, first to last and last to first (MOK_HOST_ROW_PARTS), as the fused executor's CTA runs
 // them on its threads at once: the same bits as whole, BF16 and MXFP8, a gated shared expert, biases, input scaling,
 // recompute, bf16 gradients and fp32 main_grad. 3 parts split H = 96 unevenly (12 bf16 pieces; in MXFP8 128 pairs and
-// 128 columns, a padding block's included); 200 leave some parts empty.
+// 128 columns, a padding block's included); 200 leave some parts empty. With 3 or 6 of the parts holding slots
+// (MOK_HOST_BULK_SLOTS), the rows copied unchanged (dispatch's unscaled x or dy, combine's pushes) go as bulk copies.
 TEST(row_jobs_in_parts_give_the_same_bits) {
   for (bool mxfp8 : {false, true})
     for (bool input_scale : {false, true}) {
@@ -274,17 +275,19 @@ TEST(row_jobs_in_parts_give_the_same_bits) {
         k.recompute = accumulate;
         Outputs whole = run_layer(p, k);
         CHECK(all_ok(whole));
-        for (const char* parts : {"3", "-3", "-200"}) {
+        for (auto [parts, slots] : {std::pair{"3", "0"}, {"-3", "0"}, {"-200", "0"}, {"7", "3"}, {"-200", "6"}}) {
           setenv("MOK_HOST_ROW_PARTS", parts, 1);
+          setenv("MOK_HOST_BULK_SLOTS", slots, 1);
           Outputs o = run_layer(p, k);
           unsetenv("MOK_HOST_ROW_PARTS");
+          unsetenv("MOK_HOST_BULK_SLOTS");
           bool bias_same = o.dbgate == whole.dbgate && o.dbup == whole.dbup && o.dbdown == whole.dbdown &&
                            o.main_bgate == whole.main_bgate && o.main_bup == whole.main_bup &&
                            o.main_bdown == whole.main_bdown && o.dsrouter == whole.dsrouter &&
                            o.main_srouter == whole.main_srouter;
           CHECK_MSG(all_ok(o) && same(whole, o) && bias_same,
-                    "mxfp8 %d input_scale %d accumulate %d: row jobs in parts %s differ from whole", mxfp8, input_scale,
-                    accumulate, parts);
+                    "mxfp8 %d input_scale %d accumulate %d: row jobs in parts %s (%s bulk slots) differ from whole",
+                    mxfp8, input_scale, accumulate, parts, slots);
         }
       }
     }

@@ -296,6 +296,38 @@ def test_fused_pass_keeps_a_row_moves_reads_in_flight(libmok, cuda_bin):
         assert longest >= want, f"{arch}: no {want} 128-bit loads, then {want} 128-bit stores, with nothing between"
 
 
+def bulk_copy_order(sass: str) -> tuple[int, list[str]]:
+    """The bulk copies of a row in `sass` (core::bulk_copy on row_copies' slots): how many loads into a slot
+    (UBLKCP.S.G) come after their bytes are announced to the slot's barrier (SYNCS.ARRIVE.TRANS64) and before a poll
+    of it (SYNCS.PHASECHK.TRANS64.TRYWAIT), which comes before the store out of the slot (UBLKCP.G.S); and what breaks
+    it."""
+    instructions = [i.strip() for i in re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)]
+    ordered, broken = 0, []
+    for n, instruction in enumerate(instructions):
+        if "UBLKCP.S.G" not in instruction:
+            continue
+        before = next((i for i in reversed(instructions[:n]) if re.search(r"UBLKCP|SYNCS\.ARRIVE\.TRANS64", i)), "")
+        after = [i for i in instructions[n + 1:] if re.search(r"UBLKCP|TRYWAIT", i)][:2]
+        if "SYNCS.ARRIVE.TRANS64" not in before:
+            broken.append(f"a load at {n} with no announced bytes before it")
+        elif len(after) < 2 or "TRYWAIT" not in after[0] or "UBLKCP.G.S" not in after[1]:
+            broken.append(f"a load at {n} followed by {after}, not a poll and then the store")
+        else:
+            ordered += 1
+    return ordered, broken
+
+
+def test_fused_pass_copies_unchanged_rows_in_bulk(libmok, cuda_bin):
+    """The rows a row job copies unchanged (dispatch's unscaled pulls, combine's pushes: core::RowMoves) go through
+    row_copies' slots of shared memory as TMA bulk copies: each load into a slot announced to its barrier, polled, and
+    only then stored out (core::bulk_copy: a store before its load landed would write the slot's old bytes); with the
+    global proxy fence (FENCE.VIEW.ASYNC.G) between the counters' acquire and the copies, and after them."""
+    for arch, sass in fused_pass_sass(libmok, cuda_bin).items():
+        ordered, broken = bulk_copy_order(sass)
+        assert ordered > 0 and not broken, f"{arch}: {ordered} bulk loads in order; {broken[:3]}"
+        assert re.search(r"FENCE\.VIEW\.ASYNC\.G\b", sass), f"{arch}: no global proxy fence around the bulk copies"
+
+
 def test_fused_pass_shares_its_tiles_through_a_named_barrier(libmok, cuda_bin):
     """Thread 0 of a fused pass's CTA runs core's body and enters the CTA's barrier from inside it while the other
     threads wait in their serving loop, so the barrier must be the non-aligned named one (barrier.sync 1: BAR.SYNC on

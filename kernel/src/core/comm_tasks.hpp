@@ -4,27 +4,29 @@
 
 #include <cstdint>
 
+#include "core/bulk_copy.hpp"
 #include "core/pass_view.hpp"
 #include "core/tile.hpp"
 
 namespace mok::core {
 
-// Part `part` of row j's x (unless the backward keeps the forward's) and, in backward, of its dy into x_dst and
-// dy_dst: the ring's rows (bf16 mode) or a block's rows on their way to quantisation (MXFP8). The routing weight
+// Row j's x (unless the backward keeps the forward's) and, in backward, its dy into x_dst and dy_dst, as `moves`' part
+// moves them: the ring's rows (bf16 mode) or a block's rows on their way to quantisation (MXFP8). The routing weight
 // w_k scales one of them, rounded to bf16: dy = bf16(w_k · dout) (mokRoutingScaleOutput), or x = bf16(w_k · x)
 // with dy = dout (mokRoutingScaleInput: the expert's input is the scaled row, in every pass alike).
-MOK_HD inline void pull_row(const PassView& v, int64_t j, bf16_t* x_dst, bf16_t* dy_dst, Part part) {
+template <class Moves>
+MOK_HD void pull_row(const PassView& v, int64_t j, bf16_t* x_dst, bf16_t* dy_dst, Moves& moves) {
   RowRef ref = v.sched.rows[j];
   int h = v.s.hidden;
   int64_t slot = static_cast<int64_t>(ref.token) * v.s.top_k + ref.k;
   bool input = input_scaled(v.s);
   float weight = input || is_backward(v.kind) ? peer_array<const float>(v, ref.rank, v.peer.topk_weights)[slot] : 0.0f;
-  // src's part into dst, scaled by w_k or copied.
+  // src into dst, scaled by w_k or copied.
   auto move = [&](const bf16_t* src, bf16_t* dst, bool scaled) {
     if (scaled)
-      move_part(part, src, h, dst, ScaledValue{weight});
+      moves.row(src, h, dst, ScaledValue{weight});
     else
-      move_part(part, src, h, dst, SameValue{});
+      moves.row(src, h, dst, SameValue{});
   };
   if (v.kind != PassKind::backward_kept)  // else the forward's x is still in the ring
     move(peer_array<const bf16_t>(v, ref.rank, v.peer.x) + static_cast<int64_t>(ref.token) * h, x_dst, input);
@@ -36,7 +38,8 @@ MOK_HD inline void pull_row(const PassView& v, int64_t j, bf16_t* x_dst, bf16_t*
 // spreads the load over peers; the rows' places (and so the math) are fixed. Padding rows are skipped.
 // Each row goes to its ring rows, or with a `staging` block (MXFP8 mode) to its row there: x at
 // staging + (j - lo) · H, dy kMxStagingRows rows further.
-MOK_HD inline void pull_rows(const PassView& v, int64_t lo, int64_t hi, bf16_t* staging, Part part) {
+template <class Moves>
+MOK_HD void pull_rows(const PassView& v, int64_t lo, int64_t hi, bf16_t* staging, Moves& moves) {
   int h = v.s.hidden;
   int64_t cursor[kMaxWorld];
   for (int r = 0; r < v.s.world; ++r) cursor[r] = lo;
@@ -49,7 +52,7 @@ MOK_HD inline void pull_rows(const PassView& v, int64_t lo, int64_t hi, bf16_t* 
       if (j < hi) {
         bf16_t* x = staging ? staging + (j - lo) * h : ring_row(v, v.ring_x, j, h);
         bf16_t* dy = staging ? staging + (kMxStagingRows + j - lo) * h : ring_row(v, v.ring_dy, j, h);
-        pull_row(v, j, x, dy, part);
+        pull_row(v, j, x, dy, moves);
         pulled = true;
       }
       cursor[r] = j < hi ? j + 1 : hi;
@@ -61,15 +64,16 @@ MOK_HD inline void pull_rows(const PassView& v, int64_t lo, int64_t hi, bf16_t* 
 
 // The 32 ring rows from b (a whole 32-row block) pulled into the worker's `staging` (2 x [32, H] bf16: x and dy;
 // a padding row zeros), on their way to quantize_pulled: the bf16 values never reach the ring.
-MOK_HD inline void stage_pulled(const PassView& v, int64_t b, bf16_t* staging, Part part) {
+template <class Moves>
+MOK_HD void stage_pulled(const PassView& v, int64_t b, bf16_t* staging, Moves& moves) {
   int h = v.s.hidden;
   for (int r = 0; r < kMxBlock; ++r)
     if (v.sched.rows[b + r].rank < 0)
-      each_piece(part, h, kPieceValues, [&](int64_t first, int n) {
+      each_piece(moves.part, h, kPieceValues, [&](int64_t first, int n) {
         zero_rows(staging + r * h + first, n);
         zero_rows(staging + (kMxStagingRows + r) * h + first, n);
       });
-  pull_rows(v, b, b + kMxBlock, staging, part);
+  pull_rows(v, b, b + kMxBlock, staging, moves);
 }
 
 // The staged block (stage_pulled, a row job before: a column along the tokens reads every part's rows) quantised
@@ -81,21 +85,23 @@ MOK_HD inline void quantize_pulled(const PassView& v, int64_t b, const bf16_t* s
     quantize_ring_block(v.s, v.mx_dy, h, b, staging + static_cast<int64_t>(kMxStagingRows) * h, true, part);
 }
 
-// Part `part` of dispatch's row job: rows [lo, hi) into the ring (bf16), or in MXFP8 mode the 32-row block from lo
+// `moves`' part of dispatch's row job: rows [lo, hi) into the ring (bf16), or in MXFP8 mode the 32-row block from lo
 // staged.
-MOK_HD inline void pull_block(const PassView& v, int64_t lo, int64_t hi, bf16_t* staging, Part part) {
+template <class Moves>
+MOK_HD void pull_block(const PassView& v, int64_t lo, int64_t hi, bf16_t* staging, Moves& moves) {
   if (v.s.mxfp8)
-    stage_pulled(v, lo, staging, part);
+    stage_pulled(v, lo, staging, moves);
   else
-    pull_rows(v, lo, hi, nullptr, part);
+    pull_rows(v, lo, hi, nullptr, moves);
 }
 
 // Rows [lo, hi) into the ring, bf16 or (MXFP8 mode, whole 32-row blocks) quantised through `staging`: dispatch's body
 // without its waits, on one thread, which the split executor runs over a window after the launches it follows.
 MOK_HD inline void pull_window(const PassView& v, int64_t lo, int64_t hi, bf16_t* staging) {
-  if (!v.s.mxfp8) return pull_rows(v, lo, hi, nullptr, kWhole);
+  RowMoves<> moves{kWhole};
+  if (!v.s.mxfp8) return pull_rows(v, lo, hi, nullptr, moves);
   for (int64_t b = lo; b < hi; b += kMxBlock) {
-    stage_pulled(v, b, staging, kWhole);
+    stage_pulled(v, b, staging, moves);
     quantize_pulled(v, b, staging, kWhole);
   }
 }
@@ -135,9 +141,10 @@ MOK_HD Failure run_dispatch(const PassView& v, int64_t m, Ops& ops) {
   return kNoFailure;
 }
 
-// Part `part` of rows [lo, hi) of the output ring (y, or dx in backward) into their home ranks' (token, k) slots;
-// padding rows stay. Combine's body without its waits (see pull_window).
-MOK_HD inline void push_rows(const PassView& v, int64_t lo, int64_t hi, Part part = kWhole) {
+// Rows [lo, hi) of the output ring (y, or dx in backward) into their home ranks' (token, k) slots, as `moves`' part
+// moves them; padding rows stay.
+template <class Moves>
+MOK_HD void push_rows(const PassView& v, int64_t lo, int64_t hi, Moves& moves) {
   int h = v.s.hidden;
   size_t slots = is_backward(v.kind) ? v.peer.dx_slots : v.peer.y_slots;
   for (int64_t j = lo; j < hi; ++j) {
@@ -146,8 +153,13 @@ MOK_HD inline void push_rows(const PassView& v, int64_t lo, int64_t hi, Part par
     int64_t slot = static_cast<int64_t>(ref.token) * v.s.top_k + ref.k;
     const bf16_t* row = out_row(v, j);
     bf16_t* home = peer_array<bf16_t>(v, ref.rank, slots) + slot * h;
-    move_part(part, row, h, home, SameValue{});
+    moves.row(row, h, home, SameValue{});
   }
+}
+// ... all of them: combine's body without its waits (see pull_window).
+MOK_HD inline void push_rows(const PassView& v, int64_t lo, int64_t hi) {
+  RowMoves<> moves{kWhole};
+  push_rows(v, lo, hi, moves);
 }
 
 // Push minibatch m's finished rows (y, or dx in backward) into their home ranks' (token, k) slots, by ops.rows.

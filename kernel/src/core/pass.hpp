@@ -34,12 +34,15 @@ MOK_HD Failure run_task(const PassView& v, Task task, Ops& ops) {
   }
 }
 
-// Part `part` of a row job (tile.hpp): a host worker runs it whole, a CTA's threads each their part at once.
-MOK_HD inline void run_rows(const PassView& v, const RowJob& job, Part part) {
+// Part `part` of a row job (tile.hpp): a host worker runs it whole, a CTA's threads each their part at once. `bulk`:
+// the executor's bulk copies as this part sees them (bulk_copy.hpp), which move the rows a job copies unchanged.
+template <class Bulk = NoBulk>
+MOK_HD void run_rows(const PassView& v, const RowJob& job, Part part, Bulk bulk = {}) {
+  RowMoves<Bulk> moves{part, bulk};
   switch (job.work) {
-    case RowWork::pull: return pull_block(v, job.first, job.end, job.staging, part);
+    case RowWork::pull: return pull_block(v, job.first, job.end, job.staging, moves);
     case RowWork::quantize_pulled: return quantize_pulled(v, job.first, job.staging, part);
-    case RowWork::push: return push_rows(v, job.first, job.end, part);
+    case RowWork::push: return push_rows(v, job.first, job.end, moves);
     case RowWork::swiglu: return swiglu_rows(v, job.tile, job.staging, part);
     case RowWork::swiglu_backward: return swiglu_backward_in_place(v, job.tile, part);
     case RowWork::stage_backward: return stage_backward_block(v, job.tile, job.first, job.staging, part);

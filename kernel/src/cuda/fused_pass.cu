@@ -3,6 +3,7 @@
 #include "core/pass_worker.hpp"
 #include "cuda/fused_pass.hpp"
 #include "cuda/resource_note.hpp"
+#include "cuda/row_copies.cuh"
 #include "cuda/tensor_tile.cuh"
 
 namespace mok::cuda {
@@ -46,16 +47,21 @@ __device__ __noinline__ void compute_tile(const core::Gemm& g, tensor_tile::Stor
 
 // A row job by every thread but thread 0, as part threadIdx - 1 of blockDim - 1 (core's run_rows: 16-byte pieces of
 // each row, neighbouring threads on neighbouring pieces; MXFP8's quantisation a (row, scale block) pair or a column
-// each), fenced as compute_tile. Thread 0 stays in core's body: a
-// call from there would add this job's frame (pull_rows' cursor per rank) to the body's on every thread's stack.
-__device__ __noinline__ void share_rows(const core::RowJob& job, const core::PassView& v) {
-  core::run_rows(v, job, core::Part{static_cast<int>(threadIdx.x) - 1, static_cast<int>(blockDim.x) - 1});
+// each; the rows it copies unchanged as bulk copies by the threads holding row_copies' slots), fenced as
+// compute_tile. Thread 0 stays in core's body: a call from there would add this job's frame (pull_rows' cursor per
+// rank) to the body's on every thread's stack.
+__device__ __noinline__ void share_rows(const core::RowJob& job, const core::PassView& v, row_copies::Slots& slots) {
+  row_copies::SlotCopies copies{slots, row_copies::own_slot(), v.timeout_ns};
+  copies.begin();
+  core::run_rows(v, job, core::Part{static_cast<int>(threadIdx.x) - 1, static_cast<int>(blockDim.x) - 1}, copies);
+  copies.end();
   __threadfence();
 }
 
 // The operations of thread 0: every tile GEMM and row job over the CTA's threads (their writes done before the
-// second cta_barrier, so thread 0's later release publishes them all). A tensor-core tile whose MMAs did not finish
-// fails the pass. `scratch`: the worker's MXFP8 staging (core's row jobs); the tiles take none.
+// second cta_barrier, so thread 0's later release publishes them all). A tensor-core tile whose MMAs did not finish,
+// or a row job whose bulk copy did not land, fails the pass. `scratch`: the worker's MXFP8 staging (core's row jobs);
+// the tiles take none.
 struct CtaOps {
   float* scratch;
   core::bf16_t* chunk;
@@ -72,14 +78,19 @@ struct CtaOps {
     cta_barrier();
     compute_tile(order->gemm, *tensor, stages, view->timeout_ns);
     cta_barrier();
-    if (tensor->failed)
-      core::fail_pass(*view, core::Failure{core::Outcome::timeout, core::WaitId::tensor_core}, nullptr);
+    if (tensor->failed) fail(core::WaitId::tensor_core);
   }
   __device__ void rows(const core::PassView&, const core::RowJob& job) {
+    if (row_copies::slots().failed) return;
     order->work = Order::Work::rows;
     order->rows = job;
     cta_barrier();  // the other threads run it
     cta_barrier();
+    if (row_copies::slots().failed) fail(core::WaitId::row_copy);
+  }
+  // A wait of the CTA's threads ran out. One call for both orders: inlined twice, thread 0's body spills.
+  __device__ __noinline__ void fail(core::WaitId wait) {
+    core::fail_pass(*view, core::Failure{core::Outcome::timeout, wait}, nullptr);
   }
   __device__ bool stop_here(const core::PassView&, int64_t, const core::Task*) const { return false; }
 };
@@ -110,6 +121,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   view.graph = *graph;
   view.sched.total_rows = view.group->total_rows;
   tensor_tile::open(tensor);
+  row_copies::open(row_copies::slots());
   cta_barrier();
   core::PanelStages stages;
   if (threadIdx.x == 0) {
@@ -129,13 +141,14 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
       cta_barrier();
       if (order.work == Order::Work::stop) break;
       if (order.work == Order::Work::rows)
-        share_rows(order.rows, view);
+        share_rows(order.rows, view, row_copies::slots());
       else
         compute_tile(order.gemm, tensor, stages, view.timeout_ns);
       cta_barrier();
     }
   }
   tensor_tile::close(tensor, stages, view.timeout_ns);  // warp 1's stages: the serving loop's
+  row_copies::close(row_copies::slots(), view.timeout_ns);
 }
 
 cudaError_t fused_residency(int* ctas) {
