@@ -296,36 +296,57 @@ def test_fused_pass_keeps_a_row_moves_reads_in_flight(libmok, cuda_bin):
         assert longest >= want, f"{arch}: no {want} 128-bit loads, then {want} 128-bit stores, with nothing between"
 
 
-def bulk_copy_order(sass: str) -> tuple[int, list[str]]:
-    """The bulk copies of a row in `sass` (core::bulk_copy on row_copies' slots): how many loads into a slot
-    (UBLKCP.S.G) come after their bytes are announced to the slot's barrier (SYNCS.ARRIVE.TRANS64) and before a poll
-    of it (SYNCS.PHASECHK.TRANS64.TRYWAIT), which comes before the store out of the slot (UBLKCP.G.S); and what breaks
-    it."""
-    instructions = [i.strip() for i in re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)]
-    ordered, broken = 0, []
-    for n, instruction in enumerate(instructions):
-        if "UBLKCP.S.G" not in instruction:
-            continue
-        before = next((i for i in reversed(instructions[:n]) if re.search(r"UBLKCP|SYNCS\.ARRIVE\.TRANS64", i)), "")
-        after = [i for i in instructions[n + 1:] if re.search(r"UBLKCP|TRYWAIT", i)][:2]
-        if "SYNCS.ARRIVE.TRANS64" not in before:
-            broken.append(f"a load at {n} with no announced bytes before it")
-        elif len(after) < 2 or "TRYWAIT" not in after[0] or "UBLKCP.G.S" not in after[1]:
-            broken.append(f"a load at {n} followed by {after}, not a poll and then the store")
-        else:
-            ordered += 1
-    return ordered, broken
+# The SASS of row_copies' steps: wait_group.read and wait_group 0 (DEPBAR.LE SB0, 0x0; the latter then invalidates L1,
+# CCTL.IVALL), a load's bytes announced to the slot's barrier, the load into the slot, the barrier's poll, the store
+# out of the slot, the global proxy fence.
+BULK_WAIT, BULK_WRITTEN = r"DEPBAR\.LE SB0, 0x0$", r"CCTL\.IVALL$"
+BULK_ANNOUNCE, BULK_POLL = r"SYNCS\.ARRIVE\.TRANS64", r"SYNCS\.PHASECHK\.TRANS64\.TRYWAIT"
+BULK_LOAD, BULK_STORE = r"UBLKCP\.S\.G", r"UBLKCP\.G\.S"
+GLOBAL_PROXY_FENCE = r"FENCE\.VIEW\.ASYNC\.G$"
+
+
+def bulk_copy_faults(sass: str) -> tuple[int, list[str]]:
+    """The bulk copies of rows in `sass` (core::bulk_copy on row_copies' slots) and what breaks their order: each load
+    into a slot (UBLKCP.S.G) has, since the UBLKCP before it, the wait for the slot's stores to read it and its bytes
+    announced to the slot's barrier, and after it a poll of that barrier before the next UBLKCP, which is the store out
+    of the slot; a global proxy fence comes before the first copy, and after the last store the wait for the stores to
+    be written, then the fence."""
+    code = [i.strip() for i in re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)]
+    copies = [n for n, i in enumerate(code) if re.match(r"UBLKCP", i)]
+    loads = [n for n in copies if re.match(BULK_LOAD, code[n])]
+    faults = []
+    for n in loads:
+        earlier = [c for c in copies if c < n]
+        since = code[earlier[-1] + 1 if earlier else 0:n]
+        later = [c for c in copies if c > n]
+        until = code[n + 1:later[0] if later else len(code)]
+        if not any(re.match(BULK_WAIT, i) for i in since):
+            faults.append(f"load {n}: no wait for the slot's stores to read it")
+        if not any(re.match(BULK_ANNOUNCE, i) for i in since):
+            faults.append(f"load {n}: its bytes not announced to the slot's barrier")
+        if not later or not re.match(BULK_STORE, code[later[0]]) or not any(re.match(BULK_POLL, i) for i in until):
+            faults.append(f"load {n}: not polled before the next copy, the store out of the slot")
+    if copies:
+        if not any(re.match(GLOBAL_PROXY_FENCE, i) for i in code[:copies[0]]):
+            faults.append("no global proxy fence before the first copy")
+        written = [n for n in range(copies[-1] + 1, len(code) - 2)
+                   if re.match(BULK_WAIT, code[n]) and re.match(BULK_WRITTEN, code[n + 1])
+                   and re.match(GLOBAL_PROXY_FENCE, code[n + 2])]
+        if not written:
+            faults.append("after the last copy, no wait for the stores to be written and then a global proxy fence")
+    return len(loads), faults
 
 
 def test_fused_pass_copies_unchanged_rows_in_bulk(libmok, cuda_bin):
     """The rows a row job copies unchanged (dispatch's unscaled pulls, combine's pushes: core::RowMoves) go through
-    row_copies' slots of shared memory as TMA bulk copies: each load into a slot announced to its barrier, polled, and
-    only then stored out (core::bulk_copy: a store before its load landed would write the slot's old bytes); with the
-    global proxy fence (FENCE.VIEW.ASYNC.G) between the counters' acquire and the copies, and after them."""
+    row_copies' slots of shared memory as TMA bulk copies (core::bulk_copy), each load into a slot after the slot's
+    earlier stores have read it (else it overwrites what they have yet to store), its bytes announced to the slot's
+    barrier, which is polled before the store out of the slot (else the store writes the slot's old bytes); with the
+    global proxy fence between the counters' acquire and the copies, and after the job's stores are written (else
+    thread 0's release does not publish them)."""
     for arch, sass in fused_pass_sass(libmok, cuda_bin).items():
-        ordered, broken = bulk_copy_order(sass)
-        assert ordered > 0 and not broken, f"{arch}: {ordered} bulk loads in order; {broken[:3]}"
-        assert re.search(r"FENCE\.VIEW\.ASYNC\.G\b", sass), f"{arch}: no global proxy fence around the bulk copies"
+        loads, faults = bulk_copy_faults(sass)
+        assert loads > 0 and not faults, f"{arch}: {loads} bulk loads; {faults[:3]}"
 
 
 def test_fused_pass_shares_its_tiles_through_a_named_barrier(libmok, cuda_bin):

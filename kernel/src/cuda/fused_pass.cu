@@ -71,8 +71,11 @@ struct CtaOps {
   const core::PassView* view;
   core::PanelStages stages;  // as every thread of the CTA keeps them
 
+  // Nothing more once a wait of the CTA's threads ran out: an MMA or a bulk load that is only late may still use the
+  // panels (close gives each kind one more timeout), which the next tile or row job would take.
+  __device__ bool failed() const { return tensor->failed || row_copies::slots().failed; }
   __device__ void gemm(const core::Gemm& g) {
-    if (tensor->failed) return;
+    if (failed()) return;
     order->work = Order::Work::gemm;
     order->gemm = g;
     cta_barrier();
@@ -81,7 +84,7 @@ struct CtaOps {
     if (tensor->failed) fail(core::WaitId::tensor_core);
   }
   __device__ void rows(const core::PassView&, const core::RowJob& job) {
-    if (row_copies::slots().failed) return;
+    if (failed()) return;
     order->work = Order::Work::rows;
     order->rows = job;
     cta_barrier();  // the other threads run it
