@@ -46,15 +46,21 @@ int row_parts_from_env() {
 
 // MOK_HOST_BULK_SLOTS="<k>": k of a row job's parts (spread over them, at most one each) hold a slot and move the rows
 // it copies unchanged as bulk copies (core::RowMoves), as the fused executor's CTA does; 0 or unset: none.
+// MOK_HOST_FAULT_BULK_LOST=1: those copies are lost (a test's way of seeing that the slots carried rows).
 int bulk_slots_from_env() {
   const char* spec = std::getenv("MOK_HOST_BULK_SLOTS");
   return spec ? std::atoi(spec) : 0;
 }
+bool bulk_lost_from_env() {
+  const char* spec = std::getenv("MOK_HOST_FAULT_BULK_LOST");
+  return spec && std::atoi(spec) != 0;
+}
 
 // The bulk copies of a part (core/bulk_copy.hpp) on the host: slot `own` of `count` (-1: none), each copy through
-// a staging row at once.
+// a staging row at once (or lost).
 struct HostBulk {
   int count, own;
+  bool lost;
   struct Slot {
     core::bf16_t* staging;
     void wait_read() {}
@@ -65,16 +71,17 @@ struct HostBulk {
   int slots() const { return count; }
   int slot() const { return own; }
   void copy(const core::bf16_t* src, int64_t n, core::bf16_t* dst) {
+    if (lost) return;
     static thread_local std::vector<core::bf16_t> staging(core::kBulkValues);
     Slot slot{staging.data()};
     core::bulk_copy(slot, src, n, dst);
   }
   // Part `index` of `parts` with `slots` of them spread over the parts.
-  static HostBulk of(int index, int parts, int slots) {
+  static HostBulk of(int index, int parts, int slots, bool lost) {
     slots = slots < parts ? slots : parts;
     for (int s = 0; s < slots; ++s)
-      if (index == s * parts / slots) return HostBulk{slots, s};
-    return HostBulk{slots, -1};
+      if (index == s * parts / slots) return HostBulk{slots, s, lost};
+    return HostBulk{slots, -1, lost};
   }
 };
 
@@ -109,13 +116,14 @@ struct HostOps {
   int64_t slow_us;      // MOK_HOST_FAULT_SLOW on this rank; -1 = off
   int row_parts;        // MOK_HOST_ROW_PARTS
   int bulk_slots;       // MOK_HOST_BULK_SLOTS
+  bool bulk_lost;       // MOK_HOST_FAULT_BULK_LOST
 
   void gemm(const core::Gemm& g) { host::gemm(g, scratch, scratch_floats); }
   void rows(const core::PassView& v, const core::RowJob& job) const {
     int count = row_parts < 0 ? -row_parts : row_parts;
     for (int i = 0; i < count; ++i) {
       int index = row_parts < 0 ? count - 1 - i : i;
-      core::run_rows(v, job, core::Part{index, count}, HostBulk::of(index, count, bulk_slots));
+      core::run_rows(v, job, core::Part{index, count}, HostBulk::of(index, count, bulk_slots, bulk_lost));
     }
   }
 
@@ -150,7 +158,8 @@ void run_worker(void* job, int worker) {
               worker == 0 ? j.layer->stall_after_tasks : -1,
               j.layer->slow_task_us,
               j.layer->row_parts,
-              j.layer->bulk_slots};
+              j.layer->bulk_slots,
+              j.layer->bulk_lost};
   core::run_pass_worker(*j.view, worker, ops);
 }
 
@@ -194,6 +203,7 @@ mokStatus_t create(const core::LayerShape& shape, uint64_t timeout_ns, const mok
   l->slow_task_us = fault_from_env("MOK_HOST_FAULT_SLOW", shape.rank);
   l->row_parts = row_parts_from_env();
   l->bulk_slots = bulk_slots_from_env();
+  l->bulk_lost = bulk_lost_from_env();
   if (memory.peer_bases) {
     l->memory.adopt(memory.peer_bases, shape.world);
   } else if (mokStatus_t s = l->memory.rendezvous(memory.shm_name, shape, l->peer.bytes, timeout_ns, why);

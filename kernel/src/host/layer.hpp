@@ -29,6 +29,7 @@ struct Layer {
   int64_t slow_task_us = -1;       // MOK_HOST_FAULT_SLOW: every worker starts each task this late; -1 = off
   int row_parts = 1;               // MOK_HOST_ROW_PARTS: each row job in this many parts, < 0 last part first
   int bulk_slots = 0;              // MOK_HOST_BULK_SLOTS: this many of a row job's parts make its bulk copies
+  bool bulk_lost = false;          // MOK_HOST_FAULT_BULK_LOST: and lose them
   std::mutex reason_lock;          // the own header's reason has one writer at a time (stamp_reason)
 };
 
