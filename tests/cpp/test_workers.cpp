@@ -40,12 +40,14 @@ Spec uneven(int world) {
   return s;
 }
 
+// The same bits on 1 + 1, 1 + 3, 2 + 5 and 6 + 40 workers; at 6 + 40 most workers take no task, as most of a GPU's
+// CTAs do on a small batch.
 void check_across_worker_counts(const Spec& spec, bool accumulate) {
   std::mt19937_64 rng(seed() + 41 + spec.world);
   ref::Problem p = make_problem(spec, rng);
   Outputs first;
   bool have_first = false;
-  for (Knobs k : {workers(1, 1), workers(1, 3), workers(2, 5)}) {
+  for (Knobs k : {workers(1, 1), workers(1, 3), workers(2, 5), workers(6, 40)}) {
     k.accumulate = accumulate;
     Outputs o = run_layer(p, k);
     CHECK(all_ok(o));
