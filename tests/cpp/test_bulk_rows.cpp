@@ -1,7 +1,7 @@
 // core::RowMoves and core::bulk_copy (core/bulk_copy.hpp), the row moves the fused executor's CTAs make as bulk copies:
 // a row copied unchanged, on 16 bytes at both ends, goes whole through the slots, each of its copies by one slot, the
-// job's copies spread over the slots; any other row in every part's pieces; and one copy through a slot whose load and
-// store run asynchronously, as TMA's do, waits for what it must.
+// job's copies spread over the slots; any other row in every part's pieces; and a slot's copies, a batch at a time,
+// whose loads and stores run asynchronously as TMA's do, wait for what they must.
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -145,54 +145,64 @@ TEST(rows_copied_unchanged_go_in_bulk_spread_over_the_slots) {
 
 namespace {
 
-// A slot as TMA runs it: a load lands in the staging only when its phase is waited for, and a store reads the staging
-// only when the slot's stores are waited for (or the job ends): the latest the hardware may, so that a missing wait
-// shows. It also notes a load issued over a store not yet read, and a store issued over a load not landed.
+// A slot as TMA runs it: a batch's loads land in the staging only when the batch is waited for, and its stores read
+// the staging only when the slot's stores are waited for (or the job ends): the latest the hardware may, so that a
+// missing wait shows. It also notes a load issued over stores not yet read, a store issued over loads not landed, and
+// a batch past the slot's room.
 struct LazySlot {
+  struct Copy {
+    const core::bf16_t* src;
+    core::bf16_t* dst;
+    int64_t n, at;
+  };
   std::vector<core::bf16_t> staging = std::vector<core::bf16_t>(core::kBulkValues, kUnwritten);
-  const core::bf16_t* loading = nullptr;  // the load in flight: its source
-  int64_t load_n = 0;
-  core::bf16_t* storing = nullptr;  // the store not yet read out of the staging
-  int64_t store_n = 0;
+  std::vector<Copy> batch;    // the batch's copies, loaded or not
+  std::vector<Copy> loading;  // its loads in flight
+  std::vector<Copy> storing;  // stores not yet read out of the staging
+  int64_t used = 0;
   bool lands = true;  // false: loads never land (a peer that stopped)
-  int overwrites = 0, early_reads = 0;
+  int overwrites = 0, early_reads = 0, overflows = 0, batches = 0;
 
   void read_out() {
-    if (storing) std::copy(staging.begin(), staging.begin() + store_n, storing);
-    storing = nullptr;
+    for (const Copy& c : storing) std::copy(staging.begin() + c.at, staging.begin() + c.at + c.n, c.dst);
+    storing.clear();
   }
+  bool empty() const { return batch.empty(); }
+  bool fits(int64_t n) const { return batch.size() < core::kBulkBatch && used + n <= core::kBulkValues; }
   void wait_read() { read_out(); }
-  void load(const core::bf16_t* src, int64_t n) {
-    overwrites += storing != nullptr;
-    loading = src;
-    load_n = n;
+  void load(const core::bf16_t* src, int64_t n, core::bf16_t* dst) {
+    overwrites += !storing.empty();
+    overflows += !fits(n);
+    batch.push_back(Copy{src, dst, n, used});
+    loading.push_back(batch.back());
+    used += n;
   }
-  bool wait_loaded() {
+  bool land() {
     if (!lands) return false;
-    if (loading) std::copy(loading, loading + load_n, staging.begin());
-    loading = nullptr;
+    for (const Copy& c : loading)
+      if (c.at + c.n <= core::kBulkValues) std::copy(c.src, c.src + c.n, staging.begin() + c.at);
+    loading.clear();
+    ++batches;
     return true;
   }
-  void store(core::bf16_t* dst, int64_t n) {
-    early_reads += loading != nullptr;
-    read_out();  // a slot holds one store's bytes: the emulation keeps the one before
-    storing = dst;
-    store_n = n;
+  void store() {
+    early_reads += !loading.empty();
+    read_out();  // the emulation keeps one batch's stores
+    storing = batch;
+    batch.clear();
+    used = 0;
   }
 };
 
-}  // namespace
-
-// 60 copies of 8 to 8192 values, one after another through one slot, then the job's end: every destination holds its
-// source, no load was issued over a store not yet read out, and no store over a load not landed. A load that never
-// lands fails the copy, which then stores nothing.
-TEST(a_bulk_copy_waits_for_its_slot) {
-  std::mt19937_64 rng(seed() + 2);
+// Copies of `sizes` values, one after another through one slot, then the job's end (the flush, every store read out):
+// every destination holds its source, no load was issued over stores not yet read out, no store over loads not
+// landed, no batch past the slot's room; `batches` the batches that landed.
+void check_copies(const std::vector<int64_t>& sizes, int* batches) {
+  std::mt19937_64 rng(seed() + 3 + sizes.size());
   std::uniform_real_distribution<float> value(-1e4f, 1e4f);
   LazySlot slot;
   std::vector<std::vector<core::bf16_t>> sources, destinations;
-  for (int c = 0; c < 60; ++c) {
-    int64_t n = core::kPieceValues * (1 + static_cast<int64_t>(rng() % (core::kBulkValues / core::kPieceValues)));
+  for (int64_t n : sizes) {
     sources.emplace_back(static_cast<size_t>(n));
     for (auto& v : sources.back()) v = core::float_to_bf16(value(rng));
     destinations.emplace_back(static_cast<size_t>(n), kUnwritten);
@@ -200,17 +210,42 @@ TEST(a_bulk_copy_waits_for_its_slot) {
   bool all = true;
   for (size_t c = 0; c < sources.size(); ++c)
     all &= core::bulk_copy(slot, sources[c].data(), static_cast<int64_t>(sources[c].size()), destinations[c].data());
-  slot.read_out();  // the job's end waits for every store
+  all &= core::bulk_flush(slot);
+  slot.read_out();
   long long wrong = 0;
   for (size_t c = 0; c < sources.size(); ++c) wrong += sources[c] != destinations[c];
-  CHECK_MSG(all && wrong == 0 && slot.overwrites == 0 && slot.early_reads == 0,
-            "%lld of %zu copies wrong; %d loads over a store not read out, %d stores over a load not landed", wrong,
-            sources.size(), slot.overwrites, slot.early_reads);
+  CHECK_MSG(all && wrong == 0 && slot.overwrites == 0 && slot.early_reads == 0 && slot.overflows == 0,
+            "%lld of %zu copies wrong; %d loads over stores not read out, %d stores over loads not landed, %d loads "
+            "past the slot's room",
+            wrong, sources.size(), slot.overwrites, slot.early_reads, slot.overflows);
+  *batches = slot.batches;
+}
+
+}  // namespace
+
+// 60 copies of 8 to 8192 values and 60 of 8 to 256, through one slot: each lands where it goes. 64 copies of 64 values
+// go in 8 batches of kBulkBatch, 4 copies of 8192 in 4. A batch that never lands fails the copies, which then store
+// nothing.
+TEST(bulk_copies_wait_for_their_slot_a_batch_at_a_time) {
+  std::mt19937_64 rng(seed() + 2);
+  std::vector<int64_t> large, small;
+  for (int c = 0; c < 60; ++c) {
+    large.push_back(core::kPieceValues * (1 + static_cast<int64_t>(rng() % (core::kBulkValues / core::kPieceValues))));
+    small.push_back(core::kPieceValues * (1 + static_cast<int64_t>(rng() % 32)));
+  }
+  int batches = 0;
+  check_copies(large, &batches);
+  check_copies(small, &batches);
+  check_copies(std::vector<int64_t>(64, 64), &batches);
+  CHECK_MSG(batches == 64 / core::kBulkBatch, "64 copies of 64 values in %d batches", batches);
+  check_copies(std::vector<int64_t>(4, core::kBulkValues), &batches);
+  CHECK_MSG(batches == 4, "4 copies of a whole slot in %d batches", batches);
 
   LazySlot stopped;
   stopped.lands = false;
-  std::vector<core::bf16_t> dst(64, kUnwritten);
-  CHECK(!core::bulk_copy(stopped, sources[0].data(), 64, dst.data()) && stopped.storing == nullptr);
+  std::vector<core::bf16_t> src(64, 1), dst(64, kUnwritten);
+  CHECK(core::bulk_copy(stopped, src.data(), 64, dst.data()) && !core::bulk_flush(stopped) && stopped.storing.empty() &&
+        dst[0] == kUnwritten);
 }
 
 MOK_TEST_MAIN

@@ -297,35 +297,43 @@ def test_fused_pass_keeps_a_row_moves_reads_in_flight(libmok, cuda_bin):
 
 
 # The SASS of row_copies' steps: wait_group.read and wait_group 0 (DEPBAR.LE SB0, 0x0; the latter then invalidates L1,
-# CCTL.IVALL), a load's bytes announced to the slot's barrier, the load into the slot, the barrier's poll, the store
-# out of the slot, the global proxy fence.
+# CCTL.IVALL), a load's bytes expected on the slot's barrier (an arrive of no thread with a transaction count), the
+# load into the slot, the batch's arrival on the barrier and its poll, the store out of the slot, the global proxy
+# fence.
 BULK_WAIT, BULK_WRITTEN = r"DEPBAR\.LE SB0, 0x0$", r"CCTL\.IVALL$"
-BULK_ANNOUNCE, BULK_POLL = r"SYNCS\.ARRIVE\.TRANS64", r"SYNCS\.PHASECHK\.TRANS64\.TRYWAIT"
+BULK_EXPECT, BULK_ARRIVE = r"SYNCS\.ARRIVE\.TRANS64\.RED\.A0TR\b", r"SYNCS\.ARRIVE\.TRANS64\.A1T0\b"
+BULK_POLL = r"SYNCS\.PHASECHK\.TRANS64\.TRYWAIT"
 BULK_LOAD, BULK_STORE = r"UBLKCP\.S\.G", r"UBLKCP\.G\.S"
 GLOBAL_PROXY_FENCE = r"FENCE\.VIEW\.ASYNC\.G$"
 
 
 def bulk_copy_faults(sass: str) -> tuple[int, list[str]]:
-    """The bulk copies of rows in `sass` (core::bulk_copy on row_copies' slots) and what breaks their order: each load
-    into a slot (UBLKCP.S.G) has, since the UBLKCP before it, the wait for the slot's stores to read it and its bytes
-    announced to the slot's barrier, and after it a poll of that barrier before the next UBLKCP, which is the store out
-    of the slot; a global proxy fence comes before the first copy, and after the last store the wait for the stores to
-    be written, then the fence."""
+    """The bulk copies of rows in `sass` (core::bulk_copy on row_copies' slots, a batch at a time) and what breaks
+    their order: each load into a slot (UBLKCP.S.G) has, since the copy before it, the wait for the slot's stores to
+    read it and its bytes expected on the slot's barrier; each store out of the slot (UBLKCP.G.S) has, since the load
+    before it, the batch's arrival on the barrier and then its poll; a global proxy fence comes before the first copy,
+    and after the last the wait for the stores to be written, then the fence."""
     code = [i.strip() for i in re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)]
     copies = [n for n, i in enumerate(code) if re.match(r"UBLKCP", i)]
     loads = [n for n in copies if re.match(BULK_LOAD, code[n])]
+
+    def since(n: int, kind: str) -> list[str]:  # the code between the last copy of `kind` before n, and n
+        earlier = [c for c in copies if c < n and re.match(kind, code[c])]
+        return code[earlier[-1] + 1 if earlier else 0:n]
+
     faults = []
     for n in loads:
-        earlier = [c for c in copies if c < n]
-        since = code[earlier[-1] + 1 if earlier else 0:n]
-        later = [c for c in copies if c > n]
-        until = code[n + 1:later[0] if later else len(code)]
-        if not any(re.match(BULK_WAIT, i) for i in since):
+        before = since(n, r"UBLKCP")
+        if not any(re.match(BULK_WAIT, i) for i in before):
             faults.append(f"load {n}: no wait for the slot's stores to read it")
-        if not any(re.match(BULK_ANNOUNCE, i) for i in since):
-            faults.append(f"load {n}: its bytes not announced to the slot's barrier")
-        if not later or not re.match(BULK_STORE, code[later[0]]) or not any(re.match(BULK_POLL, i) for i in until):
-            faults.append(f"load {n}: not polled before the next copy, the store out of the slot")
+        if not any(re.search(BULK_EXPECT, i) for i in before):
+            faults.append(f"load {n}: its bytes not expected on the slot's barrier")
+    for n in copies:
+        if re.match(BULK_STORE, code[n]):
+            before = since(n, BULK_LOAD)
+            arrive = [k for k, i in enumerate(before) if re.search(BULK_ARRIVE, i)]
+            if not arrive or not any(re.match(BULK_POLL, i) for i in before[arrive[0]:]):
+                faults.append(f"store {n}: its batch not arrived on the slot's barrier and polled before it")
     if copies:
         if not any(re.match(GLOBAL_PROXY_FENCE, i) for i in code[:copies[0]]):
             faults.append("no global proxy fence before the first copy")
@@ -339,11 +347,11 @@ def bulk_copy_faults(sass: str) -> tuple[int, list[str]]:
 
 def test_fused_pass_copies_unchanged_rows_in_bulk(libmok, cuda_bin):
     """The rows a row job copies unchanged (dispatch's unscaled pulls, combine's pushes: core::RowMoves) go through
-    row_copies' slots of shared memory as TMA bulk copies (core::bulk_copy), each load into a slot after the slot's
-    earlier stores have read it (else it overwrites what they have yet to store), its bytes announced to the slot's
-    barrier, which is polled before the store out of the slot (else the store writes the slot's old bytes); with the
-    global proxy fence between the counters' acquire and the copies, and after the job's stores are written (else
-    thread 0's release does not publish them)."""
+    row_copies' slots of shared memory as TMA bulk copies a batch at a time (core::bulk_copy), each load into a slot
+    after the slot's earlier stores have read it (else it overwrites what they have yet to store) and with its bytes
+    expected on the slot's barrier, each store after its batch's arrival on that barrier and its poll (else the store
+    writes the slot's old bytes); with the global proxy fence between the counters' acquire and the copies, and after
+    the job's stores are written (else thread 0's release does not publish them)."""
     for arch, sass in fused_pass_sass(libmok, cuda_bin).items():
         loads, faults = bulk_copy_faults(sass)
         assert loads > 0 and not faults, f"{arch}: {loads} bulk loads; {faults[:3]}"

@@ -13,7 +13,8 @@ namespace mok::core {
 constexpr int64_t kBulkValues = 8192;
 
 // An executor's bulk copies, as seen by one part: slots() of them in the job, slot() the one this part holds (-1:
-// none), copy(src, n, dst) moves n values through it (n a multiple of kPieceValues, src and dst on 16 bytes).
+// none), copy(src, n, dst) moves n values through it (n a multiple of kPieceValues, src and dst on 16 bytes; done
+// once the executor has flushed the slot at the job's end).
 // NoBulk: an executor without them, whose parts move every row in pieces.
 struct NoBulk {
   MOK_HD int slots() const { return 0; }
@@ -52,19 +53,33 @@ struct RowMoves {
   }
 };
 
-// One bulk copy through a slot's staging, as the executor's `Slot` makes it:
-//   void wait_read()        the slot's earlier stores have read the staging
-//   void load(src, n)       src's n values into the staging, which complete the slot's next phase when they land
-//   bool wait_loaded()      that phase completed; false when it did not within the timeout
-//   void store(dst, n)      the staging's n values into dst, read from the staging later (wait_read)
-// The load must not overwrite what an earlier store has yet to read, nor the store read before the load landed.
-// False when the load did not land in time: the slot is then lost to the job.
+// A slot's copies go through its staging a batch at a time: the loads of a batch land on one phase of the slot's
+// barrier, so that a slot keeps its staging's bytes in flight however short the rows. The executor's `Slot`:
+//   bool empty()              no copy in the batch
+//   bool fits(n)              the batch has room for n more values (kBulkValues in all, kBulkBatch copies)
+//   void wait_read()          the slot's earlier stores have read its staging
+//   void load(src, n, dst)    src's n values into the staging after the batch's, their bytes expected on the
+//                             barrier's phase; dst noted for the store
+//   bool land()               the batch's loads announced complete (the phase's arrival) and waited for; false when
+//                             they did not land in time
+//   void store()              each of the batch's copies out of the staging into its dst; the batch then empty
+// A batch's first load must not overwrite what the slot's stores have yet to read, nor a store read before its load
+// landed. False when a batch did not land in time: the slot is then lost to the job.
+constexpr int kBulkBatch = 8;
+
+template <class Slot>
+MOK_HD bool bulk_flush(Slot& slot) {
+  if (slot.empty()) return true;
+  if (!slot.land()) return false;
+  slot.store();
+  return true;
+}
+
 template <class Slot>
 MOK_HD bool bulk_copy(Slot& slot, const bf16_t* src, int64_t n, bf16_t* dst) {
-  slot.wait_read();
-  slot.load(src, n);
-  if (!slot.wait_loaded()) return false;
-  slot.store(dst, n);
+  if (!slot.fits(n) && !bulk_flush(slot)) return false;
+  if (slot.empty()) slot.wait_read();
+  slot.load(src, n, dst);
   return true;
 }
 

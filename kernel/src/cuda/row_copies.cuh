@@ -1,7 +1,8 @@
 // The fused pass's bulk copies of rows (core/bulk_copy.hpp): lane 0 of warps 2 to 7 each hold a 16 KB slot of the
 // CTA's dynamic shared memory (the panels' stages, which a comm CTA never fills and a compute CTA leaves idle between
-// its tiles) and move a row job's rows that it copies unchanged through it with TMA's bulk copies: CuTe's
-// SM90_BULK_COPY_G2S into the slot, its bytes counted by the slot's barrier, then SM90_BULK_COPY_S2G out of it.
+// its tiles) and move a row job's rows that it copies unchanged through it with TMA's bulk copies, a batch of up to
+// kBulkBatch of them at a time: CuTe's SM90_BULK_COPY_G2S into the slot, their bytes counted by the slot's barrier,
+// then SM90_BULK_COPY_S2G out of it.
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -21,10 +22,14 @@ static_assert(kSlotBytes % 16 == 0, "a bulk copy's bytes and addresses are multi
 
 // The slots' state, in shared memory: each slot's fields are its thread's alone, but for `failed`.
 struct Slots {
-  alignas(8) uint64_t loaded[kSlots];  // a slot's load landed: its bytes complete the barrier's phase
-  uint8_t parity[kSlots];              // the parity of the slot's next phase
-  uint8_t lost[kSlots];                // the slot's last load did not land in time
-  volatile int failed;                 // a load did not land: the job, and the pass, failed
+  alignas(8) uint64_t loaded[kSlots];                 // a slot's batch landed: its bytes complete the barrier's phase
+  core::bf16_t* batch_dst[kSlots][core::kBulkBatch];  // the batch's copies: where each goes
+  int32_t batch_values[kSlots][core::kBulkBatch];     // and its values, one after another in the staging
+  int32_t batch_used[kSlots];                         // the staging's values the batch holds
+  uint8_t batch_count[kSlots];                        // the batch's copies
+  uint8_t parity[kSlots];                             // the parity of the slot's next phase
+  uint8_t lost[kSlots];                               // the slot's last batch did not land in time
+  volatile int failed;                                // a batch did not land: the job, and the pass, failed
 };
 
 // The CTA's slots: one place, which thread 0's operations and the serving threads reach alike.
@@ -39,7 +44,8 @@ __device__ inline void open(Slots& s) {
   if (threadIdx.x != 0) return;
   for (int slot = 0; slot < kSlots; ++slot) {
     cute::initialize_barrier(s.loaded[slot], 1);
-    s.parity[slot] = s.lost[slot] = 0;
+    s.batch_used[slot] = 0;
+    s.batch_count[slot] = s.parity[slot] = s.lost[slot] = 0;
   }
   cutlass::arch::fence_barrier_init();
   s.failed = 0;
@@ -59,7 +65,7 @@ __device__ inline bool await_load(Slots& s, int slot, uint32_t parity, uint64_t 
   return true;
 }
 
-// One thread's bulk copies in a row job: core's Bulk (the job's slots, the one it holds) and Slot (one copy's steps).
+// One thread's bulk copies in a row job: core's Bulk (the job's slots, the one it holds) and Slot (a batch's steps).
 struct SlotCopies {
   Slots& s;
   int own;
@@ -69,27 +75,46 @@ struct SlotCopies {
   __device__ int slot() const { return own; }
   __device__ void copy(const core::bf16_t* src, int64_t n, core::bf16_t* dst) {
     if (s.failed) return;  // the pass has failed: its rows are not the layer's
-    if (!core::bulk_copy(*this, src, n, dst)) {
-      s.lost[own] = 1;
-      s.failed = 1;
-    }
+    if (!core::bulk_copy(*this, src, n, dst)) fail();
+  }
+  __device__ void fail() {
+    s.lost[own] = 1;
+    s.failed = 1;
   }
 
-  __device__ void* staging() const { return reinterpret_cast<uint8_t*>(&tensor_tile::panels()) + own * kSlotBytes; }
-  __device__ void wait_read() { cute::tma_store_wait<0>(); }
-  __device__ void load(const core::bf16_t* src, int64_t n) {
-    auto bytes = static_cast<int32_t>(n * sizeof(core::bf16_t));
-    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&s.loaded[own], static_cast<uint32_t>(bytes));
-    cute::SM90_BULK_COPY_G2S::copy(src, &s.loaded[own], staging(), bytes);
+  __device__ core::bf16_t* staging() const {
+    return reinterpret_cast<core::bf16_t*>(reinterpret_cast<uint8_t*>(&tensor_tile::panels()) + own * kSlotBytes);
   }
-  __device__ bool wait_loaded() {
+  __device__ static int32_t bytes(int64_t values) { return static_cast<int32_t>(values * sizeof(core::bf16_t)); }
+  __device__ bool empty() const { return s.batch_count[own] == 0; }
+  __device__ bool fits(int64_t n) const {
+    return s.batch_count[own] < core::kBulkBatch && s.batch_used[own] + n <= core::kBulkValues;
+  }
+  __device__ void wait_read() { cute::tma_store_wait<0>(); }
+  __device__ void load(const core::bf16_t* src, int64_t n, core::bf16_t* dst) {
+    int count = s.batch_count[own];
+    cutlass::arch::ClusterTransactionBarrier::expect_transaction(&s.loaded[own], static_cast<uint32_t>(bytes(n)));
+    cute::SM90_BULK_COPY_G2S::copy(src, &s.loaded[own], staging() + s.batch_used[own], bytes(n));
+    s.batch_dst[own][count] = dst;
+    s.batch_values[own][count] = static_cast<int32_t>(n);
+    s.batch_used[own] += static_cast<int32_t>(n);
+    s.batch_count[own] = static_cast<uint8_t>(count + 1);
+  }
+  __device__ bool land() {
+    cutlass::arch::ClusterBarrier::arrive(&s.loaded[own]);
     if (!await_load(s, own, s.parity[own], timeout_ns)) return false;
     s.parity[own] ^= 1;
     return true;
   }
-  __device__ void store(core::bf16_t* dst, int64_t n) {
-    cute::SM90_BULK_COPY_S2G::copy(staging(), dst, static_cast<int32_t>(n * sizeof(core::bf16_t)));
+  __device__ void store() {
+    const core::bf16_t* from = staging();
+    for (int i = 0; i < s.batch_count[own]; ++i) {
+      cute::SM90_BULK_COPY_S2G::copy(from, s.batch_dst[own][i], bytes(s.batch_values[own][i]));
+      from += s.batch_values[own][i];
+    }
     cute::tma_store_arrive();
+    s.batch_count[own] = 0;
+    s.batch_used[own] = 0;
   }
 
   // Before the job's copies: the bulk copies are the async proxy's, the counters' acquire (thread 0's, before the
@@ -99,16 +124,17 @@ struct SlotCopies {
     asm volatile("fence.proxy.async.global;" ::: "memory");
     cutlass::arch::fence_view_async_shared();
   }
-  // After them: every store written (not only read out of the slot), and ordered before the generic release of the
-  // job's end (thread 0's, after the CTA's barrier).
-  __device__ void end() const {
+  // After them: the last batch flushed, every store written (not only read out of the slot), and ordered before the
+  // generic release of the job's end (thread 0's, after the CTA's barrier).
+  __device__ void end() {
     if (own < 0) return;
+    if (!s.lost[own] && !core::bulk_flush(*this)) fail();  // the batch's loads land even where another slot failed
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
     asm volatile("fence.proxy.async.global;" ::: "memory");
   }
 };
 
-// After the pass, before the CTA's shared memory goes: a slot whose load did not land gives it one more timeout, so
+// After the pass, before the CTA's shared memory goes: a slot whose batch did not land gives it one more timeout, so
 // that a load that is only slow does not write shared memory a later CTA holds.
 __device__ inline void close(Slots& s, uint64_t timeout_ns) {
   int own = own_slot();

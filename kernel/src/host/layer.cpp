@@ -8,6 +8,7 @@
 #include <cstring>
 #include <new>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/pass_worker.hpp"
@@ -56,32 +57,47 @@ bool bulk_lost_from_env() {
   return spec && std::atoi(spec) != 0;
 }
 
-// The bulk copies of a part (core/bulk_copy.hpp) on the host: slot `own` of `count` (-1: none), each copy through
-// a staging row at once (or lost).
+// A slot of the host's bulk copies (core::bulk_copy's Slot): a batch's loads copied into its staging at once, its
+// stores out of it at the flush.
+struct HostSlot {
+  std::vector<core::bf16_t> staging = std::vector<core::bf16_t>(core::kBulkValues);
+  std::vector<std::pair<core::bf16_t*, int64_t>> batch;
+  int64_t used = 0;
+  bool lost = false;  // MOK_HOST_FAULT_BULK_LOST: the stores go nowhere
+
+  bool empty() const { return batch.empty(); }
+  bool fits(int64_t n) const { return batch.size() < core::kBulkBatch && used + n <= core::kBulkValues; }
+  void wait_read() {}
+  void load(const core::bf16_t* src, int64_t n, core::bf16_t* dst) {
+    std::memcpy(staging.data() + used, src, n * sizeof(core::bf16_t));
+    batch.emplace_back(dst, n);
+    used += n;
+  }
+  bool land() { return true; }
+  void store() {
+    const core::bf16_t* from = staging.data();
+    for (auto [dst, n] : batch) {
+      if (!lost) std::memcpy(dst, from, n * sizeof(core::bf16_t));
+      from += n;
+    }
+    batch.clear();
+    used = 0;
+  }
+};
+
+// The bulk copies of a part (core/bulk_copy.hpp) on the host: slot `own` of `count` (-1: none), through `slot`.
 struct HostBulk {
   int count, own;
-  bool lost;
-  struct Slot {
-    core::bf16_t* staging;
-    void wait_read() {}
-    void load(const core::bf16_t* src, int64_t n) { std::memcpy(staging, src, n * sizeof(core::bf16_t)); }
-    bool wait_loaded() { return true; }
-    void store(core::bf16_t* dst, int64_t n) { std::memcpy(dst, staging, n * sizeof(core::bf16_t)); }
-  };
+  HostSlot* slot_state;
   int slots() const { return count; }
   int slot() const { return own; }
-  void copy(const core::bf16_t* src, int64_t n, core::bf16_t* dst) {
-    if (lost) return;
-    static thread_local std::vector<core::bf16_t> staging(core::kBulkValues);
-    Slot slot{staging.data()};
-    core::bulk_copy(slot, src, n, dst);
-  }
+  void copy(const core::bf16_t* src, int64_t n, core::bf16_t* dst) { core::bulk_copy(*slot_state, src, n, dst); }
   // Part `index` of `parts` with `slots` of them spread over the parts.
-  static HostBulk of(int index, int parts, int slots, bool lost) {
+  static HostBulk of(int index, int parts, int slots, HostSlot* slot) {
     slots = slots < parts ? slots : parts;
     for (int s = 0; s < slots; ++s)
-      if (index == s * parts / slots) return HostBulk{slots, s, lost};
-    return HostBulk{slots, -1, lost};
+      if (index == s * parts / slots) return HostBulk{slots, s, slot};
+    return HostBulk{slots, -1, slot};
   }
 };
 
@@ -123,7 +139,14 @@ struct HostOps {
     int count = row_parts < 0 ? -row_parts : row_parts;
     for (int i = 0; i < count; ++i) {
       int index = row_parts < 0 ? count - 1 - i : i;
-      core::run_rows(v, job, core::Part{index, count}, HostBulk::of(index, count, bulk_slots, bulk_lost));
+      if (bulk_slots <= 0) {
+        core::run_rows(v, job, core::Part{index, count});
+        continue;
+      }
+      HostSlot slot;
+      slot.lost = bulk_lost;
+      core::run_rows(v, job, core::Part{index, count}, HostBulk::of(index, count, bulk_slots, &slot));
+      core::bulk_flush(slot);  // the job's end
     }
   }
 
