@@ -224,8 +224,8 @@ void check_copies(const std::vector<int64_t>& sizes, int* batches) {
 }  // namespace
 
 // 60 copies of 8 to 8192 values and 60 of 8 to 256, through one slot: each lands where it goes. 64 copies of 64 values
-// go in 8 batches of kBulkBatch, 4 copies of 8192 in 4. A batch that never lands fails the copies, which then store
-// nothing.
+// go in 8 batches of kBulkBatch, 4 copies of 8192 in 4. A batch that never lands fails the copy that finds it full,
+// which loads nothing more, and nothing is stored.
 TEST(bulk_copies_wait_for_their_slot_a_batch_at_a_time) {
   std::mt19937_64 rng(seed() + 2);
   std::vector<int64_t> large, small;
@@ -241,11 +241,17 @@ TEST(bulk_copies_wait_for_their_slot_a_batch_at_a_time) {
   check_copies(std::vector<int64_t>(4, core::kBulkValues), &batches);
   CHECK_MSG(batches == 4, "4 copies of a whole slot in %d batches", batches);
 
+  // A batch that never lands: the copy that finds it full fails, loading nothing more, and nothing is stored.
   LazySlot stopped;
   stopped.lands = false;
   std::vector<core::bf16_t> src(64, 1), dst(64, kUnwritten);
-  CHECK(core::bulk_copy(stopped, src.data(), 64, dst.data()) && !core::bulk_flush(stopped) && stopped.storing.empty() &&
-        dst[0] == kUnwritten);
+  bool loaded = true;
+  for (int c = 0; c < core::kBulkBatch; ++c) loaded &= core::bulk_copy(stopped, src.data(), 8, dst.data() + 8 * c);
+  bool next = core::bulk_copy(stopped, src.data(), 8, dst.data());
+  CHECK_MSG(loaded && !next && stopped.batch.size() == core::kBulkBatch && stopped.overflows == 0 &&
+                !core::bulk_flush(stopped) && stopped.storing.empty() && dst[0] == kUnwritten,
+            "a batch that never lands: %zu copies in it, %d past its room, the copy after it %s", stopped.batch.size(),
+            stopped.overflows, next ? "made" : "refused");
 }
 
 MOK_TEST_MAIN

@@ -312,7 +312,8 @@ def bulk_copy_faults(sass: str) -> tuple[int, list[str]]:
     their order: each load into a slot (UBLKCP.S.G) has, since the copy before it, the wait for the slot's stores to
     read it and its bytes expected on the slot's barrier; each store out of the slot (UBLKCP.G.S) has, since the load
     before it, the batch's arrival on the barrier and then its poll; a global proxy fence comes before the first copy,
-    and after the last the wait for the stores to be written, then the fence."""
+    and after the last, a store (the job's end flushes the last batch), the wait for the stores to be written, then
+    the fence."""
     code = [i.strip() for i in re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)]
     copies = [n for n, i in enumerate(code) if re.match(r"UBLKCP", i)]
     loads = [n for n in copies if re.match(BULK_LOAD, code[n])]
@@ -342,6 +343,8 @@ def bulk_copy_faults(sass: str) -> tuple[int, list[str]]:
                    and re.match(GLOBAL_PROXY_FENCE, code[n + 2])]
         if not written:
             faults.append("after the last copy, no wait for the stores to be written and then a global proxy fence")
+        elif not re.match(BULK_STORE, code[copies[-1]]):
+            faults.append("the job's end stores no last batch before its wait (its flush)")
     return len(loads), faults
 
 

@@ -38,8 +38,8 @@ __device__ inline Slots& slots() {
   return state;
 }
 
-// Before the pass: the barriers set up (one arrival a phase: the issuing thread's, with the bytes it expects); the
-// CTA's barrier that follows publishes them.
+// Before the pass: the barriers set up (one plain arrival a phase, the issuing thread's, after each load's bytes are
+// expected); the CTA's barrier that follows publishes them.
 __device__ inline void open(Slots& s) {
   if (threadIdx.x != 0) return;
   for (int slot = 0; slot < kSlots; ++slot) {

@@ -60,7 +60,7 @@ bool bulk_lost_from_env() {
 // A slot of the host's bulk copies (core::bulk_copy's Slot): a batch's loads copied into its staging at once, its
 // stores out of it at the flush.
 struct HostSlot {
-  std::vector<core::bf16_t> staging = std::vector<core::bf16_t>(core::kBulkValues);
+  std::vector<core::bf16_t> staging;  // kBulkValues, from the first load (most parts hold no slot)
   std::vector<std::pair<core::bf16_t*, int64_t>> batch;
   int64_t used = 0;
   bool lost = false;  // MOK_HOST_FAULT_BULK_LOST: the stores go nowhere
@@ -69,6 +69,7 @@ struct HostSlot {
   bool fits(int64_t n) const { return batch.size() < core::kBulkBatch && used + n <= core::kBulkValues; }
   void wait_read() {}
   void load(const core::bf16_t* src, int64_t n, core::bf16_t* dst) {
+    staging.resize(core::kBulkValues);
     std::memcpy(staging.data() + used, src, n * sizeof(core::bf16_t));
     batch.emplace_back(dst, n);
     used += n;
