@@ -159,23 +159,25 @@ struct LazySlot {
   std::vector<Copy> batch;    // the batch's copies, loaded or not
   std::vector<Copy> loading;  // its loads in flight
   std::vector<Copy> storing;  // stores not yet read out of the staging
-  int64_t used = 0;
-  bool lands = true;  // false: loads never land (a peer that stopped)
+  int64_t values = 0;         // the batch's
+  bool lands = true;          // false: loads never land (a peer that stopped)
   int overwrites = 0, early_reads = 0, overflows = 0, batches = 0;
 
   void read_out() {
     for (const Copy& c : storing) std::copy(staging.begin() + c.at, staging.begin() + c.at + c.n, c.dst);
     storing.clear();
   }
-  bool empty() const { return batch.empty(); }
-  bool fits(int64_t n) const { return batch.size() < core::kBulkBatch && used + n <= core::kBulkValues; }
+  int count() const { return static_cast<int>(batch.size()); }
+  int64_t used() const { return values; }
+  // The slot's room, as the test reads the rule (not core's batch_fits, which it checks).
+  bool has_room(int64_t n) const { return batch.size() < core::kBulkBatch && values + n <= core::kBulkValues; }
   void wait_read() { read_out(); }
   void load(const core::bf16_t* src, int64_t n, core::bf16_t* dst) {
     overwrites += !storing.empty();
-    overflows += !fits(n);
-    batch.push_back(Copy{src, dst, n, used});
+    overflows += !has_room(n);
+    batch.push_back(Copy{src, dst, n, values});
     loading.push_back(batch.back());
-    used += n;
+    values += n;
   }
   bool land() {
     if (!lands) return false;
@@ -190,7 +192,7 @@ struct LazySlot {
     read_out();  // the emulation keeps one batch's stores
     storing = batch;
     batch.clear();
-    used = 0;
+    values = 0;
   }
 };
 
@@ -224,8 +226,8 @@ void check_copies(const std::vector<int64_t>& sizes, int* batches) {
 }  // namespace
 
 // 60 copies of 8 to 8192 values and 60 of 8 to 256, through one slot: each lands where it goes. 64 copies of 64 values
-// go in 8 batches of kBulkBatch, 4 copies of 8192 in 4. A batch that never lands fails the copy that finds it full,
-// which loads nothing more, and nothing is stored.
+// go in 8 batches of kBulkBatch, 4 copies of 8192 in 4, 6 of 4096 in 3. A batch that never lands fails the copy that
+// finds it full, which loads nothing more, and nothing is stored.
 TEST(bulk_copies_wait_for_their_slot_a_batch_at_a_time) {
   std::mt19937_64 rng(seed() + 2);
   std::vector<int64_t> large, small;
@@ -240,6 +242,8 @@ TEST(bulk_copies_wait_for_their_slot_a_batch_at_a_time) {
   CHECK_MSG(batches == 64 / core::kBulkBatch, "64 copies of 64 values in %d batches", batches);
   check_copies(std::vector<int64_t>(4, core::kBulkValues), &batches);
   CHECK_MSG(batches == 4, "4 copies of a whole slot in %d batches", batches);
+  check_copies(std::vector<int64_t>(6, core::kBulkValues / 2), &batches);
+  CHECK_MSG(batches == 3, "6 copies of half a slot in %d batches", batches);  // a slot filled exactly is one batch
 
   // A batch that never lands: the copy that finds it full fails, loading nothing more, and nothing is stored.
   LazySlot stopped;

@@ -54,9 +54,10 @@ struct RowMoves {
 };
 
 // A slot's copies go through its staging a batch at a time: the loads of a batch land on one phase of the slot's
-// barrier, so that a slot keeps its staging's bytes in flight however short the rows. The executor's `Slot`:
-//   bool empty()              no copy in the batch
-//   bool fits(n)              the batch has room for n more values (kBulkValues in all, kBulkBatch copies)
+// barrier, so that a slot keeps its staging's bytes in flight however short the rows. A batch holds fewer than
+// kBulkBatch copies and at most kBulkValues values. The executor's `Slot`:
+//   int count()               the batch's copies
+//   int64_t used()            the batch's values
 //   void wait_read()          the slot's earlier stores have read its staging
 //   void load(src, n, dst)    src's n values into the staging after the batch's, their bytes expected on the
 //                             barrier's phase; dst noted for the store
@@ -67,9 +68,13 @@ struct RowMoves {
 // landed. False when a batch did not land in time: the slot is then lost to the job.
 constexpr int kBulkBatch = 8;
 
+MOK_HD constexpr bool batch_fits(int copies, int64_t values, int64_t n) {
+  return copies < kBulkBatch && values + n <= kBulkValues;
+}
+
 template <class Slot>
 MOK_HD bool bulk_flush(Slot& slot) {
-  if (slot.empty()) return true;
+  if (slot.count() == 0) return true;
   if (!slot.land()) return false;
   slot.store();
   return true;
@@ -77,10 +82,15 @@ MOK_HD bool bulk_flush(Slot& slot) {
 
 template <class Slot>
 MOK_HD bool bulk_copy(Slot& slot, const bf16_t* src, int64_t n, bf16_t* dst) {
-  if (!slot.fits(n) && !bulk_flush(slot)) return false;
-  if (slot.empty()) slot.wait_read();
+  if (!batch_fits(slot.count(), slot.used(), n) && !bulk_flush(slot)) return false;
+  if (slot.count() == 0) slot.wait_read();
   slot.load(src, n, dst);
   return true;
+}
+
+// The row jobs whose moves may copy in bulk (run_rows): only these need an executor's bulk copies set up.
+MOK_HD constexpr bool copies_in_bulk(RowWork work) {
+  return work == RowWork::pull || work == RowWork::push;
 }
 
 }  // namespace mok::core

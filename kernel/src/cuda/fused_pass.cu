@@ -51,10 +51,11 @@ __device__ __noinline__ void compute_tile(const core::Gemm& g, tensor_tile::Stor
 // compute_tile. Thread 0 stays in core's body: a call from there would add this job's frame (pull_rows' cursor per
 // rank) to the body's on every thread's stack.
 __device__ __noinline__ void share_rows(const core::RowJob& job, const core::PassView& v, row_copies::Slots& slots) {
+  bool in_bulk = core::copies_in_bulk(job.work);  // the other jobs' moves need no slot set up or waited for
   row_copies::SlotCopies copies{slots, row_copies::own_slot(), v.timeout_ns};
-  copies.begin();
+  if (in_bulk) copies.begin();
   core::run_rows(v, job, core::Part{static_cast<int>(threadIdx.x) - 1, static_cast<int>(blockDim.x) - 1}, copies);
-  copies.end();
+  if (in_bulk) copies.end();
   __threadfence();
 }
 

@@ -86,10 +86,8 @@ struct SlotCopies {
     return reinterpret_cast<core::bf16_t*>(reinterpret_cast<uint8_t*>(&tensor_tile::panels()) + own * kSlotBytes);
   }
   __device__ static int32_t bytes(int64_t values) { return static_cast<int32_t>(values * sizeof(core::bf16_t)); }
-  __device__ bool empty() const { return s.batch_count[own] == 0; }
-  __device__ bool fits(int64_t n) const {
-    return s.batch_count[own] < core::kBulkBatch && s.batch_used[own] + n <= core::kBulkValues;
-  }
+  __device__ int count() const { return s.batch_count[own]; }
+  __device__ int64_t used() const { return s.batch_used[own]; }
   __device__ void wait_read() { cute::tma_store_wait<0>(); }
   __device__ void load(const core::bf16_t* src, int64_t n, core::bf16_t* dst) {
     int count = s.batch_count[own];

@@ -60,19 +60,19 @@ bool bulk_lost_from_env() {
 // A slot of the host's bulk copies (core::bulk_copy's Slot): a batch's loads copied into its staging at once, its
 // stores out of it at the flush.
 struct HostSlot {
-  std::vector<core::bf16_t> staging;  // kBulkValues, from the first load (most parts hold no slot)
+  std::vector<core::bf16_t> staging;  // kBulkValues, from the first batch (most parts hold no slot)
   std::vector<std::pair<core::bf16_t*, int64_t>> batch;
-  int64_t used = 0;
-  bool lost = false;  // MOK_HOST_FAULT_BULK_LOST: the stores go nowhere
+  int64_t values = 0;  // the batch's
+  bool lost = false;   // MOK_HOST_FAULT_BULK_LOST: the stores go nowhere
 
-  bool empty() const { return batch.empty(); }
-  bool fits(int64_t n) const { return batch.size() < core::kBulkBatch && used + n <= core::kBulkValues; }
+  int count() const { return static_cast<int>(batch.size()); }
+  int64_t used() const { return values; }
   void wait_read() {}
   void load(const core::bf16_t* src, int64_t n, core::bf16_t* dst) {
-    staging.resize(core::kBulkValues);
-    std::memcpy(staging.data() + used, src, n * sizeof(core::bf16_t));
+    if (staging.empty()) staging.resize(core::kBulkValues);
+    std::memcpy(staging.data() + values, src, n * sizeof(core::bf16_t));
     batch.emplace_back(dst, n);
-    used += n;
+    values += n;
   }
   bool land() { return true; }
   void store() {
@@ -82,7 +82,7 @@ struct HostSlot {
       from += n;
     }
     batch.clear();
-    used = 0;
+    values = 0;
   }
 };
 
