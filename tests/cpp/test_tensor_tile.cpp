@@ -12,6 +12,7 @@
 // One thread stands for the CTA here: that every thread which reads tensor memory waited for the MMAs itself, the
 // fences, and the warps' uniformity are the device code's (cuda/tensor_tile.cuh), checked only statically.
 #include <algorithm>
+#include <cstring>
 #include <deque>
 #include <numeric>
 #include <random>
@@ -20,6 +21,7 @@
 
 #include "check.hpp"
 #include "core/gemm_element.hpp"
+#include "core/panel_boxes.hpp"
 #include "core/tensor_tile.hpp"
 
 using namespace mok_test;
@@ -252,7 +254,8 @@ Counts run_tensor_tile(const core::Gemm& g, EmulatedCta& cta, core::PanelStages&
 
 // One operand's storage: [rows, depth] values, bf16 or e4m3 (scales 2^0 or 2^1), K-major or MN-major; an MN-major
 // one's k is `lead` values after k - 1's (at least rows; when not given, a multiple of 8 half the time, so that its
-// pieces lie on 16 bytes and fill_piece copies them whole), the padding a NaN; a K-major one's rows are `depth` apart.
+// pieces lie on 16 bytes and fill_piece copies them whole), the padding a NaN; a K-major one's rows are `lead` apart
+// (at least depth; when not given, depth).
 struct Stored {
   std::vector<core::bf16_t> bf16;
   std::vector<uint8_t> codes, scales;
@@ -261,9 +264,9 @@ struct Stored {
 
 void make_operand(Stored& s, bool e4m3, bool mn_major, int rows, int depth, std::mt19937_64& rng, int lead = 0) {
   std::uniform_int_distribution<int> value(-8, 8);
-  if (!mn_major) lead = depth;
+  if (!mn_major && lead == 0) lead = depth;
   if (lead == 0) lead = rng() % 2 ? (rows + 7) / 8 * 8 : rows + static_cast<int>(rng() % 3);
-  int64_t row_stride = mn_major ? 1 : depth, depth_stride = mn_major ? lead : 1;
+  int64_t row_stride = mn_major ? 1 : lead, depth_stride = mn_major ? lead : 1;
   size_t n = static_cast<size_t>(mn_major ? depth : rows) * lead;
   if (!e4m3) {
     s.bf16.assign(n, core::bf16_t(0x7fc0));
@@ -510,6 +513,118 @@ TEST(pieces_on_16_bytes_are_copied_whole_in_either_major) {
                      core::stored_value(a.op, i, kMmaDepth + k);
       CHECK_MSG(wrong == 0, "%s: %lld panel values are not the operand's", name, wrong);
     }
+}
+
+namespace {
+
+// TMA's tensor load of one box into a panel, as the PTX ISA describes it (2-D, no interleave, the 128-byte swizzle,
+// zeros out of bounds): box element (x, y), x along dimension 0, is the map's at coords + (x, y), or 0 outside its
+// dimensions, written at byte (y * box[0] + x) * 2 of the box with its 16-byte chunk within each 128 bytes xor'd with
+// that 128-byte line's index mod 8 (the shared-memory address's bits 4 to 6 with bits 7 to 9: the box on 1024 bytes).
+// `written` counts each panel value's writes.
+void tma_load(const core::PanelMap& m, const core::PanelBox& box, core::bf16_t* panel, std::vector<int>& written) {
+  for (uint64_t y = 0; y < m.box[1]; ++y)
+    for (uint64_t x = 0; x < m.box[0]; ++x) {
+      uint64_t at0 = static_cast<uint64_t>(box.coords[0]) + x, at1 = static_cast<uint64_t>(box.coords[1]) + y;
+      core::bf16_t value(0);
+      if (at0 < m.dims[0] && at1 < m.dims[1])
+        std::memcpy(&value, reinterpret_cast<const char*>(m.base) + at1 * m.stride_bytes + at0 * sizeof(value),
+                    sizeof(value));
+      uint64_t byte = (y * m.box[0] + x) * sizeof(value);
+      byte ^= (byte >> 7 & 7) << 4;
+      size_t at = static_cast<size_t>(box.offset) + byte / sizeof(value);
+      panel[at] = value;
+      ++written[at];
+    }
+}
+
+struct BoxCounts {
+  int blocks = 0, refused = 0;
+};
+
+// Every block of `g`: each operand a tensor map takes filled by TMA's boxes, as the device would, holds every byte of
+// fill_piece's panel (the threads' fill), and its boxes write each of the panel's values once.
+void check_boxes(const core::Gemm& g, const std::string& text, BoxCounts& counts) {
+  for (int chunk = 0; chunk < core::tensor_chunks(g); ++chunk)
+    for (int block = 0; block < core::chunk_blocks(g); ++block) {
+      core::MmaBlock b = core::chunk_block(g, chunk, block);
+      std::vector<core::bf16_t> pieces(2 * kPanelValues, core::bf16_t(0x7fc0));
+      bool exact = true;
+      for (int p = 0; p < core::kBlockPieces; ++p) core::fill_piece(g, b, p, pieces.data(), exact);
+      for (int second = 0; second < 2; ++second) {
+        const core::GemmPart& part = g.parts[b.part];
+        const core::Operand& o = second ? part.b : part.a;
+        core::PanelMap map{};
+        if (!core::panel_map(o, second ? g.cols : g.rows, part.depth, &map)) {
+          ++counts.refused;
+          continue;
+        }
+        ++counts.blocks;
+        std::vector<core::bf16_t> boxed(kPanelValues, core::bf16_t(0x7fa0));  // another NaN than the pieces'
+        std::vector<int> written(kPanelValues, 0);
+        core::PanelBox boxes[core::kPanelBoxes];
+        int count = core::panel_boxes(core::panel_major(o), second ? b.col0 : b.row0, b.k0, boxes);
+        for (int box = 0; box < count; ++box) {
+          CHECK_MSG(boxes[box].offset * sizeof(core::bf16_t) % 1024 == 0, "%s: a box at value %d", text.c_str(),
+                    boxes[box].offset);
+          tma_load(map, boxes[box], boxed.data(), written);
+        }
+        long long wrong = 0, not_once = 0;
+        for (int v = 0; v < kPanelValues; ++v) {
+          wrong += boxed[v] != pieces[second * kPanelValues + v];
+          not_once += written[v] != 1;
+        }
+        if (wrong || not_once) {
+          CHECK_MSG(false,
+                    "%s: chunk %d block %d, %s's panel: %lld values differ from fill_piece's, %lld not written "
+                    "once",
+                    text.c_str(), chunk, block, second ? "b" : "a", wrong, not_once);
+          return;
+        }
+      }
+    }
+}
+
+}  // namespace
+
+// The panels TMA's tensor loads would fill (core/panel_boxes.hpp), byte for byte the threads' (fill_piece, whose
+// layout test_tensor_tile_cute holds against CuTe's MMA): bf16 operands K- and MN-major, rows and depth that end
+// inside a panel (the map's bounds give its zeros), rows padded with NaN past the depth (K-major) or the rows
+// (MN-major), which a map as wide as the storage would read. Operands TMA cannot take (e4m3, a stride off 16 bytes, a
+// base off 16 bytes) are refused, for the threads to fill.
+TEST(tma_boxes_fill_the_panels_as_the_threads_do) {
+  std::mt19937_64 rng(seed() + 12);
+  BoxCounts counts;
+  for (int round = 0; round < 40; ++round) {
+    bool mn = round % 2, e4m3 = round % 8 == 7;
+    int rows = 1 + static_cast<int>(rng() % 300), cols = 1 + static_cast<int>(rng() % 300);
+    int depth = 1 + static_cast<int>(rng() % 200);
+    int across = mn ? std::max(rows, cols) : depth;  // the storage's contiguous extent
+    int lead = across + static_cast<int>(rng() % 3 == 0 ? rng() % 3 : (8 - across % 8) % 8 + 8 * (rng() % 2));
+    Stored a, b;
+    make_operand(a, e4m3, mn, rows, depth, rng, lead);
+    make_operand(b, false, !mn, cols, depth, rng, ((mn ? depth : cols) + 7) / 8 * 8 + 8);  // padded, on 16 bytes
+    core::Gemm g{};
+    g.rows = rows;
+    g.cols = cols;
+    g.num_parts = 1;
+    g.parts[0] = core::GemmPart{a.op, b.op, depth};
+    std::string text = std::to_string(rows) + "x" + std::to_string(cols) + " depth " + std::to_string(depth) +
+                       (mn ? ", a MN-major" : ", a K-major") + (e4m3 ? " e4m3" : "") + " lead " + std::to_string(lead);
+    core::PanelMap map{};
+    bool takes = core::panel_map(a.op, rows, depth, &map);
+    bool should = !e4m3 && lead % 8 == 0;
+    CHECK_MSG(takes == should, "%s: a's map %s", text.c_str(), takes ? "made" : "refused");
+    check_boxes(g, text, counts);
+  }
+  std::vector<core::bf16_t> values(64, 0x3f80);
+  core::PanelMap map{};
+  CHECK_MSG(!core::panel_map(core::bf16_operand(values.data() + 1, 16, 1, false), 2, 16, &map),
+            "a base off 16 bytes is refused");
+  CHECK_MSG(core::panel_map(core::bf16_operand(values.data(), 16, 1, false), 2, 16, &map),
+            "a base on 16 bytes is taken");
+  CHECK_MSG(counts.blocks > 200 && counts.refused > 20, "%d panels by boxes, %d refused", counts.blocks,
+            counts.refused);
 }
 
 // What the tensor cores cannot take stays with gemm_element: an MXFP8 round trip on read, an fp32 operand, no depth.
