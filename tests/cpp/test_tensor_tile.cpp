@@ -44,7 +44,8 @@ struct Counts {
 // when they run; a stage's barrier completes a phase as its commit's MMAs finish, and a wait is an mbarrier's parity
 // wait on it. A fill's one-copy pieces land as a group, any time after the fill and at the latest when land waits
 // for it (cp.async's groups; the others are written at once, as on the device), and are the other threads' only after
-// the CTA's barrier (sync). A sync may also lose its vote to another thread whose wait ran out (`refuse`). The
+// the CTA's barrier (sync). A sync may also lose its vote to another thread whose wait ran out (`refuse`), and a land
+// may find a TMA load that did not land in time (`lose_land`). The
 // epilogue writes from an accumulator as it is when write is called. So a panel filled before the MMAs that read it
 // ran, MMAs before their panels landed and were published, a wait for the wrong phase or one skipped, an accumulator
 // read before its chunk's last MMAs ran, or summed into before its epilogue read it all, changes the sums or fails a
@@ -85,6 +86,7 @@ struct EmulatedCta {
   uint32_t unpublished = 0;              // stages whose copies land waited for since the last sync
   uint32_t waited_since_vote = 0;        // stages whose waits passed since the last vote that passed
   int syncs = 0, refuse = -1;            // syncs so far; the one whose vote another thread's timeout fails
+  int lands = 0, lose_land = -1;         // lands so far; the one whose wait for a TMA load runs out
   int block = -1;                        // the tile's block of the last multiply
   int filled = 0;                        // the tile's blocks filled
   int commits[core::kPanelStages] = {};  // per stage: its multiplies
@@ -161,11 +163,12 @@ struct EmulatedCta {
     progress();
     return exact;
   }
-  void land(int groups) {
+  bool land(int groups) {
     for (; static_cast<int>(flying.size()) > groups; flying.pop_front()) {
       if (!flying.front().landed) flying.front().land_now();
       unpublished |= 1u << flying.front().stage;
     }
+    return lands++ != lose_land;
   }
   void barrier() {  // the CTA's barrier: the epilogue's loads before it are done
     for (Accumulator& acc : accumulators) acc.read = false;
@@ -443,10 +446,11 @@ TEST(a_wait_that_runs_out_leaves_busy_every_stage_with_mmas_still_to_run) {
   CHECK_MSG(stalled == 24, "only %d of 24 tiles stalled", stalled);
 }
 
-// Another thread's wait runs out (the vote of a sync fails at a step drawn at random): sum_tile stops with none of
-// this thread's copies in flight, and the stages as the last vote that passed left them (a wait this thread passed
-// since is not marked, as for the thread whose wait ran out), so close's waits drain every MMA.
-TEST(a_vote_lost_to_another_thread_leaves_no_copies_in_flight) {
+// Another thread's wait runs out (the vote of a sync fails at a step drawn at random), or this thread's wait for a TMA
+// load (a land fails at a block drawn at random): sum_tile stops with none of this thread's copies in flight, and the
+// stages as the last vote that passed left them (a wait this thread passed since is not marked, as for the thread whose
+// wait ran out), so close's waits drain every MMA.
+TEST(a_vote_or_a_load_lost_leaves_no_copies_in_flight) {
   std::mt19937_64 rng(seed() + 10);
   for (int n = 0; n < 24; ++n) {
     TileCase t;
@@ -455,11 +459,14 @@ TEST(a_vote_lost_to_another_thread_leaves_no_copies_in_flight) {
     cta.start(t.g);
     // A block's, and each chunk's when its last MMAs are done (the last chunk's in the drain).
     int syncs = core::tensor_chunks(t.g) * (core::chunk_blocks(t.g) + 1);
-    cta.refuse = static_cast<int>(rng() % syncs);
+    int blocks = core::tensor_chunks(t.g) * core::chunk_blocks(t.g);  // a land each
+    bool by_land = n % 2;
+    (by_land ? cta.lose_land : cta.refuse) = static_cast<int>(rng() % (by_land ? blocks : syncs));
     core::PanelStages stages;
     bool summed = core::sum_tile(t.g, stages, cta);
     CHECK_MSG(cta.error.empty(), "%s: %s", t.text.c_str(), cta.error.c_str());
-    CHECK_MSG(!summed, "%s: no vote lost at sync %d of %d", t.text.c_str(), cta.refuse, syncs);
+    CHECK_MSG(!summed, "%s: no %s lost at %d of %d", t.text.c_str(), by_land ? "land" : "vote",
+              by_land ? cta.lose_land : cta.refuse, by_land ? blocks : syncs);
     CHECK_MSG(cta.flying.empty(), "%s: %zu groups of copies in flight after a lost vote", t.text.c_str(),
               cta.flying.size());
     for (int stage = 0; stage < core::kPanelStages; ++stage)

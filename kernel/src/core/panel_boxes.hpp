@@ -12,6 +12,11 @@
 
 namespace mok::core {
 
+// The fused executor's maps: a worker's one for each operand of a tile GEMM's parts (parts[p]'s a at 2p, b at 2p + 1),
+// each a CUtensorMap (128 bytes, on 64), rewritten for every tile whose operand TMA takes.
+constexpr int kPanelMaps = 2 * static_cast<int>(sizeof(Gemm::parts) / sizeof(GemmPart));
+constexpr int kTensorMapBytes = 128;
+
 // A box's inner extent: the swizzle's 128 bytes of bf16, a panel row's depth (K-major) or 64 of its rows (MN-major).
 constexpr int kBoxInner = 64;
 static_assert(kBoxInner == kMmaDepth, "a K-major panel row is one swizzled line");
@@ -50,6 +55,21 @@ MOK_HD inline bool panel_map(const Operand& o, int rows, int depth, PanelMap* ma
                   static_cast<uint64_t>(stride) * sizeof(bf16_t),
                   {static_cast<uint32_t>(kBoxInner), static_cast<uint32_t>(mn ? kMmaDepth : kMmaRows)}};
   return tma_takes(*map);
+}
+
+// The map of part `part`'s a (second false) or b.
+MOK_HD inline bool part_map(const Gemm& g, int part, bool second, PanelMap* map) {
+  const GemmPart& p = g.parts[part];
+  return panel_map(second ? p.b : p.a, second ? g.cols : g.rows, p.depth, map);
+}
+// The operands of g whose panels TMA fills: bit 2 part + second, as the fused executor's maps (kPanelMaps).
+MOK_HD inline uint32_t boxed_operands(const Gemm& g) {
+  uint32_t boxed = 0;
+  PanelMap map;
+  for (int part = 0; part < g.num_parts; ++part)
+    for (int second = 0; second < 2; ++second)
+      if (part_map(g, part, second, &map)) boxed |= 1u << (2 * part + second);
+  return boxed;
 }
 
 // One box of a panel: its first value's coordinates in the map (dimension 0 first; TMA's are 32-bit) and where it

@@ -144,7 +144,7 @@ enum class WaitId : int32_t {
   schedule_counted,     // worker 0 waits for every worker's expert counts
   schedule_laid_out,    // a worker waits for worker 0 to lay out the segments
   schedule_placed,      // worker 0 waits for every worker's rows
-  tensor_core,          // a GPU worker's CTA waits for its tensor cores' MMAs (cuda/tensor_tile.cuh)
+  tensor_core,          // a GPU worker's CTA waits for its tile's TMA loads and MMAs (cuda/tensor_tile.cuh)
   row_copy,             // a GPU worker's CTA waits for a bulk copy of a row to land (cuda/row_copies.cuh)
   count
 };
@@ -174,7 +174,7 @@ MOK_HD inline const char* wait_name(WaitId w) {
     case WaitId::schedule_counted: return "schedule counted (local workers)";
     case WaitId::schedule_laid_out: return "schedule laid out (local workers)";
     case WaitId::schedule_placed: return "schedule placed (local workers)";
-    case WaitId::tensor_core: return "tensor-core MMAs finished (local worker)";
+    case WaitId::tensor_core: return "tile loads and MMAs finished (local worker)";
     case WaitId::row_copy: return "bulk copy of a row landed (local worker)";
     case WaitId::count: break;
   }

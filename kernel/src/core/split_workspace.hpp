@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "core/group_state.hpp"
+#include "core/panel_boxes.hpp"
 #include "core/protocol.hpp"
 #include "core/split_dequantise.hpp"
 #include "core/split_shared.hpp"
@@ -42,6 +43,7 @@ struct SplitLayout {
   size_t routing_tokens;     // int32 [world]: their token counts
   size_t group;              // GroupState: the barriers' formation and epoch, zero at creation
   size_t fused_graph;        // TaskGraph: the fused executor's laid-out task graph (cuda/fused_pass.hpp)
+  size_t panel_maps;         // the fused executor's tensor maps: kPanelMaps a worker (panel_boxes.hpp)
   size_t gemm_arguments;     // gemm_argument_bytes, kGemmArgumentAlign-aligned
   int64_t ctas;              // CTAs of a row step (each has its own staging)
   int64_t staging_values;    // bf16 per CTA (MXFP8's dispatch and SwiGLU; 0 in BF16)
@@ -87,6 +89,8 @@ MOK_HD inline SplitLayout split_layout(const LayerShape& s, size_t gemm_argument
   l.routing_tokens = c.take(world * sizeof(int32_t));
   l.group = c.take(sizeof(GroupState), alignof(GroupState));
   l.fused_graph = c.take(sizeof(TaskGraph), alignof(TaskGraph));
+  size_t workers = static_cast<size_t>(s.comm_workers + s.compute_workers);  // a pass runs these or fewer
+  l.panel_maps = c.take_if(!own, workers * kPanelMaps * kTensorMapBytes, kTensorMapBytes);
   l.gemm_arguments = c.take_if(own, gemm_argument_bytes, kGemmArgumentAlign);
   l.bytes = c.total();
   return l;
@@ -108,6 +112,7 @@ struct SplitBuffers {
   int32_t* routing_tokens;
   GroupState* group;
   TaskGraph* fused_graph;
+  void* panel_maps;  // null for the split executor
   void* gemm_arguments;
 };
 
@@ -148,6 +153,7 @@ MOK_HD inline SplitBuffers split_buffers_at(const LayerShape& s, const SplitLayo
   b.routing_tokens = reinterpret_cast<int32_t*>(at(l.routing_tokens));
   b.group = reinterpret_cast<GroupState*>(at(l.group));
   b.fused_graph = reinterpret_cast<TaskGraph*>(at(l.fused_graph));
+  b.panel_maps = at(l.panel_maps);
   b.gemm_arguments = at(l.gemm_arguments);
   return b;
 }

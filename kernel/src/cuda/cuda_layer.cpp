@@ -345,6 +345,17 @@ class CudaLayer final : public LayerExecutor {
                   "%s: device %d keeps %d CTAs of the fused pass kernel resident at once; its pass needs 2 (a comm and "
                   "a compute worker)",
                   func, device_, resident_);
+#if MOK_WITH_FUSED
+    // The tensor maps of its TMA loads, each worker's set to the template its tiles fill in.
+    CUresult encoded = CUDA_SUCCESS;
+    int maps = (s_.comm_workers + s_.compute_workers) * core::kPanelMaps;
+    if (cudaError_t e = cuda::write_panel_maps(buffers_.panel_maps, maps, &encoded); e != cudaSuccess)
+      return encoded != CUDA_SUCCESS ? fail(mokCudaError,
+                                            "%s: the driver's cuTensorMapEncodeTiled refused the panels' template map "
+                                            "(CUresult %d)",
+                                            func, static_cast<int>(encoded))
+                                     : cuda_failed(func, "writing the panels' tensor maps", e);
+#endif
     return mokSuccess;
   }
 
@@ -619,7 +630,8 @@ class CudaLayer final : public LayerExecutor {
                             const char* func) {
     cudaError_t e = cudaErrorNotSupported;  // a build without the fused kernel creates no fused layer
 #if MOK_WITH_FUSED
-    cuda::FusedDevice d{view(kind), args, buffers_.fused_graph, resident_, static_cast<cudaStream_t>(stream)};
+    cuda::FusedDevice d{
+        view(kind), args, buffers_.fused_graph, resident_, buffers_.panel_maps, static_cast<cudaStream_t>(stream)};
     d.view.w = host::weights_in_place(weights);
     e = cuda::enqueue_fused_pass(d);
 #else

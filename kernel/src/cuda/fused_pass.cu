@@ -1,6 +1,9 @@
 // The fused executor's kernels (fused_pass.hpp): the prologue and the persistent pass kernel.
+#include <vector>
+
 #include "core/gemm_element.hpp"
 #include "core/pass_worker.hpp"
+#include "cuda/driver.hpp"
 #include "cuda/fused_pass.hpp"
 #include "cuda/resource_note.hpp"
 #include "cuda/row_copies.cuh"
@@ -116,7 +119,7 @@ __global__ void prepare_fused_pass(core::PassView view, core::TaskGraph* graph) 
 // CTA w is worker w. Thread 0 runs core's body; the others serve its orders until it says the pass is over, each
 // with the same view of the pass. The CTA holds its tensor memory from start to end (tensor_tile::open, close).
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
-    fused_pass(core::PassView view, core::PassArgs args, const core::TaskGraph* graph) {
+    fused_pass(core::PassView view, core::PassArgs args, const core::TaskGraph* graph, cute::TmaDescriptor* maps) {
   __shared__ core::PassArgs call;
   __shared__ Order order;
   __shared__ tensor_tile::Storage tensor;
@@ -124,7 +127,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   view.args = &call;
   view.graph = *graph;
   view.sched.total_rows = view.group->total_rows;
-  tensor_tile::open(tensor);
+  tensor_tile::open(tensor, maps + blockIdx.x * core::kPanelMaps);
   row_copies::open(row_copies::slots());
   cta_barrier();
   core::PanelStages stages;
@@ -175,6 +178,25 @@ cudaError_t fused_residency(int* ctas) {
   return e;
 }
 
+cudaError_t write_panel_maps(void* maps, int count, CUresult* encoded) {
+  *encoded = CUDA_SUCCESS;
+  static DriverApi driver;
+  static const DriverLoad load = load_driver_api(&driver);
+  if (load.error != cudaSuccess) return load.error;
+  if (!driver.cuTensorMapEncodeTiled) return cudaErrorNotSupported;
+  // The template: a panel of a K-major operand of kMmaRows rows at `maps` (any address on 16 bytes; each tile's
+  // operands replace it, and its dimensions, stride and box, core::PanelMap).
+  cute::TmaDescriptor map{};
+  cuuint64_t dims[2] = {core::kBoxInner, core::kMmaRows}, stride[1] = {core::kBoxInner * sizeof(core::bf16_t)};
+  cuuint32_t box[2] = {core::kBoxInner, core::kMmaRows}, steps[2] = {1, 1};
+  *encoded = driver.cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, maps, dims, stride, box, steps,
+                                           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (*encoded != CUDA_SUCCESS) return cudaErrorInvalidValue;
+  std::vector<cute::TmaDescriptor> copies(static_cast<size_t>(count), map);
+  return cudaMemcpy(maps, copies.data(), copies.size() * sizeof(map), cudaMemcpyHostToDevice);
+}
+
 cudaError_t enqueue_fused_pass(const FusedDevice& d) {
   core::PassView view = d.view;
   view.s = core::fit_workers(view.s, d.resident);
@@ -184,7 +206,8 @@ cudaError_t enqueue_fused_pass(const FusedDevice& d) {
   // Cooperative: every CTA resident at once (each worker may wait for another), or the launch is refused.
   core::PassArgs args = d.args;
   const core::TaskGraph* graph = d.graph;
-  void* params[] = {&view, &args, &graph};
+  auto* maps = static_cast<cute::TmaDescriptor*>(d.panel_maps);
+  void* params[] = {&view, &args, &graph, &maps};
   return cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(fused_pass), dim3(core::workers_of(view)),
                                      dim3(kThreads), params, tensor_tile::kDynamicSharedBytes, d.stream);
 }

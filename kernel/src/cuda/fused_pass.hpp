@@ -7,6 +7,7 @@
 // the contract's order (core/gemm_element.hpp). Built for the Blackwell targets only; nothing of it has run on a GPU.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include "core/pass_view.hpp"
@@ -21,12 +22,18 @@ struct FusedDevice {
   core::PassArgs args;     // the call's tensors (device memory)
   core::TaskGraph* graph;  // one TaskGraph of device memory: the prologue leaves the pass's laid-out graph there
   int resident;            // CTAs of the pass kernel the device keeps resident at once (fused_residency)
+  void* panel_maps;        // core::kPanelMaps tensor maps a worker, written by write_panel_maps
   cudaStream_t stream;
 };
 
 // CTAs of the pass kernel that the current device keeps resident at once (its occupancy times its SMs): the most
 // workers a pass may run, since every worker waits for others. 0 and the error where CUDA cannot say.
 cudaError_t fused_residency(int* ctas);
+
+// The tensor maps the pass's TMA loads read (core/panel_boxes.hpp), `count` of them at `maps` (device memory, on 64
+// bytes), each set to the template a tile's operands fill in: once, at the layer's creation. `encoded`: the driver's
+// CUresult where it refused to encode it (then cudaErrorInvalidValue).
+cudaError_t write_panel_maps(void* maps, int count, CUresult* encoded);
 
 // The pass on d.stream: a one-thread prologue (the schedule's rows, counters zeroed, the task graph laid out), then
 // the persistent kernel, a cooperative launch (all its CTAs resident at once) of core::fit_workers(shape, resident)

@@ -57,14 +57,6 @@ __device__ inline int own_slot() {
   return threadIdx.x % 32 == 0 && warp >= kFirstWarp && warp < kFirstWarp + kSlots ? warp - kFirstWarp : -1;
 }
 
-// Wait for the slot's phase of `parity`, for at most `timeout_ns`; false when its bytes did not all land.
-__device__ inline bool await_load(Slots& s, int slot, uint32_t parity, uint64_t timeout_ns) {
-  uint64_t start = core::now_ns();
-  while (!cutlass::arch::ClusterBarrier::try_wait(&s.loaded[slot], parity))
-    if (core::now_ns() - start > timeout_ns) return false;
-  return true;
-}
-
 // One thread's bulk copies in a row job: core's Bulk (the job's slots, the one it holds) and Slot (a batch's steps).
 struct SlotCopies {
   Slots& s;
@@ -100,7 +92,7 @@ struct SlotCopies {
   }
   __device__ bool land() {
     cutlass::arch::ClusterBarrier::arrive(&s.loaded[own]);
-    if (!await_load(s, own, s.parity[own], timeout_ns)) return false;
+    if (!tensor_tile::await_phase(s.loaded[own], s.parity[own], timeout_ns)) return false;
     s.parity[own] ^= 1;
     return true;
   }
@@ -136,7 +128,7 @@ struct SlotCopies {
 // that a load that is only slow does not write shared memory a later CTA holds.
 __device__ inline void close(Slots& s, uint64_t timeout_ns) {
   int own = own_slot();
-  if (own >= 0 && s.lost[own]) await_load(s, own, s.parity[own], timeout_ns);
+  if (own >= 0 && s.lost[own]) tensor_tile::await_phase(s.loaded[own], s.parity[own], timeout_ns);
 }
 
 }  // namespace mok::cuda::row_copies

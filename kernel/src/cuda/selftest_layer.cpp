@@ -673,9 +673,9 @@ mokStatus_t fused_benchmark(const SelftestSetup& setup, mokLayerConfig_t c, floa
   float ff = 0, fb = 0;
   median_times(runs, &ff, &fb);
   text->add(
-      "; the fused executor (one kernel per pass, 1-CTA tcgen05 tiles, row jobs over the CTA, unchanged rows in bulk "
-      "copies; %d comm and %d compute CTAs): forward %.3f ms (%.2fx the split executor's time), backward %.3f ms "
-      "(%.2fx), the median of %zu runs",
+      "; the fused executor (one kernel per pass, 1-CTA tcgen05 tiles over TMA-loaded panels, row jobs over the CTA, "
+      "unchanged rows in bulk copies; %d comm and %d compute CTAs): forward %.3f ms (%.2fx the split executor's time), "
+      "backward %.3f ms (%.2fx), the median of %zu runs",
       c.comm_workers, c.compute_workers, static_cast<double>(ff), static_cast<double>(ff / f), static_cast<double>(fb),
       static_cast<double>(fb / b), runs.size() - 1);
   return mokSuccess;

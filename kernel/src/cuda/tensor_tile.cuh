@@ -11,11 +11,14 @@
 #include <cutlass/arch/barrier.h>
 
 #include <cute/arch/copy_sm80.hpp>
+#include <cute/arch/copy_sm90_desc.hpp>
+#include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/arch/tmem_allocator_sm100.hpp>
 #include <cute/tensor.hpp>
 #include <type_traits>
 
 #include "core/gemm_element.hpp"
+#include "core/panel_boxes.hpp"
 #include "core/tensor_tile.hpp"
 
 namespace mok::cuda::tensor_tile {
@@ -59,6 +62,10 @@ CUTE_HOST_DEVICE uint32_t accumulator_address(uint32_t tmem, int index) {
 // nothing warp-aligned.
 constexpr int kMmaWarp = 1;
 constexpr int kFirstEpilogueWarp = 4;
+// The thread that writes a tile's tensor maps and issues its TMA loads (core/panel_boxes.hpp): warp 1's lane 0, whose
+// warp then issues the MMAs over what it waited for.
+constexpr int kBoxIssuer = kMmaWarp * 32;
+static_assert(sizeof(cute::TmaDescriptor) == core::kTensorMapBytes, "a map is a CUtensorMap");
 
 static_assert(cute::cosize_v<PanelLayoutOf<Major::K>> == core::kPanelValues &&
                   cute::cosize_v<PanelLayoutOf<Major::MN>> == core::kPanelValues,
@@ -93,6 +100,10 @@ constexpr int kDynamicSharedBytes = static_cast<int>(sizeof(Panels)) + 1024;
 // The rest of one CTA's tensor tile, in static shared memory.
 struct Storage {
   alignas(8) uint64_t mma_done[core::kPanelStages];  // a stage's MMAs have read its panels
+  uint64_t loaded[core::kPanelStages];               // a stage's TMA loads landed: their bytes complete the phase
+  cute::TmaDescriptor* maps;                         // the CTA's kPanelMaps in global memory
+  uint32_t load_parities;                            // bit s: the parity of stage s's next `loaded` phase (issuer's)
+  uint32_t loading;                                  // bit s: stage s has TMA loads not waited for (issuer's)
   core::PanelMajors majors[core::kPanelStages];      // how a stage's panels hold a and b, by the fill of its block
   uint32_t tmem;                                     // the accumulators' base in tensor memory
   int failed;                                        // an MMA did not finish in time
@@ -167,18 +178,22 @@ __device__ inline void fence_after_sync() {
   asm volatile("tcgen05.fence::after_thread_sync;" ::: "memory");
 }
 
-// Wait for the MMAs' commit to complete the stage barrier's phase of `parity`, for at most `timeout_ns`; false when
-// it did not come.
-__device__ inline bool await_mma(Storage& s, int stage, uint32_t parity, uint64_t timeout_ns) {
+// Wait for an mbarrier's phase of `parity`, for at most `timeout_ns`; false when it did not complete.
+__device__ inline bool await_phase(uint64_t& barrier, uint32_t parity, uint64_t timeout_ns) {
   uint64_t start = core::now_ns();
-  while (!cutlass::arch::ClusterBarrier::try_wait(&s.mma_done[stage], parity))
+  while (!cutlass::arch::ClusterBarrier::try_wait(&barrier, parity))
     if (core::now_ns() - start > timeout_ns) return false;
   return true;
 }
+// Wait for the MMAs' commit to complete the stage barrier's phase of `parity`.
+__device__ inline bool await_mma(Storage& s, int stage, uint32_t parity, uint64_t timeout_ns) {
+  return await_phase(s.mma_done[stage], parity, timeout_ns);
+}
 
 // Before the pass: warp 1 takes kTensorColumns of tensor memory (two CTAs an SM: all of its 512 columns) and the
-// stages' barriers are set up; the CTA's barrier that follows publishes both.
-__device__ inline void open(Storage& s) {
+// stages' barriers are set up; the CTA's barrier that follows publishes both. `maps`: the CTA's kPanelMaps, each the
+// template the layer encoded at its creation.
+__device__ inline void open(Storage& s, cute::TmaDescriptor* maps) {
   if (warp() == kMmaWarp) {
     __syncwarp();
     cute::TMEM::Allocator1Sm allocator{};
@@ -188,7 +203,10 @@ __device__ inline void open(Storage& s) {
   }
   if (threadIdx.x == 0) {
     for (uint64_t& barrier : s.mma_done) cute::initialize_barrier(barrier, 1);
+    for (uint64_t& barrier : s.loaded) cute::initialize_barrier(barrier, 1);  // the issuer's arrival with its bytes
     cutlass::arch::fence_barrier_init();  // the init before the MMA's commit arrives, as CUTLASS's pipelines order it
+    s.maps = maps;
+    s.load_parities = s.loading = 0;
     s.failed = 0;
   }
 }
@@ -202,9 +220,12 @@ struct StageWait {
 
 // After the pass, once every thread has left its last tile (the CTA's barrier before): the tensor memory back. The
 // stages still busy (a wait for their MMAs ran out) give the MMAs one more timeout to finish, so that the memory is
-// not freed under an MMA that still writes it where the hardware is only slow.
-__device__ inline void close(Storage& s, const core::PanelStages& stages, uint64_t timeout_ns) {
+// not freed under an MMA that still writes it where the hardware is only slow; TMA loads whose wait ran out likewise,
+// which write the panels. Not inlined: in the pass kernel's body, its branches spill the body's registers.
+__device__ __noinline__ void close(Storage& s, const core::PanelStages& stages, uint64_t timeout_ns) {
   if (warp() == kMmaWarp) {
+    for (int stage = 0; stage < core::kPanelStages; ++stage)  // the issuer's bits; every lane polls
+      if (s.loading >> stage & 1u) await_phase(s.loaded[stage], s.load_parities >> stage & 1u, timeout_ns);
     StageWait waits{s, timeout_ns};
     core::wait_busy(stages, waits);
     __syncwarp();
@@ -239,25 +260,97 @@ __device__ inline void write_slices(const core::Gemm& g, uint32_t tmem, int row0
   fence_before_sync();  // the loads done before the CTA's next barrier, after which an MMA may write the accumulator
 }
 
+// A field of a map in global memory (tensormap.replace; CuTe has the address's, and CCCL's wrappers stop at sm_101a):
+// dimension `Dim`'s extent, its box's, and the stride in bytes from one index of dimension 1 to the next.
+template <int Dim>
+__device__ inline void replace_extents(cute::TmaDescriptor* map, uint32_t extent, uint32_t box) {
+  asm volatile("tensormap.replace.tile.global_dim.global.b1024.b32 [%0], %1, %2;" ::"l"(map), "n"(Dim), "r"(extent)
+               : "memory");
+  asm volatile("tensormap.replace.tile.box_dim.global.b1024.b32 [%0], %1, %2;" ::"l"(map), "n"(Dim), "r"(box)
+               : "memory");
+}
+__device__ inline void replace_stride(cute::TmaDescriptor* map, uint64_t bytes) {
+  asm volatile("tensormap.replace.tile.global_stride.global.b1024.b64 [%0], 0, %1;" ::"l"(map), "l"(bytes) : "memory");
+}
+
+// The issuer, before a tile's fills: each operand TMA takes (`boxed`, core::boxed_operands) gets its map's fields in
+// its slot of the CTA's maps (the template holds the rest: bf16, the 128-byte swizzle, zeros out of bounds), then
+// the tensor-map proxy's fences, so that the loads read them. The tile before landed every load from those slots.
+__device__ __noinline__ void write_maps(const core::Gemm& g, cute::TmaDescriptor* maps, uint32_t boxed) {
+  for (int slot = 0; slot < core::kPanelMaps; ++slot) {
+    core::PanelMap m;
+    if (!(boxed >> slot & 1u) || !core::part_map(g, slot / 2, slot % 2, &m)) continue;
+    cute::tma_descriptor_replace_addr_in_global_mem(maps + slot, m.base);
+    replace_extents<0>(maps + slot, static_cast<uint32_t>(m.dims[0]), m.box[0]);
+    replace_extents<1>(maps + slot, static_cast<uint32_t>(m.dims[1]), m.box[1]);
+    replace_stride(maps + slot, m.stride_bytes);
+  }
+  cute::tma_descriptor_fence_release();
+  for (int slot = 0; slot < core::kPanelMaps; ++slot)
+    if (boxed >> slot & 1u) cute::tma_descriptor_fence_acquire(maps + slot);
+}
+
 // core::sum_tile's steps on this CTA: the panels filled by all, the MMAs issued by warp 1, the epilogue written by
 // warps 4 to 7 (or an element each by all).
 struct TileSteps : StageWait {
   const core::Gemm& g;
   Panels& panels;
+  uint32_t boxed;     // the operands whose panels TMA fills (core::boxed_operands), the threads the others'
+  int filled = 0;     // the tile's fills: fill q went to stage q % kPanelStages (sum_tile's order)
+  int landed = 0;     // the fills whose TMA loads the issuer waited for
+  bool lost = false;  // a TMA load did not land in time: the tile has failed
 
   // The stage's majors, which its MMAs read them in: written by thread 0 before the CTA's barrier that lets warp 1
   // read them (the walk's vote before the block's MMAs), and after the one that follows the stage's last MMAs' issue.
+  // A panel TMA takes is the issuer's boxes; the threads copy the other's pieces.
   __device__ bool fill(const core::MmaBlock& b, int stage) {
     if (threadIdx.x == 0) s.majors[stage] = core::block_majors(g, b);
+    uint32_t by_box = boxed >> (2 * b.part) & 3u;  // bit 0 a's panel, bit 1 b's
+    int first = by_box & 1u ? core::kBlockPieces / 2 : 0,
+        end = by_box & 2u ? core::kBlockPieces / 2 : core::kBlockPieces;
     bool exact = true;
-    for (int p = threadIdx.x; p < core::kBlockPieces; p += blockDim.x)
+    for (int p = first + static_cast<int>(threadIdx.x); p < end; p += blockDim.x)
       core::fill_piece(g, b, p, panels.stages[stage], exact, AsyncPieceMove{});
     cute::cp_async_fence();  // the block's copies, one group
+    if (by_box && threadIdx.x == kBoxIssuer) load_boxes(b, stage, by_box);
+    ++filled;
     return exact;
   }
-  __device__ void land(int groups) {
+  // The issuer's TMA loads of a block's panels in `by_box`: their bytes expected on the stage's barrier with its one
+  // arrival, then each box (core::panel_boxes) from its operand's map.
+  __device__ __noinline__ void load_boxes(const core::MmaBlock& b, int stage, uint32_t by_box) {
+    uint32_t bytes = static_cast<uint32_t>(__popc(by_box) * core::kPanelValues * sizeof(core::bf16_t));
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&s.loaded[stage], bytes);
+    for (int second = 0; second < 2; ++second) {
+      if (!(by_box >> second & 1u)) continue;
+      const core::GemmPart& part = g.parts[b.part];
+      core::PanelBox boxes[core::kPanelBoxes];
+      int count = core::panel_boxes(core::panel_major(second ? part.b : part.a), second ? b.col0 : b.row0, b.k0, boxes);
+      core::bf16_t* panel = panels.stages[stage] + second * core::kPanelValues;
+      for (int box = 0; box < count; ++box)
+        cute::SM90_TMA_LOAD_2D::copy(s.maps + 2 * b.part + second, &s.loaded[stage],
+                                     static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
+                                     panel + boxes[box].offset, boxes[box].coords[0], boxes[box].coords[1]);
+    }
+    s.loading |= 1u << stage;
+  }
+  __device__ bool land(int groups) {
     cp_async_wait_at_most<core::kPanelStages - 2>(groups);
     cutlass::arch::fence_view_async_shared();  // the generic proxy's stores, before the MMA's reads
+    return threadIdx.x != kBoxIssuer || land_boxes(filled - groups);
+  }
+  // The issuer: the TMA loads of the tile's fills before `upto` waited for, each stage's phase; false once one did
+  // not land in time (its stage stays `loading`, for close).
+  __device__ bool land_boxes(int upto) {
+    for (; landed < upto && !lost; ++landed) {
+      uint32_t bit = 1u << (landed % core::kPanelStages);
+      if (!(s.loading & bit)) continue;
+      lost = !await_phase(s.loaded[landed % core::kPanelStages], (s.load_parities & bit) != 0, timeout_ns);
+      if (lost) break;
+      s.loading &= ~bit;
+      s.load_parities ^= bit;
+    }
+    return !lost;
   }
   // One vote: a flag in shared memory read after a plain barrier could already hold a later step's failure.
   __device__ bool sync(bool ok) {
@@ -316,7 +409,8 @@ struct TileSteps : StageWait {
 // left to gemm_element; an MMA that does not finish in `timeout_ns` leaves `failed` set, `stages` naming the stages it
 // may still write, and the tile.
 __device__ inline void compute(const core::Gemm& g, Storage& s, core::PanelStages& stages, uint64_t timeout_ns) {
-  TileSteps steps{{s, timeout_ns}, g, panels()};
+  TileSteps steps{{s, timeout_ns}, g, panels(), core::boxed_operands(g)};
+  if (steps.boxed && threadIdx.x == kBoxIssuer) write_maps(g, s.maps, steps.boxed);
   core::sum_tile(g, stages, steps);
 }
 
