@@ -337,7 +337,8 @@ def bulk_copy_faults(sass: str) -> tuple[int, list[str]]:
             if not arrive or not any(re.match(BULK_POLL, i) for i in before[arrive[0]:]):
                 faults.append(f"store {n}: its batch not arrived on the slot's barrier and polled before it")
     if copies:
-        if not any(re.match(GLOBAL_PROXY_FENCE, i) for i in code[:copies[0]]):
+        start = max([k + 1 for k in range(copies[0]) if code[k].startswith("RET")], default=0)  # the copies' function
+        if not any(re.match(GLOBAL_PROXY_FENCE, i) for i in code[start:copies[0]]):
             faults.append("no global proxy fence before the first copy")
         written = [n for n in range(copies[-1] + 1, len(code) - 2)
                    if re.match(BULK_WAIT, code[n]) and re.match(BULK_WRITTEN, code[n + 1])
@@ -371,8 +372,9 @@ MAP_ACQUIRE, MAP_RELEASE, MAP_WRITE = r"UTMACCTL\.IV", r"MEMBAR\.ALL\.GPU$", r"S
 
 def tma_load_faults(sass: str) -> tuple[int, list[str]]:
     """The TMA loads of panels in `sass` and what breaks their order: each load has, earlier in its function, its bytes
-    expected on the stage's barrier with the issuer's arrival; each map's acquire has, earlier in its function, the
-    release, and no write of a map between the two."""
+    expected on the stage's barrier with the issuer's arrival; the maps' function starts with the global proxy fence
+    (the operands' rows, written by the generic proxy, before the loads read them); each map's acquire has, earlier
+    in its function, the release, and no write of a map between the two."""
     code = [i.strip() for i in re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)]
 
     def in_function(n: int) -> list[str]:  # the code of n's function before n (a non-inlined one ends in a RET)
@@ -387,6 +389,8 @@ def tma_load_faults(sass: str) -> tuple[int, list[str]]:
             faults.append(f"load {n}: its bytes not expected on the stage's barrier before it")
     if loads and not acquires:
         faults.append("no map acquired by the tensor-map proxy")
+    if acquires and not any(re.match(GLOBAL_PROXY_FENCE, i) for i in in_function(acquires[0])):
+        faults.append("no global proxy fence before the maps are written")
     for n in acquires:
         before = in_function(n)
         released = [k for k, i in enumerate(before) if re.match(MAP_RELEASE, i)]
@@ -398,7 +402,8 @@ def tma_load_faults(sass: str) -> tuple[int, list[str]]:
 def test_fused_pass_loads_panels_by_tma(libmok, cuda_bin):
     """The panels of a bf16 operand that a tensor map takes (core/panel_boxes.hpp) are TMA's 2-D tensor loads, issued
     after their bytes are expected on the stage's barrier (else the barrier's phase completes before they land, and
-    the MMAs read what is not yet there), from maps whose fields the issuer wrote and then released and acquired for
+    the MMAs read what is not yet there), after the global proxy fence (else they may read rows another CTA wrote
+    before the counter thread 0 acquired), from maps whose fields the issuer wrote and then released and acquired for
     the tensor-map proxy (else the loads may read a map's old fields: the tile before's operands)."""
     for arch, sass in fused_pass_sass(libmok, cuda_bin).items():
         loads, faults = tma_load_faults(sass)

@@ -276,7 +276,11 @@ __device__ inline void replace_stride(cute::TmaDescriptor* map, uint64_t bytes) 
 // The issuer, before a tile's fills: each operand TMA takes (`boxed`, core::boxed_operands) gets its map's fields in
 // its slot of the CTA's maps (the template holds the rest: bf16, the 128-byte swizzle, zeros out of bounds), then
 // the tensor-map proxy's fences, so that the loads read them. The tile before landed every load from those slots.
+// First the global proxy fence: the operands' rows were written by the generic proxy (other CTAs' tiles and row jobs,
+// a peer's pushes), published by counters that thread 0 acquired before the CTA's barrier that started the tile; the
+// loads that read them are the async proxy's.
 __device__ __noinline__ void write_maps(const core::Gemm& g, cute::TmaDescriptor* maps, uint32_t boxed) {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
   for (int slot = 0; slot < core::kPanelMaps; ++slot) {
     core::PanelMap m;
     if (!(boxed >> slot & 1u) || !core::part_map(g, slot / 2, slot % 2, &m)) continue;
