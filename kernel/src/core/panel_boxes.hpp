@@ -32,10 +32,11 @@ struct PanelMap {
   uint32_t box[2];        // values: {kBoxInner, kMmaRows} K-major, one box a panel; {kBoxInner, kMmaDepth} MN-major
 };
 
-// TMA's rules for a map (cuda.h, cuTensorMapEncodeTiled): a base on 16 bytes, dimensions from 1 to 2^32, a stride a
-// multiple of 16 bytes below 2^40 and no shorter than dimension 0's bytes.
+// TMA's rules for a map (cuda.h, cuTensorMapEncodeTiled): a base on 16 bytes, dimensions from 1 to 2^32 (below it
+// here: tensormap.replace takes a dimension in 32 bits), a stride a multiple of 16 bytes below 2^40 and no shorter than
+// dimension 0's bytes.
 MOK_HD inline bool tma_takes(const PanelMap& m) {
-  constexpr uint64_t kMaxDim = uint64_t{1} << 32, kMaxStride = uint64_t{1} << 40;
+  constexpr uint64_t kMaxDim = (uint64_t{1} << 32) - 1, kMaxStride = uint64_t{1} << 40;
   bool dims = m.dims[0] >= 1 && m.dims[1] >= 1 && m.dims[0] <= kMaxDim && m.dims[1] <= kMaxDim;
   return on_piece(m.base) && dims && m.stride_bytes % 16 == 0 && m.stride_bytes < kMaxStride &&
          m.stride_bytes >= m.dims[0] * sizeof(bf16_t);

@@ -280,7 +280,7 @@ class CudaLayer final : public LayerExecutor {
       return cuda_failed(func, "allocating the host-mapped error record", e);
     if (mokStatus_t s = read_architecture(func); s != mokSuccess) return s;
     // The fused pass needs its CTAs resident together, and runs no grouped GEMM.
-    if (mokStatus_t s = fused() ? read_residency(func) : allocate_gemm_workspace(func); s != mokSuccess) return s;
+    if (mokStatus_t s = fused() ? set_up_fused(func) : allocate_gemm_workspace(func); s != mokSuccess) return s;
     if (s_.world > 1)  // where mokLayerAbort and a refused call tell the peers, whatever the caller's streams hold
       if (cudaError_t e = cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking); e != cudaSuccess)
         return cuda_failed(func, "creating the stream that tells the peers of an abort", e);
@@ -345,8 +345,14 @@ class CudaLayer final : public LayerExecutor {
                   "%s: device %d keeps %d CTAs of the fused pass kernel resident at once; its pass needs 2 (a comm and "
                   "a compute worker)",
                   func, device_, resident_);
+    return mokSuccess;
+  }
+
+  // The fused pass's CTAs resident together (read_residency), and the tensor maps of its TMA loads, each worker's set
+  // to the template its tiles fill in.
+  mokStatus_t set_up_fused(const char* func) {
+    if (mokStatus_t s = read_residency(func); s != mokSuccess) return s;
 #if MOK_WITH_FUSED
-    // The tensor maps of its TMA loads, each worker's set to the template its tiles fill in.
     CUresult encoded = CUDA_SUCCESS;
     int maps = (s_.comm_workers + s_.compute_workers) * core::kPanelMaps;
     if (cudaError_t e = cuda::write_panel_maps(buffers_.panel_maps, maps, &encoded); e != cudaSuccess)
