@@ -33,10 +33,32 @@ using core::kPanelValues;
 
 namespace {
 
+// TMA's tensor load of one box into a panel, as the PTX ISA describes it (2-D, no interleave, the 128-byte swizzle,
+// zeros out of bounds): box element (x, y), x along dimension 0, is the map's at coords + (x, y), or 0 outside its
+// dimensions, written at byte (y * box[0] + x) * 2 of the box with its 16-byte chunk within each 128 bytes xor'd with
+// that 128-byte line's index mod 8 (the shared-memory address's bits 4 to 6 with bits 7 to 9: the box on 1024 bytes).
+// `written` counts each panel value's writes.
+void tma_load(const core::PanelMap& m, const core::PanelBox& box, core::bf16_t* panel, std::vector<int>& written) {
+  for (uint64_t y = 0; y < m.box[1]; ++y)
+    for (uint64_t x = 0; x < m.box[0]; ++x) {
+      uint64_t at0 = static_cast<uint64_t>(box.coords[0]) + x, at1 = static_cast<uint64_t>(box.coords[1]) + y;
+      core::bf16_t value(0);
+      if (at0 < m.dims[0] && at1 < m.dims[1])
+        std::memcpy(&value, reinterpret_cast<const char*>(m.base) + at1 * m.stride_bytes + at0 * sizeof(value),
+                    sizeof(value));
+      uint64_t byte = (y * m.box[0] + x) * sizeof(value);
+      byte ^= (byte >> 7 & 7) << 4;
+      size_t at = static_cast<size_t>(box.offset) + byte / sizeof(value);
+      panel[at] = value;
+      ++written[at];
+    }
+}
+
 struct Counts {
   int tensor = 0, elements = 0;  // chunks through the tensor cores, and through gemm_element
   int overlaps = 0;              // fills while MMAs were still to run (EmulatedCta)
   int epilogue_overlaps = 0;     // epilogue slices written while the next chunk's MMAs were still to run
+  int boxed = 0;                 // panels filled by TMA's boxes (EmulatedCta::boxes)
 };
 
 // core::sum_tile's steps on the host, one thread for the whole CTA, over tensor cores that run asynchronously: the
@@ -97,11 +119,27 @@ struct EmulatedCta {
   core::PanelMajors stage_majors[core::kPanelStages] = {};  // per stage: its last fill's block's (as the device keeps)
   Counts counts;
   std::string error;
+  // TMA (`boxes`): the panels of the operands a map takes (core::boxed_operands) are box loads issued at the fill,
+  // landing at their own pace and at the latest when waited for, each completing a phase of the stage's load barrier
+  // once all of a fill's have landed; the issuer's bookkeeping is core's (BoxLoads), as the device keeps it.
+  struct BoxFlight {
+    int stage, second;
+    core::MmaBlock block;
+  };
+  bool boxes = false;
+  uint32_t boxed = 0;                       // the tile's boxed operands
+  core::BoxLoads loads;                     // across tiles, as the device's Storage
+  int landed_fills = 0;                     // the tile's fills whose loads land() waited for
+  std::vector<BoxFlight> box_flights;       // issued, not landed
+  int box_issues[core::kPanelStages] = {};  // per stage: the fills that issued loads
+  int box_phases[core::kPanelStages] = {};  // per stage: its load barrier's completed phases
 
   explicit EmulatedCta(std::mt19937_64& r) : rng(r) { std::iota(order.begin(), order.end(), 0); }
   // The next tile, on the stages and accumulators as the last one left them (as the device's CTA keeps them).
   void start(const core::Gemm& g) {
     gemm = &g;
+    boxed = boxes ? core::boxed_operands(g) : 0;
+    landed_fills = 0;
     exact_chunks.assign(static_cast<size_t>(core::tensor_chunks(g)), 1);
     block = -1;
     filled = 0;
@@ -127,10 +165,43 @@ struct EmulatedCta {
     ++run;
     return true;
   }
-  void progress() {  // the tensor cores and the copies at their own pace
+  void progress() {  // the tensor cores, the copies and the box loads at their own pace
     while (rng() % 3 == 0 && run_one()) {
     }
     if (!flying.empty() && rng() % 4 == 0) flying[rng() % flying.size()].land_now();
+    if (!box_flights.empty() && rng() % 4 == 0) land_boxes(box_flights[rng() % box_flights.size()].stage);
+  }
+  // The stage's box loads land, as TMA places them; the last completes its barrier's phase.
+  void land_boxes(int stage) {
+    bool any = false;
+    for (size_t f = 0; f < box_flights.size();) {
+      const BoxFlight& flight = box_flights[f];
+      if (flight.stage != stage) {
+        ++f;
+        continue;
+      }
+      const core::GemmPart& part = gemm->parts[flight.block.part];
+      core::PanelMap map{};
+      core::part_map(*gemm, flight.block.part, flight.second, &map);
+      core::PanelBox found[core::kPanelBoxes];
+      int count = core::panel_boxes(core::panel_major(flight.second ? part.b : part.a),
+                                    flight.second ? flight.block.col0 : flight.block.row0, flight.block.k0, found);
+      std::vector<int> written(kPanelValues, 0);
+      for (int box = 0; box < count; ++box)
+        tma_load(map, found[box], panels(stage) + flight.second * kPanelValues, written);
+      box_flights.erase(box_flights.begin() + static_cast<long>(f));
+      any = true;
+    }
+    if (any) ++box_phases[stage];
+  }
+  // The issuer's wait for a stage's loads (core::BoxLoads::land): the phase of its last fill's loads, which lands them
+  // if they have not.
+  bool loaded(int stage, uint32_t parity) {
+    if (box_issues[stage] == 0 || parity != static_cast<uint32_t>((box_issues[stage] - 1) % 2))
+      fail("stage " + std::to_string(stage) + ": a wait for its loads' parity " + std::to_string(parity) + " after " +
+           std::to_string(box_issues[stage]) + " fills issued loads, not for the last one's phase");
+    if (box_phases[stage] < box_issues[stage]) land_boxes(stage);
+    return true;
   }
   void fail(const std::string& what) {
     if (error.empty()) error = what;
@@ -157,7 +228,19 @@ struct EmulatedCta {
     flying.push_back(Group{stage, {}});
     bool exact = true;
     stage_majors[stage] = core::block_majors(*gemm, b);
-    for (int p : order) core::fill_piece(*gemm, b, p, panels(stage), exact, DeferredMove{&flying.back()});
+    uint32_t by_box = boxed >> (2 * b.part) & 3u;  // as tensor_tile.cuh's fill: a's bit, b's
+    for (int p : order)
+      if (!(by_box >> (p >= core::kBlockPieces / 2 ? 1 : 0) & 1u))
+        core::fill_piece(*gemm, b, p, panels(stage), exact, DeferredMove{&flying.back()});
+    if (by_box) {
+      for (const BoxFlight& flight : box_flights)
+        if (flight.stage == stage) fail("stage " + std::to_string(stage) + " loaded again under loads in flight");
+      for (int second = 0; second < 2; ++second)
+        if (by_box >> second & 1u) box_flights.push_back(BoxFlight{stage, second, b});
+      loads.issued(stage);
+      ++box_issues[stage];
+      counts.boxed += __builtin_popcount(by_box);
+    }
     if (!exact) exact_chunks[filled / core::chunk_blocks(*gemm)] = 0;
     ++filled;
     progress();
@@ -168,6 +251,7 @@ struct EmulatedCta {
       if (!flying.front().landed) flying.front().land_now();
       unpublished |= 1u << flying.front().stage;
     }
+    landed_fills = loads.land(landed_fills, filled - groups, *this);  // the issuer's (tensor_tile.cuh land_boxes)
     return lands++ != lose_land;
   }
   void barrier() {  // the CTA's barrier: the epilogue's loads before it are done
@@ -191,6 +275,9 @@ struct EmulatedCta {
       fail("stage " + std::to_string(stage) + " committed again before its last commit was waited for");
     for (const Group& group : flying)
       if (group.stage == stage) fail("stage " + std::to_string(stage) + " multiplied before its copies landed");
+    for (const BoxFlight& flight : box_flights)
+      if (flight.stage == stage) fail("stage " + std::to_string(stage) + " multiplied before its box loads landed");
+    if (loads.pending(stage)) fail("stage " + std::to_string(stage) + " multiplied before its loads were waited for");
     if (unpublished >> stage & 1u)
       fail("stage " + std::to_string(stage) + " multiplied before the CTA's barrier after its copies landed");
     // The later blocks' copies in flight meanwhile: as many as the stages hold (all but this block's and the one
@@ -360,18 +447,21 @@ TEST(tensor_tiles_give_the_references_bits_on_integers) {
   std::mt19937_64 rng(seed() + 7);
   EmulatedCta cta(rng);
   core::PanelStages stages;
-  int chunks = 0, overlaps = 0, epilogue_overlaps = 0;
+  int chunks = 0, overlaps = 0, epilogue_overlaps = 0, boxed = 0;
   for (int n = 0; n < 24; ++n) {
     TileCase t;
     make_case(t, rng, n % 8 == 0);
+    cta.boxes = n % 3 != 0;  // two tiles in three with TMA's loads where a map takes an operand, on the same stages
     Counts counts;
     if (!same_as_reference(t, cta, stages, &counts)) return;
     CHECK_MSG(counts.elements == 0, "%s: %d integer chunks left to gemm_element", t.text.c_str(), counts.elements);
     chunks += counts.tensor;
     overlaps += counts.overlaps;
     epilogue_overlaps += counts.epilogue_overlaps;
+    boxed += counts.boxed;
   }
   CHECK_MSG(chunks > 24, "only %d chunks", chunks);
+  CHECK_MSG(boxed > 24, "only %d panels by TMA's boxes", boxed);
   // The stages' point: block b + 2's copies start while the MMAs of block b may still run (EmulatedCta checks each
   // block's stage and the copies in flight at each block's MMAs; here that the MMAs did run meanwhile, some of the
   // time). The accumulators': a chunk's epilogue is written while the next chunk's MMAs may still run.
@@ -523,27 +613,6 @@ TEST(pieces_on_16_bytes_are_copied_whole_in_either_major) {
 }
 
 namespace {
-
-// TMA's tensor load of one box into a panel, as the PTX ISA describes it (2-D, no interleave, the 128-byte swizzle,
-// zeros out of bounds): box element (x, y), x along dimension 0, is the map's at coords + (x, y), or 0 outside its
-// dimensions, written at byte (y * box[0] + x) * 2 of the box with its 16-byte chunk within each 128 bytes xor'd with
-// that 128-byte line's index mod 8 (the shared-memory address's bits 4 to 6 with bits 7 to 9: the box on 1024 bytes).
-// `written` counts each panel value's writes.
-void tma_load(const core::PanelMap& m, const core::PanelBox& box, core::bf16_t* panel, std::vector<int>& written) {
-  for (uint64_t y = 0; y < m.box[1]; ++y)
-    for (uint64_t x = 0; x < m.box[0]; ++x) {
-      uint64_t at0 = static_cast<uint64_t>(box.coords[0]) + x, at1 = static_cast<uint64_t>(box.coords[1]) + y;
-      core::bf16_t value(0);
-      if (at0 < m.dims[0] && at1 < m.dims[1])
-        std::memcpy(&value, reinterpret_cast<const char*>(m.base) + at1 * m.stride_bytes + at0 * sizeof(value),
-                    sizeof(value));
-      uint64_t byte = (y * m.box[0] + x) * sizeof(value);
-      byte ^= (byte >> 7 & 7) << 4;
-      size_t at = static_cast<size_t>(box.offset) + byte / sizeof(value);
-      panel[at] = value;
-      ++written[at];
-    }
-}
 
 struct BoxCounts {
   int blocks = 0, refused = 0;

@@ -102,8 +102,7 @@ struct Storage {
   alignas(8) uint64_t mma_done[core::kPanelStages];  // a stage's MMAs have read its panels
   uint64_t loaded[core::kPanelStages];               // a stage's TMA loads landed: their bytes complete the phase
   cute::TmaDescriptor* maps;                         // the CTA's kPanelMaps in global memory
-  uint32_t load_parities;                            // bit s: the parity of stage s's next `loaded` phase (issuer's)
-  uint32_t loading;                                  // bit s: stage s has TMA loads not waited for (issuer's)
+  core::BoxLoads loads;                              // the issuer's: which stages' loads are to be waited for
   core::PanelMajors majors[core::kPanelStages];      // how a stage's panels hold a and b, by the fill of its block
   uint32_t tmem;                                     // the accumulators' base in tensor memory
   int failed;                                        // an MMA did not finish in time
@@ -206,7 +205,7 @@ __device__ inline void open(Storage& s, cute::TmaDescriptor* maps) {
     for (uint64_t& barrier : s.loaded) cute::initialize_barrier(barrier, 1);  // the issuer's arrival with its bytes
     cutlass::arch::fence_barrier_init();  // the init before the MMA's commit arrives, as CUTLASS's pipelines order it
     s.maps = maps;
-    s.load_parities = s.loading = 0;
+    s.loads = core::BoxLoads{};
     s.failed = 0;
   }
 }
@@ -225,7 +224,7 @@ struct StageWait {
 __device__ __noinline__ void close(Storage& s, const core::PanelStages& stages, uint64_t timeout_ns) {
   if (warp() == kMmaWarp) {
     for (int stage = 0; stage < core::kPanelStages; ++stage)  // the issuer's bits; every lane polls
-      if (s.loading >> stage & 1u) await_phase(s.loaded[stage], s.load_parities >> stage & 1u, timeout_ns);
+      if (s.loads.pending(stage)) await_phase(s.loaded[stage], s.loads.parity(stage), timeout_ns);
     StageWait waits{s, timeout_ns};
     core::wait_busy(stages, waits);
     __syncwarp();
@@ -336,26 +335,23 @@ struct TileSteps : StageWait {
                                      static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
                                      panel + boxes[box].offset, boxes[box].coords[0], boxes[box].coords[1]);
     }
-    s.loading |= 1u << stage;
+    s.loads.issued(stage);
   }
   __device__ bool land(int groups) {
     cp_async_wait_at_most<core::kPanelStages - 2>(groups);
     cutlass::arch::fence_view_async_shared();  // the generic proxy's stores, before the MMA's reads
     return threadIdx.x != kBoxIssuer || land_boxes(filled - groups);
   }
-  // The issuer: the TMA loads of the tile's fills before `upto` waited for, each stage's phase; false once one did
-  // not land in time (its stage stays `loading`, for close).
+  // The issuer: the TMA loads of the tile's fills before `upto` waited for (core::BoxLoads); false once one did not
+  // land in time (its stage stays pending, for close).
   __device__ bool land_boxes(int upto) {
-    for (; landed < upto && !lost; ++landed) {
-      uint32_t bit = 1u << (landed % core::kPanelStages);
-      if (!(s.loading & bit)) continue;
-      lost = !await_phase(s.loaded[landed % core::kPanelStages], (s.load_parities & bit) != 0, timeout_ns);
-      if (lost) break;
-      s.loading &= ~bit;
-      s.load_parities ^= bit;
+    if (!lost) {
+      landed = s.loads.land(landed, upto, *this);
+      lost = landed < upto;
     }
     return !lost;
   }
+  __device__ bool loaded(int stage, uint32_t parity) { return await_phase(s.loaded[stage], parity, timeout_ns); }
   // One vote: a flag in shared memory read after a plain barrier could already hold a later step's failure.
   __device__ bool sync(bool ok) {
     bool failed = cta_any(!ok);
