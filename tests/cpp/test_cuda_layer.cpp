@@ -188,7 +188,8 @@ TEST(creation_wants_peer_pointers_and_a_device_that_runs_it) {
 
 // The fused executor's workspace holds what its pass uses: core's buffers without the host's tile-GEMM scratch (its
 // tiles live in shared and tensor memory; a worker keeps MXFP8's staging, a compute worker the shared expert's
-// chunk and a weight-gradient task's sums), then of the split executor's only the device's tables. Its peer buffer is
+// chunk and a weight-gradient task's sums), then of the split executor's only the device's tables, and a worker's
+// tensor maps for its TMA loads (core::kPanelMaps of 128 bytes). Its peer buffer is
 // the cuda executor's, and its query and creation refuse a machine without a usable GPU as the cuda executor's do,
 // naming it.
 TEST(fused_executor_is_sized_for_its_pass_and_refused_as_the_cuda_executor) {
@@ -210,8 +211,10 @@ TEST(fused_executor_is_sized_for_its_pass_and_refused_as_the_cuda_executor) {
     CHECK(sizes.peer_bytes == on_cuda.peer_bytes);
     mok::core::LayerShape s = shape_of(fused);
     mok::core::LocalLayout core = mok::core::local_layout(s);
+    size_t maps = mok::core::kPanelMaps * mok::core::kTensorMapBytes;  // a worker's
     size_t tables = mok::core::kSigmoidTableSize * 4 + static_cast<size_t>(s.world) * (3 * sizeof(void*) + 4) +
-                    sizeof(mok::core::GroupState) + sizeof(mok::core::TaskGraph) + 7 * mok::core::kGemmArgumentAlign;
+                    sizeof(mok::core::GroupState) + sizeof(mok::core::TaskGraph) + 7 * mok::core::kGemmArgumentAlign +
+                    static_cast<size_t>(s.comm_workers + s.compute_workers) * maps + mok::core::kTensorMapBytes;
     CHECK_MSG(sizes.workspace_bytes <= core.bytes + mok::core::kGemmArgumentAlign + tables,
               "%s: fused workspace %zu, core's %zu + the tables' %zu",
               cuda.precision == mokPrecisionMXFP8 ? "MXFP8" : "BF16", sizes.workspace_bytes, core.bytes, tables);
@@ -220,10 +223,11 @@ TEST(fused_executor_is_sized_for_its_pass_and_refused_as_the_cuda_executor) {
                          : 0;
     size_t worker = staging + core.chunk_values * 2 + core.sums_floats * 4;
     size_t gemm = 4 * mok::core::gemm_scratch_floats(s.expert_padding, s.hidden, s.hidden, true);
-    CHECK_MSG(core.scratch_floats * 4 >= staging && bytes_per_worker(fused) <= worker + 3 * mok::core::kAlign &&
-                  bytes_per_worker(host) >= worker - staging + gemm,  // the host's scratch holds either
-              "per worker: fused %zu (its staging %zu, chunk and sums %zu), host %zu (a tile's GEMM scratch %zu)",
-              bytes_per_worker(fused), staging, worker - staging, bytes_per_worker(host), gemm);
+    CHECK_MSG(
+        core.scratch_floats * 4 >= staging && bytes_per_worker(fused) <= worker + maps + 3 * mok::core::kAlign &&
+            bytes_per_worker(host) >= worker - staging + gemm,  // the host's scratch holds either
+        "per worker: fused %zu (its staging %zu, chunk and sums %zu, maps %zu), host %zu (a tile's GEMM scratch %zu)",
+        bytes_per_worker(fused), staging, worker - staging, maps, bytes_per_worker(host), gemm);
   }
   mokLayerConfig_t fused = bf16;
   fused.executor = mokExecutorSm100;

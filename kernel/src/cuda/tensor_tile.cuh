@@ -406,8 +406,8 @@ struct TileSteps : StageWait {
 };
 
 // The tile g on tensor cores, by every thread of the CTA (core::sum_tile). A chunk with a value that is not a bf16 is
-// left to gemm_element; an MMA that does not finish in `timeout_ns` leaves `failed` set, `stages` naming the stages it
-// may still write, and the tile.
+// left to gemm_element; an MMA or a TMA load that does not finish in `timeout_ns` leaves `failed` set, `stages` (and
+// the storage's BoxLoads) naming the stages it may still write, and the tile.
 __device__ inline void compute(const core::Gemm& g, Storage& s, core::PanelStages& stages, uint64_t timeout_ns) {
   TileSteps steps{{s, timeout_ns}, g, panels(), core::boxed_operands(g)};
   if (steps.boxed && threadIdx.x == kBoxIssuer) write_maps(g, s.maps, steps.boxed);
