@@ -121,14 +121,14 @@ struct EmulatedCta {
   std::string error;
   // TMA (`boxes`): the panels of the operands a map takes (core::boxed_operands) are box loads issued at the fill,
   // landing at their own pace and at the latest when waited for, each completing a phase of the stage's load barrier
-  // once all of a fill's have landed; the issuer's bookkeeping is core's (BoxLoads), as the device keeps it.
+  // once all of a fill's have landed; the issuer's bookkeeping is core's (land_loads), as the device keeps it.
   struct BoxFlight {
     int stage, second;
     core::MmaBlock block;
   };
   bool boxes = false;
   uint32_t boxed = 0;                       // the tile's boxed operands
-  core::BoxLoads loads;                     // across tiles, as the device's Storage
+  core::PanelStages loads;                  // across tiles, as the device's Storage
   int landed_fills = 0;                     // the tile's fills whose loads land() waited for
   std::vector<BoxFlight> box_flights;       // issued, not landed
   int box_issues[core::kPanelStages] = {};  // per stage: the fills that issued loads
@@ -194,7 +194,7 @@ struct EmulatedCta {
     }
     if (any) ++box_phases[stage];
   }
-  // The issuer's wait for a stage's loads (core::BoxLoads::land): the phase of its last fill's loads, which lands them
+  // The issuer's wait for a stage's loads (core::land_loads): the phase of its last fill's loads, which lands them
   // if they have not.
   bool loaded(int stage, uint32_t parity) {
     if (box_issues[stage] == 0 || parity != static_cast<uint32_t>((box_issues[stage] - 1) % 2))
@@ -237,7 +237,7 @@ struct EmulatedCta {
         if (flight.stage == stage) fail("stage " + std::to_string(stage) + " loaded again under loads in flight");
       for (int second = 0; second < 2; ++second)
         if (by_box >> second & 1u) box_flights.push_back(BoxFlight{stage, second, b});
-      loads.issued(stage);
+      loads.committed(stage);
       ++box_issues[stage];
       counts.boxed += __builtin_popcount(by_box);
     }
@@ -251,7 +251,7 @@ struct EmulatedCta {
       if (!flying.front().landed) flying.front().land_now();
       unpublished |= 1u << flying.front().stage;
     }
-    landed_fills = loads.land(landed_fills, filled - groups, *this);  // the issuer's (tensor_tile.cuh land_boxes)
+    landed_fills = core::land_loads(loads, landed_fills, filled - groups, *this);  // as tensor_tile.cuh's land_boxes
     return lands++ != lose_land;
   }
   void barrier() {  // the CTA's barrier: the epilogue's loads before it are done
@@ -277,7 +277,7 @@ struct EmulatedCta {
       if (group.stage == stage) fail("stage " + std::to_string(stage) + " multiplied before its copies landed");
     for (const BoxFlight& flight : box_flights)
       if (flight.stage == stage) fail("stage " + std::to_string(stage) + " multiplied before its box loads landed");
-    if (loads.pending(stage)) fail("stage " + std::to_string(stage) + " multiplied before its loads were waited for");
+    if (loads.busy(stage)) fail("stage " + std::to_string(stage) + " multiplied before its loads were waited for");
     if (unpublished >> stage & 1u)
       fail("stage " + std::to_string(stage) + " multiplied before the CTA's barrier after its copies landed");
     // The later blocks' copies in flight meanwhile: as many as the stages hold (all but this block's and the one

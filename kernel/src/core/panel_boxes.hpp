@@ -93,30 +93,21 @@ MOK_HD inline int panel_boxes(PanelMajor major, int row0, int k0, PanelBox* boxe
   return kPanelBoxes;
 }
 
-// A tile's TMA loads as their one issuing thread keeps them, across tiles (a stage's barrier runs on from tile to
-// tile): per stage, whether its last fill's loads are still to be waited for, and the parity of the barrier phase that
-// their bytes complete (one arrival, the issuer's, a fill with loads).
-struct BoxLoads {
-  uint32_t parities = 0;  // bit s: the parity of stage s's next phase
-  uint32_t loading = 0;   // bit s: stage s's last loads not yet waited for
-
-  MOK_HD bool pending(int stage) const { return (loading >> stage) & 1u; }
-  MOK_HD uint32_t parity(int stage) const { return (parities >> stage) & 1u; }
-  MOK_HD void issued(int stage) { loading |= 1u << stage; }
-  // The loads of the tile's fills [from, upto) waited for: fill q's in stage q % kPanelStages (sum_tile's order), each
-  // through wait.loaded(stage, parity), false when they did not land in time. Returns the fills landed: upto, or the
-  // first whose wait ran out (its stage still pending).
-  template <class Wait>
-  MOK_HD int land(int from, int upto, Wait& wait) {
-    for (; from < upto; ++from) {
-      int stage = from % kPanelStages;
-      if (!pending(stage)) continue;
-      if (!wait.loaded(stage, parity(stage))) return from;
-      loading &= ~(1u << stage);
-      parities ^= 1u << stage;
-    }
-    return upto;
+// A tile's TMA loads as their one issuing thread keeps them, across tiles (a stage's load barrier runs on from tile to
+// tile, one arrival a fill with loads): `loads` as PanelStages keeps the MMAs, a stage busy while its last fill's
+// loads are not waited for, with the parity of the phase their bytes complete. The loads of the tile's fills
+// [from, upto) waited for: fill q's in stage q % kPanelStages (sum_tile's order), each through
+// wait.loaded(stage, parity), false when they did not land in time. Returns the fills landed: upto, or the first
+// whose wait ran out (its stage still busy).
+template <class Wait>
+MOK_HD int land_loads(PanelStages& loads, int from, int upto, Wait& wait) {
+  for (; from < upto; ++from) {
+    int stage = from % kPanelStages;
+    if (!loads.busy(stage)) continue;
+    if (!wait.loaded(stage, loads.parity(stage))) return from;
+    loads.waited(1u << stage);
   }
-};
+  return upto;
+}
 
 }  // namespace mok::core

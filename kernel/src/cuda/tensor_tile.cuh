@@ -102,7 +102,7 @@ struct Storage {
   alignas(8) uint64_t mma_done[core::kPanelStages];  // a stage's MMAs have read its panels
   uint64_t loaded[core::kPanelStages];               // a stage's TMA loads landed: their bytes complete the phase
   cute::TmaDescriptor* maps;                         // the CTA's kPanelMaps in global memory
-  core::BoxLoads loads;                              // the issuer's: which stages' loads are to be waited for
+  core::PanelStages loads;                           // the issuer's: a stage busy while its TMA loads are unwaited
   core::PanelMajors majors[core::kPanelStages];      // how a stage's panels hold a and b, by the fill of its block
   uint32_t tmem;                                     // the accumulators' base in tensor memory
   int failed;                                        // an MMA did not finish in time
@@ -205,7 +205,7 @@ __device__ inline void open(Storage& s, cute::TmaDescriptor* maps) {
     for (uint64_t& barrier : s.loaded) cute::initialize_barrier(barrier, 1);  // the issuer's arrival with its bytes
     cutlass::arch::fence_barrier_init();  // the init before the MMA's commit arrives, as CUTLASS's pipelines order it
     s.maps = maps;
-    s.loads = core::BoxLoads{};
+    s.loads = core::PanelStages{};
     s.failed = 0;
   }
 }
@@ -224,7 +224,7 @@ struct StageWait {
 __device__ __noinline__ void close(Storage& s, const core::PanelStages& stages, uint64_t timeout_ns) {
   if (warp() == kMmaWarp) {
     for (int stage = 0; stage < core::kPanelStages; ++stage)  // the issuer's bits; every lane polls
-      if (s.loads.pending(stage)) await_phase(s.loaded[stage], s.loads.parity(stage), timeout_ns);
+      if (s.loads.busy(stage)) await_phase(s.loaded[stage], s.loads.parity(stage), timeout_ns);
     StageWait waits{s, timeout_ns};
     core::wait_busy(stages, waits);
     __syncwarp();
@@ -335,18 +335,18 @@ struct TileSteps : StageWait {
                                      static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
                                      panel + boxes[box].offset, boxes[box].coords[0], boxes[box].coords[1]);
     }
-    s.loads.issued(stage);
+    s.loads.committed(stage);
   }
   __device__ bool land(int groups) {
     cp_async_wait_at_most<core::kPanelStages - 2>(groups);
     cutlass::arch::fence_view_async_shared();  // the generic proxy's stores, before the MMA's reads
     return threadIdx.x != kBoxIssuer || land_boxes(filled - groups);
   }
-  // The issuer: the TMA loads of the tile's fills before `upto` waited for (core::BoxLoads); false once one did not
-  // land in time (its stage stays pending, for close).
+  // The issuer: the TMA loads of the tile's fills before `upto` waited for (core::land_loads); false once one did not
+  // land in time (its stage stays busy, for close).
   __device__ bool land_boxes(int upto) {
     if (!lost) {
-      landed = s.loads.land(landed, upto, *this);
+      landed = core::land_loads(s.loads, landed, upto, *this);
       lost = landed < upto;
     }
     return !lost;
@@ -407,7 +407,7 @@ struct TileSteps : StageWait {
 
 // The tile g on tensor cores, by every thread of the CTA (core::sum_tile). A chunk with a value that is not a bf16 is
 // left to gemm_element; an MMA or a TMA load that does not finish in `timeout_ns` leaves `failed` set, `stages` (and
-// the storage's BoxLoads) naming the stages it may still write, and the tile.
+// the storage's loads) naming the stages it may still write, and the tile.
 __device__ inline void compute(const core::Gemm& g, Storage& s, core::PanelStages& stages, uint64_t timeout_ns) {
   TileSteps steps{{s, timeout_ns}, g, panels(), core::boxed_operands(g)};
   if (steps.boxed && threadIdx.x == kBoxIssuer) write_maps(g, s.maps, steps.boxed);
