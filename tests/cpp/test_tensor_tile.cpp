@@ -54,6 +54,23 @@ void tma_load(const core::PanelMap& m, const core::PanelBox& box, core::bf16_t* 
     }
 }
 
+// Block b's panel of its part's a (second false) or b as TMA's loads fill it: the operand's map (core::part_map) and
+// the block's boxes (core::block_boxes), each by tma_load. False, the panel untouched, when TMA does not take the
+// operand. `written` (optional) counts each value's writes.
+bool load_panel(const core::Gemm& g, const core::MmaBlock& b, int second, core::bf16_t* panel,
+                std::vector<int>* written = nullptr) {
+  core::PanelMap map{};
+  if (!core::part_map(g, b.part, second, &map)) return false;
+  std::vector<int> writes(kPanelValues, 0);
+  core::PanelBox boxes[core::kPanelBoxes];
+  int count = core::block_boxes(g, b, second, boxes);
+  for (int box = 0; box < count; ++box) {
+    CHECK_MSG(boxes[box].offset * sizeof(core::bf16_t) % 1024 == 0, "a box at value %d", boxes[box].offset);
+    tma_load(map, boxes[box], panel, written ? *written : writes);
+  }
+  return true;
+}
+
 struct Counts {
   int tensor = 0, elements = 0;  // chunks through the tensor cores, and through gemm_element
   int overlaps = 0;              // fills while MMAs were still to run (EmulatedCta)
@@ -180,15 +197,7 @@ struct EmulatedCta {
         ++f;
         continue;
       }
-      const core::GemmPart& part = gemm->parts[flight.block.part];
-      core::PanelMap map{};
-      core::part_map(*gemm, flight.block.part, flight.second, &map);
-      core::PanelBox found[core::kPanelBoxes];
-      int count = core::panel_boxes(core::panel_major(flight.second ? part.b : part.a),
-                                    flight.second ? flight.block.col0 : flight.block.row0, flight.block.k0, found);
-      std::vector<int> written(kPanelValues, 0);
-      for (int box = 0; box < count; ++box)
-        tma_load(map, found[box], panels(stage) + flight.second * kPanelValues, written);
+      load_panel(*gemm, flight.block, flight.second, panels(stage) + flight.second * kPanelValues);
       box_flights.erase(box_flights.begin() + static_cast<long>(f));
       any = true;
     }
@@ -246,12 +255,14 @@ struct EmulatedCta {
     progress();
     return exact;
   }
-  bool land(int groups) {
+  bool land(int fills, int groups) {
+    if (fills != filled)
+      fail("a land after " + std::to_string(fills) + " fills by core's count, " + std::to_string(filled) + " made");
     for (; static_cast<int>(flying.size()) > groups; flying.pop_front()) {
       if (!flying.front().landed) flying.front().land_now();
       unpublished |= 1u << flying.front().stage;
     }
-    landed_fills = core::land_loads(loads, landed_fills, filled - groups, *this);  // as tensor_tile.cuh's land_boxes
+    landed_fills = core::land_loads(loads, landed_fills, fills - groups, *this);  // as tensor_tile.cuh's land_boxes
     return lands++ != lose_land;
   }
   void barrier() {  // the CTA's barrier: the epilogue's loads before it are done
@@ -628,23 +639,13 @@ void check_boxes(const core::Gemm& g, const std::string& text, BoxCounts& counts
       bool exact = true;
       for (int p = 0; p < core::kBlockPieces; ++p) core::fill_piece(g, b, p, pieces.data(), exact);
       for (int second = 0; second < 2; ++second) {
-        const core::GemmPart& part = g.parts[b.part];
-        const core::Operand& o = second ? part.b : part.a;
-        core::PanelMap map{};
-        if (!core::panel_map(o, second ? g.cols : g.rows, part.depth, &map)) {
+        std::vector<core::bf16_t> boxed(kPanelValues, core::bf16_t(0x7fa0));  // another NaN than the pieces'
+        std::vector<int> written(kPanelValues, 0);
+        if (!load_panel(g, b, second, boxed.data(), &written)) {
           ++counts.refused;
           continue;
         }
         ++counts.blocks;
-        std::vector<core::bf16_t> boxed(kPanelValues, core::bf16_t(0x7fa0));  // another NaN than the pieces'
-        std::vector<int> written(kPanelValues, 0);
-        core::PanelBox boxes[core::kPanelBoxes];
-        int count = core::panel_boxes(core::panel_major(o), second ? b.col0 : b.row0, b.k0, boxes);
-        for (int box = 0; box < count; ++box) {
-          CHECK_MSG(boxes[box].offset * sizeof(core::bf16_t) % 1024 == 0, "%s: a box at value %d", text.c_str(),
-                    boxes[box].offset);
-          tma_load(map, boxes[box], boxed.data(), written);
-        }
         long long wrong = 0, not_once = 0;
         for (int v = 0; v < kPanelValues; ++v) {
           wrong += boxed[v] != pieces[second * kPanelValues + v];

@@ -372,9 +372,9 @@ MAP_ACQUIRE, MAP_RELEASE, MAP_WRITE = r"UTMACCTL\.IV", r"MEMBAR\.ALL\.GPU$", r"S
 
 def tma_load_faults(sass: str) -> tuple[int, list[str]]:
     """The TMA loads of panels in `sass` and what breaks their order: each load has, earlier in its function, its bytes
-    expected on the stage's barrier with the issuer's arrival; the maps' function starts with the global proxy fence
-    (the operands' rows, written by the generic proxy, before the loads read them); each map's acquire has, earlier
-    in its function, the release, and no write of a map between the two."""
+    expected on the stage's barrier with the issuer's arrival; the maps' function has the global proxy fence before
+    its acquires (the operands' rows, written by the generic proxy, before the loads read them); each map's acquire
+    has, earlier in its function, the release, and no write of a map between the two."""
     code = [i.strip() for i in re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)]
 
     def in_function(n: int) -> list[str]:  # the code of n's function before n (a non-inlined one ends in a RET)
@@ -390,7 +390,7 @@ def tma_load_faults(sass: str) -> tuple[int, list[str]]:
     if loads and not acquires:
         faults.append("no map acquired by the tensor-map proxy")
     if acquires and not any(re.match(GLOBAL_PROXY_FENCE, i) for i in in_function(acquires[0])):
-        faults.append("no global proxy fence before the maps are written")
+        faults.append("no global proxy fence before the maps are acquired")
     for n in acquires:
         before = in_function(n)
         released = [k for k, i in enumerate(before) if re.match(MAP_RELEASE, i)]

@@ -67,9 +67,8 @@ MOK_HD inline bool part_map(const Gemm& g, int part, bool second, PanelMap* map)
 MOK_HD inline uint32_t boxed_operands(const Gemm& g) {
   uint32_t boxed = 0;
   PanelMap map;
-  for (int part = 0; part < g.num_parts; ++part)
-    for (int second = 0; second < 2; ++second)
-      if (part_map(g, part, second, &map)) boxed |= 1u << (2 * part + second);
+  for (int slot = 0; slot < 2 * g.num_parts; ++slot)
+    if (part_map(g, slot / 2, slot % 2, &map)) boxed |= 1u << slot;
   return boxed;
 }
 
@@ -91,6 +90,11 @@ MOK_HD inline int panel_boxes(PanelMajor major, int row0, int k0, PanelBox* boxe
   for (int half = 0; half < kPanelBoxes; ++half)
     boxes[half] = PanelBox{{row0 + half * kBoxInner, k0}, half * kBoxInner * kMmaDepth};
   return kPanelBoxes;
+}
+// The boxes of block b's panel of its part's a (second false) or b.
+MOK_HD inline int block_boxes(const Gemm& g, const MmaBlock& b, bool second, PanelBox* boxes) {
+  const GemmPart& part = g.parts[b.part];
+  return panel_boxes(panel_major(second ? part.b : part.a), second ? b.col0 : b.row0, b.k0, boxes);
 }
 
 // A tile's TMA loads as their one issuing thread keeps them, across tiles (a stage's load barrier runs on from tile to

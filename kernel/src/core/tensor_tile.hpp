@@ -273,7 +273,7 @@ struct TileWalk {
   // (another thread's wait ran out, or this one's) with this thread's copies landed: nothing writes the panels after.
   MOK_HD bool vote(bool ok) {
     if (!cta.sync(ok)) {
-      cta.land(0);
+      cta.land(started, 0);
       return false;
     }
     stages.waited(waits);
@@ -304,8 +304,9 @@ struct TileWalk {
 //   bool fill(block, stage)      this thread's copies of the MmaBlock started into the stage's panels (fill_piece, in
 //                                the block's majors, block_majors), as one group; false when a value it put there is
 //                                not the operand's own (panel_value)
-//   bool land(groups)            this thread's copies landed, but those of the last `groups` fills; false when one did
-//                                not land in time (a TMA load's wait ran out): the tile has failed
+//   bool land(fills, groups)     this thread's copies landed, but those of the last `groups` of the tile's `fills` so
+//                                far; false when one did not land in time (a TMA load's wait ran out): the tile has
+//                                failed
 //   bool sync(ok)                the CTA's barrier after every thread's landing; false for all when `ok` was false for
 //                                one: the tile has failed (a wait ran out)
 //   bool agree(yes)              the CTA's barrier; true for all when `yes` was true for every one: a verdict, not a
@@ -327,7 +328,7 @@ MOK_HD bool sum_tile(const Gemm& g, PanelStages& stages, Cta& cta) {
   bool ok = true;
   while (ok && walk.started < walk.blocks && walk.started < kPanelStages - 1) ok = walk.start_next();
   for (int block = 0; block < walk.blocks; ++block) {
-    bool landed = cta.land(ok ? walk.started - block - 1 : 0);
+    bool landed = cta.land(walk.started, ok ? walk.started - block - 1 : 0);
     if (!walk.vote(ok && landed)) return false;
     int chunk = block / per_chunk, step = block % per_chunk, stage = block % kPanelStages;
     cta.multiply(stage, chunk % kAccumulators, step == 0);

@@ -272,25 +272,29 @@ __device__ inline void replace_stride(cute::TmaDescriptor* map, uint64_t bytes) 
   asm volatile("tensormap.replace.tile.global_stride.global.b1024.b64 [%0], 0, %1;" ::"l"(map), "l"(bytes) : "memory");
 }
 
-// The issuer, before a tile's fills: each operand TMA takes (`boxed`, core::boxed_operands) gets its map's fields in
-// its slot of the CTA's maps (the template holds the rest: bf16, the 128-byte swizzle, zeros out of bounds), then
-// the tensor-map proxy's fences, so that the loads read them. The tile before landed every load from those slots.
-// First the global proxy fence: the operands' rows were written by the generic proxy (other CTAs' tiles and row jobs,
-// a peer's pushes), published by counters that thread 0 acquired before the CTA's barrier that started the tile; the
-// loads that read them are the async proxy's.
-__device__ __noinline__ void write_maps(const core::Gemm& g, cute::TmaDescriptor* maps, uint32_t boxed) {
-  asm volatile("fence.proxy.async.global;" ::: "memory");
-  for (int slot = 0; slot < core::kPanelMaps; ++slot) {
+// The issuer, before a tile's fills: each operand TMA takes (core::part_map, as core::boxed_operands rules) gets its
+// map's fields in its slot of the CTA's maps (the template holds the rest: bf16, the 128-byte swizzle, zeros out of
+// bounds), then the fences that let the loads read them; returns those operands, boxed_operands' bits. The tile
+// before landed every load from those slots. The global proxy fence: the operands' rows were written by the generic
+// proxy (other CTAs' tiles and row jobs, a peer's pushes), published by counters that thread 0 acquired before the
+// CTA's barrier that started the tile; the loads that read them are the async proxy's.
+__device__ __noinline__ uint32_t write_maps(const core::Gemm& g, cute::TmaDescriptor* maps) {
+  uint32_t boxed = 0;
+  for (int slot = 0; slot < 2 * g.num_parts; ++slot) {
     core::PanelMap m;
-    if (!(boxed >> slot & 1u) || !core::part_map(g, slot / 2, slot % 2, &m)) continue;
+    if (!core::part_map(g, slot / 2, slot % 2, &m)) continue;
+    boxed |= 1u << slot;
     cute::tma_descriptor_replace_addr_in_global_mem(maps + slot, m.base);
     replace_extents<0>(maps + slot, static_cast<uint32_t>(m.dims[0]), m.box[0]);
     replace_extents<1>(maps + slot, static_cast<uint32_t>(m.dims[1]), m.box[1]);
     replace_stride(maps + slot, m.stride_bytes);
   }
+  if (!boxed) return 0;
+  asm volatile("fence.proxy.async.global;" ::: "memory");
   cute::tma_descriptor_fence_release();
   for (int slot = 0; slot < core::kPanelMaps; ++slot)
     if (boxed >> slot & 1u) cute::tma_descriptor_fence_acquire(maps + slot);
+  return boxed;
 }
 
 // core::sum_tile's steps on this CTA: the panels filled by all, the MMAs issued by warp 1, the epilogue written by
@@ -299,8 +303,7 @@ struct TileSteps : StageWait {
   const core::Gemm& g;
   Panels& panels;
   uint32_t boxed;     // the operands whose panels TMA fills (core::boxed_operands), the threads the others'
-  int filled = 0;     // the tile's fills: fill q went to stage q % kPanelStages (sum_tile's order)
-  int landed = 0;     // the fills whose TMA loads the issuer waited for
+  int landed = 0;     // the tile's fills whose TMA loads the issuer waited for
   bool lost = false;  // a TMA load did not land in time: the tile has failed
 
   // The stage's majors, which its MMAs read them in: written by thread 0 before the CTA's barrier that lets warp 1
@@ -316,7 +319,6 @@ struct TileSteps : StageWait {
       core::fill_piece(g, b, p, panels.stages[stage], exact, AsyncPieceMove{});
     cute::cp_async_fence();  // the block's copies, one group
     if (by_box && threadIdx.x == kBoxIssuer) load_boxes(b, stage, by_box);
-    ++filled;
     return exact;
   }
   // The issuer's TMA loads of a block's panels in `by_box`: their bytes expected on the stage's barrier with its one
@@ -326,9 +328,8 @@ struct TileSteps : StageWait {
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&s.loaded[stage], bytes);
     for (int second = 0; second < 2; ++second) {
       if (!(by_box >> second & 1u)) continue;
-      const core::GemmPart& part = g.parts[b.part];
       core::PanelBox boxes[core::kPanelBoxes];
-      int count = core::panel_boxes(core::panel_major(second ? part.b : part.a), second ? b.col0 : b.row0, b.k0, boxes);
+      int count = core::block_boxes(g, b, second, boxes);
       core::bf16_t* panel = panels.stages[stage] + second * core::kPanelValues;
       for (int box = 0; box < count; ++box)
         cute::SM90_TMA_LOAD_2D::copy(s.maps + 2 * b.part + second, &s.loaded[stage],
@@ -337,10 +338,10 @@ struct TileSteps : StageWait {
     }
     s.loads.committed(stage);
   }
-  __device__ bool land(int groups) {
+  __device__ bool land(int fills, int groups) {
     cp_async_wait_at_most<core::kPanelStages - 2>(groups);
     cutlass::arch::fence_view_async_shared();  // the generic proxy's stores, before the MMA's reads
-    return threadIdx.x != kBoxIssuer || land_boxes(filled - groups);
+    return threadIdx.x != kBoxIssuer || land_boxes(fills - groups);
   }
   // The issuer: the TMA loads of the tile's fills before `upto` waited for (core::land_loads); false once one did not
   // land in time (its stage stays busy, for close).
@@ -409,8 +410,8 @@ struct TileSteps : StageWait {
 // left to gemm_element; an MMA or a TMA load that does not finish in `timeout_ns` leaves `failed` set, `stages` (and
 // the storage's loads) naming the stages it may still write, and the tile.
 __device__ inline void compute(const core::Gemm& g, Storage& s, core::PanelStages& stages, uint64_t timeout_ns) {
-  TileSteps steps{{s, timeout_ns}, g, panels(), core::boxed_operands(g)};
-  if (steps.boxed && threadIdx.x == kBoxIssuer) write_maps(g, s.maps, steps.boxed);
+  uint32_t boxed = threadIdx.x == kBoxIssuer ? write_maps(g, s.maps) : core::boxed_operands(g);
+  TileSteps steps{{s, timeout_ns}, g, panels(), boxed};
   core::sum_tile(g, stages, steps);
 }
 
