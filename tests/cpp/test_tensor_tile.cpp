@@ -22,6 +22,7 @@
 #include "check.hpp"
 #include "core/gemm_element.hpp"
 #include "core/panel_boxes.hpp"
+#include "core/scaled_block.hpp"
 #include "core/tensor_tile.hpp"
 
 using namespace mok_test;
@@ -76,6 +77,7 @@ struct Counts {
   int overlaps = 0;              // fills while MMAs were still to run (EmulatedCta)
   int epilogue_overlaps = 0;     // epilogue slices written while the next chunk's MMAs were still to run
   int boxed = 0;                 // panels filled by TMA's boxes (EmulatedCta::boxes)
+  int scaled = 0;                // blocks through the block-scaled MMA (EmulatedCta::scaled_mma)
 };
 
 // core::sum_tile's steps on the host, one thread for the whole CTA, over tensor cores that run asynchronously: the
@@ -94,6 +96,7 @@ struct EmulatedCta {
     int stage, accumulator;
     bool first;
     core::PanelMajors majors;  // how the stage's panels hold a and b
+    bool scaled;               // as codes and scales, for the block-scaled MMA
   };
   struct Group {  // one fill's one-copy pieces, in flight
     int stage;
@@ -134,6 +137,12 @@ struct EmulatedCta {
   int run = 0, stall = -1;               // MMAs run; the tensor cores stop before MMA number `stall`
   int last_multiplied = -1;              // the stage of the last multiply
   core::PanelMajors stage_majors[core::kPanelStages] = {};  // per stage: its last fill's block's (as the device keeps)
+  bool stage_scaled[core::kPanelStages] = {};               // per stage: its last fill's block was a scaled one
+  // The block-scaled MMA (`scaled_mma`): the blocks of the parts core::scaled_parts names are codes and scales
+  // (core/scaled_block.hpp), each stage's scales in atoms beside its panels, and an MMA sums code x code x both scales.
+  bool scaled_mma = false;
+  uint32_t scaled = 0;  // the Cta's: the tile's parts taken block-scaled
+  std::vector<uint8_t> atoms = std::vector<uint8_t>(core::kPanelStages * 2 * core::kScaleAtomBytes);
   Counts counts;
   std::string error;
   // TMA (`boxes`): the panels of the operands a map takes (core::boxed_operands) are box loads issued at the fill,
@@ -156,6 +165,7 @@ struct EmulatedCta {
   void start(const core::Gemm& g) {
     gemm = &g;
     boxed = boxes ? core::boxed_operands(g) : 0;
+    scaled = scaled_mma ? core::scaled_parts(g) : 0;
     landed_fills = 0;
     exact_chunks.assign(static_cast<size_t>(core::tensor_chunks(g)), 1);
     block = -1;
@@ -164,6 +174,23 @@ struct EmulatedCta {
     counts = Counts{};
   }
   core::bf16_t* panels(int stage) { return pieces[stage * core::kBlockPieces].values; }
+  uint8_t* codes(int stage) { return reinterpret_cast<uint8_t*>(panels(stage)); }
+  uint8_t* scale_atoms(int stage) { return atoms.data() + stage * 2 * core::kScaleAtomBytes; }
+  int per_chunk() const { return core::chunk_blocks(*gemm, scaled); }
+  // A scaled block's MMAs: every product code x code x a's scale x b's, each read where core puts it.
+  void multiply_scaled(std::vector<double>& sums, int stage) {
+    const uint8_t* a = codes(stage);
+    const uint8_t* b = a + kPanelValues * sizeof(core::bf16_t);
+    const uint8_t* a_scales = scale_atoms(stage);
+    const uint8_t* b_scales = a_scales + core::kScaleAtomBytes;
+    for (int i = 0; i < kMmaRows; ++i)
+      for (int j = 0; j < kMmaCols; ++j)
+        for (int k = 0; k < core::kScaledDepth; ++k)
+          sums[i * kMmaCols + j] += static_cast<double>(core::mx_value(a[core::code_offset(i, k)], 1.0f)) *
+                                    core::mx_value(b[core::code_offset(j, k)], 1.0f) *
+                                    core::e8m0_decode(a_scales[core::scale_offset(i, k / core::kMxBlock)]) *
+                                    core::e8m0_decode(b_scales[core::scale_offset(j, k / core::kMxBlock)]);
+  }
   bool run_one() {
     if (queued.empty() || run == stall) return false;
     Job job = queued.front();
@@ -172,7 +199,8 @@ struct EmulatedCta {
     const core::bf16_t* b = a + kPanelValues;
     std::vector<double>& sums = accumulators[job.accumulator].sums;
     if (job.first) std::fill(sums.begin(), sums.end(), 0.0);
-    for (int i = 0; i < kMmaRows; ++i)
+    if (job.scaled) multiply_scaled(sums, job.stage);
+    for (int i = 0; !job.scaled && i < kMmaRows; ++i)
       for (int j = 0; j < kMmaCols; ++j)
         for (int k = 0; k < kMmaDepth; ++k)
           sums[i * kMmaCols + j] +=
@@ -237,6 +265,12 @@ struct EmulatedCta {
     flying.push_back(Group{stage, {}});
     bool exact = true;
     stage_majors[stage] = core::block_majors(*gemm, b);
+    stage_scaled[stage] = b.scaled;
+    if (b.scaled != (scaled >> b.part & 1u)) fail("a block of part " + std::to_string(b.part) + " scaled otherwise");
+    if (b.scaled) {
+      fill_scaled(b, stage, exact);
+      return exact;
+    }
     uint32_t by_box = boxed >> (2 * b.part) & 3u;  // as tensor_tile.cuh's fill: a's bit, b's
     for (int p : order)
       if (!(by_box >> (p >= core::kBlockPieces / 2 ? 1 : 0) & 1u))
@@ -250,10 +284,22 @@ struct EmulatedCta {
       ++box_issues[stage];
       counts.boxed += __builtin_popcount(by_box);
     }
-    if (!exact) exact_chunks[filled / core::chunk_blocks(*gemm)] = 0;
+    end_fill(exact);
+    return exact;
+  }
+  // A scaled block's codes (whole pieces in the fill's group) and its scales, written at once, each NaN before.
+  void fill_scaled(const core::MmaBlock& b, int stage, bool& exact) {
+    std::fill(codes(stage), codes(stage) + 2 * kPanelValues * sizeof(core::bf16_t), uint8_t{0x7f});  // e4m3's NaN
+    std::fill(scale_atoms(stage), scale_atoms(stage) + 2 * core::kScaleAtomBytes, uint8_t{0xff});    // e8m0's NaN
+    for (int p : order) core::fill_codes(*gemm, b, p, codes(stage), exact, DeferredMove{&flying.back()});
+    for (int w = 0; w < core::kScaleWords; ++w) core::fill_scales(*gemm, b, w, scale_atoms(stage));
+    ++counts.scaled;
+    end_fill(exact);
+  }
+  void end_fill(bool exact) {
+    if (!exact) exact_chunks[filled / per_chunk()] = 0;
     ++filled;
     progress();
-    return exact;
   }
   bool land(int fills, int groups) {
     if (fills != filled)
@@ -293,7 +339,7 @@ struct EmulatedCta {
       fail("stage " + std::to_string(stage) + " multiplied before the CTA's barrier after its copies landed");
     // The later blocks' copies in flight meanwhile: as many as the stages hold (all but this block's and the one
     // before's), or the tile has left.
-    int blocks = core::tensor_chunks(*gemm) * core::chunk_blocks(*gemm);
+    int blocks = core::tensor_chunks(*gemm) * per_chunk();
     size_t ahead = static_cast<size_t>(std::min(core::kPanelStages - 2, blocks - 1 - ++block));
     if (flying.size() != ahead)
       fail("block " + std::to_string(block) + " multiplied with " + std::to_string(flying.size()) +
@@ -305,12 +351,12 @@ struct EmulatedCta {
              "'s epilogue read it all");
       if (into.read)
         fail("accumulator " + std::to_string(accumulator) + " summed into before the CTA's barrier after its reads");
-      into.chunk = block / core::chunk_blocks(*gemm);
+      into.chunk = block / per_chunk();
       into.written = 0;
-    } else if (into.chunk != block / core::chunk_blocks(*gemm)) {
+    } else if (into.chunk != block / per_chunk()) {
       fail("block " + std::to_string(block) + " added to another chunk's accumulator");
     }
-    queued.push_back(Job{stage, accumulator, first, stage_majors[stage]});
+    queued.push_back(Job{stage, accumulator, first, stage_majors[stage], stage_scaled[stage]});
     last_multiplied = stage;
     ++commits[stage];
     progress();
@@ -399,8 +445,9 @@ struct TileCase {
 };
 
 // A tile up to 300 x 300 of parts up to 200 deep, or (`deep`) up to 200 x 200 whose first part is 17 to 20 blocks deep:
-// more blocks a chunk than the epilogue has slices, so that some steps write none.
-void make_case(TileCase& t, std::mt19937_64& rng, bool deep = false) {
+// more blocks a chunk than the epilogue has slices, so that some steps write none. `scaled`: half the parts are e4m3
+// a and b, K-major (core::scaled_part), their rows on 16 bytes half the time.
+void make_case(TileCase& t, std::mt19937_64& rng, bool deep = false, bool scaled = false) {
   core::Gemm& g = t.g;
   int most = deep ? 200 : 300;
   g.rows = 1 + static_cast<int>(rng() % most);
@@ -412,8 +459,10 @@ void make_case(TileCase& t, std::mt19937_64& rng, bool deep = false) {
   for (int p = 0; p < g.num_parts; ++p) {
     int depth = deep && p == 0 ? 16 * kMmaDepth + 1 + static_cast<int>(rng() % (4 * kMmaDepth))
                                : 1 + static_cast<int>(rng() % 200);
-    if (rng() % 2) depth = (depth + 7) / 8 * 8;  // K-major bf16 rows on 16 bytes: fill_piece's one copy
+    int align = scaled ? 16 : 8;
+    if (rng() % 2) depth = (depth + align - 1) / align * align;  // K-major rows on 16 bytes: one copy a piece
     bool a_e4m3 = rng() % 2, b_e4m3 = rng() % 2, a_mn = rng() % 2, b_mn = rng() % 2;
+    if (scaled && rng() % 2) a_e4m3 = b_e4m3 = true, a_mn = b_mn = false;
     make_operand(t.operands[2 * p], a_e4m3, a_mn, g.rows, depth, rng);
     make_operand(t.operands[2 * p + 1], b_e4m3, b_mn, g.cols, depth, rng);
     g.parts[p] = core::GemmPart{t.operands[2 * p].op, t.operands[2 * p + 1].op, depth};
@@ -484,12 +533,16 @@ TEST(tensor_tiles_give_the_references_bits_on_integers) {
 // 1.875 x 2^-133, an fp32 but no bf16 (whose subnormals step by 2^-133). Those chunks go to gemm_element, the others to
 // the tensor cores, and the whole tile is still reference_gemm's bits. With one to four blocks a chunk, the blocks of
 // up to three chunks are filled before the first of them is judged; 34 chunks reuse the first ones' bits (chunk % 32)
-// with another verdict (chunk 33 is exact, chunk 1 not).
+// with another verdict (chunk 33 is exact, chunk 1 not). Then again with an e4m3 b, through the block-scaled MMA
+// (core/scaled_block.hpp), whose codes and scales are the values themselves: its fill judges them alike.
 TEST(chunks_with_values_that_are_not_bf16_are_computed_element_by_element) {
   std::mt19937_64 rng(seed() + 8);
   EmulatedCta cta(rng);
   core::PanelStages stages;
-  for (int depth : {40, 96, 200}) {
+  for (int round = 0; round < 6; ++round) {
+    bool scaled = round >= 3;
+    int depth = std::vector<int>{40, 96, 200}[round % 3];
+    cta.scaled_mma = scaled;
     TileCase t;
     int chunks = 34, inexact = (chunks + 1) / 3;
     t.g.rows = chunks * kMmaRows;
@@ -499,7 +552,7 @@ TEST(chunks_with_values_that_are_not_bf16_are_computed_element_by_element) {
     t.g.c_stride = t.g.cols;
     t.operands.resize(2);
     make_operand(t.operands[0], true, false, t.g.rows, depth, rng);
-    make_operand(t.operands[1], false, false, t.g.cols, depth, rng);
+    make_operand(t.operands[1], scaled, false, t.g.cols, depth, rng);
     Stored& a = t.operands[0];
     core::MxScaleLayout layout = core::MxScaleLayout::of(t.g.rows, depth);
     for (int r = 0; r < t.g.rows; ++r)
@@ -510,12 +563,102 @@ TEST(chunks_with_values_that_are_not_bf16_are_computed_element_by_element) {
     t.g.parts[0] = core::GemmPart{a.op, t.operands[1].op, depth};
     t.c.assign(static_cast<size_t>(t.g.rows) * t.g.c_stride, 0.0f);
     t.g.c = t.c.data();
-    t.text = std::to_string(t.g.rows) + "x100, depth " + std::to_string(depth) + ", chunks 1, 4, ... below bf16";
+    t.text = std::to_string(t.g.rows) + "x100, depth " + std::to_string(depth) + ", chunks 1, 4, ... below bf16" +
+             (scaled ? ", scaled" : "");
     CHECK(core::stored_value(a.op, 150, 3) == 1.875f * 0x1p-133f);
     Counts counts;
     if (!same_as_reference(t, cta, stages, &counts)) return;
     CHECK_MSG(counts.tensor == chunks - inexact && counts.elements == inexact,
               "%s: %d tensor chunks, %d element chunks", t.text.c_str(), counts.tensor, counts.elements);
+    CHECK_MSG((counts.scaled > 0) == scaled, "%s: %d scaled blocks", t.text.c_str(), counts.scaled);
+  }
+}
+
+// The block-scaled MMA (core/scaled_block.hpp) on the parts core::scaled_part takes, the other parts' blocks beside
+// them in one chunk's sum, tile after tile on one CTA: reference_gemm's bits, as the bf16 route gives them. Its
+// products are codes times both scales (scales 2^0 and 2^1 drawn per block of 32): a scale read for the wrong row or
+// block, a code at the wrong place, or a part's blocks cut at the wrong depth changes them.
+TEST(scaled_blocks_give_the_references_bits_on_integers) {
+  std::mt19937_64 rng(seed() + 13);
+  EmulatedCta cta(rng);
+  core::PanelStages stages;
+  int scaled = 0, mixed = 0;
+  for (int n = 0; n < 16; ++n) {
+    TileCase t;
+    make_case(t, rng, n % 8 == 0, true);
+    cta.scaled_mma = true;
+    cta.boxes = n % 2 == 0;
+    Counts counts;
+    if (!same_as_reference(t, cta, stages, &counts)) return;
+    CHECK_MSG(counts.elements == 0, "%s: %d integer chunks left to gemm_element", t.text.c_str(), counts.elements);
+    scaled += counts.scaled;
+    uint32_t parts = core::scaled_parts(t.g);
+    mixed += t.g.num_parts == 2 && parts != 0 && parts != 3u;
+  }
+  CHECK_MSG(scaled > 16 && mixed > 0, "%d scaled blocks, %d tiles with a scaled part beside another", scaled, mixed);
+}
+
+// A scaled block's panels hold the operand's codes, each whole piece on 16 bytes one copy, zeros past its rows and
+// depth, and its atoms the scales, kMxPadScale past them.
+TEST(scaled_blocks_hold_the_codes_and_scales) {
+  std::mt19937_64 rng(seed() + 14);
+  struct CountedMove {
+    int* copies;
+    void operator()(core::Piece* to, const core::Piece* from) const {
+      *to = *from;
+      ++*copies;
+    }
+  };
+  for (int depth : {256, 200}) {  // rows on 16 bytes, or not (and a block past the depth)
+    Stored a, b;
+    make_operand(a, true, false, 150, depth, rng);
+    make_operand(b, true, false, 130, depth, rng);
+    for (Stored* o : {&a, &b})  // the layout's padding NaN: only the fill's kMxPadScale may stand there
+      for (int64_t r = 0; r < o->op.scale_layout.padded_rows(); ++r)
+        for (int64_t s = 0; s < o->op.scale_layout.padded_k_blocks(); ++s)
+          if (r >= o->op.scale_layout.rows || s >= o->op.scale_layout.k_blocks)
+            o->scales[o->op.scale_layout.offset(r, s)] = 0xff;
+    core::Gemm g{};
+    g.rows = 150;
+    g.cols = 130;
+    g.num_parts = 1;
+    g.parts[0] = core::GemmPart{a.op, b.op, depth};
+    CHECK(core::scaled_parts(g) == 1u && core::chunk_blocks(g, 1u) == 2 &&
+          core::chunk_blocks(g, 0) == (depth + 63) / 64);
+    core::MmaBlock block = core::chunk_block(g, 3, 1, 1u);  // rows 128 to 149 (22 of 128), columns 128 and 129
+    CHECK(block.scaled && block.k0 == core::kScaledDepth && block.row0 == 128 && block.col0 == 128);
+    std::vector<uint8_t> panels(2 * kPanelValues * sizeof(core::bf16_t), 0x7f), atoms(2 * core::kScaleAtomBytes, 0xff);
+    int copies = 0;
+    bool exact = true;
+    for (int p = 0; p < core::kBlockPieces; ++p)
+      core::fill_codes(g, block, p, panels.data(), exact, CountedMove{&copies});
+    for (int w = 0; w < core::kScaleWords; ++w) core::fill_scales(g, block, w, atoms.data());
+    // Whole pieces: depth 256, 22 rows of a and 2 of b, each the block's 8; depth 200, the even rows (200 bytes apart:
+    // every other one on 16 bytes), 11 of a and 1 of b, each the 4 pieces inside the depth (k0 128 to 191).
+    int whole = depth % 16 == 0 ? (22 + 2) * core::kCodePieces : (11 + 1) * 4;
+    CHECK_MSG(copies == whole && exact, "depth %d: %d pieces copied whole, not %d", depth, copies, whole);
+    long long wrong = 0;
+    for (int second = 0; second < 2; ++second) {
+      const Stored& o = second ? b : a;
+      int rows = second ? g.cols : g.rows, row0 = second ? block.col0 : block.row0;
+      const uint8_t* panel = panels.data() + second * kPanelValues * sizeof(core::bf16_t);
+      const uint8_t* atom = atoms.data() + second * core::kScaleAtomBytes;
+      for (int r = 0; r < kMmaRows; ++r) {
+        bool inside = row0 + r < rows;
+        for (int k = 0; k < core::kScaledDepth; ++k) {
+          int at = block.k0 + k;
+          uint8_t code = inside && at < depth ? o.codes[static_cast<size_t>(row0 + r) * depth + at] : 0;
+          wrong += panel[core::code_offset(r, k)] != code;
+        }
+        for (int s = 0; s < core::kScaleBlocks; ++s) {
+          int64_t at = block.k0 / core::kMxBlock + s;
+          uint8_t scale =
+              inside && at < core::mx_blocks(depth) ? core::operand_scale(o.op, row0 + r, at) : core::kMxPadScale;
+          wrong += atom[core::scale_offset(r, s)] != scale;
+        }
+      }
+    }
+    CHECK_MSG(wrong == 0, "depth %d: %lld codes or scales not the operand's", depth, wrong);
   }
 }
 
@@ -530,7 +673,7 @@ TEST(a_wait_that_runs_out_leaves_busy_every_stage_with_mmas_still_to_run) {
     make_case(t, rng);
     EmulatedCta cta(rng);
     cta.start(t.g);
-    int mmas = core::tensor_chunks(t.g) * core::chunk_blocks(t.g);
+    int mmas = core::tensor_chunks(t.g) * core::chunk_blocks(t.g, 0);
     cta.stall = static_cast<int>(rng() % std::min(6, mmas));  // before the last MMA, which the last drain waits for
     core::PanelStages stages;
     bool summed = core::sum_tile(t.g, stages, cta);
@@ -559,8 +702,8 @@ TEST(a_vote_or_a_load_lost_leaves_no_copies_in_flight) {
     EmulatedCta cta(rng);
     cta.start(t.g);
     // A block's, and each chunk's when its last MMAs are done (the last chunk's in the drain).
-    int syncs = core::tensor_chunks(t.g) * (core::chunk_blocks(t.g) + 1);
-    int blocks = core::tensor_chunks(t.g) * core::chunk_blocks(t.g);  // a land each
+    int syncs = core::tensor_chunks(t.g) * (core::chunk_blocks(t.g, 0) + 1);
+    int blocks = core::tensor_chunks(t.g) * core::chunk_blocks(t.g, 0);  // a land each
     bool by_land = n % 2;
     (by_land ? cta.lose_land : cta.refuse) = static_cast<int>(rng() % (by_land ? blocks : syncs));
     core::PanelStages stages;
@@ -605,7 +748,7 @@ TEST(pieces_on_16_bytes_are_copied_whole_in_either_major) {
       std::vector<core::bf16_t> panels(2 * kPanelValues, core::bf16_t(0x7fc0));
       int copies = 0;
       bool exact = true;
-      core::MmaBlock block = core::chunk_block(g, 0, 1);
+      core::MmaBlock block = core::chunk_block(g, 0, 1, 0);
       for (int p = 0; p < core::kBlockPieces; ++p)
         core::fill_piece(g, block, p, panels.data(), exact, CountedMove{&copies});
       const char* name = mn ? (aligned ? "MN-major on 16 bytes" : "MN-major off 16 bytes") : "K-major";
@@ -633,8 +776,8 @@ struct BoxCounts {
 // fill_piece's panel (the threads' fill), and its boxes write each of the panel's values once.
 void check_boxes(const core::Gemm& g, const std::string& text, BoxCounts& counts) {
   for (int chunk = 0; chunk < core::tensor_chunks(g); ++chunk)
-    for (int block = 0; block < core::chunk_blocks(g); ++block) {
-      core::MmaBlock b = core::chunk_block(g, chunk, block);
+    for (int block = 0; block < core::chunk_blocks(g, 0); ++block) {
+      core::MmaBlock b = core::chunk_block(g, chunk, block, 0);
       std::vector<core::bf16_t> pieces(2 * kPanelValues, core::bf16_t(0x7fc0));
       bool exact = true;
       for (int p = 0; p < core::kBlockPieces; ++p) core::fill_piece(g, b, p, pieces.data(), exact);

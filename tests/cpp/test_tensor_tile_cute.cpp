@@ -79,13 +79,13 @@ TEST(panel_pieces_are_whole) {
 // in 16 bytes) and its canonical layouts under the 128-byte swizzle (bits 4 to 6 of the address xor bits 7 to 9):
 // K-major, 8 rows of 128 bytes an atom, atoms `stride` apart down the rows; MN-major, 64 rows across 128 bytes, 8 k
 // an atom, atoms `leading` apart down the rows and `stride` apart along k.
-int descriptor_byte(uint64_t descriptor, bool mn_major, int mn, int k) {
+int descriptor_byte(uint64_t descriptor, bool mn_major, int mn, int k, int element_bytes = 2) {
   uint32_t start = static_cast<uint32_t>(descriptor & 0x3fff) << 4;
   uint32_t leading = static_cast<uint32_t>(descriptor >> 16 & 0x3fff) << 4;
   uint32_t stride = static_cast<uint32_t>(descriptor >> 32 & 0x3fff) << 4;
   uint32_t row = static_cast<uint32_t>(mn), depth = static_cast<uint32_t>(k);
   uint32_t at = mn_major ? start + row % 64 * 2 + depth % 8 * 128 + row / 64 * leading + depth / 8 * stride
-                         : start + row % 8 * 128 + row / 8 * stride + depth * 2;
+                         : start + row % 8 * 128 + row / 8 * stride + depth * static_cast<uint32_t>(element_bytes);
   return static_cast<int>(at ^ ((at >> 7 & 7u) << 4));
 }
 
@@ -199,6 +199,73 @@ TEST(epilogue_threads_load_their_own_lanes_once) {
   CHECK_MSG(sliced == 0, "%lld values outside their load's slice", sliced);
   for (int e = 0; e < kMmaRows * kMmaCols; ++e) CHECK_MSG(seen[e] == 1, "element %d loaded %d times", e, seen[e]);
   CHECK(tile::kFirstEpilogueWarp % 4 == 0);  // warp 4 + q reads quadrant q: (4 + q) % 4 == q
+}
+
+// A scaled block's panel of codes (core/scaled_block.hpp): every (row, k) where CuTe's block-scaled MMA reads it, a
+// 16-byte piece of codes together, each byte of the panel once.
+TEST(code_offsets_are_cutes) {
+  alignas(1024) static tile::Code panel[mok::core::kPanelValues * 2];
+  auto view = cute::make_tensor(cute::make_smem_ptr(panel), tile::CodePanelLayout{});
+  CHECK(cute::cosize(tile::CodePanelLayout{}) == kMmaRows * mok::core::kScaledDepth);
+  std::vector<int> seen(kMmaRows * mok::core::kScaledDepth, 0);
+  long long wrong = 0;
+  for (int row = 0; row < kMmaRows; ++row)
+    for (int k = 0; k < mok::core::kScaledDepth; ++k) {
+      int cute_at = static_cast<int>(&view(cute::make_coord(cute::make_coord(row, k % 32), 0, k / 32)) - panel);
+      if (cute_at >= 0 && cute_at < static_cast<int>(seen.size())) ++seen[cute_at];
+      if (cute_at != mok::core::code_offset(row, k) && wrong++ < 3)
+        std::printf("  code (row %d, k %d): core %d, CuTe %d\n", row, k, mok::core::code_offset(row, k), cute_at);
+    }
+  CHECK_MSG(wrong == 0, "%lld code offsets differ", wrong);
+  for (size_t at = 0; at < seen.size(); ++at) CHECK_MSG(seen[at] == 1, "panel byte %zu held %d times", at, seen[at]);
+}
+
+// The block-scaled MMA's descriptors of a's and b's panels of codes, one for each instruction's 32 of the depth: every
+// (mn, k) at core's byte, K-major in the 128-byte swizzle, as the bf16 MMA's (check_descriptors).
+TEST(scaled_mma_descriptors_read_cores_codes) {
+  alignas(1024) static tile::Code panels[2 * kMmaRows * mok::core::kScaledDepth];
+  auto a = quietly([] {
+    return tile::ScaledMma{}.get_slice(0).make_fragment_A(
+        cute::make_tensor(cute::make_smem_ptr(panels), tile::CodePanelLayout{}));
+  });
+  auto b = quietly([] {
+    return tile::ScaledMma{}.get_slice(0).make_fragment_B(
+        cute::make_tensor(cute::make_smem_ptr(panels + kMmaRows * mok::core::kScaledDepth), tile::CodePanelLayout{}));
+  });
+  CHECK(cute::size<2>(a) == mok::core::kScaledDepth / 32 && cute::size<2>(b) == mok::core::kScaledDepth / 32);
+  long long wrong = 0, fields = 0;
+  for (auto* fragment : {&a, &b})
+    for (int slice = 0; slice < cute::size<2>(*fragment); ++slice) {
+      uint64_t descriptor = static_cast<uint64_t>(*(*fragment)(cute::_, cute::_, slice).data());
+      fields += descriptor >> 61 != 2 || (descriptor >> 46 & 7) != 1 || (descriptor >> 49 & 7) != 0;
+      for (int mn = 0; mn < kMmaRows; ++mn)
+        for (int k = 0; k < 32; ++k) {
+          int core_at = mok::core::code_offset(mn, slice * 32 + k);
+          int read_at = descriptor_byte(descriptor, false, mn, k, 1);
+          if (read_at != core_at && wrong++ < 3)
+            std::printf("  slice %d (mn %d, k %d): core's byte %d, the descriptor's %d\n", slice, mn, k, core_at,
+                        read_at);
+        }
+    }
+  CHECK_MSG(fields == 0, "%lld descriptors not SW128 with 0b001 at bit 46 and base offset 0", fields);
+  CHECK_MSG(wrong == 0, "%lld codes read elsewhere", wrong);
+}
+
+// An operand's scales of a scaled block in shared memory: (row, block) where CUTLASS's block-scaled mainloop puts them
+// for a 128 x 128 x 128 tile (Sm1xxBlockScaledConfig's smem atom, which UTCCP copies to tensor memory), at core's
+// scale_offset; all 32 k of a block share it.
+TEST(scale_offsets_are_cutlasss) {
+  tile::ScaleAtomLayout layout{};
+  CHECK(cute::cosize(layout) == mok::core::kScaleAtomBytes);
+  long long wrong = 0;
+  for (int row = 0; row < kMmaRows; ++row)
+    for (int k = 0; k < mok::core::kScaledDepth; ++k) {
+      int cutlass_at = static_cast<int>(layout(cute::make_coord(cute::make_coord(row, k % 32), 0, k / 32)));
+      int core_at = mok::core::scale_offset(row, k / mok::core::kMxBlock);
+      if (cutlass_at != core_at && wrong++ < 3)
+        std::printf("  scale (row %d, k %d): core %d, CUTLASS %d\n", row, k, core_at, cutlass_at);
+    }
+  CHECK_MSG(wrong == 0, "%lld scale offsets differ", wrong);
 }
 
 }  // namespace

@@ -26,10 +26,36 @@ MOK_HD inline int ceil_div(int n, int d) {
   return static_cast<int>(mx_ceil_div(n, d));
 }
 
-// The blocks of a chunk, in the order its accumulator sums them: part 0's depth, then part 1's.
-MOK_HD inline int chunk_blocks(const Gemm& g) {
+// A scaled block's depth: an MXFP8 part's e4m3 codes as the block-scaled MMA takes them (core/scaled_block.hpp), 128
+// a row, one 128-byte line of the swizzle as a bf16 block's 64 values are, under 4 blocks of scales.
+constexpr int kScaledDepth = 128;
+
+// Whether the block-scaled MMA can take part p: both operands e4m3 codes stored K-major, each with its scales along
+// the depth in blocks of 32 from k = 0, as the MMA reads them.
+MOK_HD inline bool scaled_part(const GemmPart& p) {
+  return p.a.dtype == Dtype::e4m3 && p.b.dtype == Dtype::e4m3 && p.a.depth_stride == 1 && p.b.depth_stride == 1;
+}
+// The parts of g (bit p) the block-scaled MMA can take.
+MOK_HD inline uint32_t scaled_parts(const Gemm& g) {
+  uint32_t scaled = 0;
+  for (int p = 0; p < g.num_parts; ++p)
+    if (scaled_part(g.parts[p])) scaled |= 1u << p;
+  return scaled;
+}
+// A block's depth in part p, for a CTA whose MMAs take the parts in `scaled` block-scaled.
+MOK_HD inline int block_depth(uint32_t scaled, int part) {
+  return scaled >> part & 1u ? kScaledDepth : kMmaDepth;
+}
+
+// The blocks of part p's depth, for such a CTA.
+MOK_HD inline int part_blocks(const Gemm& g, uint32_t scaled, int part) {
+  return ceil_div(g.parts[part].depth, block_depth(scaled, part));
+}
+// The blocks of a chunk, in the order its accumulator sums them: part 0's depth, then part 1's, those of the parts in
+// `scaled` kScaledDepth deep, the others kMmaDepth.
+MOK_HD inline int chunk_blocks(const Gemm& g, uint32_t scaled) {
   int n = 0;
-  for (int p = 0; p < g.num_parts; ++p) n += ceil_div(g.parts[p].depth, kMmaDepth);
+  for (int p = 0; p < g.num_parts; ++p) n += part_blocks(g, scaled, p);
   return n;
 }
 // Whether the tensor cores can take g: every operand stored bf16 or e4m3 (no MXFP8 round trip on read) and
@@ -40,7 +66,7 @@ MOK_HD inline bool tensor_gemm(const Gemm& g) {
     const Operand& b = g.parts[p].b;
     if (a.quantize || b.quantize || a.dtype == Dtype::f32 || b.dtype == Dtype::f32) return false;
   }
-  return chunk_blocks(g) > 0;
+  return chunk_blocks(g, 0) > 0;
 }
 
 // How a panel holds its operand in shared memory, in rows of 128 bytes (64 values) under the UMMA 128-byte swizzle:
@@ -83,10 +109,11 @@ MOK_HD inline bf16_t panel_value(const Operand& o, int rows, int depth, int i, i
   return tensor_value(stored_value(o, i, k), exact);
 }
 
-// One block of a chunk: part `part`'s depth from k0 (at most kMmaDepth of it); the chunk's rows from row0 and
-// columns from col0.
+// One block of a chunk: part `part`'s depth from k0 (at most kMmaDepth of it, or kScaledDepth when `scaled`: its
+// codes and scales for the block-scaled MMA); the chunk's rows from row0 and columns from col0.
 struct MmaBlock {
   int row0, col0, part, k0;
+  bool scaled;
 };
 
 MOK_HD inline int tensor_chunks(const Gemm& g) {
@@ -103,11 +130,12 @@ MOK_HD inline PanelMajors block_majors(const Gemm& g, const MmaBlock& b) {
   return PanelMajors{panel_major(g.parts[b.part].a), panel_major(g.parts[b.part].b)};
 }
 
-MOK_HD inline MmaBlock chunk_block(const Gemm& g, int chunk, int block) {
+// Block `block` of chunk `chunk`, for a CTA whose MMAs take the parts in `scaled` block-scaled.
+MOK_HD inline MmaBlock chunk_block(const Gemm& g, int chunk, int block, uint32_t scaled) {
   int p = 0;
-  while (p + 1 < g.num_parts && block >= ceil_div(g.parts[p].depth, kMmaDepth))
-    block -= ceil_div(g.parts[p++].depth, kMmaDepth);
-  return MmaBlock{chunk_row0(g, chunk), chunk_col0(g, chunk), p, block * kMmaDepth};
+  while (p + 1 < g.num_parts && block >= part_blocks(g, scaled, p)) block -= part_blocks(g, scaled, p++);
+  return MmaBlock{chunk_row0(g, chunk), chunk_col0(g, chunk), p, block * block_depth(scaled, p),
+                  (scaled >> p & 1u) != 0};
 }
 
 // A panel's 16-byte pieces (tile.hpp's Piece): 8 values the swizzle keeps together, along the depth (K-major) or down
@@ -243,6 +271,7 @@ struct TileWalk {
   const Gemm& g;
   PanelStages& stages;
   Cta& cta;
+  uint32_t scaled;     // the parts whose blocks the CTA's MMAs take block-scaled
   int per_chunk;       // the blocks of a chunk (chunk_blocks: every chunk has as many)
   int blocks;          // the tile's
   int started = 0;     // blocks whose copies this thread started
@@ -264,7 +293,7 @@ struct TileWalk {
   MOK_HD bool start_next() {
     int stage = started % kPanelStages, chunk = started / per_chunk;
     if (!await(stage)) return false;
-    MmaBlock block = chunk_block(g, chunk, started % per_chunk);
+    MmaBlock block = chunk_block(g, chunk, started % per_chunk, scaled);
     if (!cta.fill(block, stage)) inexact |= 1u << (chunk % 32);
     ++started;
     return true;
@@ -300,10 +329,12 @@ struct TileWalk {
 // blocks' latencies overlap each other and the MMAs. Chunk c's epilogue is written in slices over chunk c + 1's
 // steps, from the other accumulator, while the tensor cores sum c + 1; the last chunk's after every MMA is done. `cta`
 // is how a CTA takes each step:
+//   uint32_t scaled              the parts (bit p) whose blocks its MMAs take block-scaled, of those scaled_parts names
 //   bool wait(stage, parity)     the stage's barrier passed its phase of that parity (false: not in time)
 //   bool fill(block, stage)      this thread's copies of the MmaBlock started into the stage's panels (fill_piece, in
-//                                the block's majors, block_majors), as one group; false when a value it put there is
-//                                not the operand's own (panel_value)
+//                                the block's majors, block_majors; a scaled block's codes and scales, fill_codes and
+//                                fill_scales), as one group; false when a value it put there is not the operand's own
+//                                (panel_value)
 //   bool land(fills, groups)     this thread's copies landed, but those of the last `groups` of the tile's `fills` so
 //                                far; false when one did not land in time (a TMA load's wait ran out): the tile has
 //                                failed
@@ -312,9 +343,9 @@ struct TileWalk {
 //   bool agree(yes)              the CTA's barrier; true for all when `yes` was true for every one: a verdict, not a
 //                                failure
 //   void multiply(stage, accumulator, first)
-//                                the MMAs over the stage's panels, read in the majors of the block its last fill
-//                                put there, into the accumulator (first: zeroed before), then their commit to the
-//                                stage's barrier; by the threads that issue MMAs
+//                                the MMAs over the stage's panels, read as the block its last fill put there holds
+//                                them (its majors, or its codes and scales), into the accumulator (first: zeroed
+//                                before), then their commit to the stage's barrier; by the threads that issue MMAs
 //   void write(chunk, accumulator, from, to, exact)
 //                                the chunk's epilogue slices [from, to) into c: core's tensor_epilogue from the
 //                                accumulator, or (not exact) gemm_element's, by the CTA's threads
@@ -322,8 +353,9 @@ struct TileWalk {
 // MMAs may still run.
 template <class Cta>
 MOK_HD bool sum_tile(const Gemm& g, PanelStages& stages, Cta& cta) {
-  int per_chunk = chunk_blocks(g);
-  TileWalk<Cta> walk{g, stages, cta, per_chunk, tensor_chunks(g) * per_chunk};
+  uint32_t scaled = cta.scaled & scaled_parts(g);
+  int per_chunk = chunk_blocks(g, scaled);
+  TileWalk<Cta> walk{g, stages, cta, scaled, per_chunk, tensor_chunks(g) * per_chunk};
   if (walk.blocks == 0) return true;  // no rows or no columns
   bool ok = true;
   while (ok && walk.started < walk.blocks && walk.started < kPanelStages - 1) ok = walk.start_next();

@@ -21,6 +21,7 @@ constexpr int kPieceValues = 8;
 struct alignas(16) Piece {
   bf16_t values[kPieceValues];
 };
+constexpr int kPieceBytes = static_cast<int>(sizeof(Piece));  // 16 e4m3 codes
 MOK_HD inline bool on_piece(const void* at) {
   return reinterpret_cast<uintptr_t>(at) % sizeof(Piece) == 0;
 }

@@ -15,10 +15,12 @@
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/arch/tmem_allocator_sm100.hpp>
 #include <cute/tensor.hpp>
+#include <cutlass/detail/sm100_blockscaled_layout.hpp>
 #include <type_traits>
 
 #include "core/gemm_element.hpp"
 #include "core/panel_boxes.hpp"
+#include "core/scaled_block.hpp"
 #include "core/tensor_tile.hpp"
 
 namespace mok::cuda::tensor_tile {
@@ -44,6 +46,22 @@ using PanelLayoutOf =
                        decltype(cute::UMMA::tile_to_mma_shape(cute::UMMA::Layout_K_SW128_Atom<Value>{}, PanelShape{})),
                        decltype(cute::UMMA::tile_to_mma_shape(cute::UMMA::Layout_MN_SW128_Atom<Value>{}, PanelShape{},
                                                               cute::Step<cute::_2, cute::_1>{}))>;
+// A scaled block's MMA (core/scaled_block.hpp): e4m3 codes K-major, 32 of the depth an instruction, each 32's e8m0
+// scales from tensor memory (tcgen05.mma kind::mxf8f6f4.block_scale); its accumulator is the bf16 MMA's.
+using Code = cute::float_e4m3_t;
+using Scale = cute::float_ue8m0_t;
+using ScaledMma = decltype(cute::make_tiled_mma(
+    cute::SM100_MMA_MXF8F6F4_SS<Code, Code, float, Scale, core::kMmaRows, core::kMmaCols, Major::K, Major::K>{}));
+// A panel of codes, as the MMA partitions it ((rows, 32), 1, depth / 32), under the 128-byte swizzle.
+using CodePanelLayout = decltype(cute::UMMA::tile_to_mma_shape(
+    cute::UMMA::Layout_K_SW128_Atom<Code>{},
+    cute::partition_shape_A(ScaledMma{},
+                            cute::make_shape(cute::Int<core::kMmaRows>{}, cute::Int<core::kScaledDepth>{}))));
+// An operand's scales of a block in shared memory, as CUTLASS's block-scaled mainloop lays a 128 x 128 x 128 tile's
+// (and copies them to tensor memory from there): (((32, 4), 1), (32, 1)), 1, (4, 1)) over (row, depth).
+using ScaleAtomLayout = decltype(cutlass::detail::Sm1xxBlockScaledConfig<core::kMxBlock>::deduce_smem_layoutSFA(
+    ScaledMma{}, cute::Shape<cute::Int<core::kMmaRows>, cute::Int<core::kMmaCols>, cute::Int<core::kScaledDepth>>{}));
+
 // The accumulator in tensor memory: 8 columns of one lane per thread and load.
 using AccumulatorLoad = cute::SM100_TMEM_LOAD_32dp32b8x;
 using AccumulatorShape = cute::Shape<cute::Int<core::kMmaRows>, cute::Int<core::kMmaCols>>;
@@ -302,7 +320,10 @@ __device__ __noinline__ uint32_t write_maps(const core::Gemm& g, cute::TmaDescri
 struct TileSteps : StageWait {
   const core::Gemm& g;
   Panels& panels;
-  uint32_t boxed;     // the operands whose panels TMA fills (core::boxed_operands), the threads the others'
+  uint32_t boxed;  // the operands whose panels TMA fills (core::boxed_operands), the threads the others'
+  // The parts whose blocks the MMAs take block-scaled: none yet. An MXFP8 part's e4m3 values go to the bf16 MMA,
+  // filled by the threads; core's scaled blocks (core/scaled_block.hpp) wait for the block-scaled MMA's issue here.
+  uint32_t scaled = 0;
   int landed = 0;     // the tile's fills whose TMA loads the issuer waited for
   bool lost = false;  // a TMA load did not land in time: the tile has failed
 
