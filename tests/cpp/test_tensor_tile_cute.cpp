@@ -268,6 +268,50 @@ TEST(scale_offsets_are_cutlasss) {
   CHECK_MSG(wrong == 0, "%lld scale offsets differ", wrong);
 }
 
+// The scales in tensor memory, as the block-scaled MMA reads them (tensor_tile::scale_tensor): (row, k) of a's at lane
+// row mod 32, column kTensorColumns + row / 32, byte k / 32 of the word (the MMA's scale id: bits 30 and 31 of the
+// address); b's 4 columns on. So they follow the accumulators, inside a scaled CTA's columns, and each is the byte
+// that core's atom holds at scale_offset, moved there by the copy of the atom's 32 rows of 128 bits into 32 lanes of 4
+// columns (tcgen05.cp 32x128b: shared memory's 16-byte row i lane i, its word j column j).
+TEST(scales_in_tensor_memory_are_cores_atom) {
+  long long wrong = 0;
+  auto check = [&](auto scales, int first_column, const char* name) {
+    for (int row = 0; row < kMmaRows; ++row)
+      for (int k = 0; k < mok::core::kScaledDepth; ++k) {
+        uint32_t at =
+            (scales.data() + scales.layout()(cute::make_coord(cute::make_coord(row, k % 32), 0, k / 32))).get();
+        int lane = static_cast<int>(at >> 16 & 0x3fff), column = static_cast<int>(at & 0xffff), byte = at >> 30;
+        int atom = mok::core::scale_offset(row, k / mok::core::kMxBlock);
+        bool placed = lane == atom / 16 && column == first_column + atom % 16 / 4 && byte == atom % 4;
+        bool inside = column >= tile::kTensorColumns && column < tile::kScaledTensorColumns;
+        if ((!placed || !inside) && wrong++ < 3)
+          std::printf("  %s's scale (row %d, k %d) at lane %d column %d byte %d; core's atom byte %d\n", name, row, k,
+                      lane, column, byte, atom);
+      }
+  };
+  check(tile::scale_tensor<false>(0), tile::kTensorColumns, "a");
+  check(tile::scale_tensor<true>(0), tile::kTensorColumns + tile::kScaleColumns, "b");
+  CHECK_MSG(wrong == 0, "%lld scales elsewhere in tensor memory", wrong);
+  CHECK(tile::tensor_columns(false) == tile::kTensorColumns && tile::tensor_columns(true) == 512);
+}
+
+// The block-scaled MMA's accumulator is the bf16 MMA's (tensor_tile::accumulator, which the epilogue loads): the same
+// (row, column) at each place of the fragment.
+TEST(scaled_mma_accumulates_where_the_bf16_mma_does) {
+  auto coordinates = cute::make_identity_tensor(tile::AccumulatorShape{});
+  auto scaled = tile::ScaledMma{}.get_slice(0).partition_C(coordinates);
+  auto plain = tile::accumulator_coordinates();
+  CHECK(cute::size(scaled) == cute::size(plain));
+  long long wrong = 0;
+  for (int v = 0; v < cute::size(plain); ++v) wrong += scaled(v) != plain(v);
+  CHECK_MSG(wrong == 0, "%lld accumulator elements elsewhere", wrong);
+  auto a = tile::ScaledMma{}.get_slice(0).make_fragment_C(scaled);
+  auto b = tile::accumulator(0);
+  CHECK(cute::cosize(a.layout()) == cute::cosize(b.layout()));
+  for (int v = 0; v < cute::size(plain); ++v) wrong += a.layout()(v) != b.layout()(v);
+  CHECK_MSG(wrong == 0, "%lld accumulator offsets differ", wrong);
+}
+
 }  // namespace
 
 MOK_TEST_MAIN

@@ -426,11 +426,16 @@ def test_fused_pass_shares_its_tiles_through_a_named_barrier(libmok, cuda_bin):
 # FENCE.VIEW.ASYNC.S, the proxy fence between the threads' writes into the panels and the MMA's reads of them; UTCHMMA,
 # the 1-CTA tcgen05 BF16 MMA (no .2CTA: the tile is one CTA's); UTCBAR, its commit to the shared-memory barrier that
 # SYNCS...TRYWAIT polls; LDTM, the accumulator's load from tensor memory; BAR.RED.OR on barrier 1, the CTA's vote
-# after each fill of a stage (a wait for the MMAs that ran out stops every thread alike).
+# after each fill of a stage (a wait for the MMAs that ran out stops every thread alike). A scaled block's (MXFP8,
+# core/scaled_block.hpp): UTCCP.T.S.4x32dp128bit, its scales' copy from shared to tensor memory (tcgen05.cp
+# 32x128b.warpx4), and UTCQMMA, the block-scaled MMA (kind::mxf8f6f4.block_scale) reading them from tensor memory.
 FUSED_TENSOR_SASS = (r"UTCATOMSWS\.FIND_AND_SET", r"UTCATOMSWS\.AND", r"LDGSTS\.E\.BYPASS\S*\.128", r"LDGDEPBAR",
                      r"DEPBAR\.LE SB0, 0x1", r"DEPBAR\.LE SB0, 0x0", r"FENCE\.VIEW\.ASYNC\.S", r"UTCHMMA", r"UTCBAR",
                      r"SYNCS\.PHASECHK\S*TRYWAIT",
-                     r"LDTM", r"BAR\.RED\.OR\S* 0x1\b")
+                     r"LDTM", r"BAR\.RED\.OR\S* 0x1\b",
+                     r"UTCCP\.T\.S\.4x32dp128bit",
+                     r"UTCQMMA gdesc\[UR\d+\], gdesc\[UR\d+\], tmem\[UR\d+\], tmem\[UR\d+\], idesc\[UR\d+\], "
+                     r"tmem\[UR\d+\]")
 
 
 def umma_instruction_descriptor(a_mn_major: bool, b_mn_major: bool, m: int = 128, n: int = 128) -> int:
@@ -441,21 +446,26 @@ def umma_instruction_descriptor(a_mn_major: bool, b_mn_major: bool, m: int = 128
 
 
 FUSED_NOTE = r"mok_fused pass shared=(\d+) threads=(\d+)"
+FUSED_SCALED_NOTE = r"mok_fused_scaled pass shared=(\d+) threads=(\d+)"
 SM_TENSOR_COLUMNS = 512
 
 
-def fused_dynamic_shared(libmok) -> int:
-    """The dynamic shared memory the fused pass asks for, from its resource note (kernel/src/cuda/resource_note.hpp):
-    cuobjdump does not count it."""
-    notes = re.findall(FUSED_NOTE, run("strings", libmok).stdout)
+def fused_dynamic_shared(libmok, note: str = FUSED_NOTE) -> int:
+    """The dynamic shared memory the fused pass asks for (an MXFP8 layer's: FUSED_SCALED_NOTE), from its resource note
+    (kernel/src/cuda/resource_note.hpp): cuobjdump does not count it."""
+    notes = re.findall(note, run("strings", libmok).stdout)
     assert len(notes) == 1, f"{len(notes)} resource notes of the fused pass"
     dynamic, threads = (int(n) for n in notes[0])
     assert threads == 256 and 0 < dynamic <= SHARED_BYTES, notes[0]
     return dynamic
 
 
-def fused_tensor_columns() -> int:
-    """The tensor-memory columns a fused CTA holds for the whole pass: its accumulators (core/tensor_tile.hpp)."""
+def fused_tensor_columns(scaled: bool = False) -> int:
+    """The tensor-memory columns a fused CTA holds for the whole pass: its accumulators (core/tensor_tile.hpp), or, in
+    an MXFP8 layer's pass, whose MMAs take scaled blocks, the SM's all (kernel/src/cuda/tensor_tile.cuh)."""
+    if scaled:
+        text = (ROOT / "kernel" / "src" / "cuda" / "tensor_tile.cuh").read_text()
+        return int(re.search(r"constexpr int kScaledTensorColumns = (\d+);", text).group(1))
     text = (ROOT / "kernel" / "src" / "core" / "tensor_tile.hpp").read_text()
     accumulators = int(re.search(r"constexpr int kAccumulators = (\d+);", text).group(1))
     columns = int(re.search(r"constexpr int kMmaCols = (\d+);", text).group(1))
@@ -466,15 +476,18 @@ def test_fused_pass_runs_its_tiles_on_tensor_cores(libmok, cuda_bin):
     """The fused pass's tiles are tcgen05 MMAs of one CTA, on every Blackwell target (feature-gate stubs are refused
     for all of libmok's cubins by test_grouped_gemms_for_every_target). Every CTA holds its accumulators' tensor-memory
     columns for the whole pass, and an SM has 512: the CTAs that its registers and shared memory let share an SM must
-    all hold theirs at once, or a CTA's allocation would wait for columns that the ones before it never give back."""
+    all hold theirs at once, or a CTA's allocation would wait for columns that the ones before it never give back. An
+    MXFP8 layer's pass holds all 512 a CTA (its scales after its accumulators): its launch's shared memory keeps a
+    second CTA off the SM."""
     usage = resource_usage(libmok, cuda_bin)
-    dynamic, columns = fused_dynamic_shared(libmok), fused_tensor_columns()
-    for arch in ("sm_100a", "sm_103a"):
-        (r,) = [r for k, r in usage[arch].items() if re.search(r"\dfused_pass", k)]
-        resident = min(REGISTER_FILE // (r["REG"] * 256), SM_SHARED_BYTES // (r["SHARED"] + dynamic))
-        assert resident * columns <= SM_TENSOR_COLUMNS, \
-            f"{arch}: {resident} fused CTAs an SM ({r['REG']} registers, {r['SHARED']} + {dynamic} bytes of shared " \
-            f"memory) hold {resident * columns} tensor-memory columns"
+    for note, scaled in ((FUSED_NOTE, False), (FUSED_SCALED_NOTE, True)):
+        dynamic, columns = fused_dynamic_shared(libmok, note), fused_tensor_columns(scaled)
+        for arch in ("sm_100a", "sm_103a"):
+            (r,) = [r for k, r in usage[arch].items() if re.search(r"\dfused_pass", k)]
+            resident = min(REGISTER_FILE // (r["REG"] * 256), SM_SHARED_BYTES // (r["SHARED"] + dynamic))
+            assert resident >= 1 and resident * columns <= SM_TENSOR_COLUMNS, \
+                f"{arch}: {resident} fused CTAs an SM ({r['REG']} registers, {r['SHARED']} + {dynamic} bytes of " \
+                f"shared memory) hold {resident * columns} tensor-memory columns"
     for arch, sass in fused_pass_sass(libmok, cuda_bin).items():
         for instruction in FUSED_TENSOR_SASS:
             assert re.search(instruction, sass), f"{arch}: {instruction} missing from the fused pass's SASS"

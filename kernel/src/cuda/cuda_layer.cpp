@@ -337,7 +337,7 @@ class CudaLayer final : public LayerExecutor {
   // only on resident CTAs (core::fit_workers runs the pass on fewer where the config names more).
   mokStatus_t read_residency(const char* func) {
 #if MOK_WITH_FUSED
-    if (cudaError_t e = cuda::fused_residency(&resident_); e != cudaSuccess)
+    if (cudaError_t e = cuda::fused_residency(s_.mxfp8 != 0, &resident_); e != cudaSuccess)
       return cuda_failed(func, "reading the fused pass kernel's occupancy", e);
 #endif
     if (resident_ < 2)

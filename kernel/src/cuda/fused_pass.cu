@@ -18,13 +18,27 @@ constexpr int kMinCtasPerSm = 2;
 // And at most 2: as many as the SM's shared memory holds (228 KB, less 1 KB the system keeps for each CTA), which must
 // all hold their tensor memory at once, or a CTA's allocation would wait for another's end, which never comes.
 constexpr int kSmSharedBytes = 228 * 1024;
-constexpr int kMaxCtasPerSm = kSmSharedBytes / (tensor_tile::kDynamicSharedBytes + 1024);
-static_assert(kMaxCtasPerSm >= kMinCtasPerSm, "the panels let two CTAs share an SM");
-static_assert(kMaxCtasPerSm * tensor_tile::kTensorColumns <= 512, "every resident CTA's tensor memory at once");
-// The dynamic shared memory the pass kernel asks for, where test_library reads it (it must let kMinCtasPerSm CTAs
-// share an SM).
+constexpr int ctas_per_sm(int dynamic_shared_bytes) {
+  return kSmSharedBytes / (dynamic_shared_bytes + 1024);
+}
+static_assert(ctas_per_sm(tensor_tile::kDynamicSharedBytes) >= kMinCtasPerSm, "the panels let two CTAs share an SM");
+static_assert(ctas_per_sm(tensor_tile::kDynamicSharedBytes) * tensor_tile::kTensorColumns <= 512,
+              "every resident CTA's tensor memory at once");
+// An MXFP8 layer's pass, whose MMAs take scaled blocks, holds all 512 columns a CTA (tensor_tile::tensor_columns): its
+// launch asks for half the SM's shared memory (the panels and some to spare), which keeps a second CTA off.
+constexpr int kScaledDynamicSharedBytes = kSmSharedBytes / 2;
+static_assert(ctas_per_sm(kScaledDynamicSharedBytes) == 1 &&
+                  kScaledDynamicSharedBytes >= tensor_tile::kDynamicSharedBytes,
+              "an MXFP8 pass's CTA alone on its SM, with the panels");
+constexpr int dynamic_shared_bytes(bool scaled) {
+  return scaled ? kScaledDynamicSharedBytes : tensor_tile::kDynamicSharedBytes;
+}
+// The dynamic shared memory the pass kernel asks for, bf16 and MXFP8, where test_library reads it (the first must let
+// kMinCtasPerSm CTAs share an SM, the second one alone).
 __attribute__((used)) constexpr Note kResourceNote =
     resource_note("mok_fused ", "pass", tensor_tile::kDynamicSharedBytes, kThreads);
+__attribute__((used)) constexpr Note kScaledResourceNote =
+    resource_note("mok_fused_scaled ", "pass", kScaledDynamicSharedBytes, kThreads);
 
 using tensor_tile::cta_barrier;
 
@@ -127,7 +141,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   view.args = &call;
   view.graph = *graph;
   view.sched.total_rows = view.group->total_rows;
-  tensor_tile::open(tensor, maps + blockIdx.x * core::kPanelMaps);
+  tensor_tile::open(tensor, maps + blockIdx.x * core::kPanelMaps, view.s.mxfp8 != 0);
   row_copies::open(row_copies::slots());
   cta_barrier();
   core::PanelStages stages;
@@ -158,7 +172,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   row_copies::close(row_copies::slots(), view.timeout_ns);
 }
 
-cudaError_t fused_residency(int* ctas) {
+cudaError_t fused_residency(bool mxfp8, int* ctas) {
   *ctas = 0;
   int device = 0, per_sm = 0, sms = 0;
   cudaError_t e = cudaGetDevice(&device);
@@ -169,11 +183,11 @@ cudaError_t fused_residency(int* ctas) {
   // layer reads does not depend on the driver's default.
   auto kernel = reinterpret_cast<const void*>(fused_pass);
   if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, tensor_tile::kDynamicSharedBytes);
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kScaledDynamicSharedBytes);
   if (e == cudaSuccess)
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
   if (e == cudaSuccess)
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_pass, kThreads, tensor_tile::kDynamicSharedBytes);
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fused_pass, kThreads, dynamic_shared_bytes(mxfp8));
   if (e == cudaSuccess) *ctas = per_sm * sms;
   return e;
 }
@@ -209,7 +223,7 @@ cudaError_t enqueue_fused_pass(const FusedDevice& d) {
   auto* maps = static_cast<cute::TmaDescriptor*>(d.panel_maps);
   void* params[] = {&view, &args, &graph, &maps};
   return cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(fused_pass), dim3(core::workers_of(view)),
-                                     dim3(kThreads), params, tensor_tile::kDynamicSharedBytes, d.stream);
+                                     dim3(kThreads), params, dynamic_shared_bytes(view.s.mxfp8 != 0), d.stream);
 }
 
 }  // namespace mok::cuda

@@ -28,7 +28,7 @@ struct FusedDevice {
 
 // CTAs of the pass kernel that the current device keeps resident at once (its occupancy times its SMs): the most
 // workers a pass may run, since every worker waits for others. 0 and the error where CUDA cannot say.
-cudaError_t fused_residency(int* ctas);
+cudaError_t fused_residency(bool mxfp8, int* ctas);
 
 // The tensor maps the pass's TMA loads read (core/panel_boxes.hpp), `count` of them at `maps` (device memory, on 64
 // bytes), each set to the template a tile's operands fill in: once, at the layer's creation. `encoded`: the driver's

@@ -14,6 +14,7 @@
 #include <cute/arch/copy_sm90_desc.hpp>
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/arch/tmem_allocator_sm100.hpp>
+#include <cute/atom/copy_traits_sm100.hpp>
 #include <cute/tensor.hpp>
 #include <cutlass/detail/sm100_blockscaled_layout.hpp>
 #include <type_traits>
@@ -70,6 +71,15 @@ constexpr int kEpilogueThreads = 128;  // four warps, one lane quadrant of tenso
 constexpr int kTensorColumns = core::kAccumulators * core::kMmaCols;
 static_assert(kTensorColumns >= 32 && (kTensorColumns & (kTensorColumns - 1)) == 0,
               "tcgen05.alloc takes a power of two of at least 32 columns");
+// A CTA that takes scaled blocks holds, after its accumulators, a block's scales as the MMA reads them (a's, then
+// b's, kScaleColumns each: 32-bit words of 4 scales, lane r row r): the SM's 512 columns, one CTA an SM.
+constexpr int kScaleColumns = 4;
+constexpr int kScaledTensorColumns = 512;
+static_assert(kTensorColumns + 2 * kScaleColumns <= kScaledTensorColumns, "the scales after the accumulators");
+// The columns a CTA allocates: all of them when it takes scaled blocks.
+CUTE_HOST_DEVICE int tensor_columns(bool scaled) {
+  return scaled ? kScaledTensorColumns : kTensorColumns;
+}
 // Accumulator `index` of those at `tmem`: kMmaCols columns on (an address's low half is its column).
 CUTE_HOST_DEVICE uint32_t accumulator_address(uint32_t tmem, int index) {
   return tmem + static_cast<uint32_t>(index * core::kMmaCols);
@@ -89,6 +99,16 @@ static_assert(cute::cosize_v<PanelLayoutOf<Major::K>> == core::kPanelValues &&
                   cute::cosize_v<PanelLayoutOf<Major::MN>> == core::kPanelValues,
               "a panel is kMmaRows x kMmaDepth values");
 static_assert(core::kPanelValues * sizeof(core::bf16_t) % 1024 == 0, "every panel of the stages starts on 1024 bytes");
+
+// An operand's scales of a block in tensor memory (a's: second false) for a CTA whose columns start at `tmem`, as the
+// block-scaled MMA reads them ((((32, 4), 4), (32, 1)), 1, (4, 1)): slice k the scales of its k-th 32 of the depth).
+template <bool Second>
+CUTE_HOST_DEVICE auto scale_tensor(uint32_t tmem) {
+  using Fragment = std::conditional_t<Second, ScaledMma::FrgTypeSFB, ScaledMma::FrgTypeSFA>;
+  auto scales = cute::make_tensor<Fragment>(cute::shape(ScaleAtomLayout{}));
+  scales.data() = tmem + static_cast<uint32_t>(kTensorColumns + (Second ? kScaleColumns : 0));
+  return scales;
+}
 
 // The (row, column) coordinates of the accumulator and its tensor-memory view at `tmem`, as the MMA partitions them.
 CUTE_HOST_DEVICE auto accumulator_coordinates() {
@@ -111,6 +131,7 @@ CUTE_HOST_DEVICE auto accumulator_load(uint32_t tmem) {
 // The 128-byte swizzle repeats every 1024 bytes: each panel starts on one.
 struct Panels {
   alignas(1024) core::bf16_t stages[core::kPanelStages][2 * core::kPanelValues];  // each stage: a's panel, then b's
+  alignas(128) uint8_t scales[core::kPanelStages][2 * core::kScaleAtomBytes];     // a scaled block's: a's, then b's
 };
 // The dynamic shared memory a CTA asks for: the panels, and room to move them to a 1024-byte boundary.
 constexpr int kDynamicSharedBytes = static_cast<int>(sizeof(Panels)) + 1024;
@@ -122,6 +143,8 @@ struct Storage {
   cute::TmaDescriptor* maps;                         // the CTA's kPanelMaps in global memory
   core::PanelStages loads;                           // the issuer's: a stage busy while its TMA loads are unwaited
   core::PanelMajors majors[core::kPanelStages];      // how a stage's panels hold a and b, by the fill of its block
+  bool scaled_stage[core::kPanelStages];             // a stage's panels hold a scaled block, by its fill
+  uint32_t scaled;                                   // the parts the MMAs take block-scaled: all or none (open)
   uint32_t tmem;                                     // the accumulators' base in tensor memory
   int failed;                                        // an MMA did not finish in time
 };
@@ -207,14 +230,15 @@ __device__ inline bool await_mma(Storage& s, int stage, uint32_t parity, uint64_
   return await_phase(s.mma_done[stage], parity, timeout_ns);
 }
 
-// Before the pass: warp 1 takes kTensorColumns of tensor memory (two CTAs an SM: all of its 512 columns) and the
-// stages' barriers are set up; the CTA's barrier that follows publishes both. `maps`: the CTA's kPanelMaps, each the
-// template the layer encoded at its creation.
-__device__ inline void open(Storage& s, cute::TmaDescriptor* maps) {
+// Before the pass: warp 1 takes the CTA's tensor memory (kTensorColumns, two CTAs an SM: all of its 512 columns; or,
+// `scaled`, all 512 for the one CTA an SM whose MMAs take scaled blocks) and the stages' barriers are set up; the
+// CTA's barrier that follows publishes both. `maps`: the CTA's kPanelMaps, each the template the layer encoded at its
+// creation.
+__device__ inline void open(Storage& s, cute::TmaDescriptor* maps, bool scaled) {
   if (warp() == kMmaWarp) {
     __syncwarp();
     cute::TMEM::Allocator1Sm allocator{};
-    allocator.allocate(kTensorColumns, &s.tmem);
+    allocator.allocate(tensor_columns(scaled), &s.tmem);
     allocator.release_allocation_lock();
     fence_before_sync();
   }
@@ -223,6 +247,7 @@ __device__ inline void open(Storage& s, cute::TmaDescriptor* maps) {
     for (uint64_t& barrier : s.loaded) cute::initialize_barrier(barrier, 1);  // the issuer's arrival with its bytes
     cutlass::arch::fence_barrier_init();  // the init before the MMA's commit arrives, as CUTLASS's pipelines order it
     s.maps = maps;
+    s.scaled = scaled ? ~0u : 0u;  // core takes those of a tile's parts that core::scaled_parts names
     s.loads = core::PanelStages{};
     s.failed = 0;
   }
@@ -247,7 +272,7 @@ __device__ __noinline__ void close(Storage& s, const core::PanelStages& stages, 
     core::wait_busy(stages, waits);
     __syncwarp();
     fence_after_sync();
-    cute::TMEM::Allocator1Sm{}.free(s.tmem, kTensorColumns);
+    cute::TMEM::Allocator1Sm{}.free(s.tmem, tensor_columns(s.scaled != 0));
   }
 }
 
@@ -320,10 +345,8 @@ __device__ __noinline__ uint32_t write_maps(const core::Gemm& g, cute::TmaDescri
 struct TileSteps : StageWait {
   const core::Gemm& g;
   Panels& panels;
-  uint32_t boxed;  // the operands whose panels TMA fills (core::boxed_operands), the threads the others'
-  // The parts whose blocks the MMAs take block-scaled: none yet. An MXFP8 part's e4m3 values go to the bf16 MMA,
-  // filled by the threads; core's scaled blocks (core/scaled_block.hpp) wait for the block-scaled MMA's issue here.
-  uint32_t scaled = 0;
+  uint32_t boxed;     // the operands whose panels TMA fills (core::boxed_operands), the threads the others'
+  uint32_t scaled;    // the parts whose blocks the MMAs take block-scaled (Storage::scaled)
   int landed = 0;     // the tile's fills whose TMA loads the issuer waited for
   bool lost = false;  // a TMA load did not land in time: the tile has failed
 
@@ -331,7 +354,11 @@ struct TileSteps : StageWait {
   // read them (the walk's vote before the block's MMAs), and after the one that follows the stage's last MMAs' issue.
   // A panel TMA takes is the issuer's boxes; the threads copy the other's pieces.
   __device__ bool fill(const core::MmaBlock& b, int stage) {
-    if (threadIdx.x == 0) s.majors[stage] = core::block_majors(g, b);
+    if (threadIdx.x == 0) {
+      s.majors[stage] = core::block_majors(g, b);
+      s.scaled_stage[stage] = b.scaled;
+    }
+    if (b.scaled) return fill_scaled(b, stage);
     uint32_t by_box = boxed >> (2 * b.part) & 3u;  // bit 0 a's panel, bit 1 b's
     int first = by_box & 1u ? core::kBlockPieces / 2 : 0,
         end = by_box & 2u ? core::kBlockPieces / 2 : core::kBlockPieces;
@@ -340,6 +367,18 @@ struct TileSteps : StageWait {
       core::fill_piece(g, b, p, panels.stages[stage], exact, AsyncPieceMove{});
     cute::cp_async_fence();  // the block's copies, one group
     if (by_box && threadIdx.x == kBoxIssuer) load_boxes(b, stage, by_box);
+    return exact;
+  }
+  // A scaled block's codes (a piece each, as fill's) and its scales (a row's word each), by all; the scales' stores
+  // reach the scales' copy to tensor memory through land's proxy fence and the CTA's barrier after it.
+  __device__ bool fill_scaled(const core::MmaBlock& b, int stage) {
+    bool exact = true;
+    auto* codes = reinterpret_cast<uint8_t*>(panels.stages[stage]);
+    for (int p = static_cast<int>(threadIdx.x); p < core::kBlockPieces; p += blockDim.x)
+      core::fill_codes(g, b, p, codes, exact, AsyncPieceMove{});
+    cute::cp_async_fence();
+    for (int w = static_cast<int>(threadIdx.x); w < core::kScaleWords; w += blockDim.x)
+      core::fill_scales(g, b, w, panels.scales[stage]);
     return exact;
   }
   // The issuer's TMA loads of a block's panels in `by_box`: their bytes expected on the stage's barrier with its one
@@ -397,6 +436,42 @@ struct TileSteps : StageWait {
     }
     cutlass::arch::umma_arrive(&s.mma_done[stage]);
   }
+  // Warp 1's MMAs over a stage's scaled block: its scales copied to tensor memory (tcgen05.cp, CuTe's UTCCP, by one
+  // lane: the copies and the MMAs after them run in the order issued, so the next block's copy waits for these MMAs),
+  // then an MMA a 32 of the depth with its scales, then their commit to the stage's barrier.
+  __device__ void issue_scaled(int stage, int accumulator_index, bool first) {
+    auto slice = ScaledMma{}.get_slice(0);
+    auto* codes = reinterpret_cast<Code*>(panels.stages[stage]);
+    auto a = slice.make_fragment_A(cute::make_tensor(cute::make_smem_ptr(codes), CodePanelLayout{}));
+    auto b = slice.make_fragment_B(
+        cute::make_tensor(cute::make_smem_ptr(codes + core::kCodeLine * core::kMmaRows), CodePanelLayout{}));
+    auto acc = accumulator(accumulator_address(s.tmem, accumulator_index));
+    auto a_scales = scale_tensor<false>(s.tmem);
+    auto b_scales = scale_tensor<true>(s.tmem);
+    auto* atoms = reinterpret_cast<Scale*>(panels.scales[stage]);
+    copy_scales(atoms, a_scales);
+    copy_scales(atoms + core::kScaleAtomBytes, b_scales);
+    ScaledMma mma;
+    mma.accumulate_ = first ? cute::UMMA::ScaleOut::Zero : cute::UMMA::ScaleOut::One;
+    for (int k = 0; k < cute::size<2>(a); ++k) {
+      cute::gemm(mma.with(mma.accumulate_, a_scales(cute::_, cute::_, k), b_scales(cute::_, cute::_, k)),
+                 a(cute::_, cute::_, k), b(cute::_, cute::_, k), acc);
+      mma.accumulate_ = cute::UMMA::ScaleOut::One;
+    }
+    cutlass::arch::umma_arrive(&s.mma_done[stage]);
+  }
+  // An operand's atom of scales in shared memory into its columns (CUTLASS's block-scaled mainloop's copy: the atom's
+  // 32 rows of 128 bits into every lane quadrant).
+  template <class Scales>
+  __device__ static void copy_scales(Scale* atom, const Scales& scales) {
+    auto compact = cute::make_tensor(scales.data(), cute::filter_zeros(scales.layout()));
+    auto copy = cute::make_utccp_copy(cute::SM100_UTCCP_4x32dp128bit_1cta{}, compact);
+    auto source = cute::make_tensor(cute::make_smem_ptr(atom), ScaleAtomLayout{});
+    auto thread = copy.get_slice(0);
+    auto from = cute::get_utccp_smem_desc_tensor<cute::SM100_UTCCP_4x32dp128bit_1cta>(
+        thread.partition_S(cute::make_tensor(source.data(), cute::filter_zeros(source.layout()))));
+    if (cute::elect_one_sync()) cute::copy(copy, from, thread.partition_D(compact));
+  }
   // Warp 1's MMAs of the stage when its fill recorded majors A and B; false for other majors.
   template <Major A, Major B>
   __device__ bool issue_if(core::PanelMajors majors, int stage, int accumulator_index, bool first) {
@@ -409,6 +484,7 @@ struct TileSteps : StageWait {
   __device__ __noinline__ void issue_stage(int stage, int accumulator_index, bool first) {
     __syncwarp();
     fence_after_sync();
+    if (s.scaled_stage[stage]) return issue_scaled(stage, accumulator_index, first);
     core::PanelMajors majors = s.majors[stage];
     issue_if<Major::K, Major::K>(majors, stage, accumulator_index, first) ||
         issue_if<Major::K, Major::MN>(majors, stage, accumulator_index, first) ||
@@ -432,7 +508,7 @@ struct TileSteps : StageWait {
 // the storage's loads) naming the stages it may still write, and the tile.
 __device__ inline void compute(const core::Gemm& g, Storage& s, core::PanelStages& stages, uint64_t timeout_ns) {
   uint32_t boxed = threadIdx.x == kBoxIssuer ? write_maps(g, s.maps) : core::boxed_operands(g);
-  TileSteps steps{{s, timeout_ns}, g, panels(), boxed};
+  TileSteps steps{{s, timeout_ns}, g, panels(), boxed, s.scaled};
   core::sum_tile(g, stages, steps);
 }
 
