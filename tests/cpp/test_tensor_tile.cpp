@@ -72,6 +72,15 @@ bool load_panel(const core::Gemm& g, const core::MmaBlock& b, int second, core::
   return true;
 }
 
+// fill_piece's and fill_codes' Move that counts the whole pieces copied.
+struct CountedMove {
+  int* copies;
+  void operator()(core::Piece* to, const core::Piece* from) const {
+    *to = *from;
+    ++*copies;
+  }
+};
+
 struct Counts {
   int tensor = 0, elements = 0;  // chunks through the tensor cores, and through gemm_element
   int overlaps = 0;              // fills while MMAs were still to run (EmulatedCta)
@@ -602,13 +611,6 @@ TEST(scaled_blocks_give_the_references_bits_on_integers) {
 // depth, and its atoms the scales, kMxPadScale past them.
 TEST(scaled_blocks_hold_the_codes_and_scales) {
   std::mt19937_64 rng(seed() + 14);
-  struct CountedMove {
-    int* copies;
-    void operator()(core::Piece* to, const core::Piece* from) const {
-      *to = *from;
-      ++*copies;
-    }
-  };
   for (int depth : {256, 200}) {  // rows on 16 bytes, or not (and a block past the depth)
     Stored a, b;
     make_operand(a, true, false, 150, depth, rng);
@@ -727,13 +729,6 @@ TEST(a_vote_or_a_load_lost_leaves_no_copies_in_flight) {
 // values (402 bytes) apart, only every eighth k's (256). Each value where panel_offset puts it.
 TEST(pieces_on_16_bytes_are_copied_whole_in_either_major) {
   std::mt19937_64 rng(seed() + 11);
-  struct CountedMove {
-    int* copies;
-    void operator()(core::Piece* to, const core::Piece* from) const {
-      *to = *from;
-      ++*copies;
-    }
-  };
   for (bool mn : {false, true})
     for (bool aligned : {true, false}) {
       if (!mn && !aligned) continue;  // a K-major row's 128 depth start every 256 bytes

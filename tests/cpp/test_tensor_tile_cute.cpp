@@ -268,13 +268,14 @@ TEST(scale_offsets_are_cutlasss) {
   CHECK_MSG(wrong == 0, "%lld scale offsets differ", wrong);
 }
 
-// The scales in tensor memory, as the block-scaled MMA reads them (tensor_tile::scale_tensor): (row, k) of a's at lane
-// row mod 32, column kTensorColumns + row / 32, byte k / 32 of the word (the MMA's scale id: bits 30 and 31 of the
-// address); b's 4 columns on. So they follow the accumulators, inside a scaled CTA's columns, and each is the byte
-// that core's atom holds at scale_offset, moved there by the copy of the atom's 32 rows of 128 bits into 32 lanes of 4
-// columns (tcgen05.cp 32x128b: shared memory's 16-byte row i lane i, its word j column j).
+// The scales in tensor memory, as the block-scaled MMA reads them (tensor_tile::scale_tensor): stage s's (row, k) of a
+// at lane row mod 32, column kTensorColumns + 8 s + row / 32, byte k / 32 of the word (the MMA's scale id: bits 30 and
+// 31 of the address); b's 4 columns on. So each stage's follow the accumulators, apart from the other stages', inside
+// a scaled CTA's columns, and each is the byte that core's atom holds at scale_offset: 16-byte row i of the atom in
+// lane i, its word j in column j.
 TEST(scales_in_tensor_memory_are_cores_atom) {
   long long wrong = 0;
+  std::vector<int> columns(tile::kScaledTensorColumns, 0);
   auto check = [&](auto scales, int first_column, const char* name) {
     for (int row = 0; row < kMmaRows; ++row)
       for (int k = 0; k < mok::core::kScaledDepth; ++k) {
@@ -284,15 +285,68 @@ TEST(scales_in_tensor_memory_are_cores_atom) {
         int atom = mok::core::scale_offset(row, k / mok::core::kMxBlock);
         bool placed = lane == atom / 16 && column == first_column + atom % 16 / 4 && byte == atom % 4;
         bool inside = column >= tile::kTensorColumns && column < tile::kScaledTensorColumns;
+        if (inside && k % 32 == 0) ++columns[column];  // once a (lane, byte) of each of its columns
         if ((!placed || !inside) && wrong++ < 3)
           std::printf("  %s's scale (row %d, k %d) at lane %d column %d byte %d; core's atom byte %d\n", name, row, k,
                       lane, column, byte, atom);
       }
   };
-  check(tile::scale_tensor<false>(0), tile::kTensorColumns, "a");
-  check(tile::scale_tensor<true>(0), tile::kTensorColumns + tile::kScaleColumns, "b");
+  for (int stage = 0; stage < mok::core::kPanelStages; ++stage) {
+    int first = tile::kTensorColumns + 2 * stage * tile::kScaleColumns;
+    check(tile::scale_tensor<false>(0, stage), first, "a");
+    check(tile::scale_tensor<true>(0, stage), first + tile::kScaleColumns, "b");
+  }
   CHECK_MSG(wrong == 0, "%lld scales elsewhere in tensor memory", wrong);
+  for (int column = 0; column < tile::kScaledTensorColumns; ++column)  // 32 lanes x 4 bytes a column, one stage's
+    CHECK_MSG(
+        columns[column] ==
+            (column >= tile::kTensorColumns && column < tile::kTensorColumns + 6 * tile::kScaleColumns ? 32 * 4 : 0),
+        "column %d holds %d scales of lanes 0 to 31", column, columns[column]);
   CHECK(tile::tensor_columns(false) == tile::kTensorColumns && tile::tensor_columns(true) == 512);
+}
+
+// The copy of an atom into tensor memory (tensor_tile::scale_copy, CuTe's UTCCP partitions of CUTLASS's mainloop's
+// copy): every byte of the atom lands where the MMA reads that scale (scale_tensor), in each of the 4 lane quadrants.
+TEST(scale_copy_puts_each_scale_where_the_mma_reads_it) {
+  alignas(128) static tile::Scale atom[mok::core::kScaleAtomBytes];
+  std::vector<int> rows(mok::core::kScaleAtomBytes, -1), blocks(mok::core::kScaleAtomBytes, -1);  // core's, a byte's
+  for (int row = 0; row < kMmaRows; ++row)
+    for (int block = 0; block < mok::core::kScaleBlocks; ++block) {
+      rows[mok::core::scale_offset(row, block)] = row;
+      blocks[mok::core::scale_offset(row, block)] = block;
+    }
+  long long wrong = 0;
+  for (int stage = 0; stage < mok::core::kPanelStages; ++stage)
+    for (int second = 0; second < 2; ++second) {
+      auto check = [&](auto scales) {
+        auto parts = tile::scale_copy(atom, scales);
+        auto from = cute::get<1>(parts);
+        auto to = cute::get<2>(parts);
+        CHECK(cute::size(from) == cute::size(to));
+        std::vector<int> landed(mok::core::kScaleAtomBytes * 4, 0);
+        for (int v = 0; v < cute::size(from); ++v) {
+          int byte = static_cast<int>((from.data() + from.layout()(v)).get() - atom);
+          uint32_t at = (to.data() + to.layout()(v)).get();
+          // The (row, block) core keeps at that byte, and where the MMA reads it.
+          int row = rows[byte], block = blocks[byte];
+          uint32_t read = (scales.data() + scales.layout()(cute::make_coord(cute::make_coord(row, 0), 0, block))).get();
+          int quadrant = static_cast<int>(at >> 16 & 0x3fff) / 32;
+          bool same = (at & 0xc000ffffu) == (read & 0xc000ffffu) && (at >> 16 & 31) == (read >> 16 & 31);
+          if (byte >= 0 && byte < mok::core::kScaleAtomBytes && quadrant < 4) ++landed[quadrant * 512 + byte];
+          if (!same && wrong++ < 3)
+            std::printf("  stage %d %s: atom byte %d copied to %08x, read at %08x\n", stage, second ? "b" : "a", byte,
+                        at, read);
+        }
+        for (int n = 0; n < static_cast<int>(landed.size()); ++n)
+          CHECK_MSG(landed[n] == 1, "stage %d: atom byte %d copied %d times to lane quadrant %d", stage, n % 512,
+                    landed[n], n / 512);
+      };
+      if (second)
+        check(tile::scale_tensor<true>(0, stage));
+      else
+        check(tile::scale_tensor<false>(0, stage));
+    }
+  CHECK_MSG(wrong == 0, "%lld scales copied elsewhere than the MMA reads them", wrong);
 }
 
 // The block-scaled MMA's accumulator is the bf16 MMA's (tensor_tile::accumulator, which the epilogue loads): the same

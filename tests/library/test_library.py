@@ -477,17 +477,19 @@ def test_fused_pass_runs_its_tiles_on_tensor_cores(libmok, cuda_bin):
     for all of libmok's cubins by test_grouped_gemms_for_every_target). Every CTA holds its accumulators' tensor-memory
     columns for the whole pass, and an SM has 512: the CTAs that its registers and shared memory let share an SM must
     all hold theirs at once, or a CTA's allocation would wait for columns that the ones before it never give back. An
-    MXFP8 layer's pass holds all 512 a CTA (its scales after its accumulators): its launch's shared memory keeps a
-    second CTA off the SM."""
+    MXFP8 layer's pass holds all 512 a CTA (its scales after its accumulators): its launch's shared memory keeps any
+    other fused CTA off the SM, a bf16 layer's too (another stream's or rank's pass)."""
     usage = resource_usage(libmok, cuda_bin)
-    for note, scaled in ((FUSED_NOTE, False), (FUSED_SCALED_NOTE, True)):
-        dynamic, columns = fused_dynamic_shared(libmok, note), fused_tensor_columns(scaled)
-        for arch in ("sm_100a", "sm_103a"):
-            (r,) = [r for k, r in usage[arch].items() if re.search(r"\dfused_pass", k)]
+    plain, scaled = fused_dynamic_shared(libmok, FUSED_NOTE), fused_dynamic_shared(libmok, FUSED_SCALED_NOTE)
+    for arch in ("sm_100a", "sm_103a"):
+        (r,) = [r for k, r in usage[arch].items() if re.search(r"\dfused_pass", k)]
+        for dynamic, columns in ((plain, fused_tensor_columns()), (scaled, fused_tensor_columns(True))):
             resident = min(REGISTER_FILE // (r["REG"] * 256), SM_SHARED_BYTES // (r["SHARED"] + dynamic))
             assert resident >= 1 and resident * columns <= SM_TENSOR_COLUMNS, \
                 f"{arch}: {resident} fused CTAs an SM ({r['REG']} registers, {r['SHARED']} + {dynamic} bytes of " \
                 f"shared memory) hold {resident * columns} tensor-memory columns"
+        assert (r["SHARED"] + plain) + (r["SHARED"] + scaled) > SM_SHARED_BYTES, \
+            f"{arch}: a bf16 pass's CTA ({plain} bytes) fits beside an MXFP8 one's ({scaled}), which holds 512 columns"
     for arch, sass in fused_pass_sass(libmok, cuda_bin).items():
         for instruction in FUSED_TENSOR_SASS:
             assert re.search(instruction, sass), f"{arch}: {instruction} missing from the fused pass's SASS"

@@ -93,8 +93,8 @@ MOK_HD inline int panel_boxes(PanelMajor major, int row0, int k0, PanelBox* boxe
 }
 // The boxes of block b's panel of its part's a (second false) or b.
 MOK_HD inline int block_boxes(const Gemm& g, const MmaBlock& b, bool second, PanelBox* boxes) {
-  const GemmPart& part = g.parts[b.part];
-  return panel_boxes(panel_major(second ? part.b : part.a), second ? b.col0 : b.row0, b.k0, boxes);
+  BlockOperand side = block_operand(g, b, second);
+  return panel_boxes(panel_major(side.o), side.row0, b.k0, boxes);
 }
 
 // A tile's TMA loads as their one issuing thread keeps them, across tiles (a stage's load barrier runs on from tile to

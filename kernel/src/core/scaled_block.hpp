@@ -46,20 +46,20 @@ template <class Move = PieceMove>
 MOK_HD inline void fill_codes(const Gemm& g, const MmaBlock& b, int p, uint8_t* panels, bool& exact, Move move = {}) {
   bool second = p >= kBlockPieces / 2;
   int local = second ? p - kBlockPieces / 2 : p;
-  const GemmPart& part = g.parts[b.part];
-  const Operand& o = second ? part.b : part.a;
+  BlockOperand side = block_operand(g, b, second);
+  const Operand& o = side.o;
   int row = local / kCodePieces, k = local % kCodePieces * kPieceBytes;
-  int i = (second ? b.col0 : b.row0) + row, rows = second ? g.cols : g.rows, from = b.k0 + k;
+  int i = side.row0 + row, rows = side.rows, depth = side.depth, from = b.k0 + k;
   uint8_t* out = panels + (second ? kCodeLine * kMmaRows : 0) + code_offset(row, k);
   const uint8_t* codes = static_cast<const uint8_t*>(o.data) + static_cast<int64_t>(i) * o.row_stride + from;
-  bool inside = i < rows && from + kPieceBytes <= part.depth;
+  bool inside = i < rows && from + kPieceBytes <= depth;
   static_assert(kMxBlock % kPieceBytes == 0, "a piece is inside a scale block");
-  if (i < rows && from < part.depth) {  // its values' one scale
+  if (i < rows && from < depth) {  // its values' one scale
     float scale = e8m0_decode(operand_scale(o, i, from / kMxBlock));
-    for (int v = 0; v < kPieceBytes && from + v < part.depth; ++v) tensor_value(mx_value(codes[v], scale), exact);
+    for (int v = 0; v < kPieceBytes && from + v < depth; ++v) tensor_value(mx_value(codes[v], scale), exact);
   }
   if (inside && on_piece(codes)) return move(reinterpret_cast<Piece*>(out), reinterpret_cast<const Piece*>(codes));
-  for (int v = 0; v < kPieceBytes; ++v) out[v] = i < rows && from + v < part.depth ? codes[v] : uint8_t{0};
+  for (int v = 0; v < kPieceBytes; ++v) out[v] = i < rows && from + v < depth ? codes[v] : uint8_t{0};
 }
 
 // Word `w` (0 <= w < kScaleWords) of a scaled block's scales into its atoms (`atoms`: a's, then b's): row w of a
@@ -69,14 +69,13 @@ MOK_HD inline void fill_codes(const Gemm& g, const MmaBlock& b, int p, uint8_t* 
 MOK_HD inline void fill_scales(const Gemm& g, const MmaBlock& b, int w, uint8_t* atoms) {
   bool second = w >= kMmaRows;
   int row = second ? w - kMmaRows : w;
-  const GemmPart& part = g.parts[b.part];
-  const Operand& o = second ? part.b : part.a;
-  int i = (second ? b.col0 : b.row0) + row, rows = second ? g.cols : g.rows;
-  int64_t blocks = mx_blocks(part.depth);
+  BlockOperand side = block_operand(g, b, second);
+  int i = side.row0 + row;
+  int64_t blocks = mx_blocks(side.depth);
   uint8_t* atom = atoms + (second ? kScaleAtomBytes : 0);
   for (int block = 0; block < kScaleBlocks; ++block) {
     int64_t at = b.k0 / kMxBlock + block;
-    atom[scale_offset(row, block)] = i < rows && at < blocks ? operand_scale(o, i, at) : kMxPadScale;
+    atom[scale_offset(row, block)] = i < side.rows && at < blocks ? operand_scale(side.o, i, at) : kMxPadScale;
   }
 }
 

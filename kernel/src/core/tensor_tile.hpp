@@ -138,6 +138,17 @@ MOK_HD inline MmaBlock chunk_block(const Gemm& g, int chunk, int block, uint32_t
                   (scaled >> p & 1u) != 0};
 }
 
+// One operand of a block as its panel takes it: its part's a (second false) or b, with its rows (the GEMM's rows, or
+// its columns), the part's depth, and the block's first row of it (the chunk's first row, or column).
+struct BlockOperand {
+  const Operand& o;
+  int rows, depth, row0;
+};
+MOK_HD inline BlockOperand block_operand(const Gemm& g, const MmaBlock& b, bool second) {
+  const GemmPart& part = g.parts[b.part];
+  return BlockOperand{second ? part.b : part.a, second ? g.cols : g.rows, part.depth, second ? b.col0 : b.row0};
+}
+
 // A panel's 16-byte pieces (tile.hpp's Piece): 8 values the swizzle keeps together, along the depth (K-major) or down
 // the rows (MN-major).
 constexpr int kBlockPieces = 2 * kPanelValues / kPieceValues;  // a's panel's, then b's
@@ -158,14 +169,14 @@ template <class Move = PieceMove>
 MOK_HD inline void fill_piece(const Gemm& g, const MmaBlock& b, int p, bf16_t* panels, bool& exact, Move move = {}) {
   bool second = p >= kBlockPieces / 2;
   int local = second ? p - kBlockPieces / 2 : p;
-  const GemmPart& part = g.parts[b.part];
-  const Operand& o = second ? part.b : part.a;
+  BlockOperand side = block_operand(g, b, second);
+  const Operand& o = side.o;
   PanelMajor major = panel_major(o);
   bool mn = major == PanelMajor::mn;
   constexpr int kDepthPieces = kMmaDepth / kPieceValues, kRowPieces = kMmaRows / kPieceValues;
   int row = mn ? local % kRowPieces * kPieceValues : local / kDepthPieces;
   int k = mn ? local / kRowPieces : local % kDepthPieces * kPieceValues;
-  int i = (second ? b.col0 : b.row0) + row, rows = second ? g.cols : g.rows, depth = part.depth;
+  int i = side.row0 + row, rows = side.rows, depth = side.depth;
   Piece* out = reinterpret_cast<Piece*>(panels + (second ? kPanelValues : 0) + panel_offset(major, row, k));
   int last_i = mn ? i + kPieceValues - 1 : i, last_k = b.k0 + k + (mn ? 0 : kPieceValues - 1);
   bool inside = last_i < rows && last_k < depth;  // every value of the piece is the operand's

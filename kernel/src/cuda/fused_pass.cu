@@ -25,16 +25,19 @@ static_assert(ctas_per_sm(tensor_tile::kDynamicSharedBytes) >= kMinCtasPerSm, "t
 static_assert(ctas_per_sm(tensor_tile::kDynamicSharedBytes) * tensor_tile::kTensorColumns <= 512,
               "every resident CTA's tensor memory at once");
 // An MXFP8 layer's pass, whose MMAs take scaled blocks, holds all 512 columns a CTA (tensor_tile::tensor_columns): its
-// launch asks for half the SM's shared memory (the panels and some to spare), which keeps a second CTA off.
-constexpr int kScaledDynamicSharedBytes = kSmSharedBytes / 2;
+// launch asks for the SM's shared memory less a bf16 pass's panels, which keeps any other fused CTA off the SM, an
+// MXFP8 one or a bf16 one (another layer's, on another stream or rank), whose columns would not fit beside it.
+constexpr int kScaledDynamicSharedBytes = kSmSharedBytes - tensor_tile::kDynamicSharedBytes;
 static_assert(ctas_per_sm(kScaledDynamicSharedBytes) == 1 &&
                   kScaledDynamicSharedBytes >= tensor_tile::kDynamicSharedBytes,
               "an MXFP8 pass's CTA alone on its SM, with the panels");
+static_assert((kScaledDynamicSharedBytes + 1024) + (tensor_tile::kDynamicSharedBytes + 1024) > kSmSharedBytes,
+              "no bf16 pass's CTA beside an MXFP8 one's");
 constexpr int dynamic_shared_bytes(bool scaled) {
   return scaled ? kScaledDynamicSharedBytes : tensor_tile::kDynamicSharedBytes;
 }
 // The dynamic shared memory the pass kernel asks for, bf16 and MXFP8, where test_library reads it (the first must let
-// kMinCtasPerSm CTAs share an SM, the second one alone).
+// kMinCtasPerSm CTAs share an SM, the second none).
 __attribute__((used)) constexpr Note kResourceNote =
     resource_note("mok_fused ", "pass", tensor_tile::kDynamicSharedBytes, kThreads);
 __attribute__((used)) constexpr Note kScaledResourceNote =

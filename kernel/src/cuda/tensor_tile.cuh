@@ -71,11 +71,14 @@ constexpr int kEpilogueThreads = 128;  // four warps, one lane quadrant of tenso
 constexpr int kTensorColumns = core::kAccumulators * core::kMmaCols;
 static_assert(kTensorColumns >= 32 && (kTensorColumns & (kTensorColumns - 1)) == 0,
               "tcgen05.alloc takes a power of two of at least 32 columns");
-// A CTA that takes scaled blocks holds, after its accumulators, a block's scales as the MMA reads them (a's, then
-// b's, kScaleColumns each: 32-bit words of 4 scales, lane r row r): the SM's 512 columns, one CTA an SM.
+// A CTA that takes scaled blocks holds, after its accumulators, each stage's block's scales as the MMA reads them (a's,
+// then b's, kScaleColumns each: row r's 4 scales one 32-bit word, lane r mod 32, column r / 32, in every lane
+// quadrant): the SM's 512 columns, one CTA an SM. A stage's own columns: a block's copy of its scales never writes
+// those that an earlier block's MMAs may still read (the stage's next fill waited for them).
 constexpr int kScaleColumns = 4;
 constexpr int kScaledTensorColumns = 512;
-static_assert(kTensorColumns + 2 * kScaleColumns <= kScaledTensorColumns, "the scales after the accumulators");
+static_assert(kTensorColumns + core::kPanelStages * 2 * kScaleColumns <= kScaledTensorColumns,
+              "the stages' scales after the accumulators");
 // The columns a CTA allocates: all of them when it takes scaled blocks.
 CUTE_HOST_DEVICE int tensor_columns(bool scaled) {
   return scaled ? kScaledTensorColumns : kTensorColumns;
@@ -100,14 +103,28 @@ static_assert(cute::cosize_v<PanelLayoutOf<Major::K>> == core::kPanelValues &&
               "a panel is kMmaRows x kMmaDepth values");
 static_assert(core::kPanelValues * sizeof(core::bf16_t) % 1024 == 0, "every panel of the stages starts on 1024 bytes");
 
-// An operand's scales of a block in tensor memory (a's: second false) for a CTA whose columns start at `tmem`, as the
-// block-scaled MMA reads them ((((32, 4), 4), (32, 1)), 1, (4, 1)): slice k the scales of its k-th 32 of the depth).
+// An operand's scales of stage `stage`'s block in tensor memory (a's: second false) for a CTA whose columns start at
+// `tmem`, as the block-scaled MMA reads them ((((32, 4), 4), (32, 1)), 1, (4, 1)): slice k the scales of its k-th 32
+// of the depth).
 template <bool Second>
-CUTE_HOST_DEVICE auto scale_tensor(uint32_t tmem) {
+CUTE_HOST_DEVICE auto scale_tensor(uint32_t tmem, int stage) {
   using Fragment = std::conditional_t<Second, ScaledMma::FrgTypeSFB, ScaledMma::FrgTypeSFA>;
   auto scales = cute::make_tensor<Fragment>(cute::shape(ScaleAtomLayout{}));
-  scales.data() = tmem + static_cast<uint32_t>(kTensorColumns + (Second ? kScaleColumns : 0));
+  scales.data() = tmem + static_cast<uint32_t>(kTensorColumns + (2 * stage + Second) * kScaleColumns);
   return scales;
+}
+
+// The copy of an operand's atom of scales at `atom` (shared memory) into its columns `scales` (scale_tensor), as
+// CUTLASS's block-scaled mainloop makes it (tcgen05.cp 32x128b.warpx4: the atom's 32 rows of 128 bits, each into a
+// lane of 4 columns, in every lane quadrant): the copy, and its source and destination as it partitions them.
+using ScaleCopy = cute::SM100_UTCCP_4x32dp128bit_1cta;
+template <class Scales>
+CUTE_HOST_DEVICE auto scale_copy(Scale* atom, const Scales& scales) {
+  auto columns = cute::make_tensor(scales.data(), cute::filter_zeros(scales.layout()));
+  auto copy = cute::make_utccp_copy(ScaleCopy{}, columns);
+  auto source = cute::make_tensor(cute::make_smem_ptr(atom), cute::filter_zeros(ScaleAtomLayout{}));
+  auto thread = copy.get_slice(0);
+  return cute::make_tuple(copy, thread.partition_S(source), thread.partition_D(columns));
 }
 
 // The (row, column) coordinates of the accumulator and its tensor-memory view at `tmem`, as the MMA partitions them.
@@ -370,8 +387,9 @@ struct TileSteps : StageWait {
     return exact;
   }
   // A scaled block's codes (a piece each, as fill's) and its scales (a row's word each), by all; the scales' stores
-  // reach the scales' copy to tensor memory through land's proxy fence and the CTA's barrier after it.
-  __device__ bool fill_scaled(const core::MmaBlock& b, int stage) {
+  // reach the scales' copy to tensor memory through land's proxy fence and the CTA's barrier after it. Not inlined:
+  // in the walk, its loops spill the walk's registers (ptxas: 20 bytes).
+  __device__ __noinline__ bool fill_scaled(const core::MmaBlock& b, int stage) {
     bool exact = true;
     auto* codes = reinterpret_cast<uint8_t*>(panels.stages[stage]);
     for (int p = static_cast<int>(threadIdx.x); p < core::kBlockPieces; p += blockDim.x)
@@ -436,9 +454,9 @@ struct TileSteps : StageWait {
     }
     cutlass::arch::umma_arrive(&s.mma_done[stage]);
   }
-  // Warp 1's MMAs over a stage's scaled block: its scales copied to tensor memory (tcgen05.cp, CuTe's UTCCP, by one
-  // lane: the copies and the MMAs after them run in the order issued, so the next block's copy waits for these MMAs),
-  // then an MMA a 32 of the depth with its scales, then their commit to the stage's barrier.
+  // Warp 1's MMAs over a stage's scaled block: its scales copied into the stage's columns of tensor memory
+  // (tcgen05.cp, CuTe's UTCCP, by one lane; a copy, then the MMAs that read it, run in the order issued), then an MMA
+  // a 32 of the depth with its scales, then their commit to the stage's barrier (which the copies' completion joins).
   __device__ void issue_scaled(int stage, int accumulator_index, bool first) {
     auto slice = ScaledMma{}.get_slice(0);
     auto* codes = reinterpret_cast<Code*>(panels.stages[stage]);
@@ -446,8 +464,8 @@ struct TileSteps : StageWait {
     auto b = slice.make_fragment_B(
         cute::make_tensor(cute::make_smem_ptr(codes + core::kCodeLine * core::kMmaRows), CodePanelLayout{}));
     auto acc = accumulator(accumulator_address(s.tmem, accumulator_index));
-    auto a_scales = scale_tensor<false>(s.tmem);
-    auto b_scales = scale_tensor<true>(s.tmem);
+    auto a_scales = scale_tensor<false>(s.tmem, stage);
+    auto b_scales = scale_tensor<true>(s.tmem, stage);
     auto* atoms = reinterpret_cast<Scale*>(panels.scales[stage]);
     copy_scales(atoms, a_scales);
     copy_scales(atoms + core::kScaleAtomBytes, b_scales);
@@ -460,17 +478,12 @@ struct TileSteps : StageWait {
     }
     cutlass::arch::umma_arrive(&s.mma_done[stage]);
   }
-  // An operand's atom of scales in shared memory into its columns (CUTLASS's block-scaled mainloop's copy: the atom's
-  // 32 rows of 128 bits into every lane quadrant).
+  // An operand's atom of scales in shared memory into its columns (scale_copy), by one lane of the warp.
   template <class Scales>
   __device__ static void copy_scales(Scale* atom, const Scales& scales) {
-    auto compact = cute::make_tensor(scales.data(), cute::filter_zeros(scales.layout()));
-    auto copy = cute::make_utccp_copy(cute::SM100_UTCCP_4x32dp128bit_1cta{}, compact);
-    auto source = cute::make_tensor(cute::make_smem_ptr(atom), ScaleAtomLayout{});
-    auto thread = copy.get_slice(0);
-    auto from = cute::get_utccp_smem_desc_tensor<cute::SM100_UTCCP_4x32dp128bit_1cta>(
-        thread.partition_S(cute::make_tensor(source.data(), cute::filter_zeros(source.layout()))));
-    if (cute::elect_one_sync()) cute::copy(copy, from, thread.partition_D(compact));
+    auto parts = scale_copy(atom, scales);
+    auto descriptors = cute::get_utccp_smem_desc_tensor<ScaleCopy>(cute::get<1>(parts));
+    if (cute::elect_one_sync()) cute::copy(cute::get<0>(parts), descriptors, cute::get<2>(parts));
   }
   // Warp 1's MMAs of the stage when its fill recorded majors A and B; false for other majors.
   template <Major A, Major B>
