@@ -6,8 +6,9 @@
 // blocks of kMmaDepth, kPanelStages blocks of a and b at a time in shared memory, and two chunks' accumulators in
 // tensor memory, one summed while the other is written out (sum_tile). Operands are read as
 // bf16: a bf16 operand as stored, an e4m3 one as its value (code times scale), which is a bf16 except at extreme
-// scales. A chunk with a value that is not exactly a bf16 is computed element by element instead (gemm_element.hpp), so
-// the products the tensor cores sum are always the operands' own.
+// scales; a part whose a and b are e4m3 stored K-major, for a CTA whose MMAs are block-scaled, as codes and scales
+// in blocks of kScaledDepth (scaled_block.hpp). A chunk with a value that is not exactly a bf16 is computed element by
+// element instead (gemm_element.hpp), so the products the tensor cores sum are always the operands' own.
 #pragma once
 
 #include "core/gemm.hpp"

@@ -1,11 +1,12 @@
 // A tile GEMM on the tensor cores of one CTA (sm_100a / sm_103a): core's blocks (core/tensor_tile.hpp) through
 // stages of shared memory (core::sum_tile: later blocks' copies fly while the MMAs read one) into a 1-CTA tcgen05
 // MMA (CuTe's SM100_MMA_F16BF16_SS, 128 x 128 x 16, each operand's panel K- or MN-major as the operand is stored, fp32
-// accumulators in tensor memory), and core's epilogue from a chunk's accumulator, loaded by CuTe's tensor-memory load
-// atom while the MMAs sum the next chunk into the other.
+// accumulators in tensor memory; an MXFP8 part's scaled blocks, core/scaled_block.hpp, through the block-scaled
+// SM100_MMA_MXF8F6F4_SS, 128 x 128 x 32, its scales copied into tensor memory), and core's epilogue from a chunk's
+// accumulator, loaded by CuTe's tensor-memory load atom while the MMAs sum the next chunk into the other.
 //
-// The types (the MMA, the panels' shared-memory layout, the accumulator's load) compile on the host too:
-// test_tensor_tile_cute holds them against core's layouts there.
+// The types (the MMAs, the panels' and scales' layouts, the scales' copy, the accumulator's load) compile on the host
+// too: test_tensor_tile_cute holds them against core's layouts there.
 #pragma once
 
 #include <cutlass/arch/barrier.h>
