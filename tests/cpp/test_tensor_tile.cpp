@@ -12,6 +12,7 @@
 // One thread stands for the CTA here: that every thread which reads tensor memory waited for the MMAs itself, the
 // fences, and the warps' uniformity are the device code's (cuda/tensor_tile.cuh), checked only statically.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <numeric>
@@ -300,8 +301,8 @@ struct EmulatedCta {
   void fill_scaled(const core::MmaBlock& b, int stage, bool& exact) {
     std::fill(codes(stage), codes(stage) + 2 * kPanelValues * sizeof(core::bf16_t), uint8_t{0x7f});  // e4m3's NaN
     std::fill(scale_atoms(stage), scale_atoms(stage) + 2 * core::kScaleAtomBytes, uint8_t{0xff});    // e8m0's NaN
-    for (int p : order) core::fill_codes(*gemm, b, p, codes(stage), exact, DeferredMove{&flying.back()});
-    for (int w = 0; w < core::kScaleWords; ++w) core::fill_scales(*gemm, b, w, scale_atoms(stage));
+    for (int p : order) core::fill_codes(*gemm, b, p, codes(stage), DeferredMove{&flying.back()});
+    for (int w = 0; w < core::kScaleWords; ++w) exact = core::fill_scales(*gemm, b, w, scale_atoms(stage)) && exact;
     ++counts.scaled;
     end_fill(exact);
   }
@@ -632,9 +633,8 @@ TEST(scaled_blocks_hold_the_codes_and_scales) {
     std::vector<uint8_t> panels(2 * kPanelValues * sizeof(core::bf16_t), 0x7f), atoms(2 * core::kScaleAtomBytes, 0xff);
     int copies = 0;
     bool exact = true;
-    for (int p = 0; p < core::kBlockPieces; ++p)
-      core::fill_codes(g, block, p, panels.data(), exact, CountedMove{&copies});
-    for (int w = 0; w < core::kScaleWords; ++w) core::fill_scales(g, block, w, atoms.data());
+    for (int p = 0; p < core::kBlockPieces; ++p) core::fill_codes(g, block, p, panels.data(), CountedMove{&copies});
+    for (int w = 0; w < core::kScaleWords; ++w) exact = core::fill_scales(g, block, w, atoms.data()) && exact;
     // Whole pieces: depth 256, 22 rows of a and 2 of b, each the block's 8; depth 200, the even rows (200 bytes apart:
     // every other one on 16 bytes), 11 of a and 1 of b, each the 4 pieces inside the depth (k0 128 to 191).
     int whole = depth % 16 == 0 ? (22 + 2) * core::kCodePieces : (11 + 1) * 4;
@@ -662,6 +662,32 @@ TEST(scaled_blocks_hold_the_codes_and_scales) {
     }
     CHECK_MSG(wrong == 0, "depth %d: %lld codes or scales not the operand's", depth, wrong);
   }
+}
+
+// A scaled block's values are judged by its scales (core::exact_scale): under every scale in the range, every e4m3
+// code's value is a finite bf16, normal or 0 (what the bf16 route asks of each value, and no subnormal product for the
+// MMA); one step past either end, some code's is not (2^-127 at the least code and scale 2^-118; infinity at 448 x
+// 2^120).
+TEST(a_scaled_blocks_scales_judge_its_values) {
+  auto all_normal_bf16 = [](int scale) {
+    for (int code = 0; code < 256; ++code) {
+      if ((code & 0x7f) == 0x7f) continue;  // e4m3's NaN
+      bool exact = true;
+      float value = core::mx_value(static_cast<uint8_t>(code), core::e8m0_decode(static_cast<uint8_t>(scale)));
+      core::tensor_value(value, exact);
+      if (!exact || !std::isfinite(value) || (value != 0.0f && std::fabs(value) < 0x1p-126f)) return false;
+    }
+    return true;
+  };
+  int judged = 0;
+  for (int scale = 0; scale < 255; ++scale)
+    if (core::exact_scale(static_cast<uint8_t>(scale))) {
+      CHECK_MSG(all_normal_bf16(scale), "scale 2^%d: a code's value is no normal bf16", scale - 127);
+      ++judged;
+    }
+  CHECK_MSG(judged == 237 && !all_normal_bf16(core::kExactScaleLeast - 1) &&
+                !all_normal_bf16(core::kExactScaleMost + 1) && !core::exact_scale(255),
+            "%d scales judged exact", judged);
 }
 
 // Tensor cores that stop (an MMA that never finishes): the wait that needs it runs out, sum_tile says so, and the

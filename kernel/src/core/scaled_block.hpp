@@ -37,13 +37,20 @@ MOK_HD inline int scale_offset(int row, int block) {
   return static_cast<int>(MxScaleLayout{kMmaRows, kScaleBlocks}.offset(row, block));
 }
 
+// The scales under which every e4m3 code's value (code times scale) is a bf16, normal or 0: from 2^-117, which takes
+// the least e4m3 value (2^-9) to bf16's least normal (2^-126), to 2^119, which keeps the largest (448) below bf16's
+// largest. A block's scales judge its values, 4 a row, where its codes would be 128: a chunk with a scale outside goes
+// to gemm_element (as a bf16 block's chunk with a value that is no bf16), even where its codes would all be exact.
+constexpr uint8_t kExactScaleLeast = 10, kExactScaleMost = 246;  // e8m0: 2^(s - 127)
+MOK_HD inline bool exact_scale(uint8_t scale) {
+  return scale >= kExactScaleLeast && scale <= kExactScaleMost;
+}
+
 // Piece `p` (0 <= p < kBlockPieces) of a scaled block into its panels of codes (`panels`: a's, then b's): row
 // p / kCodePieces of a (then b), codes k to k + 15 from the block's k0. A piece inside the operand and on 16 bytes is
-// one copy (`move`); one past the operand's rows or the part's depth is read code by code, zeros outside. `exact` is
-// cleared where a code's value (code times scale) is not a bf16: the tile then goes to gemm_element, as a bf16
-// block's would.
+// one copy (`move`); one past the operand's rows or the part's depth is read code by code, zeros outside.
 template <class Move = PieceMove>
-MOK_HD inline void fill_codes(const Gemm& g, const MmaBlock& b, int p, uint8_t* panels, bool& exact, Move move = {}) {
+MOK_HD inline void fill_codes(const Gemm& g, const MmaBlock& b, int p, uint8_t* panels, Move move = {}) {
   bool second = p >= kBlockPieces / 2;
   int local = second ? p - kBlockPieces / 2 : p;
   BlockOperand side = block_operand(g, b, second);
@@ -53,11 +60,6 @@ MOK_HD inline void fill_codes(const Gemm& g, const MmaBlock& b, int p, uint8_t* 
   uint8_t* out = panels + (second ? kCodeLine * kMmaRows : 0) + code_offset(row, k);
   const uint8_t* codes = static_cast<const uint8_t*>(o.data) + static_cast<int64_t>(i) * o.row_stride + from;
   bool inside = i < rows && from + kPieceBytes <= depth;
-  static_assert(kMxBlock % kPieceBytes == 0, "a piece is inside a scale block");
-  if (i < rows && from < depth) {  // its values' one scale
-    float scale = e8m0_decode(operand_scale(o, i, from / kMxBlock));
-    for (int v = 0; v < kPieceBytes && from + v < depth; ++v) tensor_value(mx_value(codes[v], scale), exact);
-  }
   if (inside && on_piece(codes)) return move(reinterpret_cast<Piece*>(out), reinterpret_cast<const Piece*>(codes));
   for (int v = 0; v < kPieceBytes; ++v) out[v] = i < rows && from + v < depth ? codes[v] : uint8_t{0};
 }
@@ -65,18 +67,22 @@ MOK_HD inline void fill_codes(const Gemm& g, const MmaBlock& b, int p, uint8_t* 
 // Word `w` (0 <= w < kScaleWords) of a scaled block's scales into its atoms (`atoms`: a's, then b's): row w of a
 // (then b)'s kScaleBlocks scales from the block's k0. A row past the operand's rows, or a block past the part's
 // depth, takes kMxPadScale: its codes are zeros, and a finite scale keeps their products 0 (the operand's own bytes
-// there may be another row's, or NaN).
-MOK_HD inline void fill_scales(const Gemm& g, const MmaBlock& b, int w, uint8_t* atoms) {
+// there may be another row's, or NaN). False when one of the operand's scales is not an exact_scale.
+MOK_HD inline bool fill_scales(const Gemm& g, const MmaBlock& b, int w, uint8_t* atoms) {
   bool second = w >= kMmaRows;
   int row = second ? w - kMmaRows : w;
   BlockOperand side = block_operand(g, b, second);
   int i = side.row0 + row;
   int64_t blocks = mx_blocks(side.depth);
   uint8_t* atom = atoms + (second ? kScaleAtomBytes : 0);
+  bool exact = true;
   for (int block = 0; block < kScaleBlocks; ++block) {
     int64_t at = b.k0 / kMxBlock + block;
-    atom[scale_offset(row, block)] = i < side.rows && at < blocks ? operand_scale(side.o, i, at) : kMxPadScale;
+    uint8_t scale = i < side.rows && at < blocks ? operand_scale(side.o, i, at) : kMxPadScale;
+    atom[scale_offset(row, block)] = scale;
+    exact = exact && exact_scale(scale);
   }
+  return exact;
 }
 
 }  // namespace mok::core

@@ -387,17 +387,17 @@ struct TileSteps : StageWait {
     if (by_box && threadIdx.x == kBoxIssuer) load_boxes(b, stage, by_box);
     return exact;
   }
-  // A scaled block's codes (a piece each, as fill's) and its scales (a row's word each), by all; the scales' stores
-  // reach the scales' copy to tensor memory through land's proxy fence and the CTA's barrier after it. Not inlined:
-  // in the walk, its loops spill the walk's registers (ptxas: 20 bytes).
+  // A scaled block's codes (a piece each, as fill's) and its scales (a row's word each), by all; false when a scale
+  // is not core::exact_scale. The scales' stores reach the scales' copy to tensor memory through land's proxy fence
+  // and the CTA's barrier after it. Not inlined: in the walk, its loops spill the walk's registers (ptxas: 20 bytes).
   __device__ __noinline__ bool fill_scaled(const core::MmaBlock& b, int stage) {
-    bool exact = true;
     auto* codes = reinterpret_cast<uint8_t*>(panels.stages[stage]);
     for (int p = static_cast<int>(threadIdx.x); p < core::kBlockPieces; p += blockDim.x)
-      core::fill_codes(g, b, p, codes, exact, AsyncPieceMove{});
+      core::fill_codes(g, b, p, codes, AsyncPieceMove{});
     cute::cp_async_fence();
+    bool exact = true;
     for (int w = static_cast<int>(threadIdx.x); w < core::kScaleWords; w += blockDim.x)
-      core::fill_scales(g, b, w, panels.scales[stage]);
+      exact = core::fill_scales(g, b, w, panels.scales[stage]) && exact;
     return exact;
   }
   // The issuer's TMA loads of a block's panels in `by_box`: their bytes expected on the stage's barrier with its one
